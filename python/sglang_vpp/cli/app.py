@@ -1,0 +1,38 @@
+"""The ``sglang-vpp`` Typer application.
+
+Each command lives in its own module and is registered here by name. Command modules keep
+their heavy imports (torch, matplotlib, sglang) inside the command function so that
+``sglang-vpp --help`` and the schedule commands stay fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="sglang-vpp",
+    help="Virtual Pipeline Parallelism for chunked prefill: plan, check, simulate and benchmark.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# (command name, module, function). The names are a public contract (tests/cli/test_cli_surface.py).
+COMMANDS: list[tuple[str, str, str]] = [
+    ("layout", "sglang_vpp.cli.layout_cmd", "layout"),
+    ("schedule", "sglang_vpp.cli.schedule_cmd", "schedule"),
+    ("check", "sglang_vpp.cli.check_cmd", "check"),
+]
+
+for _name, _module, _attr in COMMANDS:
+    app.command(_name)(getattr(importlib.import_module(_module), _attr))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
