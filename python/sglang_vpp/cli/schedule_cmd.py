@@ -1,0 +1,46 @@
+"""``sglang-vpp schedule``: print the per-rank action streams of a plan."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from .common import emit_json, parse_int_list, user_errors
+
+
+def plan_from_options(mode: str, pp: int, seq_len: str, chunk_size: str, requests: int,
+                      layers: int, split: Optional[str], groups: Optional[int] = None):
+    """Build the schedule the schedule/check commands print (shared by both)."""
+    from ..schedule import RequestSpec, build_schedule, parse_size
+
+    if requests < 1:
+        raise ValueError(f"--requests must be >= 1, got {requests}")
+    length = parse_size(seq_len)
+    return build_schedule(
+        mode, pp, layers, [RequestSpec(length) for _ in range(requests)], parse_size(chunk_size),
+        split=parse_int_list(split, "--split"), num_groups=groups,
+    )
+
+
+@user_errors
+def schedule(
+    mode: str = typer.Option(..., "--mode", help="cpp, dcpp, vpp, vpp-async or vpp-pack."),
+    pp: int = typer.Option(..., "--pp", help="Number of pipeline ranks P."),
+    seq_len: str = typer.Option(..., "--seq-len", help="Prompt length per request (16k, 1m, ...)."),
+    chunk_size: str = typer.Option(..., "--chunk-size", help="Chunk size (base size for dcpp)."),
+    requests: int = typer.Option(1, "--requests", help="Number of requests of --seq-len tokens, queued in order."),
+    layers: int = typer.Option(48, "--layers", help="Decoder layers to split among stages."),
+    split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts."),
+    fmt: str = typer.Option("text", "--format", help="text or json."),
+) -> None:
+    """Print each rank's ordered actions (text: 3F1.0 = stage 3 computes request 1 chunk 0)."""
+    from ..schedule import schedule_to_text
+
+    if fmt not in ("text", "json"):
+        raise ValueError(f"--format must be text or json, got {fmt!r}")
+    plan = plan_from_options(mode, pp, seq_len, chunk_size, requests, layers, split)
+    if fmt == "json":
+        emit_json(plan.to_json())
+    else:
+        typer.echo(schedule_to_text(plan))

@@ -1,0 +1,195 @@
+"""Chunkers: how many tokens the next prefill chunk of a request takes.
+
+A chunker answers one question, ``next_chunk_size(prefix_len, remaining)``, so the same object
+serves an offline plan (``split_request``) and an online loop that chunks a request one step at a
+time while other requests run.
+
+- ``FixedChunker``: a constant chunk size (CPP and every VPP mode).
+- ``DynamicChunker``: DCPP, SGLang's ``--enable-dynamic-chunking`` restated: a fitted prefill
+  latency curve ``f(l) = a l^2 + b l + c``; the next chunk ``x`` after prefix ``L`` solves
+  ``f(L + x) - f(L) = T`` with ``T = f(base) - f(0)``; then smoothing toward ``base``
+  (``base + s (x - base)``), a floor at ``base // 4``, alignment down to ``alignment`` tokens, and
+  caps by the remaining tokens and ``max_prefill_tokens``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+from .errors import ChunkingError
+
+__all__ = [
+    "Chunker",
+    "FixedChunker",
+    "QuadraticCurve",
+    "DynamicChunker",
+    "fit_quadratic",
+    "split_request",
+    "parse_size",
+]
+
+
+class Chunker(Protocol):
+    def next_chunk_size(self, prefix_len: int, remaining: int) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FixedChunker:
+    chunk_size: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
+            raise ChunkingError(f"chunk size must be an integer >= 1 token, got {self.chunk_size!r}")
+
+    def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
+        return min(self.chunk_size, remaining)
+
+
+@dataclass(frozen=True, slots=True)
+class QuadraticCurve:
+    """Prefill latency of a whole ``l``-token prompt: ``f(l) = a l^2 + b l + c``."""
+
+    a: float
+    b: float
+    c: float
+
+    def __call__(self, length: float) -> float:
+        return (self.a * length + self.b) * length + self.c
+
+
+def fit_quadratic(lengths: Sequence[float], latencies: Sequence[float]) -> QuadraticCurve:
+    """Least-squares fit of ``f(l) = a l^2 + b l + c`` (normal equations, no numpy needed).
+
+    Raises ``ChunkingError`` when the fit is not usable for dynamic chunking (``a <= 0``), as
+    SGLang's profiler does; a negative linear term is clamped to zero.
+    """
+    if len(lengths) != len(latencies) or len(set(lengths)) < 3:
+        raise ChunkingError(
+            f"need >= 3 distinct lengths with one latency each to fit a quadratic, got "
+            f"{len(set(lengths))} distinct lengths and {len(latencies)} latencies"
+        )
+    # Scale lengths to keep the 3x3 system well conditioned.
+    scale = max(abs(x) for x in lengths) or 1.0
+    xs = [x / scale for x in lengths]
+    sums = [sum(x**k for x in xs) for k in range(5)]
+    rhs = [sum(y * x**k for x, y in zip(xs, latencies)) for k in range(3)]
+    matrix = [[sums[i + j] for j in range(3)] for i in range(3)]
+    c0, c1, c2 = _solve3(matrix, rhs)
+    a, b, c = c2 / scale**2, c1 / scale, c0
+    if not a > 0:
+        raise ChunkingError(
+            f"fitted quadratic coefficient a={a:.3e} is not positive: latency does not grow "
+            "super-linearly with length, so dynamic chunking has nothing to balance; use fixed chunks"
+        )
+    return QuadraticCurve(a, max(b, 0.0), c)
+
+
+def _solve3(m: list[list[float]], v: list[float]) -> tuple[float, float, float]:
+    """Gaussian elimination with partial pivoting for a 3x3 system."""
+    rows = [row[:] + [rhs] for row, rhs in zip(m, v)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(rows[r][col]))
+        if abs(rows[pivot][col]) < 1e-300:
+            raise ChunkingError("quadratic fit is singular: sample more distinct lengths")
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(col + 1, 3):
+            factor = rows[r][col] / rows[col][col]
+            for k in range(col, 4):
+                rows[r][k] -= factor * rows[col][k]
+    out = [0.0, 0.0, 0.0]
+    for r in (2, 1, 0):
+        out[r] = (rows[r][3] - sum(rows[r][k] * out[k] for k in range(r + 1, 3))) / rows[r][r]
+    return out[0], out[1], out[2]
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicChunker:
+    """DCPP chunk sizes from a fitted latency curve (see the module docstring)."""
+
+    curve: QuadraticCurve
+    base_chunk_size: int
+    smooth_factor: float = 0.75
+    alignment: int = 64
+    max_prefill_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.base_chunk_size < 1:
+            raise ChunkingError(f"base chunk size must be >= 1, got {self.base_chunk_size}")
+        if not 0.0 <= self.smooth_factor <= 1.0:
+            raise ChunkingError(f"smooth factor must lie in [0, 1], got {self.smooth_factor}")
+        if self.alignment < 1:
+            raise ChunkingError(f"alignment must be >= 1, got {self.alignment}")
+        if self.curve.a <= 0:
+            raise ChunkingError(f"curve needs a > 0, got a={self.curve.a}")
+
+    @classmethod
+    def from_latency_fn(
+        cls,
+        latency: Callable[[int], float],
+        base_chunk_size: int,
+        max_length: int,
+        num_samples: int = 128,
+        **kwargs,
+    ) -> "DynamicChunker":
+        """Fit the curve on ``num_samples`` prompt lengths up to ``max_length``, like SGLang's
+        start-up profiler (which times that many synthetic prefills)."""
+        step = max(1, max_length // num_samples)
+        lengths = list(range(step, max_length + 1, step))
+        return cls(fit_quadratic(lengths, [latency(n) for n in lengths]), base_chunk_size, **kwargs)
+
+    @property
+    def target_latency(self) -> float:
+        return self.curve(self.base_chunk_size) - self.curve(0)
+
+    def ideal_chunk_size(self, prefix_len: int) -> float:
+        """The real root ``x`` of ``f(L + x) - f(L) = T``."""
+        a, b = self.curve.a, self.curve.b
+        linear = 2 * a * prefix_len + b
+        return (-linear + math.sqrt(linear * linear + 4 * a * self.target_latency)) / (2 * a)
+
+    def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
+        base = self.base_chunk_size
+        smoothed = base + self.smooth_factor * (self.ideal_chunk_size(prefix_len) - base)
+        size = max(int(smoothed), base // 4)
+        # Alignment never exceeds the base size: tiny test models use chunks below 64 tokens.
+        align = min(self.alignment, base)
+        size = max(align, size // align * align)
+        if self.max_prefill_tokens is not None:
+            size = min(size, max(align, self.max_prefill_tokens // align * align))
+        return min(size, remaining)
+
+
+def split_request(chunker: Chunker, length: int) -> list[tuple[int, int]]:
+    """(start, num_tokens) for every chunk of a ``length``-token prompt."""
+    chunks = []
+    start = 0
+    while start < length:
+        size = chunker.next_chunk_size(start, length - start)
+        assert size >= 1, (chunker, start, length)
+        chunks.append((start, size))
+        start += size
+    return chunks
+
+
+_SUFFIXES = {"": 1, "k": 1024, "m": 1024 * 1024}
+
+
+def parse_size(text: str | int) -> int:
+    """Token counts with suffixes: ``16k`` = 16384, ``1m`` = 1048576, ``3000`` = 3000."""
+    if isinstance(text, int):
+        value = text
+    else:
+        raw = text.strip().lower()
+        suffix = raw[-1] if raw and raw[-1] in "km" else ""
+        number = raw[: len(raw) - len(suffix)]
+        try:
+            value = int(float(number) * _SUFFIXES[suffix]) if number else -1
+        except ValueError:
+            value = -1
+        if value < 0 or (number and float(number) * _SUFFIXES[suffix] != value):
+            raise ChunkingError(f"cannot read size {text!r}; expected e.g. 512, 16k or 1m")
+    if value < 1:
+        raise ChunkingError(f"size must be >= 1, got {text!r}")
+    return value

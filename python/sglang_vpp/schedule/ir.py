@@ -1,0 +1,170 @@
+"""The action IR: what one rank does, one small typed action at a time.
+
+A schedule is, per rank, an ordered list of ``Action`` values. Three kinds:
+
+- ``F`` (compute): run stage ``s`` on chunk ``(request, chunk)``. Text: ``3F1.0``.
+- ``SEND_F``: send the output of stage ``s`` for ``(request, chunk)`` to ``peer`` on ``group``.
+  Text: ``0SEND_F1.0>1@fwd``.
+- ``RECV_F``: receive the output of stage ``s`` (the *producing* stage) from ``peer`` on ``group``.
+  Text: ``1RECV_F1.0<0@fwd``.
+
+Naming the producing stage on both ends makes a send and its receive carry the same key
+``(stage, request, chunk)``, which is what the validator and the deadlock checker match on.
+
+Groups: ``pp`` is the single pipeline group (cpp, dcpp and vanilla vpp). ``fwd`` carries rank
+r -> r+1 traffic and ``bwd`` rank r+1 -> r traffic (vpp-async, vpp-pack). A communicator is a
+group on one unordered pair of neighbouring ranks: two per pair, one per direction.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .errors import ParseError, ScheduleError
+
+__all__ = [
+    "ActionKind",
+    "Action",
+    "ChunkSpec",
+    "RequestSpec",
+    "GROUP_SINGLE",
+    "GROUP_FORWARD",
+    "GROUP_BACKWARD",
+    "KNOWN_GROUPS",
+    "compute",
+    "send",
+    "recv",
+]
+
+GROUP_SINGLE = "pp"
+GROUP_FORWARD = "fwd"
+GROUP_BACKWARD = "bwd"
+KNOWN_GROUPS = (GROUP_SINGLE, GROUP_FORWARD, GROUP_BACKWARD)
+
+
+class ActionKind(StrEnum):
+    COMPUTE = "F"
+    SEND = "SEND_F"
+    RECV = "RECV_F"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One step of one rank. Hashable; ``str()`` gives the compact text form."""
+
+    kind: ActionKind
+    stage_index: int
+    request_index: int
+    chunk_index: int
+    peer: int | None = None
+    group: str | None = None
+
+    def __post_init__(self) -> None:
+        if min(self.stage_index, self.request_index, self.chunk_index) < 0:
+            raise ScheduleError(f"negative index in action {self!r}")
+        is_comm = self.kind is not ActionKind.COMPUTE
+        if is_comm and (self.peer is None or self.group is None):
+            raise ScheduleError(f"{self.kind} action needs a peer and a group: {self!r}")
+        if not is_comm and (self.peer is not None or self.group is not None):
+            raise ScheduleError(f"compute action takes no peer or group: {self!r}")
+        if is_comm and self.group not in KNOWN_GROUPS:
+            raise ScheduleError(f"unknown group {self.group!r}; expected one of {KNOWN_GROUPS}")
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """(stage, request, chunk): what a send and its matching receive share."""
+        return (self.stage_index, self.request_index, self.chunk_index)
+
+    @property
+    def chunk_key(self) -> tuple[int, int]:
+        return (self.request_index, self.chunk_index)
+
+    @property
+    def is_comm(self) -> bool:
+        return self.kind is not ActionKind.COMPUTE
+
+    def __str__(self) -> str:
+        base = f"{self.stage_index}{self.kind}{self.request_index}.{self.chunk_index}"
+        if self.kind is ActionKind.SEND:
+            return f"{base}>{self.peer}@{self.group}"
+        if self.kind is ActionKind.RECV:
+            return f"{base}<{self.peer}@{self.group}"
+        return base
+
+    @staticmethod
+    def parse(text: str) -> "Action":
+        match = _ACTION_RE.fullmatch(text.strip())
+        if match is None:
+            raise ParseError(
+                f"cannot parse action {text!r}; expected e.g. '3F1.0', '0SEND_F1.0>1@fwd' "
+                "or '1RECV_F1.0<0@fwd'"
+            )
+        kind = ActionKind(match["kind"])
+        arrow, peer, group = match["arrow"], match["peer"], match["group"]
+        expected_arrow = {ActionKind.SEND: ">", ActionKind.RECV: "<"}.get(kind)
+        if arrow != expected_arrow:
+            raise ParseError(f"action {text!r}: {kind} must be written with {expected_arrow!r}")
+        return Action(
+            kind,
+            int(match["stage"]),
+            int(match["request"]),
+            int(match["chunk"]),
+            int(peer) if peer is not None else None,
+            group,
+        )
+
+
+_ACTION_RE = re.compile(
+    r"(?P<stage>\d+)(?P<kind>SEND_F|RECV_F|F)(?P<request>\d+)\.(?P<chunk>\d+)"
+    r"(?:(?P<arrow>[<>])(?P<peer>\d+)@(?P<group>[a-z]+))?"
+)
+
+
+def compute(stage: int, request: int, chunk: int) -> Action:
+    return Action(ActionKind.COMPUTE, stage, request, chunk)
+
+
+def send(stage: int, request: int, chunk: int, peer: int, group: str) -> Action:
+    return Action(ActionKind.SEND, stage, request, chunk, peer, group)
+
+
+def recv(stage: int, request: int, chunk: int, peer: int, group: str) -> Action:
+    return Action(ActionKind.RECV, stage, request, chunk, peer, group)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """A prompt to prefill: its length in tokens and when it arrives (seconds, planner clock)."""
+
+    length: int
+    arrival: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.length, int) or self.length < 1:
+            raise ScheduleError(f"request length must be an integer >= 1 token, got {self.length!r}")
+        if self.arrival < 0:
+            raise ScheduleError(f"request arrival must be >= 0, got {self.arrival!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpec:
+    """Tokens ``[start, start + num_tokens)`` of request ``request_index``; ``start`` is the prefix."""
+
+    request_index: int
+    chunk_index: int
+    start: int
+    num_tokens: int
+    is_last: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.num_tokens >= 1 and self.start >= 0, self
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.request_index, self.chunk_index)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens

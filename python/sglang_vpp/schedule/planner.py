@@ -1,0 +1,376 @@
+"""The planner: turns requests into per-rank action streams, offline or online.
+
+Data flow: ``submit(RequestSpec)`` chunks the request with the policy's chunker and appends its
+chunks to the global chunk sequence; ``advance()`` list-schedules the sequence on an *estimated*
+clock (the ``StageCostModel`` given in ``PlannerConfig``) and appends actions to each rank's
+stream. Every rank that calls the same methods in the same order gets the same streams, which is
+how SGLang-style replicated schedulers stay in step without exchanging decisions.
+
+Rules the planner follows (each policy is a ``PolicySpec``; see ``policies/``):
+
+- Every stage processes chunks in sequence order (request-major). Hence each communicator sees
+  sends and receives in the same order on both ends, and a chunk's KV prefix on a stage is always
+  built before the chunk needs it.
+- Stage 0 admits a chunk when its request has arrived and fewer than ``max_in_flight`` chunks are
+  between stage 0 and the end of the last stage. ``vpp-pack`` may exceed the limit in a drain
+  window (``_drain_budget``).
+- A rank that holds several ready stages picks by the policy's ``Priority``.
+- ``async`` policies post a send right after the compute that produced it and receive right
+  before the compute that consumes it. ``blocking`` policies pair each hand-off on both ranks at
+  the same moment (a rendezvous); when two neighbours hold outputs for each other, the fold-back
+  (higher-stage) one goes first. Because both ends of every pair are emitted at one point of a
+  single global order, blocking streams can always be executed without deadlock.
+
+The estimated clock only orders work; executors (simulator, runtime, SGLang) keep their own time.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .chunking import Chunker
+from .cost import StageCostModel
+from .ir import (
+    GROUP_BACKWARD,
+    GROUP_FORWARD,
+    GROUP_SINGLE,
+    Action,
+    ChunkSpec,
+    RequestSpec,
+    compute,
+    recv,
+    send,
+)
+from .layout import Layout, LayoutKind
+from .policies import CommSemantics, PolicySpec, Priority
+from .errors import PolicyError
+
+__all__ = ["PlannerConfig", "Planner", "TimelineEntry"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerConfig:
+    policy: PolicySpec
+    layout: Layout
+    chunker: Chunker
+    cost: StageCostModel
+    max_in_flight: int | None = None
+    """Chunks allowed between entering stage 0 and leaving the last stage. Default: P for the
+    contiguous layout (one per stage, SGLang's micro-batch count) and 2P-1 for fold-back (rank r
+    pairs chunk k+d with chunk k-d, d = P-1-r, so 2P-1 chunks overlap in steady state)."""
+    num_groups: int | None = None
+    """Override the policy's group count (1 or 2); the negative control uses 1 with async sends."""
+
+    def __post_init__(self) -> None:
+        if self.layout.kind is not self.policy.layout_kind:
+            raise PolicyError(
+                f"mode {self.policy.name} needs a {self.policy.layout_kind} layout, got {self.layout.kind}"
+            )
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise PolicyError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+        if self.num_groups not in (None, 1, 2):
+            raise PolicyError(f"groups must be 1 or 2, got {self.num_groups}")
+
+    @property
+    def in_flight_limit(self) -> int:
+        if self.max_in_flight is not None:
+            return self.max_in_flight
+        p = self.layout.num_ranks
+        return p if self.layout.kind is LayoutKind.CONTIGUOUS else 2 * p - 1
+
+    @property
+    def groups(self) -> int:
+        return self.num_groups if self.num_groups is not None else self.policy.num_groups
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    """One compute on the planner's estimated clock."""
+
+    rank: int
+    stage_index: int
+    request_index: int
+    chunk_index: int
+    start: float
+    end: float
+
+
+@dataclass
+class _PackState:
+    request_index: int
+    budget: float
+
+
+class Planner:
+    """Online list scheduler; see the module docstring."""
+
+    def __init__(
+        self,
+        config: PlannerConfig,
+        on_complete: Callable[[int, float], list[RequestSpec]] | None = None,
+    ) -> None:
+        self.config = config
+        self._on_complete = on_complete
+        layout = config.layout
+        self._num_ranks = layout.num_ranks
+        self._num_stages = layout.num_stages
+        self._stage_rank = [s.rank for s in layout.stages]
+        self._rank_stages = [layout.stages_of(r) for r in range(layout.num_ranks)]
+        self._blocking = config.policy.comm_semantics is CommSemantics.BLOCKING
+        self._actions: list[list[Action]] = [[] for _ in range(self._num_ranks)]
+        self._taken = [0] * self._num_ranks
+        self.requests: list[RequestSpec] = []
+        self.sequence: list[ChunkSpec] = []
+        self._last_position: list[int] = []
+        self._ready_at: list[list[float | None]] = [[] for _ in range(self._num_stages)]
+        self._finish: list[list[float | None]] = [[] for _ in range(self._num_stages)]
+        self._next_position = [0] * self._num_stages
+        self._rank_free = [0.0] * self._num_ranks
+        self._offer: list[tuple[int, int] | None] = [None] * self._num_ranks
+        self._completions: list[float] = []
+        self._completed = 0
+        self._pack: _PackState | None = None
+        self.request_finish: dict[int, float] = {}
+        self.timeline: list[TimelineEntry] = []
+        self.now = 0.0
+
+    # ----------------------------------------------------------------- public API
+    def submit(self, request: RequestSpec) -> int:
+        """Chunk ``request`` and queue its chunks; returns its request index."""
+        index = len(self.requests)
+        self.requests.append(request)
+        start = 0
+        chunk_index = 0
+        while start < request.length:
+            size = self.config.chunker.next_chunk_size(start, request.length - start)
+            assert 1 <= size <= request.length - start, (size, start, request)
+            is_last = start + size == request.length
+            self.sequence.append(ChunkSpec(index, chunk_index, start, size, is_last))
+            for stage in range(self._num_stages):
+                self._ready_at[stage].append(None)
+                self._finish[stage].append(None)
+            start += size
+            chunk_index += 1
+        self._last_position.append(len(self.sequence) - 1)
+        return index
+
+    def advance(self, until: float | None = None) -> None:
+        """Plan every decision whose estimated time is <= ``until`` (all known work if None)."""
+        while True:
+            self._settle(self.now)
+            upcoming = self._next_event_time()
+            if upcoming is None or (until is not None and upcoming > until):
+                break
+            self.now = upcoming
+        if until is None:
+            assert all(p == len(self.sequence) for p in self._next_position), self._stuck_state()
+
+    def rank_actions(self, rank: int) -> list[Action]:
+        return self._actions[rank]
+
+    def take_new_actions(self, rank: int) -> list[Action]:
+        """Actions of ``rank`` planned since the previous call (for online executors)."""
+        new = self._actions[rank][self._taken[rank] :]
+        self._taken[rank] = len(self._actions[rank])
+        return new
+
+    def chunk(self, position: int) -> ChunkSpec:
+        return self.sequence[position]
+
+    # ----------------------------------------------------------------- the event loop
+    def _settle(self, now: float) -> None:
+        acted = True
+        while acted:
+            acted = False
+            for rank in range(self._num_ranks):
+                if self._rank_free[rank] <= now and self._act(rank, now):
+                    acted = True
+
+    def _next_event_time(self) -> float | None:
+        times = [t for t in self._rank_free if t > self.now]
+        times += [t for t in self._completions if t > self.now]
+        for stage in range(self._num_stages):
+            position = self._next_position[stage]
+            if position < len(self.sequence):
+                if stage == 0:
+                    arrival = self.requests[self.sequence[position].request_index].arrival
+                    if arrival > self.now:
+                        times.append(arrival)
+                else:
+                    ready = self._ready_at[stage - 1][position]
+                    if ready is not None and ready > self.now:
+                        times.append(ready)
+        return min(times) if times else None
+
+    def _act(self, rank: int, now: float) -> bool:
+        if self._blocking:
+            if self._offer[rank] is not None:
+                return self._try_handoff(rank, now)
+            for peer in (rank - 1, rank + 1):
+                offer = self._offer[peer] if 0 <= peer < self._num_ranks else None
+                if offer is not None and self._consumer_rank(offer[0]) == rank:
+                    if self._rank_free[peer] <= now:
+                        self._handoff(peer, rank, offer, now)
+                        return True
+        candidates = [c for c in (self._candidate(stage, now) for stage in self._rank_stages[rank]) if c]
+        if not candidates:
+            return False
+        if self.config.policy.priority is Priority.FEED_PEER_FIRST:
+            stage, position = min(candidates, key=lambda c: (not self._feeds_peer(rank, c[0]), c[1], -c[0]))
+        else:
+            stage, position = min(candidates, key=lambda c: (c[1], -c[0]))
+        self._run(rank, stage, position, now)
+        return True
+
+    def _candidate(self, stage: int, now: float) -> tuple[int, int] | None:
+        position = self._next_position[stage]
+        if position >= len(self.sequence):
+            return None
+        if stage == 0:
+            return (stage, position) if self._admissible(position, now) else None
+        ready = self._ready_at[stage - 1][position]
+        return (stage, position) if ready is not None and ready <= now else None
+
+    def _admissible(self, position: int, now: float) -> bool:
+        chunk = self.sequence[position]
+        if self.requests[chunk.request_index].arrival > now:
+            return False
+        while self._completions and self._completions[0] <= now:
+            heapq.heappop(self._completions)
+            self._completed += 1
+        in_flight = self._next_position[0] - self._completed
+        if in_flight < self.config.in_flight_limit:
+            return True
+        pack = self._pack
+        if pack is None or chunk.request_index <= pack.request_index:
+            return False
+        cost = self._stage_cost(0, chunk)
+        if cost > pack.budget:
+            return False
+        pack.budget -= cost
+        return True
+
+    # ----------------------------------------------------------------- emitting work
+    def _run(self, rank: int, stage: int, position: int, now: float) -> None:
+        chunk = self.sequence[position]
+        request, index = chunk.request_index, chunk.chunk_index
+        if stage > 0 and not self._blocking:
+            producer = self._stage_rank[stage - 1]
+            if producer != rank:
+                self._actions[rank].append(recv(stage - 1, request, index, producer, self._group(producer, rank)))
+        self._actions[rank].append(compute(stage, request, index))
+        end = now + self._stage_cost(stage, chunk)
+        self.timeline.append(TimelineEntry(rank, stage, request, index, now, end))
+        self._finish[stage][position] = end
+        self._next_position[stage] = position + 1
+        self._rank_free[rank] = end
+        consumer = self._consumer_rank(stage)
+        if consumer is None:
+            heapq.heappush(self._completions, end)
+            if chunk.is_last:
+                self._complete_request(request, end)
+        elif consumer == rank:  # [Note: fold point has no comm]
+            self._ready_at[stage][position] = end
+        elif self._blocking:
+            self._offer[rank] = (stage, position)
+        else:
+            self._actions[rank].append(send(stage, request, index, consumer, self._group(rank, consumer)))
+            self._ready_at[stage][position] = end + self._transfer_cost(stage, chunk)
+        if stage == 0 and chunk.is_last and self.config.policy.pack:
+            self._pack = _PackState(request, self._drain_budget(position, end))
+
+    def _try_handoff(self, rank: int, now: float) -> bool:
+        offer = self._offer[rank]
+        assert offer is not None
+        peer = self._consumer_rank(offer[0])
+        assert peer is not None
+        if self._rank_free[peer] > now:
+            return False
+        peer_offer = self._offer[peer]
+        if peer_offer is None:
+            self._handoff(rank, peer, offer, now)
+            return True
+        if self._consumer_rank(peer_offer[0]) != rank:
+            return False  # the peer waits on its other neighbour; we wait on the peer
+        # Head to head: the fold-back (higher-stage) hand-off goes first; the other rank posts
+        # its receive before its own send.
+        if peer_offer[0] > offer[0]:
+            self._handoff(peer, rank, peer_offer, now)
+        else:
+            self._handoff(rank, peer, offer, now)
+        return True
+
+    def _handoff(self, src: int, dst: int, offer: tuple[int, int], now: float) -> None:
+        stage, position = offer
+        chunk = self.sequence[position]
+        group = self._group(src, dst)
+        self._actions[src].append(send(stage, chunk.request_index, chunk.chunk_index, dst, group))
+        self._actions[dst].append(recv(stage, chunk.request_index, chunk.chunk_index, src, group))
+        end = now + self._transfer_cost(stage, chunk)
+        self._rank_free[src] = max(self._rank_free[src], end)
+        self._rank_free[dst] = max(self._rank_free[dst], end)
+        self._ready_at[stage][position] = end
+        self._offer[src] = None
+
+    def _complete_request(self, request_index: int, end: float) -> None:
+        self.request_finish[request_index] = end
+        if self._on_complete is not None:
+            for new in self._on_complete(request_index, end):
+                self.submit(new)
+
+    # ----------------------------------------------------------------- packing estimate
+    def _drain_budget(self, last_position: int, stage0_end: float) -> float:
+        """Idle time rank 0 is predicted to have before the fold-back stage of the request's
+        last chunk can start, projecting the chunks in flight with no new admissions.
+
+        The projection runs each in-flight chunk's remaining stages in chunk order on the
+        estimated costs (a rank's own ordering and queueing are approximated), so it is an
+        estimate, not a bound.
+        """
+        last_stage = self._num_stages - 1
+        free = list(self._rank_free)
+        free[0] = stage0_end
+        ready: dict[tuple[int, int], float] = {}
+        first = self._completed
+        for position in range(first, last_position + 1):
+            chunk = self.sequence[position]
+            for stage in range(self._num_stages):
+                rank = self._stage_rank[stage]
+                finish = self._finish[stage][position]
+                if finish is None:
+                    inputs = [free[rank], ready.get((stage - 1, position), 0.0), ready.get((stage, position - 1), 0.0)]
+                    if position == last_position and stage == last_stage:
+                        return max(0.0, inputs[1] - free[0])
+                    finish = max(inputs) + self._stage_cost(stage, chunk)
+                    free[rank] = finish
+                consumer = self._consumer_rank(stage)
+                remote = consumer is not None and consumer != rank
+                ready[(stage, position)] = finish + (self._transfer_cost(stage, chunk) if remote else 0.0)
+        return 0.0
+
+    # ----------------------------------------------------------------- helpers
+    def _feeds_peer(self, rank: int, stage: int) -> bool:
+        consumer = self._consumer_rank(stage)
+        return consumer is not None and consumer != rank
+
+    def _consumer_rank(self, stage: int) -> int | None:
+        return None if stage == self._num_stages - 1 else self._stage_rank[stage + 1]
+
+    def _group(self, src: int, dst: int) -> str:
+        if self.config.groups == 1:
+            return GROUP_SINGLE
+        return GROUP_FORWARD if dst > src else GROUP_BACKWARD
+
+    def _stage_cost(self, stage: int, chunk: ChunkSpec) -> float:
+        return self.config.cost.stage_cost(self.config.layout.stages[stage], chunk)
+
+    def _transfer_cost(self, stage: int, chunk: ChunkSpec) -> float:
+        return self.config.cost.transfer_cost(self.config.layout.stages[stage], chunk)
+
+    def _stuck_state(self) -> str:
+        return (
+            f"planner stopped with work left: next positions {self._next_position}, "
+            f"sequence length {len(self.sequence)}, offers {self._offer}, rank free {self._rank_free}, now {self.now}"
+        )

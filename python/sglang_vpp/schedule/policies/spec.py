@@ -1,0 +1,46 @@
+"""``PolicySpec``: the handful of decisions that make one policy differ from another."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ..layout import LayoutKind
+
+__all__ = ["Policy", "CommSemantics", "Priority", "PolicySpec"]
+
+
+class Policy(StrEnum):
+    CPP = "cpp"
+    DCPP = "dcpp"
+    VPP = "vpp"
+    VPP_ASYNC = "vpp-async"
+    VPP_PACK = "vpp-pack"
+
+
+class CommSemantics(StrEnum):
+    BLOCKING = "blocking"  # a send holds its rank until the peer receives (rendezvous)
+    ASYNC = "async"  # a send is posted and the rank goes on; receives still wait
+
+
+class Priority(StrEnum):
+    """Which ready stage a rank runs first when it holds more than one."""
+
+    OLDEST_FIRST = "oldest-first"  # drain: the earliest chunk (fold-back stage) first
+    FEED_PEER_FIRST = "feed-peer-first"  # a stage whose output goes to another rank first, so
+    # the transfer overlaps this rank's next compute; among those, the oldest chunk
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    name: Policy
+    layout_kind: LayoutKind
+    """Contiguous (one stage per rank) or fold-back (two virtual stages per rank)."""
+    dynamic_chunks: bool
+    """DCPP's latency-balanced chunk sizes instead of fixed ones."""
+    comm_semantics: CommSemantics
+    num_groups: int
+    """1: one group for both directions; 2: one group per direction."""
+    priority: Priority
+    pack: bool
+    """Admit the next request's leading chunks into the predicted drain window."""

@@ -1,0 +1,125 @@
+"""``Schedule``: the per-rank action streams of one plan, plus what is needed to read them.
+
+``build_schedule`` is the offline entry point: layout + chunker + cost estimate from the policy,
+then the planner run to completion. Text and JSON forms live in ``text.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .chunking import Chunker, DynamicChunker, FixedChunker
+from .cost import LinearAttentionCost, StageCostModel
+from .ir import Action, ChunkSpec, RequestSpec
+from .layout import Layout, build_layout
+from .planner import Planner, PlannerConfig, TimelineEntry
+from .policies import CommSemantics, Policy, PolicySpec, get_policy
+
+__all__ = ["Schedule", "build_schedule", "default_chunker"]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-rank ordered actions for one policy on one layout."""
+
+    policy: Policy
+    layout: Layout
+    chunks: tuple[ChunkSpec, ...]
+    rank_actions: tuple[tuple[Action, ...], ...]
+    comm_semantics: CommSemantics
+    groups: tuple[str, ...]
+    requests: tuple[RequestSpec, ...] = ()
+    estimated_timeline: tuple[TimelineEntry, ...] = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        assert len(self.rank_actions) == self.layout.num_ranks
+
+    @property
+    def num_ranks(self) -> int:
+        return self.layout.num_ranks
+
+    @property
+    def num_actions(self) -> int:
+        return sum(len(actions) for actions in self.rank_actions)
+
+    def chunk(self, request_index: int, chunk_index: int) -> ChunkSpec:
+        return self._chunk_index()[(request_index, chunk_index)]
+
+    def _chunk_index(self) -> dict[tuple[int, int], ChunkSpec]:
+        cache = self.__dict__.get("_chunks_by_key")
+        if cache is None:
+            cache = {c.key: c for c in self.chunks}
+            object.__setattr__(self, "_chunks_by_key", cache)
+        return cache
+
+    def to_json(self) -> dict:
+        from .text import schedule_to_json
+
+        return schedule_to_json(self)
+
+    @staticmethod
+    def from_json(data: dict) -> "Schedule":
+        from .text import schedule_from_json
+
+        return schedule_from_json(data)
+
+
+def default_chunker(
+    policy: PolicySpec,
+    chunk_size: int,
+    layout: Layout,
+    cost: StageCostModel,
+    max_length: int,
+) -> Chunker:
+    """Fixed chunks, or for dcpp a curve fitted on the cost estimate of stage 0 (as SGLang
+    profiles prefill latency on PP rank 0 at start-up)."""
+    if not policy.dynamic_chunks:
+        return FixedChunker(chunk_size)
+    stage = layout.stages[0]
+
+    def latency(length: int) -> float:
+        return cost.stage_cost(stage, ChunkSpec(0, 0, 0, length))
+
+    return DynamicChunker.from_latency_fn(latency, chunk_size, max(max_length, 2 * chunk_size))
+
+
+def build_schedule(
+    policy: str | Policy | PolicySpec,
+    num_ranks: int,
+    num_layers: int,
+    requests: Sequence[RequestSpec | int],
+    chunk_size: int,
+    split: Sequence[int] | None = None,
+    cost: StageCostModel | None = None,
+    chunker: Chunker | None = None,
+    num_groups: int | None = None,
+    max_in_flight: int | None = None,
+) -> Schedule:
+    """Plan ``requests`` (lengths or ``RequestSpec``) end to end for one policy."""
+    spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
+    layout = build_layout(num_ranks, num_layers, spec.layout_kind, split)
+    specs = [r if isinstance(r, RequestSpec) else RequestSpec(int(r)) for r in requests]
+    cost = cost if cost is not None else LinearAttentionCost()
+    if chunker is None:
+        chunker = default_chunker(spec, chunk_size, layout, cost, max((r.length for r in specs), default=1))
+    planner = Planner(PlannerConfig(spec, layout, chunker, cost, max_in_flight, num_groups))
+    for request in specs:
+        planner.submit(request)
+    planner.advance()
+    return schedule_from_planner(planner)
+
+
+def schedule_from_planner(planner: Planner) -> Schedule:
+    config = planner.config
+    groups = ("pp",) if config.groups == 1 else ("fwd", "bwd")
+    return Schedule(
+        policy=config.policy.name,
+        layout=config.layout,
+        chunks=tuple(planner.sequence),
+        rank_actions=tuple(tuple(planner.rank_actions(r)) for r in range(config.layout.num_ranks)),
+        comm_semantics=config.policy.comm_semantics,
+        groups=groups if config.layout.num_ranks > 1 else (),
+        requests=tuple(planner.requests),
+        estimated_timeline=tuple(planner.timeline),
+    )
