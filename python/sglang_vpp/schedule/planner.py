@@ -132,6 +132,7 @@ class Planner:
         self._completions: list[float] = []
         self._completed = 0
         self._pack: _PackState | None = None
+        self._packed_requests: set[int] = set()
         self.request_finish: dict[int, float] = {}
         self.timeline: list[TimelineEntry] = []
         self.now = 0.0
@@ -243,13 +244,17 @@ class Planner:
         in_flight = self._next_position[0] - self._completed
         if in_flight < self.config.in_flight_limit:
             return True
+        # Packing: only the request right after the one draining, only while it drains.
         pack = self._pack
-        if pack is None or chunk.request_index <= pack.request_index:
+        if pack is None or chunk.request_index != pack.request_index + 1:
+            return False
+        if pack.request_index in self.request_finish and self.request_finish[pack.request_index] <= now:
             return False
         cost = self._stage_cost(0, chunk)
         if cost > pack.budget:
             return False
         pack.budget -= cost
+        self._packed_requests.add(chunk.request_index)
         return True
 
     # ----------------------------------------------------------------- emitting work
@@ -279,7 +284,12 @@ class Planner:
             self._actions[rank].append(send(stage, request, index, consumer, self._group(rank, consumer)))
             self._ready_at[stage][position] = end + self._transfer_cost(stage, chunk)
         if stage == 0 and chunk.is_last and self.config.policy.pack:
-            self._pack = _PackState(request, self._drain_budget(position, end))
+            # A request that was itself packed into a drain window opens no window of its own:
+            # chained windows would let stage 0 run arbitrarily far ahead.
+            if request in self._packed_requests:
+                self._pack = None
+            else:
+                self._pack = _PackState(request, self._drain_budget(position, end))
 
     def _try_handoff(self, rank: int, now: float) -> bool:
         offer = self._offer[rank]
@@ -333,17 +343,29 @@ class Planner:
         free = list(self._rank_free)
         free[0] = stage0_end
         ready: dict[tuple[int, int], float] = {}
-        first = self._completed
-        for position in range(first, last_position + 1):
+
+        def ready_time(stage: int, position: int) -> float:
+            if stage < 0 or position < 0:
+                return 0.0
+            known = ready.get((stage, position))
+            if known is not None:
+                return known
+            finish = self._finish[stage][position]
+            assert finish is not None, (stage, position)
+            return finish  # started before the projection: its output is (nearly) ready then
+
+        # Chunks whose last stage has started are fully placed; project from the first that is not.
+        for position in range(self._next_position[last_stage], last_position + 1):
             chunk = self.sequence[position]
             for stage in range(self._num_stages):
                 rank = self._stage_rank[stage]
                 finish = self._finish[stage][position]
                 if finish is None:
-                    inputs = [free[rank], ready.get((stage - 1, position), 0.0), ready.get((stage, position - 1), 0.0)]
+                    input_ready = ready_time(stage - 1, position)
                     if position == last_position and stage == last_stage:
-                        return max(0.0, inputs[1] - free[0])
-                    finish = max(inputs) + self._stage_cost(stage, chunk)
+                        return max(0.0, input_ready - free[0])
+                    start = max(free[rank], input_ready, ready_time(stage, position - 1))
+                    finish = start + self._stage_cost(stage, chunk)
                     free[rank] = finish
                 consumer = self._consumer_rank(stage)
                 remote = consumer is not None and consumer != rank

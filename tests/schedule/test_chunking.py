@@ -1,0 +1,83 @@
+import pytest
+
+from sglang_vpp.schedule import (
+    ChunkingError,
+    DynamicChunker,
+    FixedChunker,
+    QuadraticCurve,
+    fit_quadratic,
+    parse_size,
+    split_request,
+)
+
+
+def test_fixed_chunker_covers_prompt_with_remainder_last():
+    assert split_request(FixedChunker(1024), 2500) == [(0, 1024), (1024, 1024), (2048, 452)]
+    assert split_request(FixedChunker(1024), 1024) == [(0, 1024)]
+    with pytest.raises(ChunkingError):
+        FixedChunker(0)
+
+
+def test_fit_quadratic_recovers_coefficients():
+    truth = QuadraticCurve(3e-9, 2e-5, 0.01)
+    lengths = list(range(512, 65536, 512))
+    curve = fit_quadratic(lengths, [truth(n) for n in lengths])
+    assert curve.a == pytest.approx(truth.a, rel=1e-6)
+    assert curve.b == pytest.approx(truth.b, rel=1e-6)
+    assert curve.c == pytest.approx(truth.c, rel=1e-4, abs=1e-9)
+
+
+def test_fit_rejects_non_convex_curves():
+    lengths = [1, 2, 3, 4, 5]
+    with pytest.raises(ChunkingError, match="not positive"):
+        fit_quadratic(lengths, [10 - x * x for x in lengths])
+    with pytest.raises(ChunkingError):
+        fit_quadratic([1, 1, 1], [1, 2, 3])
+
+
+def _chunker(**kw):
+    return DynamicChunker(QuadraticCurve(1e-8, 1e-4, 0.0), 4096, **kw)
+
+
+def test_dynamic_chunk_solves_equal_latency_without_smoothing():
+    chunker = _chunker(smooth_factor=1.0, alignment=1)
+    target = chunker.target_latency
+    curve = chunker.curve
+    for prefix in (0, 4096, 30000, 100000):
+        x = chunker.ideal_chunk_size(prefix)
+        assert curve(prefix + x) - curve(prefix) == pytest.approx(target, rel=1e-9)
+        assert chunker.next_chunk_size(prefix, 10**9) == max(int(x), 1024)
+
+
+def test_dynamic_chunks_shrink_with_prefix_floor_align_and_cap():
+    chunker = _chunker()
+    sizes = [size for _, size in split_request(chunker, 400_000)]
+    assert sizes[0] == 4096
+    assert all(a >= b for a, b in zip(sizes, sizes[1:-1]))  # non-increasing except the remainder
+    assert min(sizes[:-1]) >= 4096 // 4  # floor
+    assert all(s % 64 == 0 for s in sizes[:-1])  # alignment
+    capped = _chunker(max_prefill_tokens=2000)
+    assert capped.next_chunk_size(0, 10**9) == 1984
+    assert chunker.next_chunk_size(0, 100) == 100
+
+
+def test_smoothing_moves_toward_base():
+    raw = _chunker(smooth_factor=1.0, alignment=1).next_chunk_size(200_000, 10**9)
+    smooth = _chunker(smooth_factor=0.5, alignment=1).next_chunk_size(200_000, 10**9)
+    assert raw < smooth < 4096
+
+
+def test_dynamic_chunker_from_latency_fn():
+    chunker = DynamicChunker.from_latency_fn(lambda n: 2e-9 * n * n + 1e-5 * n, 1024, 65536)
+    assert chunker.curve.a == pytest.approx(2e-9, rel=1e-6)
+
+
+@pytest.mark.parametrize("text, value", [("16k", 16384), ("1m", 1 << 20), ("3000", 3000), ("1.5k", 1536), (77, 77), ("24K", 24576)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "k", "abc", "-1k", "0", "1.3", "12x"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ChunkingError):
+        parse_size(text)

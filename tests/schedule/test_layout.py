@@ -1,0 +1,73 @@
+import pytest
+
+from sglang_vpp.schedule import LayoutError, LayoutKind, build_layout, even_split
+
+
+@pytest.mark.parametrize("num_ranks", range(2, 9))
+def test_foldback_rank_holds_r_and_mirror(num_ranks):
+    layout = build_layout(num_ranks, 4 * num_ranks + 3, "vpp")
+    assert layout.num_stages == 2 * num_ranks
+    for rank in range(num_ranks):
+        assert layout.stages_of(rank) == (rank, 2 * num_ranks - 1 - rank)
+    # Layers tile [0, L) in stage order with no gap or overlap.
+    assert layout.stages[0].layer_start == 0
+    for before, after in zip(layout.stages, layout.stages[1:]):
+        assert before.layer_end == after.layer_start
+    assert layout.stages[-1].layer_end == layout.num_layers
+
+
+@pytest.mark.parametrize("num_ranks", range(1, 9))
+def test_contiguous_one_stage_per_rank(num_ranks):
+    layout = build_layout(num_ranks, 2 * num_ranks, "cpp")
+    assert [s.rank for s in layout.stages] == list(range(num_ranks))
+    assert layout.kind is LayoutKind.CONTIGUOUS
+
+
+def test_even_split_spreads_remainder_to_first_stages():
+    assert even_split(10, 4) == [3, 3, 2, 2]
+    layout = build_layout(2, 10, "vpp")
+    assert [(s.layer_start, s.layer_end) for s in layout.stages] == [(0, 3), (3, 6), (6, 8), (8, 10)]
+
+
+def test_p2_foldback_matches_method_doc():
+    layout = build_layout(2, 48, "vpp")
+    assert layout.to_dict()["stages"] == [
+        {"stage": 0, "rank": 0, "layers": [0, 12]},
+        {"stage": 1, "rank": 1, "layers": [12, 24]},
+        {"stage": 2, "rank": 1, "layers": [24, 36]},
+        {"stage": 3, "rank": 0, "layers": [36, 48]},
+    ]
+
+
+@pytest.mark.parametrize("num_ranks", range(2, 9))
+def test_uneven_split(num_ranks):
+    counts = [1 + (i % 3) for i in range(2 * num_ranks)]
+    layout = build_layout(num_ranks, sum(counts), "vpp", counts)
+    assert [s.num_layers for s in layout.stages] == counts
+    assert layout.stages[-1].rank == 0
+
+
+def test_layout_json_round_trip():
+    layout = build_layout(3, 20, "vpp", [2, 4, 4, 4, 4, 2])
+    assert type(layout).from_dict(layout.to_dict()) == layout
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        ((0, 8, "cpp", None), "pp size must be an integer >= 1, got 0"),
+        ((-2, 8, "cpp", None), "got -2"),
+        ((1, 8, "vpp", None), "needs at least 2 ranks, got pp=1"),
+        ((2, 3, "vpp", None), "3 layers cannot fill 4 stages"),
+        ((4, 3, "cpp", None), "3 layers cannot fill 4 stages"),
+        ((2, 8, "vpp", [2, 2, 2, 3]), "sums to 9, but the model has 8"),
+        ((2, 8, "vpp", [2, 2, 2]), "has 3 entries"),
+        ((2, 8, "vpp", [4, -1, 3, 2]), "negative"),
+        ((2, 8, "vpp", [4, 0, 2, 2]), "leaves a stage empty"),
+        ((2, 8, "diagonal", None), "unknown layout kind 'diagonal'"),
+    ],
+)
+def test_bad_layouts_name_the_value(args, fragment):
+    with pytest.raises(LayoutError, match=None) as info:
+        build_layout(*args)
+    assert fragment in str(info.value)
