@@ -1,0 +1,115 @@
+"""``--pp-mode`` and the ``--vpp-*`` flags on SGLang's argument parser, and their validation.
+
+Data flow (launcher process)::
+
+    ServerArgs.add_cli_args(parser)        [AFTER hook: after_add_cli_args]
+        -> our argument group is added; parser.parse_args is wrapped so that a bad combination
+           exits with one line "<prog>: error: ..." and status 2 right after parsing
+    parser.parse_args(argv) -> Namespace (SGLang's flags + pp_mode, vpp_layer_split, ...)
+    ServerArgs.from_cli_args(namespace)    [AROUND hook: around_from_cli_args]
+        -> dcpp sets enable_dynamic_chunking on the namespace first (it is a stock field)
+        -> the ServerArgs is built by SGLang, then carries PipelineOptions as _sglang_vpp
+
+``python -m sglang.launch_server`` and ``sglang serve`` both go through
+``prepare_server_args``, so both get the flags (``sglang serve --help`` prints before plugins
+load and does not list them; ``python -m sglang.launch_server --help`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import Any
+
+from sglang_vpp.sglang_plugin.errors import PluginError
+from sglang_vpp.sglang_plugin.options import (
+    PipelineOptions,
+    PpMode,
+    attach,
+    parse_layer_split,
+)
+from sglang_vpp.sglang_plugin.validate import validate_pipeline_args
+
+__all__ = ["add_pipeline_args", "after_add_cli_args", "around_from_cli_args", "check_namespace"]
+
+_WRAPPED_MARK = "_sglang_vpp_parse_wrapped"
+
+
+def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
+    """Add the plugin's flags to ``parser`` (idempotent)."""
+    if any("--pp-mode" in action.option_strings for action in parser._actions):
+        return
+    group = parser.add_argument_group("sglang-vpp pipeline modes")
+    group.add_argument(
+        "--pp-mode",
+        type=str,
+        choices=[mode.value for mode in PpMode],
+        default=PpMode.CPP.value,
+        help="Pipeline mode with --pp-size > 1: cpp = stock SGLang pipeline (default); "
+        "dcpp = stock pipeline + --enable-dynamic-chunking; vpp = fold-back (V-shape) layer "
+        "placement; vpp-async = vpp with one communication group per direction; vpp-pack = "
+        "vpp-async + cross-request packing.",
+    )
+    group.add_argument(
+        "--vpp-layer-split",
+        type=parse_layer_split,
+        default=None,
+        metavar="N0,N1,...",
+        help="Layers per virtual stage s0..s(2P-1) for vpp modes (rank r holds s_r and "
+        "s_(2P-1-r)); must add up to the model's layer count. Default: as even as possible.",
+    )
+    group.add_argument(
+        "--vpp-trace",
+        type=str,
+        default=None,
+        metavar="PATH",
+        help="vpp modes: write a Perfetto (Chrome JSON) trace of the pipeline to PATH.",
+    )
+    group.add_argument(
+        "--vpp-comm-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="vpp modes: fail a pipeline send/receive that waits longer than this.",
+    )
+
+
+def check_namespace(args: argparse.Namespace) -> PipelineOptions:
+    """Parse and validate the plugin's part of ``args``; raise a PluginError when refused."""
+    options = PipelineOptions.from_namespace(args)
+    validate_pipeline_args(args, options)
+    if options.is_vpp:
+        from sglang_vpp.sglang_plugin.vpp_bridge import check_vpp_args
+
+        check_vpp_args(args, options)
+    return options
+
+
+def _parse_and_check(parser: argparse.ArgumentParser, parse_args, *args: Any, **kwargs: Any):
+    namespace = parse_args(*args, **kwargs)
+    try:
+        check_namespace(namespace)
+    except PluginError as exc:
+        # Same shape as argparse's own errors, without the 3,000-line usage block.
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    return namespace
+
+
+def after_add_cli_args(result: Any, parser: argparse.ArgumentParser) -> None:
+    """AFTER hook on ``ServerArgs.add_cli_args`` (a staticmethod taking the parser)."""
+    add_pipeline_args(parser)
+    if not getattr(parser, _WRAPPED_MARK, False):
+        parser.parse_args = functools.partial(_parse_and_check, parser, parser.parse_args)
+        setattr(parser, _WRAPPED_MARK, True)
+    return result
+
+
+def around_from_cli_args(original, cls, args: argparse.Namespace):
+    """AROUND hook on ``ServerArgs.from_cli_args``: apply dcpp, attach the options."""
+    options = check_namespace(args) if hasattr(args, "pp_mode") else PipelineOptions()
+    if options.pp_mode == PpMode.DCPP:
+        # dcpp is exactly stock PP with SGLang's dynamic chunking switched on.
+        args.enable_dynamic_chunking = True
+    server_args = original(cls, args)
+    attach(server_args, options)
+    return server_args

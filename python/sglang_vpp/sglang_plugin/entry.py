@@ -1,0 +1,51 @@
+"""Entry point of the ``sglang.srt.plugins`` group: registers the plugin's hooks.
+
+SGLang's ``load_plugins()`` calls ``register()`` in the launcher (before argument parsing), in
+every scheduler process, in the detokenizer and in the DP controller, then applies all
+registered hooks. Hook targets, each a stable function of SGLang 0.5.23:
+
+=========================================================  ======  ==============================
+target                                                     type    job
+=========================================================  ======  ==============================
+``sglang.srt.server_args.ServerArgs.add_cli_args``         AFTER   add --pp-mode, --vpp-* flags
+``sglang.srt.server_args.ServerArgs.from_cli_args``        AROUND  dcpp switch; attach options
+``sglang.srt.runtime_context.publish``                     BEFORE  scheduler set-up, vpp.install
+=========================================================  ======  ==============================
+
+A version other than 0.5.23 raises SGLangVersionError here; SGLang logs it ("Failed to execute
+general plugin") and continues as stock SGLang without ``--pp-mode``, so a vpp request then
+fails at argument parsing ("unrecognized arguments: --pp-mode") instead of running stock PP.
+"""
+
+from __future__ import annotations
+
+__all__ = ["register"]
+
+_registered = False
+
+
+def register() -> None:
+    """Zero-argument plugin function (see module docstring). Idempotent."""
+    global _registered
+    if _registered:
+        return
+    from sglang_vpp.sglang_plugin.version import check_sglang_version
+
+    check_sglang_version()
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_vpp.sglang_plugin import cli_args, process_hooks
+
+    HookRegistry.register(
+        "sglang.srt.server_args.ServerArgs.add_cli_args",
+        cli_args.after_add_cli_args,
+        HookType.AFTER,
+    )
+    HookRegistry.register(
+        "sglang.srt.server_args.ServerArgs.from_cli_args",
+        cli_args.around_from_cli_args,
+        HookType.AROUND,
+    )
+    HookRegistry.register(process_hooks.PUBLISH_TARGET, process_hooks.before_publish, HookType.BEFORE)
+    _registered = True

@@ -1,0 +1,114 @@
+"""The pipeline options the plugin adds to SGLang, and how they travel to every process.
+
+Data flow::
+
+    argv --argparse (flags added by cli_args.add_pipeline_args)--> Namespace.pp_mode, ...
+         --PipelineOptions.from_namespace--> PipelineOptions
+         --attach(server_args)--> server_args._sglang_vpp   (underscore attribute)
+         --pickled with ServerArgs into every spawned subprocess-->
+         options_of(server_args) in the scheduler processes
+
+ServerArgs (a msgspec struct) seals its fields once resolution starts, but non-field
+underscore attributes stay writable and ``ServerArgs.__reduce__`` pickles them along with the
+fields, so the options reach every scheduler process without an environment variable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "OPTIONS_ATTR",
+    "PipelineOptions",
+    "PpMode",
+    "attach",
+    "options_of",
+    "parse_layer_split",
+]
+
+OPTIONS_ATTR = "_sglang_vpp"
+"""Name of the ServerArgs attribute that carries the PipelineOptions."""
+
+
+class PpMode(StrEnum):
+    """``--pp-mode`` values. Same spellings as ``sglang_vpp.schedule.Policy``."""
+
+    CPP = "cpp"
+    """Stock SGLang pipeline parallelism (chunked prefill, contiguous layers)."""
+    DCPP = "dcpp"
+    """Stock PP plus SGLang's own ``--enable-dynamic-chunking``."""
+    VPP = "vpp"
+    """Fold-back (V-shape) layer placement, one communication group."""
+    VPP_ASYNC = "vpp-async"
+    """VPP with reordered issue and one communication group per direction."""
+    VPP_PACK = "vpp-pack"
+    """VPP-Async plus cross-request packing of the drain window."""
+
+    @property
+    def is_vpp(self) -> bool:
+        return self in (PpMode.VPP, PpMode.VPP_ASYNC, PpMode.VPP_PACK)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineOptions:
+    """The plugin's flags after parsing. Picklable; lives on ``server_args._sglang_vpp``."""
+
+    pp_mode: PpMode = PpMode.CPP
+    """Which pipeline to run (``--pp-mode``)."""
+    vpp_layer_split: tuple[int, ...] | None = None
+    """Layers per virtual stage s_0 .. s_{2P-1} (``--vpp-layer-split 3,2,2,1``); None = even."""
+    vpp_trace: str | None = None
+    """Write a Perfetto/Chrome trace of the pipeline to this path (``--vpp-trace``)."""
+    vpp_comm_timeout: float = 300.0
+    """Seconds any pipeline send/receive may wait before failing (``--vpp-comm-timeout``)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pp_mode", PpMode(self.pp_mode))
+        if self.vpp_layer_split is not None:
+            object.__setattr__(self, "vpp_layer_split", tuple(int(n) for n in self.vpp_layer_split))
+
+    @property
+    def is_vpp(self) -> bool:
+        return self.pp_mode.is_vpp
+
+    @classmethod
+    def from_namespace(cls, namespace: Any) -> PipelineOptions:
+        """Build from an argparse Namespace that went through ``add_pipeline_args``."""
+        return cls(
+            pp_mode=PpMode(getattr(namespace, "pp_mode", PpMode.CPP)),
+            vpp_layer_split=getattr(namespace, "vpp_layer_split", None),
+            vpp_trace=getattr(namespace, "vpp_trace", None),
+            vpp_comm_timeout=float(getattr(namespace, "vpp_comm_timeout", 300.0)),
+        )
+
+
+def parse_layer_split(text: str) -> tuple[int, ...]:
+    """Parse ``"3,2,2,1"`` into ``(3, 2, 2, 1)``; argparse ``type=`` for ``--vpp-layer-split``."""
+    import argparse
+
+    try:
+        split = tuple(int(part) for part in text.replace(" ", "").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--vpp-layer-split {text!r} is not a comma-separated list of integers; "
+            "write e.g. --vpp-layer-split 3,2,2,1 (layers of virtual stages s0..s3)"
+        ) from None
+    if any(n < 1 for n in split):
+        raise argparse.ArgumentTypeError(
+            f"--vpp-layer-split {text!r}: every virtual stage needs at least 1 layer"
+        )
+    return split
+
+
+def attach(server_args: Any, options: PipelineOptions) -> None:
+    """Store ``options`` on ``server_args`` (allowed before and after resolution)."""
+    setattr(server_args, OPTIONS_ATTR, options)
+
+
+def options_of(server_args: Any) -> PipelineOptions:
+    """The PipelineOptions of a ServerArgs; stock ``cpp`` when the plugin did not parse it
+    (e.g. ``sglang.Engine(**kwargs)``, which never goes through the command line)."""
+    options = getattr(server_args, OPTIONS_ATTR, None)
+    return options if options is not None else PipelineOptions()

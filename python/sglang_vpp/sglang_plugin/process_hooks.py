@@ -1,0 +1,58 @@
+"""Per-process set-up in SGLang's scheduler processes: CPU compatibility and the VPP install.
+
+Data flow (each scheduler process, one per PP rank x TP rank)::
+
+    run_scheduler_process(server_args, ...)          (spawned; server_args unpickled with
+      load_plugins() -> entry.register()               its _sglang_vpp options)
+      publish(server_args, role="scheduler", ...)    [BEFORE hook: before_publish]
+        -> setup_scheduler_process(server_args)
+             register_cpu_hooks()                     (generic CPU platform only)
+             vpp.install(server_args)                 (vpp* modes only; raises if missing)
+             HookRegistry.apply_hooks()               (patches what was just registered)
+      Scheduler(server_args, ...)                    (distributed groups, model, KV pools)
+
+``publish`` is the first call in the scheduler process that receives ``server_args`` after the
+plugins are loaded, and it runs before the Scheduler exists, which is where VPP's hooks must be
+in place. Other roles (detokenizer, DP controller, launcher) are left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sglang_vpp.sglang_plugin.options import options_of
+
+__all__ = ["PUBLISH_TARGET", "before_publish", "setup_scheduler_process"]
+
+logger = logging.getLogger(__name__)
+
+PUBLISH_TARGET = "sglang.srt.runtime_context.publish"
+_done_for: set[int] = set()
+
+
+def setup_scheduler_process(server_args: Any) -> None:
+    """Install CPU hooks and, for vpp* modes, the VPP hooks in this scheduler process."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    if id(server_args) in _done_for:
+        return  # publish may run again for the same record (last-publish-wins)
+    _done_for.add(id(server_args))
+    from sglang_vpp.sglang_plugin.cpu_compat import register_cpu_hooks
+
+    register_cpu_hooks()
+    options = options_of(server_args)
+    if options.is_vpp:
+        from sglang_vpp.sglang_plugin.vpp_bridge import load_vpp_install
+
+        install = load_vpp_install(str(options.pp_mode))
+        install(server_args)
+        logger.info("sglang-vpp: installed --pp-mode %s in this scheduler", options.pp_mode)
+    HookRegistry.apply_hooks()
+
+
+def before_publish(server_args: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE hook on ``runtime_context.publish``; acts for ``role="scheduler"`` only."""
+    if kwargs.get("role") == "scheduler":
+        setup_scheduler_process(server_args)
+    return None

@@ -1,0 +1,144 @@
+"""Validate ``--pp-mode`` / ``--vpp-*`` against the rest of SGLang's flags, before any model loads.
+
+Data flow: the launcher's argparse Namespace (raw SGLang flags plus ours) and the parsed
+PipelineOptions -> ``validate_pipeline_args`` -> raises PpModeError (a ValueError) with the bad
+value and the fix, or returns. It reads the model's ``config.json`` only to count layers for
+``--vpp-layer-split``; nothing else touches disk. ``cli_args`` turns the error into one line on
+stderr and exit status 2, like argparse itself.
+
+The checks implement the refusals listed in docs/sglang-plugin.md: VPP needs a pipeline
+(pp size >= 2), fixed-size chunked prefill, and none of the features whose code paths would
+touch the layers a rank does not own (speculative decoding, LoRA, attention DP, PD
+disaggregation, hierarchical KV cache).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from sglang_vpp.sglang_plugin.errors import PpModeError
+from sglang_vpp.sglang_plugin.options import PipelineOptions, PpMode
+
+__all__ = ["model_num_layers", "validate_pipeline_args"]
+
+
+def _get(args: Any, name: str, default: Any = None) -> Any:
+    value = getattr(args, name, default)
+    return default if value is None else value
+
+
+def model_num_layers(model_path: str | None, trust_remote_code: bool = False) -> int | None:
+    """Decoder layer count from the model's config, or None when it cannot be read locally."""
+    if not model_path:
+        return None
+    config_file = Path(model_path) / "config.json"
+    config: dict[str, Any] | None = None
+    if config_file.is_file():
+        config = json.loads(config_file.read_text())
+    else:
+        try:  # a hub id already in the local cache; never download from here
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(
+                model_path, local_files_only=True, trust_remote_code=trust_remote_code
+            ).to_dict()
+        except Exception:  # noqa: BLE001 - unknown layout: vpp.install checks at start-up
+            return None
+    for section in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
+        for key in ("num_hidden_layers", "num_layers", "n_layer"):
+            if isinstance(section.get(key), int):
+                return section[key]
+    return None
+
+
+def _check_vpp_compatible_features(args: Any, mode: PpMode) -> None:
+    refusals = [
+        ("speculative_algorithm", lambda v: bool(v), "--speculative-algorithm"),
+        ("enable_lora", lambda v: bool(v), "--enable-lora"),
+        ("lora_paths", lambda v: bool(v), "--lora-paths"),
+        ("attn_dp_size", lambda v: int(v) > 1, "--attn-dp-size"),
+        ("enable_dp_attention", lambda v: bool(v), "--enable-dp-attention"),
+        ("disaggregation_mode", lambda v: v not in ("null", None), "--disaggregation-mode"),
+        ("enable_hierarchical_cache", lambda v: bool(v), "--enable-hierarchical-cache"),
+        ("enable_dynamic_chunking", lambda v: bool(v), "--enable-dynamic-chunking"),
+    ]
+    for name, is_on, flag in refusals:
+        value = getattr(args, name, None)
+        if value is not None and is_on(value):
+            raise PpModeError(
+                f"--pp-mode {mode} does not support {flag} (got {value!r}): its code paths touch "
+                f"the layers a rank does not own under fold-back placement. Drop {flag}, or use "
+                "--pp-mode cpp / dcpp"
+            )
+    if os.environ.get("SGLANG_PP_LAYER_PARTITION"):
+        raise PpModeError(
+            f"--pp-mode {mode} takes its layer split from --vpp-layer-split, but "
+            f"SGLANG_PP_LAYER_PARTITION={os.environ['SGLANG_PP_LAYER_PARTITION']!r} is set; "
+            "unset it and pass --vpp-layer-split instead"
+        )
+
+
+def _check_layer_split(args: Any, options: PipelineOptions, pp_size: int) -> None:
+    num_stages = 2 * pp_size
+    num_layers = model_num_layers(_get(args, "model_path"), bool(_get(args, "trust_remote_code")))
+    split = options.vpp_layer_split
+    if split is not None and len(split) != num_stages:
+        raise PpModeError(
+            f"--vpp-layer-split {','.join(map(str, split))} has {len(split)} entries but "
+            f"--pp-size {pp_size} has {num_stages} virtual stages (2 per rank); give "
+            f"{num_stages} layer counts"
+        )
+    if num_layers is None:
+        return  # not readable here (remote model): vpp.install checks it at start-up
+    if split is not None and sum(split) != num_layers:
+        raise PpModeError(
+            f"--vpp-layer-split {','.join(map(str, split))} covers {sum(split)} layers but the "
+            f"model has {num_layers}; make the counts add up to {num_layers}"
+        )
+    if split is None and num_layers < num_stages:
+        raise PpModeError(
+            f"--pp-mode {options.pp_mode} with --pp-size {pp_size} needs at least {num_stages} "
+            f"layers (2 virtual stages per rank) but the model has {num_layers}; lower --pp-size"
+        )
+
+
+def validate_pipeline_args(args: Any, options: PipelineOptions) -> None:
+    """Raise PpModeError for an invalid flag combination; see the module docstring."""
+    mode = options.pp_mode
+    pp_size = int(_get(args, "pp_size", 1))
+    chunked = _get(args, "chunked_prefill_size")
+    chunked_disabled = chunked is not None and int(chunked) <= 0
+
+    if not mode.is_vpp:
+        for flag, value in (
+            ("--vpp-layer-split", options.vpp_layer_split),
+            ("--vpp-trace", options.vpp_trace),
+        ):
+            if value is not None:
+                raise PpModeError(
+                    f"{flag} only applies to --pp-mode vpp, vpp-async or vpp-pack "
+                    f"(got --pp-mode {mode}); drop {flag} or choose a vpp mode"
+                )
+    if mode == PpMode.CPP:
+        return
+    if pp_size < 2:
+        raise PpModeError(
+            f"--pp-mode {mode} needs pipeline parallelism but --pp-size is {pp_size}; "
+            "pass --pp-size 2 (or more), or use --pp-mode cpp"
+        )
+    if chunked_disabled:
+        raise PpModeError(
+            f"--pp-mode {mode} pipelines prefill chunks but chunked prefill is disabled "
+            f"(--chunked-prefill-size {chunked}); pass a positive --chunked-prefill-size, e.g. 4096"
+        )
+    if mode == PpMode.DCPP:
+        return
+    if options.vpp_comm_timeout <= 0:
+        raise PpModeError(
+            f"--vpp-comm-timeout {options.vpp_comm_timeout} must be positive (seconds)"
+        )
+    _check_vpp_compatible_features(args, mode)
+    _check_layer_split(args, options, pp_size)
