@@ -1,0 +1,126 @@
+"""VPP inside SGLang: ``--pp-mode vpp | vpp-async | vpp-pack`` with fold-back layer ownership.
+
+``install(server_args)`` is called by the plugin (``process_hooks.setup_scheduler_process``) in
+each scheduler process before the distributed groups and the model exist; it registers the
+hooks below with SGLang's ``HookRegistry`` (the caller applies them). Nothing of SGLang is
+copied: every change is a hook on one of these targets (paths under ``sglang.srt``):
+
+    distributed.parallel_state.initialize_model_parallel  AFTER   stage view + direction groups
+    distributed.utils.get_pp_indices                      AROUND  hull / forced stage range
+    utils.common.make_layers                              AROUND  one layer stack per owned stage
+    model_loader.loader.DefaultModelLoader._get_all_weights AROUND drop unowned layers' weights
+    model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size AROUND owned count
+    mem_cache.memory_pool.MHATokenToKVPool._create_buffers_normal AROUND K/V for owned layers
+    model_executor.model_runner.ModelRunner.load_model    AFTER   refuse unsupported models
+    model_executor.forward_batch_info.ForwardBatch.init_new AROUND reuse a batch's ForwardBatch
+    managers.scheduler._dispatch_event_loop_once          AROUND  the VPP event loop
+
+See docs/sglang-vpp.md for the design and its limits.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
+from .state import VPP_MODES, VppConfig, VppState, get_state, set_state
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "install",
+    "check_args",
+    "VppConfig",
+    "VppConfigError",
+    "CommTimeoutError",
+    "SchedulerDivergenceError",
+]
+
+_P = "sglang.srt."
+
+
+def _options(server_args: Any) -> tuple[str, tuple[int, ...] | None, str | None, float | None]:
+    from sglang_vpp.sglang_plugin.options import options_of
+
+    options = options_of(server_args)
+    return str(options.pp_mode), options.vpp_layer_split, options.vpp_trace, options.vpp_comm_timeout
+
+
+def _refuse_unsupported(server_args: Any, mode: str) -> None:
+    """Paths that would touch unowned (placeholder) layers or need a contiguous range."""
+    checks = [
+        (getattr(server_args, "tp_size", 1) != 1, "--tp-size > 1", "--tp-size 1"),
+        (getattr(server_args, "dp_size", 1) != 1, "--dp-size > 1", "--dp-size 1"),
+        (getattr(server_args, "speculative_algorithm", None) is not None, "speculative decoding", "no --speculative-*"),
+        (getattr(server_args, "enable_lora", False), "LoRA", "no --enable-lora"),
+        (getattr(server_args, "enable_hierarchical_cache", False), "hierarchical cache", "no --enable-hierarchical-cache"),
+        (getattr(server_args, "disaggregation_mode", "null") not in (None, "null"), "PD disaggregation", "--disaggregation-mode null"),
+        (getattr(server_args, "enable_dynamic_chunking", False), "--enable-dynamic-chunking", "--pp-mode dcpp for dynamic chunks"),
+        (getattr(server_args, "enable_pdmux", False), "PD multiplexing", "no --enable-pdmux"),
+        ((getattr(server_args, "chunked_prefill_size", 0) or 0) <= 0, "chunked prefill disabled", "--chunked-prefill-size > 0"),
+    ]
+    for bad, what, fix in checks:
+        if bad:
+            raise VppConfigError(f"--pp-mode {mode} does not support {what}; use {fix} (or --pp-mode cpp)")
+
+
+def check_args(args: Any, options: Any) -> None:
+    """Launcher-side checks before anything loads (called by the plugin's validation)."""
+    mode = str(options.pp_mode)
+    VppConfig(mode=mode, pp_size=int(getattr(args, "pp_size", 1)), layer_split=options.vpp_layer_split)
+    _refuse_unsupported(args, mode)
+
+
+def install(server_args: Any) -> None:
+    """Register the VPP hooks in this scheduler process (idempotent)."""
+    if get_state() is not None:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from . import ownership as own
+    from .event_loop import run_vpp_event_loop
+    from .stage_runner import around_forward_batch_init_new
+
+    mode, split, trace, timeout = _options(server_args)
+    if mode not in VPP_MODES:
+        raise VppConfigError(f"install() called for --pp-mode {mode}; expected one of {VPP_MODES}")
+    _refuse_unsupported(server_args, mode)
+    config = VppConfig.from_env(mode, int(server_args.pp_size), split)
+    overrides = {}
+    if trace:
+        overrides["trace_dir"] = trace
+    if timeout:
+        overrides["comm_timeout_s"] = float(timeout)
+    if overrides:
+        from dataclasses import replace
+
+        config = replace(config, **overrides)
+    set_state(VppState(config=config))
+
+    def around_dispatch(original, scheduler):
+        state = get_state()
+        if state is None:  # not reachable after install(); keeps the hook inert elsewhere
+            return original(scheduler)
+        return run_vpp_event_loop(scheduler, state)
+
+    register = HookRegistry.register
+    register(_P + "distributed.parallel_state.initialize_model_parallel", own.after_initialize_model_parallel, HookType.AFTER)
+    register(_P + "distributed.utils.get_pp_indices", own.around_get_pp_indices, HookType.AROUND)
+    register(_P + "utils.common.make_layers", own.around_make_layers, HookType.AROUND)
+    register(_P + "model_loader.loader.DefaultModelLoader._get_all_weights", own.around_get_all_weights, HookType.AROUND)
+    register(
+        _P + "model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
+        own.around_compute_cell_size, HookType.AROUND,
+    )
+    register(
+        _P + "mem_cache.memory_pool.MHATokenToKVPool._create_buffers_normal",
+        own.around_create_buffers_normal, HookType.AROUND,
+    )
+    register(_P + "model_executor.model_runner.ModelRunner.load_model", own.after_load_model, HookType.AFTER)
+    register(
+        _P + "model_executor.forward_batch_info.ForwardBatch.init_new",
+        around_forward_batch_init_new, HookType.AROUND,
+    )
+    register(_P + "managers.scheduler._dispatch_event_loop_once", around_dispatch, HookType.AROUND)
+    logger.info("sglang-vpp: %s hooks registered (pp=%d)", mode, config.pp_size)

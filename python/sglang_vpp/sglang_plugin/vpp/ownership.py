@@ -1,0 +1,287 @@
+"""Fold-back layer ownership inside SGLang: rank r holds virtual stages r and 2P-1-r.
+
+Job: make SGLang's model runner build, load, and cache only the layers of this rank's two
+virtual stages, and run one virtual stage per forward. Every change is a hook on SGLang
+(registered in ``hooks.py``); no SGLang code is copied.
+
+Data flow at start-up (all in the scheduler process of each PP rank):
+
+    initialize_model_parallel --after--> PP group gets a stage view; "fwd"/"bwd" groups created
+    get_pp_indices / make_layers --around--> layout built from num_hidden_layers; each owned
+        stage built in its own layer stack; the rest PPMissingLayer; the hull reported as range
+    DefaultModelLoader._get_all_weights --around--> weights of unowned layers dropped
+    DefaultPoolConfigurator._compute_cell_size --around--> KV bytes per token count owned layers
+    MHATokenToKVPool._create_buffers_normal --around--> real K/V only for owned layers,
+        zero-row placeholders for the unowned layers inside the hull
+    ModelRunner.load_model --after--> model class checked, layer-range holder located
+
+At run time ``forward_range(runner, stage)`` sets the model's ``start_layer``/``end_layer`` to
+the stage's range for one forward (models loop ``range(self.start_layer, self.end_layer)``),
+and ``stage_context`` (state.py) flips the PP group's first/last view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator
+
+import torch
+
+from .errors import VppConfigError
+from .state import current_stage, get_state
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "SUPPORTED_MODEL_CLASSES",
+    "after_initialize_model_parallel",
+    "around_get_pp_indices",
+    "around_make_layers",
+    "around_get_all_weights",
+    "around_compute_cell_size",
+    "around_create_buffers_normal",
+    "after_load_model",
+    "forward_range",
+    "layer_holder",
+]
+
+SUPPORTED_MODEL_CLASSES = frozenset(
+    {
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "LlamaForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Qwen3MoeForCausalLM",
+    }
+)
+"""Classes whose forward loops ``range(self.model.start_layer, self.model.end_layer)`` and whose
+first/last decisions all go through the PP group; others are refused at start-up."""
+
+_FORCED_RANGE: list[tuple[int, int]] = []
+"""Stack of ranges ``get_pp_indices`` must return while ``around_make_layers`` builds a stage."""
+
+
+# ---------------------------------------------------------------- the PP group's stage view
+def _view_is_first(group: Any) -> bool:
+    stage = current_stage()
+    if stage is None:  # [Note: stage context outside a forward]
+        return group.rank_in_group == 0
+    return stage == 0
+
+
+def _view_is_last(group: Any) -> bool:
+    stage = current_stage()
+    if stage is None:
+        return group.rank_in_group == 0
+    state = get_state()
+    assert state is not None and state.layout is not None
+    return stage == state.layout.last_stage
+
+
+def _install_stage_view(group: Any) -> None:
+    """Give the live PP group a stage-aware first/last view.
+
+    Models keep a reference to the group from construction, so the view changes the object's
+    class instead of replacing the object.
+    """
+    base = type(group)
+    if getattr(base, "_sglang_vpp_view", False):
+        return
+    view = type(
+        f"Vpp{base.__name__}",
+        (base,),
+        {
+            "_sglang_vpp_view": True,
+            "is_first_rank": property(_view_is_first),
+            "is_last_rank": property(_view_is_last),
+        },
+    )
+    group.__class__ = view
+
+
+def after_initialize_model_parallel(result: Any, *args: Any, **kwargs: Any) -> None:
+    """Stage view on ``_PP``; create the direction groups (collective: same order on all ranks)."""
+    state = get_state()
+    if state is None:
+        return None
+    from sglang.srt.distributed import parallel_state as ps
+
+    pp = ps._PP
+    if pp is None or pp.world_size != state.config.pp_size:
+        raise VppConfigError(
+            f"--pp-mode {state.config.mode}: expected a PP group of {state.config.pp_size} ranks, "
+            f"got {None if pp is None else pp.world_size}"
+        )
+    state.rank = pp.rank_in_group
+    _install_stage_view(pp)
+    world = torch.distributed.get_world_size()
+    num_groups = world // pp.world_size
+    group_ranks = [list(range(i, world, num_groups)) for i in range(num_groups)]
+    backend = torch.distributed.get_backend(pp.device_group)
+    local_rank = ps.get_world_group().local_rank
+    # [Note: direction groups] vpp uses one communicator for both directions (the stock PP
+    # group); vpp-async and vpp-pack use one new group per direction so a fold-back transfer
+    # never queues behind a forward-sweep transfer on the same ordered communicator.
+    if state.config.policy.num_groups == 1:
+        state.groups = {"pp": pp}
+    else:
+        state.groups = {
+            name: ps.init_model_parallel_group(
+                group_ranks, local_rank, backend, use_custom_allreduce=False, group_name=f"vpp_{name}"
+            )
+            for name in ("fwd", "bwd")
+        }
+        assert state.groups["fwd"].cpu_group is not state.groups["bwd"].cpu_group
+    return None
+
+
+# ---------------------------------------------------------------- layers
+def around_get_pp_indices(original, num_hidden_layers: int, pp_rank: int, pp_size: int):
+    if _FORCED_RANGE:
+        return _FORCED_RANGE[-1]
+    state = get_state()
+    if state is None or pp_size != state.config.pp_size or state.rank is None:
+        return original(num_hidden_layers, pp_rank, pp_size)
+    state.ensure_layout(num_hidden_layers)
+    if pp_rank != state.rank:
+        raise VppConfigError(f"get_pp_indices asked for rank {pp_rank} on rank {state.rank}")
+    return state.hull()
+
+
+def around_make_layers(original, num_hidden_layers, layer_fn, pp_rank=None, pp_size=None, *args, **kwargs):
+    """Build each owned stage in its own layer stack; report the hull as (start, end)."""
+    state = get_state()
+    if state is None or pp_rank is None or pp_size is None or pp_size != state.config.pp_size:
+        return original(num_hidden_layers, layer_fn, pp_rank, pp_size, *args, **kwargs)
+    from sglang.srt.layers.utils import PPMissingLayer
+
+    layout = state.ensure_layout(num_hidden_layers)
+    return_tuple = kwargs.get("return_tuple", args[1] if len(args) > 1 else False)
+    modules: list[torch.nn.Module] = [PPMissingLayer(return_tuple=return_tuple) for _ in range(num_hidden_layers)]
+    for stage in state.owned_stages():
+        spec = layout.stages[stage]
+        _FORCED_RANGE.append((spec.layer_start, spec.layer_end))
+        try:
+            built, start, end = original(num_hidden_layers, layer_fn, pp_rank, pp_size, *args, **kwargs)
+        finally:
+            _FORCED_RANGE.pop()
+        assert (start, end) == (spec.layer_start, spec.layer_end), (start, end, spec)
+        for index in range(start, end):
+            modules[index] = built[index]
+    hull_start, hull_end = state.hull()
+    logger.info(
+        "VPP rank %d builds stages %s (layers %s of %d); hull [%d, %d)",
+        state.rank, state.owned_stages(), sorted(state.owned_layers()), num_hidden_layers, hull_start, hull_end,
+    )
+    return torch.nn.ModuleList(modules), hull_start, hull_end
+
+
+def around_get_all_weights(original, self, model_config, model):
+    """Drop checkpoint tensors of decoder layers this rank does not own (before any copy)."""
+    state = get_state()
+    weights = original(self, model_config, model)
+    if state is None or state.layout is None or state.rank is None:
+        yield from weights
+        return
+    from sglang.srt.layers.utils import get_layer_id
+
+    owned = state.owned_layers()
+    for name, tensor in weights:
+        layer_id = get_layer_id(name)
+        if layer_id is not None and layer_id not in owned:
+            continue
+        yield name, tensor
+
+
+def around_compute_cell_size(original, self, kvc, num_layers, *args, **kwargs):
+    """KV bytes per token: count the owned layers, not the hull."""
+    state = get_state()
+    if state is not None and state.layout is not None and state.rank is not None:
+        start, end = state.hull()
+        if num_layers == end - start:
+            num_layers = len(state.owned_layers())
+    return original(self, kvc, num_layers, *args, **kwargs)
+
+
+def around_create_buffers_normal(original, self):
+    """Allocate K/V for owned layers only; zero-row placeholders keep ``layer_id - start_layer``
+    indexing valid for the unowned layers of the hull (never read or written)."""
+    state = get_state()
+    if state is None or state.layout is None or state.rank is None:
+        return original(self)
+    owned = state.owned_layers()
+    hull_layers = list(range(self.start_layer, self.start_layer + self.layer_num))
+    keep = [layer in owned for layer in hull_layers]
+    if all(keep):
+        return original(self)
+    if getattr(self, "kv_cache_layout", "nhd") != "nhd":
+        raise VppConfigError(
+            f"--pp-mode {state.config.mode} supports the NHD KV layout only, got {self.kv_cache_layout!r}; "
+            "unset SGLANG_USE_HND_KVCACHE / the AITER layout"
+        )
+    full = self.layer_num
+    self.layer_num = sum(keep)
+    try:
+        original(self)
+    finally:
+        self.layer_num = full
+    real_k, real_v = iter(self.k_buffer), iter(self.v_buffer)
+    k_out, v_out = [], []
+    for kept in keep:
+        if kept:
+            k_out.append(next(real_k))
+            v_out.append(next(real_v))
+        else:
+            k_out.append(torch.empty((0, *self.k_buffer[0].shape[1:]), dtype=self.store_dtype, device=self.device))
+            v_out.append(torch.empty((0, *self.v_buffer[0].shape[1:]), dtype=self.store_dtype, device=self.device))
+    self.k_buffer, self.v_buffer = k_out, v_out
+    return None
+
+
+# ---------------------------------------------------------------- model checks and forward range
+def layer_holder(model: torch.nn.Module) -> torch.nn.Module:
+    """The submodule that owns ``layers`` and the ``start_layer``/``end_layer`` loop bounds."""
+    inner = getattr(model, "model", None)
+    if inner is not None and all(hasattr(inner, a) for a in ("layers", "start_layer", "end_layer")):
+        return inner
+    raise VppConfigError(
+        f"--pp-mode vpp*: model class {type(model).__name__} has no `.model` with layers/start_layer/"
+        f"end_layer; supported classes: {sorted(SUPPORTED_MODEL_CLASSES)}. Use --pp-mode cpp for this model."
+    )
+
+
+def after_load_model(result: Any, runner: Any, *args: Any, **kwargs: Any) -> None:
+    """Refuse models the fold-back forward cannot drive, before any request is served."""
+    state = get_state()
+    if state is None or getattr(runner, "is_draft_worker", False):
+        return None
+    model = runner.model
+    name = type(model).__name__
+    if name not in SUPPORTED_MODEL_CLASSES:
+        raise VppConfigError(
+            f"--pp-mode {state.config.mode} does not support model class {name}; supported: "
+            f"{sorted(SUPPORTED_MODEL_CLASSES)}. Use --pp-mode cpp for this model."
+        )
+    holder = layer_holder(model)
+    if state.layout is None or (holder.start_layer, holder.end_layer) != state.hull():
+        raise VppConfigError(
+            f"--pp-mode {state.config.mode}: model {name} did not build its layers through make_layers "
+            f"(range {holder.start_layer}..{holder.end_layer}); use --pp-mode cpp for this model."
+        )
+    return None
+
+
+@contextlib.contextmanager
+def forward_range(model: torch.nn.Module, stage: int) -> Iterator[None]:
+    """Make the model's layer loop run exactly the layers of virtual stage ``stage``."""
+    state = get_state()
+    assert state is not None and state.layout is not None
+    spec = state.layout.stages[stage]
+    holder = layer_holder(model)
+    saved = holder.start_layer, holder.end_layer
+    holder.start_layer, holder.end_layer = spec.layer_start, spec.layer_end
+    try:
+        yield
+    finally:
+        holder.start_layer, holder.end_layer = saved

@@ -1,0 +1,166 @@
+"""Process-wide state of the VPP mode: the configuration, the layer layout and the stage context.
+
+Data flow: ``install(server_args)`` stores a ``VppConfig``; the first model hook that learns the
+layer count builds the fold-back ``Layout`` (``schedule.build_layout``) for this rank; the event
+loop enters ``stage_context(s)`` around each virtual stage's forward, which every ownership view
+reads (``is_first_rank`` / ``is_last_rank`` of the PP group, the forward's layer range).
+
+[Note: stage context outside a forward]
+Outside any stage context, rank 0 (owner of the first and the last virtual stage) looks both
+first and last, and every other rank neither: at model construction rank 0 then builds the
+embedding, the final norm and the LM head, and the others build only decoder layers. The context
+variable is per thread; the forward runs in the scheduler thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from sglang_vpp.schedule import Layout, LayoutError, PolicySpec, build_layout, get_policy
+
+from .errors import VppConfigError
+
+__all__ = [
+    "VPP_MODES",
+    "VppConfig",
+    "VppState",
+    "get_state",
+    "set_state",
+    "current_stage",
+    "stage_context",
+]
+
+VPP_MODES = ("vpp", "vpp-async", "vpp-pack")
+
+
+@dataclass(frozen=True, slots=True)
+class VppConfig:
+    """What the user asked for; built from server arguments, touches nothing."""
+
+    mode: str
+    """One of ``VPP_MODES``."""
+    pp_size: int
+    """Physical pipeline ranks P; the layout has 2P virtual stages."""
+    layer_split: tuple[int, ...] | None = None
+    """Per-virtual-stage layer counts (2P values), or None for an even split."""
+    comm_timeout_s: float = 300.0
+    """Longest wait for a peer's message before ``CommTimeoutError``."""
+    heartbeat_s: float = 1.0
+    """An idle rank 0 sends a heartbeat down the pipeline this often, so every wait can time out."""
+    trace_dir: str | None = None
+    """Directory for a Perfetto (Chrome JSON) trace per rank, or None."""
+    max_in_flight: int | None = None
+    """Micro-batches between stage 0 and the end of the last stage; None: the planner's 2P-1."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in VPP_MODES:
+            raise VppConfigError(f"--pp-mode {self.mode!r} is not a VPP mode; expected one of {VPP_MODES}")
+        if self.pp_size < 2:
+            raise VppConfigError(
+                f"--pp-mode {self.mode} needs --pp-size >= 2, got {self.pp_size}; use --pp-size 2 or more"
+            )
+        if self.layer_split is not None and len(self.layer_split) != 2 * self.pp_size:
+            raise VppConfigError(
+                f"--vpp-layer-split has {len(self.layer_split)} values, expected {2 * self.pp_size} "
+                f"(one per virtual stage for --pp-size {self.pp_size})"
+            )
+
+    @property
+    def policy(self) -> PolicySpec:
+        return get_policy(self.mode)
+
+    @property
+    def in_flight_limit(self) -> int:
+        return self.max_in_flight if self.max_in_flight is not None else 2 * self.pp_size - 1
+
+    @classmethod
+    def from_env(cls, mode: str, pp_size: int, layer_split: tuple[int, ...] | None) -> "VppConfig":
+        """Knobs that are not server flags come from ``SGLANG_VPP_*`` environment variables."""
+        trace_dir = os.environ.get("SGLANG_VPP_TRACE_DIR") or None
+        max_in_flight = os.environ.get("SGLANG_VPP_MAX_IN_FLIGHT")
+        return cls(
+            mode=mode,
+            pp_size=pp_size,
+            layer_split=layer_split,
+            comm_timeout_s=float(os.environ.get("SGLANG_VPP_COMM_TIMEOUT_S", "300")),
+            heartbeat_s=float(os.environ.get("SGLANG_VPP_HEARTBEAT_S", "1.0")),
+            trace_dir=trace_dir,
+            max_in_flight=int(max_in_flight) if max_in_flight else None,
+        )
+
+
+@dataclass
+class VppState:
+    """Per-process state; ``layout`` and ``rank`` are filled in as SGLang initialises."""
+
+    config: VppConfig
+    rank: int | None = None
+    layout: Layout | None = None
+    groups: dict[str, object] = field(default_factory=dict)
+    """Direction name ("fwd", "bwd", or "pp" for the single group) -> SGLang GroupCoordinator."""
+
+    def ensure_layout(self, num_layers: int) -> Layout:
+        """Build the fold-back layout the first time the layer count is known; check it after."""
+        if self.layout is None:
+            try:
+                self.layout = build_layout(
+                    self.config.pp_size, num_layers, "foldback",
+                    list(self.config.layer_split) if self.config.layer_split else None,
+                )
+            except LayoutError as exc:
+                raise VppConfigError(f"--pp-mode {self.config.mode}: {exc}") from exc
+        elif self.layout.num_layers != num_layers:
+            raise VppConfigError(
+                f"--pp-mode {self.config.mode}: the model builds a second layer stack of {num_layers} "
+                f"layers after one of {self.layout.num_layers}; models with several pipelined stacks "
+                "(MTP, encoder-decoder) are not supported with VPP; use --pp-mode cpp"
+            )
+        return self.layout
+
+    def owned_stages(self) -> tuple[int, ...]:
+        assert self.layout is not None and self.rank is not None
+        return self.layout.stages_of(self.rank)
+
+    def owned_layers(self) -> frozenset[int]:
+        assert self.layout is not None and self.rank is not None
+        return frozenset(
+            layer
+            for stage in self.owned_stages()
+            for layer in range(self.layout.stages[stage].layer_start, self.layout.stages[stage].layer_end)
+        )
+
+    def hull(self) -> tuple[int, int]:
+        """First owned layer .. last owned layer + 1: what SGLang sees as this rank's range."""
+        stages = [self.layout.stages[s] for s in self.owned_stages()]
+        return min(s.layer_start for s in stages), max(s.layer_end for s in stages)
+
+
+_STATE: VppState | None = None
+_STAGE: contextvars.ContextVar[int | None] = contextvars.ContextVar("sglang_vpp_stage", default=None)
+
+
+def get_state() -> VppState | None:
+    return _STATE
+
+
+def set_state(state: VppState | None) -> None:
+    global _STATE
+    _STATE = state
+
+
+def current_stage() -> int | None:
+    return _STAGE.get()
+
+
+@contextlib.contextmanager
+def stage_context(stage: int) -> Iterator[None]:
+    """Run the body as virtual stage ``stage`` (see [Note: stage context outside a forward])."""
+    token = _STAGE.set(stage)
+    try:
+        yield
+    finally:
+        _STAGE.reset(token)
