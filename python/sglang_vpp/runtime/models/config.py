@@ -1,0 +1,318 @@
+"""``ModelConfig``: the decoder shapes the runtime builds, read from a transformers config dict.
+
+Data flow: a named tiny preset (``PRESETS``, a transformers-style config dict) or a local
+Hugging Face directory's ``config.json`` -> ``ModelConfig.from_hf_dict`` -> ``StageModel`` (the
+layers one rank owns) and the reference forward.
+
+Supported ``model_type`` values and what each turns on:
+
+- ``llama``, ``qwen2``: GQA attention with RoPE (qwen2: bias on q/k/v only).
+- ``qwen3``: GQA with RMSNorm on each query and key head (``q_norm`` / ``k_norm``).
+- ``qwen3_moe``: qwen3 attention plus routed experts (softmax router, top-k, optional
+  renormalisation); layers listed in ``mlp_only_layers`` or off the ``decoder_sparse_step`` stay dense.
+- ``deepseek_v3``: multi-head latent attention (MLA: low-rank q, a compressed KV latent plus one
+  shared rotary key, both cached) and DeepSeek MoE (sigmoid scores, grouped top-k with a
+  correction bias, a shared expert); the first ``first_k_dense_replace`` layers are dense.
+
+Only the default RoPE type is supported; other ``rope_type`` values raise ``ModelConfigError``
+instead of silently computing something else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ModelConfigError
+
+__all__ = ["ModelConfig", "PRESETS", "preset_config", "ARCHITECTURES"]
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and options of one decoder-only model (names follow transformers)."""
+
+    model_type: str
+    """One of ``ARCHITECTURES``."""
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    """Dense MLP width (also DeepSeek's dense layers)."""
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    """Per-head width for GQA attention (MLA uses the ``qk_*`` / ``v_head_dim`` fields)."""
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    """Qwen3: RMSNorm over each head of q and k before RoPE."""
+    tie_word_embeddings: bool = False
+    initializer_range: float = 0.02
+    # ---- routed experts (qwen3_moe, deepseek_v3)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    # ---- deepseek_v3 only
+    first_k_dense_replace: int = 0
+    n_shared_experts: int = 0
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = True
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The source dict, kept for error messages and for saving a transformers config."""
+
+    def __post_init__(self) -> None:
+        if self.model_type not in ARCHITECTURES:
+            raise ModelConfigError(
+                f"model_type {self.model_type!r} is not supported by the reference runtime; "
+                f"supported: {', '.join(ARCHITECTURES)}"
+            )
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+            if getattr(self, name) < 1:
+                raise ModelConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.is_mla and self.num_attention_heads % self.num_key_value_heads:
+            raise ModelConfigError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}; GQA needs whole groups"
+            )
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ModelConfigError(
+                f"num_experts_per_tok={self.num_experts_per_tok} must lie in [1, num_experts="
+                f"{self.num_experts}]"
+            )
+        if self.is_mla and self.num_experts and self.num_experts % self.n_group:
+            raise ModelConfigError(f"n_routed_experts={self.num_experts} must divide into n_group={self.n_group}")
+
+    @property
+    def is_mla(self) -> bool:
+        return self.model_type == "deepseek_v3"
+
+    @property
+    def rope_dim(self) -> int:
+        """Width of the rotary part of each query/key head."""
+        return self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    def is_moe_layer(self, layer_index: int) -> bool:
+        if self.num_experts == 0:
+            return False
+        if self.model_type == "deepseek_v3":
+            return layer_index >= self.first_k_dense_replace
+        return layer_index not in self.mlp_only_layers and (layer_index + 1) % self.decoder_sparse_step == 0
+
+    def with_layers(self, num_layers: int) -> "ModelConfig":
+        return dataclasses.replace(self, num_hidden_layers=num_layers)
+
+    @classmethod
+    def from_hf_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        """Read a transformers ``config.json`` dict; unknown keys are ignored."""
+        model_type = data.get("model_type")
+        if model_type not in ARCHITECTURES:
+            raise ModelConfigError(
+                f"model_type {model_type!r} is not supported by the reference runtime; "
+                f"supported: {', '.join(ARCHITECTURES)} (read from config.json)"
+            )
+        _check_rope(data)
+        try:
+            hidden = int(data["hidden_size"])
+            heads = int(data["num_attention_heads"])
+            common: dict[str, Any] = dict(
+                model_type=model_type,
+                vocab_size=int(data["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(data["intermediate_size"]),
+                num_hidden_layers=int(data["num_hidden_layers"]),
+                num_attention_heads=heads,
+                num_key_value_heads=int(data.get("num_key_value_heads") or heads),
+                head_dim=int(data.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(_rope_theta(data)),
+                tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
+                initializer_range=float(data.get("initializer_range", 0.02)),
+                extra=dict(data),
+            )
+        except KeyError as missing:
+            raise ModelConfigError(f"config.json lacks the required key {missing}") from None
+        bias = bool(data.get("attention_bias", False))
+        if model_type == "qwen2":
+            common.update(qkv_bias=True, o_bias=False)
+        else:
+            common.update(qkv_bias=bias, o_bias=bias)
+        if model_type in ("qwen3", "qwen3_moe"):
+            common["qk_norm"] = True
+        if model_type == "qwen3_moe":
+            common.update(
+                num_experts=int(data.get("num_experts", 0)),
+                num_experts_per_tok=int(data.get("num_experts_per_tok", 0)),
+                moe_intermediate_size=int(data.get("moe_intermediate_size", 0)),
+                norm_topk_prob=bool(data.get("norm_topk_prob", False)),
+                decoder_sparse_step=int(data.get("decoder_sparse_step", 1)),
+                mlp_only_layers=tuple(int(i) for i in data.get("mlp_only_layers") or ()),
+            )
+        if model_type == "deepseek_v3":
+            q_lora = data.get("q_lora_rank")
+            common.update(
+                num_key_value_heads=heads,
+                num_experts=int(data.get("n_routed_experts", 0)),
+                num_experts_per_tok=int(data.get("num_experts_per_tok", 0)),
+                moe_intermediate_size=int(data.get("moe_intermediate_size", 0)),
+                norm_topk_prob=bool(data.get("norm_topk_prob", True)),
+                first_k_dense_replace=int(data.get("first_k_dense_replace", 0)),
+                n_shared_experts=int(data.get("n_shared_experts", 0)),
+                n_group=int(data.get("n_group") or 1),
+                topk_group=int(data.get("topk_group") or 1),
+                routed_scaling_factor=float(data.get("routed_scaling_factor", 1.0)),
+                q_lora_rank=int(q_lora) if q_lora is not None else None,
+                kv_lora_rank=int(data["kv_lora_rank"]),
+                qk_rope_head_dim=int(data["qk_rope_head_dim"]),
+                qk_nope_head_dim=int(data["qk_nope_head_dim"]),
+                v_head_dim=int(data["v_head_dim"]),
+                rope_interleave=bool(data.get("rope_interleave", True)),
+            )
+        return cls(**common)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A transformers config dict for this model (used to build the same model there)."""
+        out: dict[str, Any] = dict(
+            model_type=self.model_type,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            tie_word_embeddings=self.tie_word_embeddings,
+            initializer_range=self.initializer_range,
+            max_position_embeddings=max(131072, int(self.extra.get("max_position_embeddings", 0))),
+        )
+        if self.model_type != "qwen2":
+            out["attention_bias"] = self.o_bias
+        if not self.is_mla:
+            out["head_dim"] = self.head_dim
+        if self.model_type == "qwen3_moe":
+            out.update(
+                num_experts=self.num_experts,
+                num_experts_per_tok=self.num_experts_per_tok,
+                moe_intermediate_size=self.moe_intermediate_size,
+                norm_topk_prob=self.norm_topk_prob,
+                decoder_sparse_step=self.decoder_sparse_step,
+                mlp_only_layers=list(self.mlp_only_layers),
+            )
+        if self.is_mla:
+            out.update(
+                n_routed_experts=self.num_experts,
+                num_experts_per_tok=self.num_experts_per_tok,
+                moe_intermediate_size=self.moe_intermediate_size,
+                norm_topk_prob=self.norm_topk_prob,
+                first_k_dense_replace=self.first_k_dense_replace,
+                n_shared_experts=self.n_shared_experts,
+                n_group=self.n_group,
+                topk_group=self.topk_group,
+                routed_scaling_factor=self.routed_scaling_factor,
+                q_lora_rank=self.q_lora_rank,
+                kv_lora_rank=self.kv_lora_rank,
+                qk_rope_head_dim=self.qk_rope_head_dim,
+                qk_nope_head_dim=self.qk_nope_head_dim,
+                v_head_dim=self.v_head_dim,
+                rope_interleave=self.rope_interleave,
+            )
+        return out
+
+
+def _rope_theta(data: dict[str, Any]) -> float:
+    params = data.get("rope_parameters") or {}
+    return params.get("rope_theta", data.get("rope_theta", 10000.0))
+
+
+def _check_rope(data: dict[str, Any]) -> None:
+    for key in ("rope_parameters", "rope_scaling"):
+        params = data.get(key) or {}
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type not in ("default", None):
+            raise ModelConfigError(
+                f"{key}.rope_type={rope_type!r} is not supported by the reference runtime (only the "
+                "default RoPE); use a checkpoint with default RoPE or remove the scaling for tests"
+            )
+
+
+# Tiny presets: hidden 64, 8 layers (enough for P = 4 fold-back: 8 virtual stages), a small
+# vocabulary so that logits stay cheap. initializer_range 0.2 keeps attention non-uniform, so a
+# wrong mask or a wrong prefix changes the output visibly (std 0.02 would hide it).
+_TINY_COMMON: dict[str, Any] = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    max_position_embeddings=131072,
+    tie_word_embeddings=False,
+    initializer_range=0.2,
+)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny-qwen3": dict(_TINY_COMMON, model_type="qwen3"),
+    "tiny-llama": dict(_TINY_COMMON, model_type="llama"),
+    "tiny-qwen3-moe": dict(
+        _TINY_COMMON,
+        model_type="qwen3_moe",
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    ),
+    "tiny-deepseek": dict(
+        _TINY_COMMON,
+        model_type="deepseek_v3",
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        rope_interleave=True,
+    ),
+}
+
+
+def preset_config(name: str, num_layers: int | None = None) -> ModelConfig:
+    """The ``ModelConfig`` of a named tiny preset (optionally with another layer count)."""
+    if name not in PRESETS:
+        raise ModelConfigError(
+            f"unknown model {name!r}: not a preset and not a directory; presets: {', '.join(PRESETS)}, "
+            "or pass --model PATH to a local Hugging Face model directory"
+        )
+    data = dict(PRESETS[name])
+    if num_layers is not None:
+        data["num_hidden_layers"] = num_layers
+    return ModelConfig.from_hf_dict(data)

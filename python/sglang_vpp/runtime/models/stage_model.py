@@ -1,0 +1,108 @@
+"""``StageModel``: the part of a decoder that one rank holds, and the forward of one stage on one chunk.
+
+Data flow for one COMPUTE action ``<stage>F<request>.<chunk>``::
+
+    stage 0:      token ids [c] --embed_tokens--> hidden [c, H]
+    every stage:  hidden --layers[layer_start:layer_end] (KV of (request, stage))--> hidden
+    last stage:   hidden --norm--> final [c, H]  (--lm_head on the last token--> logits [V])
+
+A rank materialises only what its stages need: the decoder layers of its stages, the embedding
+if it runs stage 0, the final norm and ``lm_head`` if it runs the last stage (with the fold-back
+layout rank 0 runs both). Parameter names equal transformers' (``model.layers.5.mlp...``), with
+``layers`` a ``ModuleDict`` keyed by the *global* layer index, so a filtered HF state dict loads
+with ``strict=True``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from ...schedule import ChunkSpec, StageSpec
+from .config import ModelConfig
+from .kv_cache import StageKV
+from .layers import DecoderLayer, RMSNorm, chunk_mask, rope_tables
+
+__all__ = ["StageModel", "StageOutput"]
+
+
+@dataclass
+class StageOutput:
+    """What one stage produces for one chunk."""
+
+    hidden: torch.Tensor
+    """``[c, H]``: the input of the next stage; on the last stage, the final-normed states."""
+    logits: torch.Tensor | None = None
+    """``[V]``: logits of the chunk's last token; only on the last stage for a request's last
+    chunk (the first generated token comes from them)."""
+
+
+class _Inner(nn.Module):
+    """Mirrors transformers' ``model.`` prefix (``model.embed_tokens``, ``model.layers``, ``model.norm``)."""
+
+    def __init__(self, config: ModelConfig, layer_indices: list[int], has_embedding: bool, has_head: bool) -> None:
+        super().__init__()
+        if has_embedding:
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, i) for i in layer_indices})
+        if has_head:
+            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class StageModel(nn.Module):
+    """Layers ``layer_indices`` of ``config`` plus, if asked, the embedding and the head."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_indices: Iterable[int],
+        has_embedding: bool,
+        has_head: bool,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_indices = sorted(set(layer_indices))
+        assert all(0 <= i < config.num_hidden_layers for i in self.layer_indices), self.layer_indices
+        self.has_embedding, self.has_head = has_embedding, has_head
+        self.model = _Inner(config, self.layer_indices, has_embedding, has_head)
+        if has_head:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @classmethod
+    def for_stages(cls, config: ModelConfig, stages: Iterable[StageSpec], num_stages: int) -> "StageModel":
+        """What a rank holding ``stages`` (of a pipeline of ``num_stages``) must materialise."""
+        stages = list(stages)
+        layers = [i for s in stages for i in range(s.layer_start, s.layer_end)]
+        indices = {s.stage_index for s in stages}
+        return cls(config, layers, has_embedding=0 in indices, has_head=num_stages - 1 in indices)
+
+    def forward_stage(
+        self,
+        inputs: torch.Tensor,
+        chunk: ChunkSpec,
+        layer_start: int,
+        layer_end: int,
+        kv: StageKV,
+        is_first: bool,
+        is_last: bool,
+    ) -> StageOutput:
+        """Run layers ``[layer_start, layer_end)`` on one chunk; see the module docstring."""
+        hidden = self.model.embed_tokens(inputs) if is_first else inputs
+        positions = torch.arange(chunk.start, chunk.end, device=hidden.device)
+        rope = rope_tables(positions, self.config.rope_dim, self.config.rope_theta, hidden.dtype)
+        mask = chunk_mask(chunk.start, chunk.num_tokens, hidden.device)
+        for index in range(layer_start, layer_end):
+            hidden = self.model.layers[str(index)](hidden, rope, kv.layer(index), chunk.start, mask)
+        if not is_last:
+            return StageOutput(hidden)
+        final = self.model.norm(hidden)
+        # lm_head over the whole chunk, then the last row: the same matmul shape transformers uses.
+        logits = self.lm_head(final)[-1] if chunk.is_last else None
+        return StageOutput(final, logits)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
