@@ -1,0 +1,63 @@
+"""``Communicator``: one group on one pair of neighbouring ranks, an in-order rendezvous stream.
+
+Both ends' operations on a communicator are known up front (they are the comm actions of the two
+ranks' streams that name this group and peer, in stream order), so pairing is static: the i-th
+operation of one end pairs with the i-th of the other, as HCCL/NCCL pair point-to-point calls.
+What the engine fills in is time: when each operation is posted, and from that when each
+transfer starts (both ends posted and the previous transfer on this communicator done: one
+ordered stream) and ends (start + transfer cost).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..schedule import Action, ActionKind
+
+__all__ = ["CommOp", "Communicator"]
+
+
+@dataclass(slots=True, eq=False)
+class CommOp:
+    """One send or receive of one rank, as the engine tracks it."""
+
+    rank: int
+    step: int
+    action: Action
+    index: int
+    """Position among this rank's operations on the communicator (its pair index)."""
+    post_time: float | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Communicator:
+    """See the module docstring. ``low``/``high`` are the two ranks."""
+
+    group: str
+    low: int
+    high: int
+    ops: dict[int, list[CommOp]] = field(default_factory=dict)
+    starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    """Start and end of transfer i, for the pairs resolved so far (a prefix, in order)."""
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.group, self.low, self.high)
+
+    @property
+    def num_pairs(self) -> int:
+        return min(len(self.ops[self.low]), len(self.ops[self.high]))
+
+    def pair(self, index: int) -> tuple[CommOp, CommOp] | None:
+        """(send, recv) of pair ``index``, or None when the two heads do not match (a deadlock)."""
+        a, b = self.ops[self.low][index], self.ops[self.high][index]
+        if a.action.key != b.action.key or {a.action.kind, b.action.kind} != {ActionKind.SEND, ActionKind.RECV}:
+            return None
+        return (a, b) if a.action.kind is ActionKind.SEND else (b, a)
+
+    def end_of(self, index: int) -> float | None:
+        return self.ends[index] if index < len(self.ends) else None
+
+    def describe(self) -> str:
+        return f"group {self.group} between ranks {self.low} and {self.high}"

@@ -1,0 +1,85 @@
+"""Small value types the engine produces: timeline slices and per-rank time accounts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+__all__ = ["SliceKind", "TimelineSlice", "RankStats"]
+
+
+class SliceKind(StrEnum):
+    COMPUTE = "compute"
+    """A stage computing a chunk (includes the stage's exposed TP collectives, see ``args``)."""
+    SEND = "send"
+    """A transfer on a communicator, seen from the sending rank (start to end of the copy)."""
+    RECV = "recv"
+    """The same transfer seen from the receiving rank."""
+    WAIT_COMM = "wait_comm"
+    """A rank held by a comm action after its data was produced: exposed communication."""
+    WAIT_DATA = "wait_data"
+    """A rank held by a receive whose data is not produced yet: bubble."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineSlice:
+    """One interval on one rank's track. ``group`` is the comm group (None for compute)."""
+
+    rank: int
+    action: str
+    """Action text (``3F1.0``, ``0SEND_F1.0>1@fwd``) as in ``sglang_vpp.schedule.ir``."""
+    kind: SliceKind
+    start: float
+    end: float
+    group: str | None = None
+    stage_index: int = -1
+    request_index: int = -1
+    chunk_index: int = -1
+    args: dict = field(default_factory=dict)
+    """Extra numbers for traces: for compute, ``compute_s``, ``tp_comm_s``, ``overhead_s``."""
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    def to_dict(self) -> dict:
+        return {
+            "rank": self.rank, "action": self.action, "kind": str(self.kind), "start": self.start,
+            "end": self.end, "group": self.group, "stage": self.stage_index,
+            "request": self.request_index, "chunk": self.chunk_index, **({"args": self.args} if self.args else {}),
+        }
+
+
+@dataclass(slots=True)
+class RankStats:
+    """Where one rank's time went, over ``[0, makespan]`` (see docs/metrics.md).
+
+    ``compute_s + exposed_comm_s + bubble_s == makespan`` for every rank.
+    """
+
+    rank: int
+    compute_s: float = 0.0
+    """Device busy with stage math (FLOPs and memory traffic)."""
+    exposed_tp_comm_s: float = 0.0
+    """Tensor-parallel collectives inside stage computes that are not overlapped with math."""
+    exposed_pp_comm_s: float = 0.0
+    """Waiting on a pipeline send/receive after the data it carries was produced."""
+    bubble_s: float = 0.0
+    """Idle: waiting for data not produced yet, for a request to arrive, host overhead, drain."""
+    overhead_s: float = 0.0
+    """Per-chunk host overhead inside stage slices (device idle); part of ``bubble_s``."""
+    busy_until: float = 0.0
+    """End of this rank's last action."""
+    num_computes: int = 0
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.exposed_tp_comm_s + self.exposed_pp_comm_s
+
+    def to_dict(self) -> dict:
+        return {
+            "rank": self.rank, "compute_s": self.compute_s, "bubble_s": self.bubble_s,
+            "exposed_comm_s": self.exposed_comm_s, "exposed_tp_comm_s": self.exposed_tp_comm_s,
+            "exposed_pp_comm_s": self.exposed_pp_comm_s, "overhead_s": self.overhead_s,
+            "busy_until": self.busy_until, "num_computes": self.num_computes,
+        }

@@ -1,0 +1,46 @@
+"""Engine events: each ``handle`` advances the simulation and returns the events it causes.
+
+The heap loop in ``engine.py`` pops the earliest event and pushes what its handler returns
+(Vidur's shape). Two events suffice: a rank becoming free to issue its next action, and a
+transfer finishing (which frees the ranks held by its send or receive).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .communicator import Communicator
+    from .engine import Engine
+
+__all__ = ["Event", "RankReadyEvent", "TransferDoneEvent"]
+
+
+@dataclass(slots=True)
+class Event:
+    time: float
+
+    def handle(self, engine: "Engine") -> list["Event"]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass(slots=True)
+class RankReadyEvent(Event):
+    """``rank`` has finished its previous action and issues the next ones."""
+
+    rank: int
+
+    def handle(self, engine: "Engine") -> list[Event]:
+        return engine.issue(self.rank, self.time)
+
+
+@dataclass(slots=True)
+class TransferDoneEvent(Event):
+    """Transfer ``index`` on ``communicator`` has ended; wake the ranks it held."""
+
+    communicator: "Communicator"
+    index: int
+
+    def handle(self, engine: "Engine") -> list[Event]:
+        return engine.finish_transfer(self.communicator, self.index, self.time)
