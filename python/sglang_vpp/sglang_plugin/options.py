@@ -16,14 +16,16 @@ fields, so the options reach every scheduler process without an environment vari
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
+
+from sglang_vpp.schedule import Policy
 
 __all__ = [
     "OPTIONS_ATTR",
     "PipelineOptions",
     "PpMode",
     "attach",
+    "is_vpp_mode",
     "options_of",
     "parse_layer_split",
 ]
@@ -32,31 +34,22 @@ OPTIONS_ATTR = "_sglang_vpp"
 """Name of the ServerArgs attribute that carries the PipelineOptions."""
 
 
-class PpMode(StrEnum):
-    """``--pp-mode`` values. Same spellings as ``sglang_vpp.schedule.Policy``."""
+# The mode names are the schedule core's policy names: one vocabulary from CLI to schedule.
+PpMode = Policy
+_VPP_MODES = frozenset({Policy.VPP, Policy.VPP_ASYNC, Policy.VPP_PACK})
 
-    CPP = "cpp"
-    """Stock SGLang pipeline parallelism (chunked prefill, contiguous layers)."""
-    DCPP = "dcpp"
-    """Stock PP plus SGLang's own ``--enable-dynamic-chunking``."""
-    VPP = "vpp"
-    """Fold-back (V-shape) layer placement, one communication group."""
-    VPP_ASYNC = "vpp-async"
-    """VPP with reordered issue and one communication group per direction."""
-    VPP_PACK = "vpp-pack"
-    """VPP-Async plus cross-request packing of the drain window."""
 
-    @property
-    def is_vpp(self) -> bool:
-        return self in (PpMode.VPP, PpMode.VPP_ASYNC, PpMode.VPP_PACK)
+def is_vpp_mode(mode: str) -> bool:
+    """True for the fold-back modes (vpp, vpp-async, vpp-pack)."""
+    return Policy(mode) in _VPP_MODES
 
 
 @dataclass(frozen=True, slots=True)
 class PipelineOptions:
     """The plugin's flags after parsing. Picklable; lives on ``server_args._sglang_vpp``."""
 
-    pp_mode: PpMode = PpMode.CPP
-    """Which pipeline to run (``--pp-mode``)."""
+    pp_mode: Policy = Policy.CPP
+    """Which pipeline to run (``--pp-mode``); the schedule core's ``Policy``."""
     vpp_layer_split: tuple[int, ...] | None = None
     """Layers per virtual stage s_0 .. s_{2P-1} (``--vpp-layer-split 3,2,2,1``); None = even."""
     vpp_trace: str | None = None
@@ -71,7 +64,7 @@ class PipelineOptions:
 
     @property
     def is_vpp(self) -> bool:
-        return self.pp_mode.is_vpp
+        return is_vpp_mode(self.pp_mode)
 
     @classmethod
     def from_namespace(cls, namespace: Any) -> PipelineOptions:

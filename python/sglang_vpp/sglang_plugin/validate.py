@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_vpp.sglang_plugin.errors import PpModeError
-from sglang_vpp.sglang_plugin.options import PipelineOptions, PpMode
+from sglang_vpp.sglang_plugin.options import PipelineOptions, PpMode, is_vpp_mode
 
 __all__ = ["model_num_layers", "validate_pipeline_args"]
 
@@ -54,7 +54,7 @@ def model_num_layers(model_path: str | None, trust_remote_code: bool = False) ->
     return None
 
 
-def _check_vpp_compatible_features(args: Any, mode: PpMode) -> None:
+def _check_vpp_compatible_features(args: Any, mode: str) -> None:
     refusals = [
         ("speculative_algorithm", lambda v: bool(v), "--speculative-algorithm"),
         ("enable_lora", lambda v: bool(v), "--enable-lora"),
@@ -112,7 +112,7 @@ def validate_pipeline_args(args: Any, options: PipelineOptions) -> None:
     chunked = _get(args, "chunked_prefill_size")
     chunked_disabled = chunked is not None and int(chunked) <= 0
 
-    if not mode.is_vpp:
+    if not is_vpp_mode(mode):
         for flag, value in (
             ("--vpp-layer-split", options.vpp_layer_split),
             ("--vpp-trace", options.vpp_trace),
