@@ -24,6 +24,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("layout", "sglang_vpp.cli.layout_cmd", "layout"),
     ("schedule", "sglang_vpp.cli.schedule_cmd", "schedule"),
     ("check", "sglang_vpp.cli.check_cmd", "check"),
+    ("simulate", "sglang_vpp.cli.simulate_cmd", "simulate"),
 ]
 
 for _name, _module, _attr in COMMANDS:

@@ -1,0 +1,129 @@
+"""``sglang-vpp simulate``: run the real scheduler on a simulated cluster and report TTFT,
+throughput and the compute / bubble / exposed-comm breakdown per mode (docs/simulator.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .common import emit_json, parse_int_list, user_errors
+
+_ALL_MODES = "cpp,dcpp,vpp,vpp-async,vpp-pack"
+
+
+def _sizes(text: str, what: str) -> list[int]:
+    from ..schedule import parse_size
+
+    sizes = [parse_size(part) for part in text.split(",") if part.strip()]
+    if not sizes:
+        raise ValueError(f"{what} needs at least one size, e.g. 24k or 8k,16k")
+    return sizes
+
+
+def _cost_model(model_spec, hardware_spec, tp: Optional[int], costs: Optional[Path]):
+    from ..sim.cost.analytic import AnalyticCostModel
+
+    analytic = AnalyticCostModel(model_spec, hardware_spec, tp)
+    if costs is None:
+        return analytic
+    import json
+
+    from ..sim.cost_model import FittedCostModel, TableCostModel
+    from ..sim.errors import CostModelError
+
+    if not costs.exists():
+        raise CostModelError(f"--costs file {str(costs)!r} does not exist")
+    data = json.loads(costs.read_text())
+    kind = data.get("format")
+    if kind == "sglang-vpp.fitted-cost":
+        return FittedCostModel.from_json(data)
+    if kind == "sglang-vpp.table-cost":
+        return TableCostModel.from_json(data, fallback=analytic)
+    raise CostModelError(f"--costs {str(costs)!r} has format {kind!r}; expected sglang-vpp.fitted-cost or "
+                         "sglang-vpp.table-cost (see docs/calibration.md)")
+
+
+@user_errors
+def simulate(
+    model: str = typer.Option("deepseek-v3.1", "--model", help="Model preset (or a .json path)."),
+    hardware: str = typer.Option("ascend-910c", "--hardware", help="Hardware preset (or a .json path)."),
+    pp: int = typer.Option(2, "--pp", help="Pipeline ranks P."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Chips per rank (default: the hardware preset's)."),
+    workload: str = typer.Option("long", "--workload", help="long, short, mixed or file."),
+    seq_len: Optional[str] = typer.Option(None, "--seq-len", help="Prompt length(s): 512k; long takes a list (64k,128k)."),
+    chunk_size: str = typer.Option("24k", "--chunk-size", help="Chunk size (base size for dcpp)."),
+    modes: str = typer.Option(_ALL_MODES, "--modes", help="Comma-separated modes."),
+    requests: Optional[int] = typer.Option(None, "--requests", help="Requests (long: per length, default 1; short: 100; mixed: 500)."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed-loop clients (default: long 1, short all, mixed 16, file open loop)."),
+    file: Optional[Path] = typer.Option(None, "--file", help="JSONL of {\"length\", \"arrival\"} for --workload file."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the mixed workload."),
+    sweep_chunk: Optional[str] = typer.Option(None, "--sweep-chunk", help="Chunk sizes to sweep (8k,16k,24k,32k); * marks each mode's best."),
+    split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts (P or 2P entries by layout)."),
+    costs: Optional[Path] = typer.Option(None, "--costs", help="Fitted or table cost JSON from measured samples instead of the analytic model."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON ('-' for stdout)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Perfetto/Chrome trace of each mode's run."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a Gantt PNG of each mode's run."),
+) -> None:
+    """Simulate prefill of a workload under each mode with the real planner and print a table.
+
+    Traces and plots show each mode at --chunk-size on the first --seq-len (with --sweep-chunk:
+    at its best chunk size).
+    """
+    from ..sim.config import SimConfig
+    from ..sim.preset_loader import load_hardware, load_model
+    from ..sim.sweep import best_by_mode, format_table, simulate_matrix
+    from ..sim.workloads import build_workload
+
+    model_spec = load_model(model)
+    hardware_spec = load_hardware(hardware)
+    cost = _cost_model(model_spec, hardware_spec, tp, costs)
+    lengths = _sizes(seq_len, "--seq-len") if seq_len else None
+    chunk_sizes = _sizes(sweep_chunk, "--sweep-chunk") if sweep_chunk else _sizes(chunk_size, "--chunk-size")
+    layer_split = parse_int_list(split, "--split")
+    sim_config = SimConfig(record_timeline=bool(trace or plot))
+    if workload == "long" and lengths:
+        runs = [(n, build_workload("long", lengths=[n], num_requests=requests, concurrency=concurrency)) for n in lengths]
+    else:
+        built = build_workload(workload, lengths=lengths, num_requests=requests, concurrency=concurrency,
+                               seed=seed, path=str(file) if file else None)
+        runs = [(lengths[0] if lengths and workload == "short" else None, built)]
+    rows = []
+    for length, work in runs:
+        rows += simulate_matrix(work, cost, model_spec.num_layers, modes, chunk_sizes, pp, layer_split,
+                                sim_config, seq_len=length)
+    typer.echo(f"{model_spec.name} on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')}), pp={pp}, "
+               f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""))
+    typer.echo(format_table(rows, mark_best=bool(sweep_chunk)))
+    if json_out is not None:
+        bounds = {}
+        for row in rows:
+            if row.result.sim.ok:
+                key = str(row.seq_len)
+                bounds[key] = min(bounds.get(key, float("inf")), row.result.lower_bound_s)
+        emit_json({
+            "config": {"model": model_spec.name, "hardware": hardware_spec.name, "pp": pp, "tp": getattr(cost, "tp", None),
+                       "workload": workload, "chunk_sizes": chunk_sizes, "modes": modes,
+                       "cost_model": type(cost).__name__},
+            "results": [row.to_dict() for row in rows],
+            "run_lower_bound_s": bounds,
+        }, json_out)
+    if trace or plot:
+        first = runs[0][0]
+        if sweep_chunk:
+            chosen = [row for key, row in best_by_mode(rows).items() if key[0] == first]
+        else:
+            chosen = [row for row in rows if row.seq_len == first and row.result.chunk_size == chunk_sizes[0]]
+        timelines = {f"{row.result.mode} chunk {row.result.chunk_size}": row.result.sim
+                     for row in chosen if row.result.sim.ok}
+        if trace:
+            from ..sim.trace import write_perfetto_trace
+
+            write_perfetto_trace(timelines, trace)
+            typer.echo(f"trace: {trace} (open in https://ui.perfetto.dev)")
+        if plot:
+            from ..sim.trace import write_gantt_png
+
+            write_gantt_png(timelines, plot, title=f"{model_spec.name} on {hardware_spec.name}, pp={pp}")
+            typer.echo(f"plot: {plot}")

@@ -1,0 +1,132 @@
+"""``AnalyticCostModel``: stage time from FLOPs and bytes of a ``ModelSpec`` on a ``HardwareSpec``.
+
+For a stage holding layers ``[start, end)`` and a chunk of ``c`` tokens after a prefix of ``L``:
+
+- linear (projections, dense FFN or the *active* experts, router): ``c * F_lin`` FLOPs at
+  ``linear_efficiency * eff(c)``, or the weight bytes the chunk touches over HBM bandwidth when that
+  is slower (small chunks are memory bound; MoE chunks touch ``E (1 - (1 - k/E)^c)`` experts);
+- attention: query-key pairs times FLOPs per pair. Dense causal: ``c (L + (c + 1) / 2)`` pairs.
+  DSA: each query attends ``min(position + 1, top_k)`` keys, plus the indexer that scores every
+  causal pair (``c (L + (c + 1)/2)``) with its own small heads;
+- ``eff(c) = c / (c + half_efficiency_tokens)``: kernels lose efficiency on small chunks, which is
+  what makes DCPP's fragmentation cost compute;
+- a fixed device cost per layer (launches, norms) and a host cost per chunk (scheduling), the
+  latter with the device idle (``StageTime.overhead_s``: a bubble), as is the TP skew idle
+  (``sync_idle_fraction`` of the math time: chips wait for the slowest peer at collectives);
+- TP collectives (see the method doc's modelling hint): ``tp_collectives_per_layer`` all-reduces
+  per layer per chunk, each ``latency + exposed * 2 (n - 1)/n * c * hidden * bytes / bandwidth``
+  (``tp_exposed_fraction`` of the bandwidth term is on the critical path, the latency always is).
+  Their count grows with the number of chunks.
+
+A pipeline hop moves ``pp_tensors * c * hidden * activation_bytes`` at ``pp_bytes_per_s`` plus
+``pp_latency_s``. All layer sums are precomputed per stage so ``stage_cost`` is O(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...schedule import ChunkSpec, StageSpec
+from ..hardware_spec import HardwareSpec
+from ..model_spec import ModelSpec
+from .base import BreakdownCostModel, StageTime
+
+__all__ = ["AnalyticCostModel", "causal_pairs", "sparse_pairs"]
+
+
+def causal_pairs(tokens: int, prefix: int) -> float:
+    """(query, key) pairs of causal attention for ``tokens`` new queries after ``prefix`` keys."""
+    return tokens * (prefix + (tokens + 1) / 2)
+
+
+def sparse_pairs(tokens: int, prefix: int, top_k: int) -> float:
+    """Pairs when each query at position p attends ``min(p + 1, top_k)`` keys (DSA)."""
+    first, last = prefix + 1, prefix + tokens  # keys visible to the first and last query
+    if last <= top_k:
+        return causal_pairs(tokens, prefix)
+    if first >= top_k:
+        return float(tokens) * top_k
+    below = (top_k * (top_k + 1) - prefix * (prefix + 1)) / 2  # queries that see < top_k keys
+    return below + (last - top_k) * top_k
+
+
+@dataclass(frozen=True, slots=True)
+class _StageSums:
+    num_layers: int
+    linear_flops_per_token: float
+    attention_flops_per_pair: float
+    indexer_flops_per_pair: float
+    dense_weight_bytes: float
+    moe_layers: int
+
+
+@dataclass(frozen=True)
+class AnalyticCostModel(BreakdownCostModel):
+    model: ModelSpec
+    hardware: HardwareSpec
+    tp_size: int | None = None
+    """Chips per pipeline rank; defaults to ``hardware.tp_size``."""
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def tp(self) -> int:
+        return self.tp_size if self.tp_size is not None else self.hardware.tp_size
+
+    def _sums(self, stage: StageSpec) -> _StageSums:
+        key = (stage.layer_start, stage.layer_end)
+        sums = self._cache.get(key)
+        if sums is None:
+            m = self.model
+            layers = range(stage.layer_start, stage.layer_end)
+            assert stage.layer_end <= m.num_layers, (stage, m.num_layers)
+            dense = [l for l in layers if not m.is_moe_layer(l)]
+            sums = _StageSums(
+                num_layers=stage.num_layers,
+                linear_flops_per_token=sum(m.linear_flops_per_token(l) for l in layers),
+                attention_flops_per_pair=m.attention_flops_per_pair() * stage.num_layers,
+                indexer_flops_per_pair=m.indexer_flops_per_pair() * stage.num_layers,
+                dense_weight_bytes=sum(m.weight_bytes_per_chunk(l, 1) for l in dense),
+                moe_layers=stage.num_layers - len(dense),
+            )
+            self._cache[key] = sums
+        return sums
+
+    def stage_breakdown(self, stage: StageSpec, chunk: ChunkSpec) -> StageTime:
+        m, hw, tp = self.model, self.hardware, self.tp
+        sums = self._sums(stage)
+        c, prefix = chunk.num_tokens, chunk.start
+        flops_per_s = hw.peak_flops * tp
+        scale = c / (c + hw.half_efficiency_tokens)
+        # Linear part: compute bound unless the weights a chunk touches take longer to stream.
+        linear_math = c * sums.linear_flops_per_token / (flops_per_s * hw.linear_efficiency * scale)
+        weight_bytes = sums.dense_weight_bytes
+        if sums.moe_layers:
+            weight_bytes += sums.moe_layers * m.weight_bytes_per_chunk(m.num_layers - 1, c)
+        linear = max(linear_math, weight_bytes / (hw.hbm_bytes_per_s * tp))
+        if m.sparse_top_k:
+            pairs = sparse_pairs(c, prefix, m.sparse_top_k)
+            indexer = causal_pairs(c, prefix) * sums.indexer_flops_per_pair / (
+                flops_per_s * hw.indexer_efficiency * scale)
+        else:
+            pairs, indexer = causal_pairs(c, prefix), 0.0
+        attention = pairs * sums.attention_flops_per_pair / (flops_per_s * hw.attention_efficiency * scale)
+        compute = linear + attention + indexer + sums.num_layers * hw.layer_overhead_s
+        tp_comm = 0.0
+        if tp > 1:
+            message = c * m.hidden_bytes_per_token()
+            # The bandwidth term can hide behind math (``tp_exposed_fraction``); the fixed
+            # per-collective latency cannot: it is paid once per layer per chunk, so it is what
+            # grows with the number of chunks.
+            transfer = 2 * (tp - 1) / tp * message / hw.tp_bytes_per_s
+            one = hw.tp_latency_s + hw.tp_exposed_fraction * transfer
+            tp_comm = one * m.tp_collectives_per_layer * sums.num_layers
+        idle = hw.chunk_overhead_s + (hw.sync_idle_fraction * compute if tp > 1 else 0.0)
+        return StageTime(compute, tp_comm, idle)
+
+    def transfer_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
+        hw = self.hardware
+        size = hw.pp_tensors * chunk.num_tokens * self.model.hidden_bytes_per_token()
+        return hw.pp_latency_s + size / hw.pp_bytes_per_s
+
+    def describe(self) -> str:
+        return f"analytic({self.model.name} on {self.hardware.name}, tp={self.tp})"

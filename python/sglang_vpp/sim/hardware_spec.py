@@ -1,0 +1,63 @@
+"""``HardwareSpec``: one pipeline rank's device group (TP chips) and its links, plus the fitted
+efficiency numbers of the analytic cost model (calibration; see docs/calibration.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import PresetError
+
+__all__ = ["HardwareSpec"]
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareSpec:
+    name: str
+    tp_size: int
+    """Chips per pipeline rank (the tensor-parallel group)."""
+    peak_flops: float
+    """Dense BF16/FP16 FLOP/s of one chip."""
+    hbm_bytes_per_s: float
+    """Memory bandwidth of one chip."""
+    tp_bytes_per_s: float
+    """Per-chip bus bandwidth of TP collectives (all-reduce moves 2 (n-1)/n of the data per chip)."""
+    tp_latency_s: float
+    """Fixed cost of one TP collective."""
+    pp_bytes_per_s: float
+    """Point-to-point bandwidth of a pipeline hop between ranks."""
+    pp_latency_s: float
+    """Fixed cost of one pipeline hop (send + receive set-up)."""
+    linear_efficiency: float = 0.5
+    """Fraction of peak reached by large GEMMs (calibrated)."""
+    attention_efficiency: float = 0.5
+    """Fraction of peak reached by long-context attention kernels (calibrated)."""
+    indexer_efficiency: float = 0.5
+    """Fraction of peak reached by the DSA indexer scoring kernel (FP8 on real parts)."""
+    half_efficiency_tokens: float = 1024.0
+    """Chunk size at which kernels reach half their large-chunk efficiency: eff(c) = eff * c / (c + this)."""
+    layer_overhead_s: float = 0.0
+    """Fixed device time per layer per chunk (kernel launches, norms, small ops)."""
+    chunk_overhead_s: float = 0.0
+    """Host time per stage per chunk (scheduling, batch set-up) during which the device idles."""
+    sync_idle_fraction: float = 0.0
+    """Share of a stage's math time the device idles waiting for the slowest chip of its TP group
+    at collectives (load and clock skew): device idle, so it counts as bubble (calibrated)."""
+    tp_exposed_fraction: float = 1.0
+    """Share of the bandwidth term of TP collectives not overlapped with math (calibrated); the
+    per-collective latency is always exposed."""
+    pp_tensors: int = 1
+    """Hidden-size tensors a pipeline hop carries per token (hidden states; 2 if the residual too)."""
+    sources: dict = field(default_factory=dict, compare=False, repr=False)
+    calibration_note: str = field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("peak_flops", "hbm_bytes_per_s", "tp_bytes_per_s", "pp_bytes_per_s"):
+            if not getattr(self, name) > 0:
+                raise PresetError(f"hardware {self.name}: {name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("linear_efficiency", "attention_efficiency", "indexer_efficiency", "tp_exposed_fraction"):
+            if not 0 < getattr(self, name) <= 1:
+                raise PresetError(f"hardware {self.name}: {name} must lie in (0, 1], got {getattr(self, name)!r}")
+        if not 0 <= self.sync_idle_fraction < 1:
+            raise PresetError(f"hardware {self.name}: sync_idle_fraction must lie in [0, 1), got {self.sync_idle_fraction!r}")
+        if self.tp_size < 1:
+            raise PresetError(f"hardware {self.name}: tp_size must be >= 1, got {self.tp_size}")

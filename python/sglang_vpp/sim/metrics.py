@@ -1,0 +1,73 @@
+"""Derived metrics of one simulated run (definitions in docs/metrics.md).
+
+``lower_bound``: no executor can finish a schedule's work faster than its busiest rank can
+compute, after the first chunk has reached that rank and before the last chunk has left the
+pipeline behind it. For rank r:
+
+    bound_r = release + fill_r + work_r + drain_r
+
+- ``work_r``: total stage time of r's stages (its computes cannot overlap);
+- ``fill_r``: the first chunk's stage time and hops on the stages before r's first stage;
+- ``drain_r``: the last chunk's stage time and hops on the stages after r's last stage.
+
+Every stage processes chunks in one global order (the schedule core's contract), so the first and
+last chunks of the sequence are first and last on every stage and the bound is valid for that
+schedule's chunking and layout. (The issue's form is ``work + fill``; adding the drain keeps it a
+bound and makes it tighter.)
+"""
+
+from __future__ import annotations
+
+from ..schedule import Schedule, StageCostModel
+from .result import SimResult
+
+__all__ = ["lower_bound", "gap_to_bound"]
+
+
+def _path_time(schedule: Schedule, cost: StageCostModel, chunk, stages: range) -> float:
+    layout = schedule.layout
+    total = 0.0
+    for stage in stages:
+        spec = layout.stages[stage]
+        total += cost.stage_cost(spec, chunk)
+        following = stage + 1
+        if following < layout.num_stages and layout.stages[following].rank != spec.rank:
+            total += cost.transfer_cost(spec, chunk)
+    return total
+
+
+def lower_bound(schedule: Schedule, cost: StageCostModel, result: SimResult | None = None) -> float:
+    """Makespan lower bound of ``schedule`` under ``cost`` (see the module docstring)."""
+    if not schedule.chunks:
+        return 0.0
+    layout = schedule.layout
+    if result is not None and result.stage_totals_s and any(result.stage_totals_s):
+        totals = list(result.stage_totals_s)
+    else:
+        totals = [0.0] * layout.num_stages
+        for chunk in schedule.chunks:
+            for spec in layout.stages:
+                totals[spec.stage_index] += cost.stage_cost(spec, chunk)
+    first, last = schedule.chunks[0], schedule.chunks[-1]
+    release = 0.0
+    if result is not None:
+        release = result.request_release_s.get(first.request_index, 0.0)
+    elif schedule.requests:
+        release = schedule.requests[first.request_index].arrival
+    best = 0.0
+    for rank in range(layout.num_ranks):
+        mine = layout.stages_of(rank)
+        work = sum(totals[s] for s in mine)
+        # Hops into the rank's first stage count towards the fill (the range covers the stage
+        # before it, whose hop is added), hops out of its last stage towards the drain.
+        fill = _path_time(schedule, cost, first, range(0, mine[0]))
+        drain = _path_time(schedule, cost, last, range(mine[-1] + 1, layout.num_stages))
+        if mine[-1] + 1 < layout.num_stages and layout.stages[mine[-1] + 1].rank != rank:
+            drain += cost.transfer_cost(layout.stages[mine[-1]], last)
+        best = max(best, release + fill + work + drain)
+    return best
+
+
+def gap_to_bound(makespan: float, bound: float) -> float:
+    """How far above the bound a run finished, as a fraction (0.05 = 5 % slower than the bound)."""
+    return makespan / bound - 1.0 if bound > 0 else 0.0

@@ -1,0 +1,80 @@
+"""Preset loading: model and hardware descriptions are data files, not code.
+
+``presets/models/<name>.json`` -> ``ModelSpec``; ``presets/hardware/<name>.json`` -> ``HardwareSpec``.
+Every numeric field is ``{"value": <number>, "source": "<where it comes from>"}`` (plain values are
+accepted in user files); keys starting with ``_`` are comments. A name that is not a preset may
+be a path to a JSON file of the same shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from importlib import resources
+from pathlib import Path
+
+from .errors import PresetError
+from .hardware_spec import HardwareSpec
+from .model_spec import ModelSpec
+
+__all__ = ["list_models", "list_hardware", "load_model", "load_hardware", "read_preset"]
+
+
+def _names(kind: str) -> list[str]:
+    folder = resources.files("sglang_vpp.sim") / "presets" / kind
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def list_models() -> list[str]:
+    return _names("models")
+
+
+def list_hardware() -> list[str]:
+    return _names("hardware")
+
+
+def read_preset(kind: str, name: str) -> tuple[dict, dict, str]:
+    """(values, sources, note) of preset ``name`` (or a JSON file path) of ``kind``."""
+    if name in _names(kind):
+        text = (resources.files("sglang_vpp.sim") / "presets" / kind / f"{name}.json").read_text()
+    elif name.endswith(".json") and Path(name).exists():
+        text = Path(name).read_text()
+    else:
+        what = "model" if kind == "models" else "hardware"
+        raise PresetError(f"unknown {what} preset {name!r}; valid: {', '.join(_names(kind))} "
+                          f"(or a path to a .json file of the same shape)")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise PresetError(f"{kind} preset {name!r} is not valid JSON: {error}") from None
+    values, sources = {}, {}
+    for key, entry in raw.items():
+        if key.startswith("_"):
+            continue
+        if isinstance(entry, dict) and "value" in entry:
+            values[key] = entry["value"]
+            sources[key] = entry.get("source", "")
+        else:
+            values[key] = entry
+    return values, sources, str(raw.get("_comment", ""))
+
+
+def _build(cls, kind: str, name: str):
+    values, sources, note = read_preset(kind, name)
+    known = {f.name for f in dataclasses.fields(cls)} - {"sources", "calibration_note"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise PresetError(f"{kind} preset {name!r}: unknown fields {unknown}; known fields: {sorted(known)}")
+    extra = {"calibration_note": note} if cls is HardwareSpec else {}
+    try:
+        return cls(sources=sources, **values, **extra)
+    except TypeError as error:
+        raise PresetError(f"{kind} preset {name!r}: {error}") from None
+
+
+def load_model(name: str) -> ModelSpec:
+    return _build(ModelSpec, "models", name)
+
+
+def load_hardware(name: str) -> HardwareSpec:
+    return _build(HardwareSpec, "hardware", name)

@@ -1,0 +1,83 @@
+"""Run a matrix of (workload, chunk size, mode) simulations and tabulate them.
+
+Data flow: model + hardware presets -> ``AnalyticCostModel`` (or a given cost model) -> for each
+chunk size and mode ``runner.run_mode`` -> ``ModeResult`` rows -> ``format_table`` / JSON.
+Used by ``sglang-vpp simulate`` and ``benchmarks/sim_sweep.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..schedule import StageCostModel, parse_policies
+from .config import SimConfig
+from .runner import ModeResult, RunConfig, run_mode
+from .workloads import Workload
+
+__all__ = ["SweepRow", "simulate_matrix", "format_table", "best_by_mode"]
+
+
+@dataclass
+class SweepRow:
+    workload: str
+    seq_len: int | None
+    """The prompt length for single-length workloads (long, short), else None."""
+    result: ModeResult
+
+    def to_dict(self) -> dict:
+        return {"workload": self.workload, "seq_len": self.seq_len, **self.result.row()}
+
+
+def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, modes: str | Sequence[str],
+                    chunk_sizes: Sequence[int], num_ranks: int, split: Sequence[int] | None = None,
+                    sim: SimConfig | None = None, seq_len: int | None = None,
+                    keep_schedules: bool = False) -> list[SweepRow]:
+    """Every mode at every chunk size on one workload (the planner's estimate is ``cost``)."""
+    names = [str(spec.name) for spec in parse_policies(modes if isinstance(modes, str) else ",".join(modes))]
+    rows = []
+    for chunk_size in chunk_sizes:
+        config = RunConfig(num_ranks, chunk_size, tuple(split) if split else None, sim=sim or SimConfig())
+        for mode in names:
+            rows.append(SweepRow(workload.name, seq_len,
+                                 run_mode(mode, workload, cost, config, num_layers, keep_schedules)))
+    return rows
+
+
+def best_by_mode(rows: Sequence[SweepRow]) -> dict[tuple[int | None, str], SweepRow]:
+    """Per (seq_len, mode): the row with the smallest makespan (the mode's best chunk size)."""
+    best: dict[tuple[int | None, str], SweepRow] = {}
+    for row in rows:
+        key = (row.seq_len, row.result.mode)
+        if row.result.sim.ok and (key not in best or row.result.sim.makespan_s < best[key].result.sim.makespan_s):
+            best[key] = row
+    return best
+
+
+def _size(tokens: int | None) -> str:
+    if tokens is None:
+        return "-"
+    for unit, scale in (("m", 1 << 20), ("k", 1 << 10)):
+        if tokens >= scale and tokens % scale == 0:
+            return f"{tokens // scale}{unit}"
+    return str(tokens)
+
+
+def format_table(rows: Sequence[SweepRow], mark_best: bool = False) -> str:
+    """One line per (seq_len, chunk size, mode); ``*`` marks each mode's best chunk size."""
+    best = {id(r) for r in best_by_mode(rows).values()} if mark_best else set()
+    header = (f"{'seq':>6} {'chunk':>6}  {'mode':<10} {'TTFT s':>9} {'tok/s':>9} {'compute s':>10} {'bubble s':>9} "
+              f"{'exp.comm s':>10} {'bubble%':>8} {'steps':>6} {'chunks':>6} {'bound s':>9} {'gap%':>6}")
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        r, s = row.result, row.result.sim
+        if not s.ok:
+            lines.append(f"{_size(row.seq_len):>6} {_size(r.chunk_size):>6}  {r.mode:<10} DEADLOCK: "
+                         + "; ".join(f"rank {b['rank']} at {b['action']}" for b in s.deadlock.blocked[:2]))
+            continue
+        mark = "*" if id(row) in best else " "
+        lines.append(
+            f"{_size(row.seq_len):>6} {_size(r.chunk_size):>6}{mark} {r.mode:<10} {s.ttft_s:9.3f} {s.throughput_tok_s:9.0f} "
+            f"{s.compute_s:10.3f} {s.bubble_s:9.3f} {s.exposed_comm_s:10.3f} {100 * s.bubble_ratio:7.2f}% "
+            f"{s.steps:6d} {s.num_chunks:6d} {r.lower_bound_s:9.3f} {100 * r.gap_to_bound:5.1f}%")
+    return "\n".join(lines)

@@ -1,0 +1,35 @@
+"""Workloads: which requests arrive when (``long``, ``short``, ``mixed``, ``file``)."""
+
+from __future__ import annotations
+
+from ..errors import WorkloadError
+from .base import Workload
+from .file import file_workload, read_requests
+from .long import long_workload
+from .mixed import describe_lengths, mixed_lengths, mixed_workload
+from .short import short_workload
+
+__all__ = ["Workload", "WORKLOADS", "build_workload", "long_workload", "short_workload", "mixed_workload",
+           "mixed_lengths", "describe_lengths", "file_workload", "read_requests"]
+
+WORKLOADS = ("long", "short", "mixed", "file")
+
+
+def build_workload(kind: str, *, lengths: list[int] | None = None, num_requests: int | None = None,
+                   concurrency: int | None = None, seed: int = 0, path: str | None = None) -> Workload:
+    """One workload by name with the CLI's options; an unknown name lists the valid ones."""
+    if kind == "long":
+        if not lengths:
+            raise WorkloadError("the long workload needs --seq-len (e.g. 512k or 64k,128k)")
+        return long_workload(lengths, num_requests or 1, concurrency or 1)
+    if kind == "short":
+        if not lengths or len(lengths) != 1:
+            raise WorkloadError(f"the short workload needs one --seq-len (e.g. 4k), got {lengths}")
+        return short_workload(lengths[0], num_requests or 100, concurrency)
+    if kind == "mixed":
+        return mixed_workload(num_requests or 500, seed, concurrency or 16)
+    if kind == "file":
+        if not path:
+            raise WorkloadError("the file workload needs --file requests.jsonl")
+        return file_workload(path, concurrency)
+    raise WorkloadError(f"unknown workload {kind!r}; valid: {', '.join(WORKLOADS)}")

@@ -1,0 +1,39 @@
+"""``Workload``: the requests a simulation serves and how clients send them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...schedule import RequestSpec
+from ..errors import WorkloadError
+
+__all__ = ["Workload"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests in submission order.
+
+    With ``concurrency`` set, clients are closed-loop: the first ``concurrency`` requests are sent
+    at their arrival times and each completion sends the next one (no earlier than its own
+    arrival). With ``concurrency=None`` every request is sent at its arrival (open loop).
+    """
+
+    name: str
+    requests: tuple[RequestSpec, ...]
+    concurrency: int | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.requests:
+            raise WorkloadError(f"workload {self.name!r} has no requests; give at least one")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise WorkloadError(f"workload {self.name!r}: concurrency must be >= 1, got {self.concurrency}")
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.length for r in self.requests)
+
+    @property
+    def max_length(self) -> int:
+        return max(r.length for r in self.requests)

@@ -1,0 +1,19 @@
+"""``short``: N concurrent requests of one length (the paper: 100 x 4K / 8K / 16K)."""
+
+from __future__ import annotations
+
+from ...schedule import RequestSpec
+from ..errors import WorkloadError
+from .base import Workload
+
+__all__ = ["short_workload"]
+
+
+def short_workload(length: int, num_requests: int = 100, concurrency: int | None = None) -> Workload:
+    """``num_requests`` requests of ``length`` tokens, all sent at t = 0 (closed loop with
+    ``concurrency`` clients if given, else all at once)."""
+    if num_requests < 1 or length < 1:
+        raise WorkloadError(f"short workload needs >= 1 request of >= 1 token, got {num_requests} x {length}")
+    requests = tuple(RequestSpec(int(length)) for _ in range(num_requests))
+    return Workload("short", requests, concurrency or num_requests,
+                    f"{num_requests} concurrent x {length} tokens")
