@@ -12,6 +12,12 @@ Execution model (also the fidelity limits; see docs/simulator.md):
 - A stage-0 compute of a request waits for the request's release: its arrival time, and for
   closed-loop workloads the completion (in this simulation) of the request whose completion sent
   it (``release_after``).
+- Admission backpressure (``SimConfig.max_in_flight``; by default P for the contiguous layout,
+  none for fold-back): stage 0 starts the chunk at sequence position i only after position
+  i - limit has left the last stage. This is SGLang's micro-batch loop: rank 0 reuses a
+  micro-batch slot only once the last rank has returned that slot's output. The action streams
+  do not carry that return message; with the fold-back layout the last stage is on rank 0 and
+  the stream order already encodes it.
 - Comm: a communicator (group, rank pair) is one in-order stream; its i-th operations on the two
   ends pair up. Transfer i starts when both ends are posted and transfer i-1 has ended, and takes
   ``cost.transfer_cost``. Different communicators (e.g. ``fwd`` and ``bwd``) run concurrently:
@@ -80,7 +86,10 @@ class Engine:
         self.data_ready: dict[tuple[int, int, int], float] = {}
         self.completion: dict[int, float] = {}
         self.release: dict[int, float] = {}
-        self.gate_waiters: dict[int, list[int]] = {}
+        self.waiters: dict[tuple[str, int], list[int]] = {}
+        self.position = {c.key: i for i, c in enumerate(schedule.chunks)}
+        self.chunk_done: dict[int, float] = {}
+        self.in_flight = self._in_flight_limit()
         self.waiting: list[tuple[CommOp, float] | None] = [None] * self.num_ranks
         self.rank_ops: list[dict[int, CommOp]] = [{} for _ in range(self.num_ranks)]
         self.op_comm: dict[int, Communicator] = {}
@@ -146,9 +155,9 @@ class Engine:
             action = actions[step]
             if action.kind is ActionKind.COMPUTE:
                 if action.stage_index == 0:
-                    release = self._release_time(action.request_index, rank)
+                    release = self._admission_time(action, rank)
                     if release is None:
-                        return events  # woken when the gating request completes
+                        return events  # woken when the request or chunk it waits for completes
                     if release > now:
                         return events + [RankReadyEvent(release, rank)]
                 end = self._compute(rank, step, now)
@@ -234,11 +243,38 @@ class Engine:
                 action.request_index, action.chunk_index,
                 {"compute_s": parts.compute_s, "tp_comm_s": parts.tp_comm_s, "overhead_s": parts.overhead_s,
                  "tokens": chunk.num_tokens, "prefix": chunk.start}))
-        if action.stage_index == self.last_stage and chunk.is_last:
-            self.completion[chunk.request_index] = end
-            for waiter in self.gate_waiters.pop(chunk.request_index, []):
-                self._wake_gated(waiter, end)
+        if action.stage_index == self.last_stage:
+            position = self.position[chunk.key]
+            self.chunk_done[position] = end
+            self._wake(("chunk", position), end)
+            if chunk.is_last:
+                self.completion[chunk.request_index] = end
+                self._wake(("request", chunk.request_index), end)
         return end
+
+    def _in_flight_limit(self) -> int | None:
+        limit = self.config.max_in_flight
+        if limit == 0:
+            return None
+        if limit is None:
+            layout = self.schedule.layout
+            last_rank = layout.stages[-1].rank
+            return None if last_rank == layout.stages[0].rank else layout.num_ranks
+        return limit
+
+    def _admission_time(self, action, rank: int) -> float | None:
+        """When stage 0 may start ``action``'s chunk: request release and the admission window."""
+        release = self._release_time(action.request_index, rank)
+        if release is None or self.in_flight is None:
+            return release
+        position = self.position[action.chunk_key]
+        if position < self.in_flight:
+            return release
+        done = self.chunk_done.get(position - self.in_flight)
+        if done is None:
+            self.waiters.setdefault(("chunk", position - self.in_flight), []).append(rank)
+            return None
+        return max(release, done)
 
     def _release_time(self, request_index: int, rank: int) -> float | None:
         if request_index in self.release:
@@ -248,16 +284,17 @@ class Engine:
         if gate is not None:
             done = self.completion.get(gate)
             if done is None:
-                self.gate_waiters.setdefault(gate, []).append(rank)
+                self.waiters.setdefault(("request", gate), []).append(rank)
                 return None
             arrival = max(arrival, done)
         self.release[request_index] = arrival
         return arrival
 
-    def _wake_gated(self, rank: int, time: float) -> None:
-        # The gate's completion time is known when its last compute is issued, which may be
-        # before ``time``: schedule the wake-up at ``time`` through the heap.
-        self._pending_wakes.append(RankReadyEvent(time, rank))
+    def _wake(self, key: tuple[str, int], time: float) -> None:
+        # A completion time is known when its compute is issued, before ``time``: the waiting
+        # rank re-checks at ``time`` through the heap.
+        for rank in self.waiters.pop(key, []):
+            self._pending_wakes.append(RankReadyEvent(time, rank))
 
     def _account_wait(self, op: CommOp, start: float, end: float) -> None:
         stats = self.stats[op.rank]

@@ -21,7 +21,7 @@ from __future__ import annotations
 from ..schedule import Schedule, StageCostModel
 from .result import SimResult
 
-__all__ = ["lower_bound", "gap_to_bound"]
+__all__ = ["lower_bound", "gap_to_bound", "steady_state_window", "steady_state_idle"]
 
 
 def _path_time(schedule: Schedule, cost: StageCostModel, chunk, stages: range) -> float:
@@ -71,3 +71,32 @@ def lower_bound(schedule: Schedule, cost: StageCostModel, result: SimResult | No
 def gap_to_bound(makespan: float, bound: float) -> float:
     """How far above the bound a run finished, as a fraction (0.05 = 5 % slower than the bound)."""
     return makespan / bound - 1.0 if bound > 0 else 0.0
+
+
+def steady_state_window(result: SimResult) -> tuple[float, float]:
+    """``[first chunk done, last chunk enters stage 0]``: the pipeline is full in between.
+
+    Before it ranks wait for the first chunk (fill); after it they wait for the last one (drain).
+    """
+    computes = [s for s in result.timeline if s.kind == "compute"]
+    if not computes:
+        return (0.0, 0.0)
+    first_key = min((s.request_index, s.chunk_index) for s in computes)
+    last_key = max((s.request_index, s.chunk_index) for s in computes)
+    start = max(s.end for s in computes if (s.request_index, s.chunk_index) == first_key)
+    end = min(s.start for s in computes if (s.request_index, s.chunk_index) == last_key and s.stage_index == 0)
+    return (start, max(start, end))
+
+
+def steady_state_idle(result: SimResult) -> list[float]:
+    """Per rank: time without compute inside ``steady_state_window`` (imbalance bubble plus any
+    exposed comm there). Needs a result recorded with ``SimConfig(record_timeline=True)``."""
+    start, end = steady_state_window(result)
+    idle = []
+    for rank in range(result.num_ranks):
+        busy = 0.0
+        for s in result.timeline:
+            if s.rank == rank and s.kind == "compute":
+                busy += max(0.0, min(s.end, end) - max(s.start, start))
+        idle.append(max(0.0, (end - start) - busy))
+    return idle

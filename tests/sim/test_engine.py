@@ -1,0 +1,135 @@
+"""The engine on hand-written streams: exact times and the compute / exposed comm / bubble split."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_vpp.schedule import LinearAttentionCost, build_schedule
+from sglang_vpp.sim import SimConfig, SimDeadlockError, SliceKind, simulate_schedule
+
+from simtools import ConstCost, text_schedule
+
+TWO_CHUNKS = [
+    "0F0.0 0SEND_F0.0>1@pp 0F0.1 0SEND_F0.1>1@pp",
+    "0RECV_F0.0<0@pp 1F0.0 0RECV_F0.1<0@pp 1F0.1",
+]
+
+
+def _split(result, rank):
+    r = result.per_rank[rank]
+    return round(r.compute_s, 9), round(r.exposed_comm_s, 9), round(r.bubble_s, 9)
+
+
+def test_async_send_overlaps_compute():
+    result = simulate_schedule(text_schedule(TWO_CHUNKS, "async"), ConstCost(1.0, 0.5))
+    # chunk 0: s0 [0,1], hop [1,1.5], s1 [1.5,2.5]; chunk 1: s0 [1,2], hop [2,2.5] (overlaps s1),
+    # s1 [2.5,3.5].
+    assert result.makespan_s == pytest.approx(3.5)
+    assert _split(result, 0) == (2.0, 0.0, 1.5)
+    assert _split(result, 1) == (2.0, 0.5, 1.0)  # waits 1 for data (bubble), 0.5 for the hop
+    starts = {s.action: s.start for s in result.timeline if s.kind is SliceKind.COMPUTE}
+    assert starts == {"0F0.0": 0.0, "0F0.1": 1.0, "1F0.0": 1.5, "1F0.1": 2.5}
+
+
+def test_blocking_send_holds_the_rank():
+    result = simulate_schedule(text_schedule(TWO_CHUNKS, "blocking"), ConstCost(1.0, 0.5))
+    # rank 0 is held by each send until the transfer ends; the second receive is posted only
+    # when rank 1 reaches it (2.5), so the second hop runs [2.5, 3].
+    assert result.makespan_s == pytest.approx(4.0)
+    assert _split(result, 0) == (2.0, 1.0, 1.0)
+    assert _split(result, 1) == (2.0, 1.0, 1.0)
+
+
+def test_accounting_identity_every_policy():
+    cost = LinearAttentionCost(transfer_per_token=2e-7)
+    for mode in ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack"):
+        result = simulate_schedule(build_schedule(mode, 2, 8, [8192, 4096], 1024, cost=cost), cost)
+        for rank in result.per_rank:
+            assert rank.compute_s + rank.exposed_comm_s + rank.bubble_s == pytest.approx(result.makespan_s)
+        assert 0 <= result.bubble_ratio < 1
+
+
+def test_transfers_on_one_communicator_serialize():
+    # Two hops of 3 s each after 1 s computes: the second cannot start before the first ends.
+    result = simulate_schedule(text_schedule(TWO_CHUNKS, "async"), ConstCost(1.0, 3.0))
+    sends = sorted((s.start, s.end) for s in result.timeline if s.kind is SliceKind.SEND)
+    assert sends == [(1.0, 4.0), (4.0, 7.0)]
+    assert result.makespan_s == pytest.approx(8.0)
+
+
+def test_separate_groups_run_concurrently():
+    lines = [
+        "0F0.0 0SEND_F0.0>1@fwd 2RECV_F0.0<1@bwd 3F0.0",
+        "0RECV_F0.0<0@fwd 1F0.0 2F0.0 2SEND_F0.0>0@bwd",
+    ]
+    result = simulate_schedule(text_schedule(lines, "async", "foldback", num_chunks=1, policy="vpp-async"),
+                               ConstCost(1.0, 0.25))
+    assert result.makespan_s == pytest.approx(4.5)
+    assert result.num_transfers == 2
+
+
+def test_deadlock_is_reported_not_hung():
+    # Both ranks send first on one blocking group: the heads never pair.
+    lines = [
+        "0F0.0 0SEND_F0.0>1@pp 2RECV_F0.0<1@pp 3F0.0",
+        "2SEND_F0.0>0@pp 0RECV_F0.0<0@pp 1F0.0 2F0.0",
+    ]
+    schedule = text_schedule(lines, "blocking", "foldback", num_chunks=1, policy="vpp")
+    result = simulate_schedule(schedule, ConstCost())
+    assert not result.ok and result.deadlock.deadlock
+    assert {b["rank"] for b in result.deadlock.blocked} == {0, 1}
+    with pytest.raises(SimDeadlockError) as info:
+        simulate_schedule(schedule, ConstCost(), SimConfig(raise_on_deadlock=True))
+    assert "deadlock" in str(info.value)
+    # The engine's own stall detection, without the dry run first, reports it too.
+    stalled = simulate_schedule(schedule, ConstCost(), SimConfig(check_deadlock=False))
+    assert stalled.deadlock is not None and stalled.deadlock.deadlock
+
+
+def test_one_group_async_negative_control_deadlocks():
+    # vpp-async on one group: sends in both directions share one ordered communicator.
+    schedule = build_schedule("vpp-async", 2, 8, [4096], 512, num_groups=1)
+    result = simulate_schedule(schedule, LinearAttentionCost())
+    assert result.deadlock is not None
+
+
+@pytest.mark.parametrize("mode", ["cpp", "dcpp", "vpp", "vpp-async", "vpp-pack"])
+@pytest.mark.parametrize("num_ranks", [2, 4])
+def test_free_comm_reproduces_the_planner_clock(mode, num_ranks):
+    """An independent oracle: with free hand-offs the engine must start every compute exactly
+    when the planner's estimate did (both use the same cost model)."""
+    cost = LinearAttentionCost()
+    schedule = build_schedule(mode, num_ranks, 48, [65536, 32768, 100000], 8192, cost=cost)
+    result = simulate_schedule(schedule, cost)
+    planned = {(e.stage_index, e.request_index, e.chunk_index): e.start for e in schedule.estimated_timeline}
+    executed = {(s.stage_index, s.request_index, s.chunk_index): s.start
+                for s in result.timeline if s.kind is SliceKind.COMPUTE}
+    assert executed.keys() == planned.keys()
+    assert max(abs(executed[k] - planned[k]) for k in planned) < 1e-9
+
+
+def test_arrivals_and_closed_loop_gating():
+    cost = ConstCost(1.0)
+    schedule = build_schedule("cpp", 2, 4, [200, 200], 100, cost=cost)
+    late = simulate_schedule(schedule, cost, arrivals={0: 5.0, 1: 5.0})
+    assert min(s.start for s in late.timeline if s.kind is SliceKind.COMPUTE) == pytest.approx(5.0)
+    assert late.request_ttft_s[0] == pytest.approx(late.request_finish_s[0] - 5.0)
+    gated = simulate_schedule(schedule, cost, release_after={1: 0})
+    first_of_1 = min(s.start for s in gated.timeline if s.request_index == 1 and s.kind is SliceKind.COMPUTE)
+    assert first_of_1 >= gated.request_finish_s[0]
+    assert gated.request_release_s[1] == pytest.approx(gated.request_finish_s[0])
+
+
+def test_admission_window_backpressure():
+    # Rank 1 is 3x slower: with the window (P = 2) rank 0 must wait for chunk k-2 to finish.
+    class Slow1(ConstCost):
+        def stage_cost(self, stage, chunk):
+            return 3.0 if stage.rank == 1 else 1.0
+
+    schedule = build_schedule("cpp", 2, 4, [400], 100, cost=Slow1())
+    windowed = simulate_schedule(schedule, Slow1())
+    free = simulate_schedule(schedule, Slow1(), SimConfig(max_in_flight=0))
+    start = lambda r, action: next(s.start for s in r.timeline if s.action == action)  # noqa: E731
+    assert start(free, "0F0.2") == pytest.approx(2.0)
+    assert start(windowed, "0F0.2") == pytest.approx(4.0)  # chunk 0 leaves stage 1 at 4
+    assert windowed.makespan_s == pytest.approx(free.makespan_s)  # rank 1 is the bottleneck either way
