@@ -1,0 +1,64 @@
+"""``sglang-vpp simulate``: flags, table, JSON fields, trace and plot files, user errors."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from sglang_vpp.cli.app import app
+
+RUNNER = CliRunner()
+FIELDS = {"mode", "chunk_size", "ttft_s", "throughput_tok_s", "makespan_s", "compute_s", "bubble_s",
+          "exposed_comm_s", "bubble_ratio", "steps"}
+
+
+def test_simulate_table_json_trace_plot(tmp_path):
+    out, trace, plot = tmp_path / "out.json", tmp_path / "trace.json", tmp_path / "gantt.png"
+    result = RUNNER.invoke(app, ["simulate", "--model", "deepseek-v3.1", "--hardware", "ascend-910c", "--pp", "2",
+                                 "--workload", "long", "--seq-len", "128k", "--chunk-size", "24k",
+                                 "--modes", "cpp,dcpp,vpp,vpp-async,vpp-pack", "--json", str(out),
+                                 "--trace", str(trace), "--plot", str(plot)])
+    assert result.exit_code == 0, result.output
+    for mode in ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack"):
+        assert f" {mode} " in result.output
+    data = json.loads(out.read_text())
+    assert [r["mode"] for r in data["results"]] == ["cpp", "dcpp", "vpp", "vpp-async", "vpp-pack"]
+    assert FIELDS <= set(data["results"][0])
+    assert all(r["chunk_size"] == 24576 for r in data["results"])
+    events = json.loads(trace.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] % 100 for e in slices} == {0, 1}
+    assert any(e["name"] == "0F0.0" for e in slices)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_marks_the_best_chunk(tmp_path):
+    out = tmp_path / "sweep.json"
+    result = RUNNER.invoke(app, ["simulate", "--model", "qwen3-coder-30b-a3b", "--hardware", "h200", "--pp", "4",
+                                 "--seq-len", "64k", "--modes", "cpp,vpp-pack", "--sweep-chunk", "8k,16k",
+                                 "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "*" in result.output
+    rows = json.loads(out.read_text())["results"]
+    assert {(r["mode"], r["chunk_size"]) for r in rows} == {(m, c) for m in ("cpp", "vpp-pack") for c in (8192, 16384)}
+    assert all(r["makespan_s"] >= r["lower_bound_s"] * (1 - 1e-9) for r in rows)
+
+
+def test_short_and_mixed_workloads():
+    short = RUNNER.invoke(app, ["simulate", "--model", "qwen3-coder-30b-a3b", "--hardware", "h200", "--workload",
+                                "short", "--seq-len", "4k", "--requests", "8", "--chunk-size", "8k",
+                                "--modes", "cpp,vpp-pack"])
+    assert short.exit_code == 0, short.output
+    mixed = RUNNER.invoke(app, ["simulate", "--model", "qwen3-tiny", "--hardware", "cpu", "--workload", "mixed",
+                                "--requests", "30", "--chunk-size", "4k", "--modes", "cpp,vpp"])
+    assert mixed.exit_code == 0, mixed.output
+
+
+def test_user_errors_exit_2_with_the_fix():
+    bad_model = RUNNER.invoke(app, ["simulate", "--model", "gpt-5", "--seq-len", "64k"])
+    assert bad_model.exit_code == 2 and "valid:" in bad_model.output
+    bad_mode = RUNNER.invoke(app, ["simulate", "--seq-len", "64k", "--modes", "cpp,fast"])
+    assert bad_mode.exit_code == 2 and "valid modes" in bad_mode.output
+    no_len = RUNNER.invoke(app, ["simulate", "--workload", "long"])
+    assert no_len.exit_code == 2 and "--seq-len" in no_len.output

@@ -1,0 +1,59 @@
+"""Presets are data with a source for every number; unknown names list the valid ones."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+
+from sglang_vpp.sim import PresetError
+from sglang_vpp.sim.preset_loader import list_hardware, list_models, load_hardware, load_model
+
+
+def test_expected_presets_exist():
+    assert {"qwen3-coder-30b-a3b", "deepseek-v3.1", "glm-5.2", "qwen3-tiny", "qwen3-moe-tiny"} <= set(list_models())
+    assert {"ascend-910c", "h200", "cpu"} <= set(list_hardware())
+
+
+@pytest.mark.parametrize("kind", ["models", "hardware"])
+def test_every_number_has_a_source(kind):
+    folder = resources.files("sglang_vpp.sim") / "presets" / kind
+    for path in folder.iterdir():
+        data = json.loads(path.read_text())
+        for key, entry in data.items():
+            if key.startswith("_") or key == "name":
+                continue
+            assert isinstance(entry, dict) and entry.get("source"), f"{path.name}: {key} has no source"
+
+
+def test_presets_load_and_match_the_method_doc():
+    ds = load_model("deepseek-v3.1")
+    assert (ds.num_layers, ds.hidden_size, ds.num_heads, ds.num_experts, ds.expert_intermediate) == (61, 7168, 128, 256, 2048)
+    qwen = load_model("qwen3-coder-30b-a3b")
+    assert (qwen.num_layers, qwen.num_kv_heads, qwen.num_experts, qwen.num_active_experts) == (48, 4, 128, 8)
+    assert load_model("glm-5.2").sparse_top_k == 2048
+    # Active parameters from the shapes land near the published counts (37B, 3.3B).
+    active = lambda m: sum(m.linear_flops_per_token(l) for l in range(m.num_layers)) / 2e9  # noqa: E731
+    assert 30 < active(ds) < 40
+    assert 2.0 < active(qwen) < 3.5
+    assert load_hardware("ascend-910c").tp_size == 8
+
+
+def test_unknown_preset_lists_valid_names():
+    with pytest.raises(PresetError, match="valid: .*deepseek-v3.1"):
+        load_model("llama-9000")
+    with pytest.raises(PresetError, match="valid: .*ascend-910c"):
+        load_hardware("tpu")
+
+
+def test_user_preset_file(tmp_path):
+    path = tmp_path / "hw.json"
+    data = json.loads((resources.files("sglang_vpp.sim") / "presets" / "hardware" / "h200.json").read_text())
+    data["peak_flops"] = 1.0e15  # plain numbers are accepted in user files
+    path.write_text(json.dumps(data))
+    assert load_hardware(str(path)).peak_flops == 1.0e15
+    data["warp_speed"] = 9
+    path.write_text(json.dumps(data))
+    with pytest.raises(PresetError, match="unknown fields"):
+        load_hardware(str(path))
