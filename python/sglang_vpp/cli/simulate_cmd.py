@@ -73,7 +73,7 @@ def simulate(
     """
     from ..sim.config import SimConfig
     from ..sim.preset_loader import load_hardware, load_model
-    from ..sim.sweep import best_by_mode, format_table, simulate_matrix
+    from ..sim.sweep import best_by_mode, format_table, simulate_matrix, size_label
     from ..sim.workloads import build_workload
 
     model_spec = load_model(model)
@@ -115,7 +115,7 @@ def simulate(
             chosen = [row for key, row in best_by_mode(rows).items() if key[0] == first]
         else:
             chosen = [row for row in rows if row.seq_len == first and row.result.chunk_size == chunk_sizes[0]]
-        timelines = {f"{row.result.mode} chunk {row.result.chunk_size}": row.result.sim
+        timelines = {f"{row.result.mode} chunk {size_label(row.result.chunk_size)}": row.result.sim
                      for row in chosen if row.result.sim.ok}
         if trace:
             from ..sim.trace import write_perfetto_trace

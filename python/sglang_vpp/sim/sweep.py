@@ -15,7 +15,7 @@ from .config import SimConfig
 from .runner import ModeResult, RunConfig, run_mode
 from .workloads import Workload
 
-__all__ = ["SweepRow", "simulate_matrix", "format_table", "best_by_mode"]
+__all__ = ["SweepRow", "simulate_matrix", "format_table", "best_by_mode", "size_label"]
 
 
 @dataclass
@@ -54,7 +54,7 @@ def best_by_mode(rows: Sequence[SweepRow]) -> dict[tuple[int | None, str], Sweep
     return best
 
 
-def _size(tokens: int | None) -> str:
+def size_label(tokens: int | None) -> str:
     if tokens is None:
         return "-"
     for unit, scale in (("m", 1 << 20), ("k", 1 << 10)):
@@ -72,12 +72,12 @@ def format_table(rows: Sequence[SweepRow], mark_best: bool = False) -> str:
     for row in rows:
         r, s = row.result, row.result.sim
         if not s.ok:
-            lines.append(f"{_size(row.seq_len):>6} {_size(r.chunk_size):>6}  {r.mode:<10} DEADLOCK: "
+            lines.append(f"{size_label(row.seq_len):>6} {size_label(r.chunk_size):>6}  {r.mode:<10} DEADLOCK: "
                          + "; ".join(f"rank {b['rank']} at {b['action']}" for b in s.deadlock.blocked[:2]))
             continue
         mark = "*" if id(row) in best else " "
         lines.append(
-            f"{_size(row.seq_len):>6} {_size(r.chunk_size):>6}{mark} {r.mode:<10} {s.ttft_s:9.3f} {s.throughput_tok_s:9.0f} "
+            f"{size_label(row.seq_len):>6} {size_label(r.chunk_size):>6}{mark} {r.mode:<10} {s.ttft_s:9.3f} {s.throughput_tok_s:9.0f} "
             f"{s.compute_s:10.3f} {s.bubble_s:9.3f} {s.exposed_comm_s:10.3f} {100 * s.bubble_ratio:7.2f}% "
             f"{s.steps:6d} {s.num_chunks:6d} {r.lower_bound_s:9.3f} {100 * r.gap_to_bound:5.1f}%")
     return "\n".join(lines)

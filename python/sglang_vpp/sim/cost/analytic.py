@@ -67,6 +67,7 @@ class AnalyticCostModel(BreakdownCostModel):
     tp_size: int | None = None
     """Chips per pipeline rank; defaults to ``hardware.tp_size``."""
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _sums_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def tp(self) -> int:
@@ -74,7 +75,7 @@ class AnalyticCostModel(BreakdownCostModel):
 
     def _sums(self, stage: StageSpec) -> _StageSums:
         key = (stage.layer_start, stage.layer_end)
-        sums = self._cache.get(key)
+        sums = self._sums_cache.get(key)
         if sums is None:
             m = self.model
             layers = range(stage.layer_start, stage.layer_end)
@@ -88,10 +89,20 @@ class AnalyticCostModel(BreakdownCostModel):
                 dense_weight_bytes=sum(m.weight_bytes_per_chunk(l, 1) for l in dense),
                 moe_layers=stage.num_layers - len(dense),
             )
-            self._cache[key] = sums
+            self._sums_cache[key] = sums
         return sums
 
     def stage_breakdown(self, stage: StageSpec, chunk: ChunkSpec) -> StageTime:
+        # The planner (estimate) and the engine ask the same questions: memoise them.
+        key = (stage.layer_start, stage.layer_end, chunk.num_tokens, chunk.start)
+        cached = self._cache.get(key)
+        if cached is None:
+            if len(self._cache) > 500_000:
+                self._cache.clear()
+            cached = self._cache[key] = self._breakdown(stage, chunk)
+        return cached
+
+    def _breakdown(self, stage: StageSpec, chunk: ChunkSpec) -> StageTime:
         m, hw, tp = self.model, self.hardware, self.tp
         sums = self._sums(stage)
         c, prefix = chunk.num_tokens, chunk.start
