@@ -1,0 +1,92 @@
+"""``DeviceApi``: the slice of a device's torch extension that the NCCL and HCCL backends use.
+
+The backends in ``backends/cuda`` and ``backends/ascend`` talk to the hardware only through this
+protocol. Three implementations exist:
+
+- ``sglang_vpp_cuda.cuda_api.CudaApi``: ``torch.cuda`` streams and events, ``ProcessGroupNCCL``;
+- ``sglang_vpp_ascend.npu_api.NpuApi``: ``torch.npu`` (torch_npu) streams and events,
+  ``ProcessGroupHCCL`` with ``hccl_config`` options;
+- ``sglang_vpp.comm.testing.device_double.DoubleDeviceApi``: a stand-in for the hardware on top
+  of gloo that enforces the documented device semantics (strict in-order pairing per
+  communicator, a send holds its stream until the receive is posted, sticky stream errors), so
+  that the backends' own code (group options, communicator names, streams, events, batched
+  exchange) runs and is tested on a CPU-only machine.
+
+Streams and events follow ``torch.cuda`` semantics: ``stream.wait_event(e)``, ``event.record(s)``,
+``event.query()`` (non-blocking, True once all work before the record finished; raises the
+device's asynchronous error), ``event.synchronize()``. Works from ``batch_isend_irecv`` follow
+c10d device semantics: ``work.wait()`` makes the *current stream* wait; it does not block the host.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, ContextManager, Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["DeviceApi"]
+
+
+@runtime_checkable
+class DeviceApi(Protocol):
+    flavour: str
+    """c10d backend this API drives: ``"nccl"`` or ``"hccl"``."""
+
+    device_type: str
+    """torch device type of the tensors: ``"cuda"``, ``"npu"`` (``"cpu"`` for the double)."""
+
+    def versions(self) -> dict[str, str]:
+        """Versions worth reporting (torch, NCCL, torch_npu, CANN, driver)."""
+        ...
+
+    def device_count(self) -> int: ...
+
+    def device_names(self) -> list[str]: ...
+
+    def set_device(self, index: int) -> torch.device:
+        """Make ``index`` this process's current device; return it."""
+        ...
+
+    def new_stream(self) -> Any: ...
+
+    def new_event(self) -> Any: ...
+
+    def stream(self, stream: Any) -> ContextManager[Any]:
+        """Context manager making ``stream`` current in this thread."""
+        ...
+
+    def current_stream(self) -> Any: ...
+
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        """Tell the caching allocator that ``tensor`` is used on ``stream``."""
+        ...
+
+    def make_pg_options(self) -> Any:
+        """A fresh ``ProcessGroupNCCL.Options`` / ``ProcessGroupHCCL.Options``."""
+        ...
+
+    def new_group(self, ranks: list[int], timeout: timedelta, pg_options: Any, group_desc: str) -> Any:
+        """``torch.distributed.new_group(ranks, timeout=..., backend=flavour, pg_options=...)``;
+        collective over the whole world."""
+        ...
+
+    def communicator_name(self, group: Any, rank: int) -> str:
+        """Name or address of the device communicator behind ``group`` (may initialise it)."""
+        ...
+
+    def p2p_op(self, kind: str, tensor: torch.Tensor, peer: int, group: Any) -> Any:
+        """A ``P2POp`` for ``kind`` in {"isend", "irecv"} with global rank ``peer``."""
+        ...
+
+    def batch_isend_irecv(self, ops: list[Any]) -> list[Any]:
+        """Issue ``ops`` as one batched call on the current stream; return their works."""
+        ...
+
+    def abort_group(self, group: Any) -> None:
+        """Abort a communicator whose operation timed out (best effort, never raises)."""
+        ...
+
+    def destroy_group(self, group: Any) -> None:
+        """Release the group (never raises)."""
+        ...
