@@ -1,0 +1,154 @@
+"""``sglang-vpp bench``: real multi-process pipelined chunked prefill, every mode, one table.
+
+Runs the reference runtime (``sglang_vpp.runtime``): a single-process reference forward, then each
+mode on ``--pp`` rank processes (gloo on CPU), checks every mode's output against the reference,
+and reports the measured wall clock next to the replayed dedicated-hardware timeline
+(docs/runtime.md). The defaults are a few-minute CPU run of all five modes on a tiny model.
+
+Exit codes: 0 ok; 1 a rank failed (the message names each rank's fate); 2 bad options;
+3 a mode's output differs from the reference by more than 1e-5.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .common import emit_json, parse_int_list, user_errors
+
+_ALL_MODES = "cpp,dcpp,vpp,vpp-async,vpp-pack"
+TOLERANCE = 1e-5
+
+
+class _RichProgress:
+    """A ``BenchProgress`` drawing one bar over all runs and one over the current run's chunks."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=Console(stderr=True), transient=True, disable=not enabled,
+        )
+        self.runs = self.progress.add_task("runs", total=1)
+        self.chunks = self.progress.add_task("chunks", total=1, visible=False)
+
+    def __enter__(self) -> "_RichProgress":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def start(self, total_runs: int) -> None:
+        self.progress.update(self.runs, total=total_runs, completed=0)
+
+    def phase(self, text: str) -> None:
+        self.progress.update(self.runs, description=text)
+
+    def run_started(self, mode: str, repeat: int) -> None:
+        self.progress.update(self.runs, description=f"{mode} (repeat {repeat + 1})")
+        self.progress.update(self.chunks, description="  last-stage chunks", completed=0, total=1, visible=True)
+
+    def chunk_done(self, done: int, known: int) -> None:
+        self.progress.update(self.chunks, completed=done, total=max(known, done, 1))
+
+    def run_finished(self, mode: str, repeat: int, measurement: object) -> None:
+        self.progress.advance(self.runs)
+        self.progress.update(self.chunks, visible=False)
+
+
+def format_table(report) -> str:
+    """The result table (one row per mode; repeats as median with [min-max])."""
+
+    def span(values: list[float]) -> str:
+        import statistics
+
+        median = f"{statistics.median(values):.3f}"
+        return median if len(values) == 1 else f"{median} [{min(values):.3f}-{max(values):.3f}]"
+
+    header = ["mode", "max|diff|", "wall s", "replay makespan s", "compute s", "bubble wall",
+              "bubble replay", "exp comm s", "TTFT s", "replay TTFT s", "chunks"]
+    rows = [header]
+    for m in report.modes:
+        rows.append([m.mode, f"{m.max_abs_diff:.1e}", span(m.wall_s), span(m.replay_makespan_s), f"{m.compute_s:.3f}",
+                     f"{m.bubble_ratio:.1%}", f"{m.replay_bubble_ratio:.1%}", f"{m.exposed_comm_s:.4f}",
+                     span(m.ttft_s), span(m.replay_ttft_s), str(m.num_chunks)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+_NOTES = (
+    "wall: measured on this host (the ranks share its CPUs; not a speedup measurement).\n"
+    "replay: the executed order re-timed with each action's measured cost (thread CPU time): the\n"
+    "  dedicated-hardware timeline. compute s: per rank, replayed. max|diff|: vs the single-process\n"
+    "  reference forward with the same chunk boundaries (final hidden states and last-token logits)."
+)
+
+
+@user_errors
+def bench(
+    backend: Optional[str] = typer.Option(None, "--backend", help="Comm backend: gloo (CPU), nccl (cuda), hccl (npu); default by --device."),
+    model: str = typer.Option("tiny-qwen3", "--model", help="Preset (tiny-qwen3, tiny-llama, tiny-qwen3-moe, tiny-deepseek) or a local HF model directory."),
+    pp: int = typer.Option(2, "--pp", help="Pipeline ranks (one process each)."),
+    seq_len: str = typer.Option("8k", "--seq-len", help="Prompt length per request (8k, 16k, 3000, ...)."),
+    chunk_size: str = typer.Option("512", "--chunk-size", help="Chunk size (base size for dcpp)."),
+    modes: str = typer.Option(_ALL_MODES, "--modes", help="Comma-separated modes."),
+    requests: int = typer.Option(2, "--requests", help="Requests of --seq-len tokens."),
+    arrival_interval: float = typer.Option(0.0, "--arrival-interval", help="Seconds between request arrivals (0: all queued at start)."),
+    repeat: int = typer.Option(1, "--repeat", help="Runs per mode."),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or npu."),
+    seed: int = typer.Option(0, "--seed", help="Weights and prompt seed."),
+    split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts (P entries for cpp/dcpp, 2P for vpp modes)."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Seconds any single communication wait may take."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON ('-' for stdout)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Perfetto trace of each mode: measured and replayed."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Gantt PNG of each mode: measured and replayed."),
+    costs: Optional[Path] = typer.Option(None, "--costs", help="Write measured per-action costs: a fitted cost model here, raw samples per mode next to it."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+) -> None:
+    """Run each mode on real rank processes with real layers; check against the reference; table."""
+    from ..runtime.bench import BenchConfig, run_bench, write_outputs
+    from ..runtime.errors import RankFailedError
+    from ..runtime.spec import Device, Timeouts
+    from ..schedule import parse_size
+
+    try:
+        device_kind = Device(device)
+    except ValueError:
+        raise ValueError(f"--device must be cpu, cuda or npu, got {device!r}") from None
+    if timeout <= 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {timeout}")
+    layer_split = parse_int_list(split, "--split")
+    config = BenchConfig(
+        model=model, num_ranks=pp, seq_len=parse_size(seq_len), chunk_size=parse_size(chunk_size),
+        modes=tuple(m.strip() for m in modes.split(",") if m.strip()), num_requests=requests,
+        arrival_interval_s=arrival_interval, repeat=repeat, device=device_kind, backend=backend, seed=seed,
+        split=tuple(layer_split) if layer_split else None, timeouts=Timeouts(comm_s=timeout),
+    )
+    typer.echo(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk {config.chunk_size}, "
+               f"{device_kind} / {backend or {'cpu': 'gloo', 'cuda': 'nccl', 'npu': 'hccl'}[device_kind]}, "
+               f"repeat {repeat}", err=True)
+    try:
+        with _RichProgress(enabled=not quiet) as progress:
+            report = run_bench(config, progress)
+    except RankFailedError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    json_to_stdout = json_out is not None and str(json_out) == "-"
+    typer.echo(format_table(report), err=json_to_stdout)
+    typer.echo(_NOTES, err=json_to_stdout)
+    for path in write_outputs(report, json_out, trace, plot, costs):
+        typer.echo(f"wrote {path}", err=json_to_stdout)
+    if json_to_stdout:
+        emit_json(report.to_json())
+    bad = [m.mode for m in report.modes if not m.max_abs_diff <= TOLERANCE]
+    if bad:
+        typer.echo(f"error: outputs of {', '.join(bad)} differ from the reference by more than {TOLERANCE:g}", err=True)
+        raise typer.Exit(3)

@@ -1,0 +1,295 @@
+"""``run_bench``: every mode on real ranks, checked against the reference, measured and replayed.
+
+Data flow::
+
+    BenchConfig --RankPool (one start-up)--> for mode, repeat: pool.run(RunSpec)
+                    -> reference_forward (single process, the run's chunk boundaries; cached)
+                    -> max |pipelined - reference|   (final hidden states and last-token logits)
+                    -> measure_run   (wall clock on this host: compute / exposed comm / idle, TTFT)
+                    -> replay_run    (dedicated-hardware timeline from measured per-action costs)
+               --> BenchReport: one ModeSummary per mode (lists hold one value per repeat),
+                   traces and plots of the last repeat, measured costs for calibration
+
+Nothing here prints; ``BenchProgress`` callbacks let the CLI draw its progress bar.
+Field definitions: docs/runtime.md.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..schedule import parse_policies
+from .launcher import LaunchResult, PoolSpec, RankPool, check_spec
+from .metrics import MeasuredRun, measure_run
+from .models import resolve_model
+from .reference import RequestOutput, max_abs_diff, reference_forward
+from .replay import MEASURED_LABEL, REPLAY_LABEL, ReplayResult, replay_run, run_layout, write_traces
+from .spec import Device, RequestArrival, RunSpec, Timeouts
+
+__all__ = ["BenchConfig", "BenchProgress", "RunMeasurement", "ModeSummary", "BenchReport", "run_bench",
+           "DEFAULT_MODES", "JSON_FIELDS"]
+
+DEFAULT_MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack")
+#: The per-mode JSON fields named by issue 5, in order (a CLI test freezes them).
+JSON_FIELDS = ("mode", "max_abs_diff", "wall_s", "replay_makespan_s", "compute_s", "bubble_ratio",
+               "replay_bubble_ratio", "exposed_comm_s", "ttft_s")
+_LIST_FIELDS = ("wall_s", "replay_makespan_s", "ttft_s", "replay_ttft_s", "bubble_ratio_runs",
+                "replay_bubble_ratio_runs")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What ``sglang-vpp bench`` runs (CLI flags map one to one)."""
+
+    model: str = "tiny-qwen3"
+    """Preset name or local Hugging Face directory."""
+    num_ranks: int = 2
+    seq_len: int = 8192
+    """Prompt length of every request (tokens)."""
+    chunk_size: int = 512
+    modes: tuple[str, ...] = DEFAULT_MODES
+    num_requests: int = 2
+    arrival_interval_s: float = 0.0
+    """Request i reaches rank 0 at ``i * arrival_interval_s`` seconds (0: all queued at start)."""
+    repeat: int = 1
+    device: Device = Device.CPU
+    backend: str | None = None
+    seed: int = 0
+    num_layers: int | None = None
+    split: tuple[int, ...] | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+
+    def run_spec(self, mode: str) -> RunSpec:
+        requests = tuple(RequestArrival(self.seq_len, i * self.arrival_interval_s) for i in range(self.num_requests))
+        return RunSpec(model=self.model, mode=mode, num_ranks=self.num_ranks, requests=requests,
+                       chunk_size=self.chunk_size, seed=self.seed, num_layers=self.num_layers, split=self.split,
+                       device=self.device, backend=self.backend, timeouts=self.timeouts)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["device"] = str(self.device)
+        return data
+
+
+class BenchProgress:
+    """Callbacks for a progress display; every method is optional (no-ops here)."""
+
+    def start(self, total_runs: int) -> None: ...
+
+    def phase(self, text: str) -> None: ...
+
+    def run_started(self, mode: str, repeat: int) -> None: ...
+
+    def chunk_done(self, done: int, known: int) -> None: ...
+
+    def run_finished(self, mode: str, repeat: int, measurement: "RunMeasurement") -> None: ...
+
+
+@dataclass
+class RunMeasurement:
+    mode: str
+    repeat: int
+    max_abs_diff: float
+    measured: MeasuredRun
+    replay: ReplayResult
+    launch: LaunchResult
+
+
+@dataclass
+class ModeSummary:
+    """One mode over all repeats (lists: one value per repeat; scalars: median over repeats)."""
+
+    mode: str
+    max_abs_diff: float
+    wall_s: list[float]
+    replay_makespan_s: list[float]
+    compute_s: float
+    bubble_ratio: float
+    replay_bubble_ratio: float
+    exposed_comm_s: float
+    ttft_s: list[float]
+    replay_ttft_s: list[float]
+    replay_exposed_comm_s: float
+    compute_cost_s: float
+    num_chunks: int
+    bubble_ratio_runs: list[float]
+    replay_bubble_ratio_runs: list[float]
+
+    def to_dict(self) -> dict:
+        data: dict[str, Any] = {name: getattr(self, name) for name in JSON_FIELDS}
+        extra = {k: v for k, v in asdict(self).items() if k not in data}
+        data.update(extra)
+        data["stats"] = {name: _spread(getattr(self, name)) for name in _LIST_FIELDS}
+        return data
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+@dataclass
+class BenchReport:
+    config: BenchConfig
+    modes: list[ModeSummary]
+    runs: list[RunMeasurement]
+    reference_cpu_s: float
+
+    def to_json(self) -> dict:
+        return {
+            "config": self.config.to_dict(),
+            "labels": {"wall": MEASURED_LABEL, "replay": REPLAY_LABEL},
+            "reference_cpu_s": self.reference_cpu_s,
+            "results": [m.to_dict() for m in self.modes],
+        }
+
+    def timelines(self) -> dict[str, Any]:
+        """Labelled timelines of each mode's last repeat: measured and replayed."""
+        last = {run.mode: run for run in self.runs}
+        out: dict[str, Any] = {}
+        for mode, run in last.items():
+            out[f"{mode}: {MEASURED_LABEL}"] = run.measured.timeline
+            out[f"{mode}: {REPLAY_LABEL}"] = run.replay.result
+        return out
+
+    def cost_samples(self, mode: str) -> list:
+        return [s for run in self.runs if run.mode == mode for s in run.replay.samples]
+
+
+def _summarise(mode: str, runs: list[RunMeasurement]) -> ModeSummary:
+    med = statistics.median
+    return ModeSummary(
+        mode=mode,
+        max_abs_diff=max(r.max_abs_diff for r in runs),
+        wall_s=[r.measured.makespan_s for r in runs],
+        replay_makespan_s=[r.replay.result.makespan_s for r in runs],
+        compute_s=med(r.replay.result.compute_s for r in runs),
+        bubble_ratio=med(r.measured.bubble_ratio for r in runs),
+        replay_bubble_ratio=med(r.replay.result.bubble_ratio for r in runs),
+        exposed_comm_s=med(r.measured.exposed_comm_s for r in runs),
+        ttft_s=[r.measured.ttft_s for r in runs],
+        replay_ttft_s=[r.replay.result.ttft_s for r in runs],
+        replay_exposed_comm_s=med(r.replay.result.exposed_comm_s for r in runs),
+        compute_cost_s=med(r.measured.compute_cost_s for r in runs),
+        num_chunks=runs[-1].measured.num_chunks,
+        bubble_ratio_runs=[r.measured.bubble_ratio for r in runs],
+        replay_bubble_ratio_runs=[r.replay.result.bubble_ratio for r in runs],
+    )
+
+
+def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> BenchReport:
+    """Run every mode ``config.repeat`` times on one rank pool (see the module docstring)."""
+    progress = progress or BenchProgress()
+    modes = [str(p.name) for p in parse_policies(",".join(config.modes))]
+    if config.repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, got {config.repeat}")
+    if config.num_requests < 1:
+        raise ValueError(f"--requests must be >= 1, got {config.num_requests}")
+    specs = {mode: config.run_spec(mode) for mode in modes}
+    for spec in specs.values():
+        check_spec(spec)  # every user error before any process starts
+    source = resolve_model(config.model, config.seed, config.num_layers)
+    progress.start(len(modes) * config.repeat)
+    progress.phase(f"starting {config.num_ranks} rank processes")
+    runs: list[RunMeasurement] = []
+    references = _References(source, config, progress)
+    with RankPool(PoolSpec.of(next(iter(specs.values())))) as pool:
+        for repeat in range(config.repeat):
+            for mode in modes:
+                spec = specs[mode]
+                progress.run_started(mode, repeat)
+                launched = pool.run(spec, progress.chunk_done)
+                reference = references.get(launched.reports[0].chunks)
+                runs.append(_measure(mode, repeat, spec, launched, reference, source.config.num_hidden_layers))
+                progress.run_finished(mode, repeat, runs[-1])
+    summaries = [_summarise(mode, [r for r in runs if r.mode == mode]) for mode in modes]
+    return BenchReport(config, summaries, runs, references.cpu_s)
+
+
+class _References:
+    """Single-process reference outputs, one forward per distinct chunking (dcpp chunks differently).
+
+    The same chunk boundaries make the reference perform the pipeline's operations on the same
+    shapes, so equality is exact; that chunked and whole-prompt forwards agree is a test of its own
+    (tests/runtime/test_models.py)."""
+
+    def __init__(self, source: Any, config: BenchConfig, progress: BenchProgress) -> None:
+        self.source, self.config, self.progress = source, config, progress
+        self.cache: dict[tuple, list[RequestOutput]] = {}
+        self.cpu_s = 0.0
+
+    def get(self, chunks: list[tuple[int, int, int, int, bool]]) -> list[RequestOutput]:
+        import torch
+
+        from ..schedule import ChunkSpec
+
+        key = tuple(chunks)
+        if key not in self.cache:
+            self.progress.phase("single-process reference forward")
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # the same arithmetic as the one-thread ranks
+            try:
+                result = reference_forward(self.source, [self.config.seq_len] * self.config.num_requests,
+                                           chunks=[ChunkSpec(*c) for c in chunks], token_seed=self.config.seed)
+            finally:
+                torch.set_num_threads(threads)
+            self.cache[key] = result.outputs
+            self.cpu_s += sum(cost for _, cost in result.chunk_costs)
+        return self.cache[key]
+
+
+def _measure(mode: str, repeat: int, spec: RunSpec, launched: LaunchResult,
+             reference: list[RequestOutput], num_layers: int) -> RunMeasurement:
+    layout = run_layout(spec, num_layers)
+    got = [RequestOutput(k, hidden, logits) for k, (hidden, logits) in launched.outputs.items()]
+    diff = max_abs_diff(got, reference)
+    measured = measure_run(launched.reports, layout.last_stage)
+    replay = replay_run(spec, layout, launched.reports)
+    return RunMeasurement(mode, repeat, diff, measured, replay, launched)
+
+
+def write_outputs(report: BenchReport, json_path: Path | None = None, trace_path: Path | None = None,
+                  plot_path: Path | None = None, costs_path: Path | None = None) -> list[Path]:
+    """Write the requested files; return what was written."""
+    written: list[Path] = []
+    if json_path is not None and str(json_path) != "-":
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        written.append(json_path)
+    if trace_path is not None or plot_path is not None:
+        config = report.config
+        title = (f"{config.model}, pp={config.num_ranks}, {config.num_requests} x {config.seq_len} tokens, "
+                 f"chunk {config.chunk_size}")
+        write_traces(trace_path, plot_path, report.timelines(), title)
+        written += [p for p in (trace_path, plot_path) if p is not None]
+    if costs_path is not None:
+        written += write_costs(report, costs_path)
+    return written
+
+
+def write_costs(report: BenchReport, path: Path) -> list[Path]:
+    """Calibration output: ``path`` holds a per-layer ``FittedCostModel`` of every measured compute
+    (portable across layouts, readable by ``sglang-vpp simulate --costs``); next to it, one
+    cost-samples file per mode (``<stem>.<mode>.json``) with the raw measurements."""
+    from ..sim.cost.fitted import FittedCostModel
+    from .replay import write_cost_samples
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    everything = []
+    for summary in report.modes:
+        samples = report.cost_samples(summary.mode)
+        everything += samples
+        target = path.with_name(f"{path.stem}.{summary.mode}.json")
+        write_cost_samples(samples, target, {"mode": summary.mode, **report.config.to_dict()})
+        written.append(target)
+    # Stage indices mean different layers in different layouts: keep only the per-layer fit.
+    fitted = FittedCostModel.fit(everything)
+    model = FittedCostModel({}, fitted.per_layer, fitted.transfer,
+                            {"source": "sglang-vpp bench", "modes": list(report.config.modes),
+                             "model": report.config.model, "cost": "thread CPU seconds per compute"})
+    model.save(path)
+    return [path] + written
