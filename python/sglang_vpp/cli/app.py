@@ -25,6 +25,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("schedule", "sglang_vpp.cli.schedule_cmd", "schedule"),
     ("check", "sglang_vpp.cli.check_cmd", "check"),
     ("simulate", "sglang_vpp.cli.simulate_cmd", "simulate"),
+    ("bench", "sglang_vpp.cli.bench_cmd", "bench"),
 ]
 
 for _name, _module, _attr in COMMANDS:
