@@ -100,7 +100,10 @@ def test_free_comm_reproduces_the_planner_clock(mode, num_ranks):
     when the planner's estimate did (both use the same cost model)."""
     cost = LinearAttentionCost()
     schedule = build_schedule(mode, num_ranks, 48, [65536, 32768, 100000], 8192, cost=cost)
-    result = simulate_schedule(schedule, cost)
+    # The planner admits with a window of P chunks on the contiguous layout (SGLang's micro-batch
+    # slots); the engine applies the same window when asked.
+    window = num_ranks if mode in ("cpp", "dcpp") else None
+    result = simulate_schedule(schedule, cost, SimConfig(max_in_flight=window))
     planned = {(e.stage_index, e.request_index, e.chunk_index): e.start for e in schedule.estimated_timeline}
     executed = {(s.stage_index, s.request_index, s.chunk_index): s.start
                 for s in result.timeline if s.kind is SliceKind.COMPUTE}
@@ -127,8 +130,8 @@ def test_admission_window_backpressure():
             return 3.0 if stage.rank == 1 else 1.0
 
     schedule = build_schedule("cpp", 2, 4, [400], 100, cost=Slow1())
-    windowed = simulate_schedule(schedule, Slow1())
-    free = simulate_schedule(schedule, Slow1(), SimConfig(max_in_flight=0))
+    windowed = simulate_schedule(schedule, Slow1(), SimConfig(max_in_flight=2))
+    free = simulate_schedule(schedule, Slow1())
     start = lambda r, action: next(s.start for s in r.timeline if s.action == action)  # noqa: E731
     assert start(free, "0F0.2") == pytest.approx(2.0)
     assert start(windowed, "0F0.2") == pytest.approx(4.0)  # chunk 0 leaves stage 1 at 4

@@ -20,9 +20,9 @@ class SimConfig:
     ones (a receive is posted when the rank reaches it: a rendezvous)."""
     max_in_flight: int | None = None
     """Admission window: stage 0 starts sequence position i only after position i - limit has
-    left the last stage (SGLang's micro-batch slots). ``None``: P when the last stage is on another
-    rank than stage 0 (contiguous layout), none for fold-back (the stream order encodes it);
-    0: no window."""
+    left the last stage (SGLang's micro-batch slots; see ``engine.py``). ``None`` or 0: no window,
+    the streams run exactly as given (what a replay of a runtime execution wants). The runner sets
+    it to P for contiguous layouts (cpp, dcpp)."""
     record_timeline: bool = True
     """Keep one ``TimelineSlice`` per compute, transfer and exposed wait (for traces and plots).
     Sweeps turn it off to save memory and time."""

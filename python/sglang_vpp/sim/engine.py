@@ -12,12 +12,13 @@ Execution model (also the fidelity limits; see docs/simulator.md):
 - A stage-0 compute of a request waits for the request's release: its arrival time, and for
   closed-loop workloads the completion (in this simulation) of the request whose completion sent
   it (``release_after``).
-- Admission backpressure (``SimConfig.max_in_flight``; by default P for the contiguous layout,
-  none for fold-back): stage 0 starts the chunk at sequence position i only after position
-  i - limit has left the last stage. This is SGLang's micro-batch loop: rank 0 reuses a
-  micro-batch slot only once the last rank has returned that slot's output. The action streams
-  do not carry that return message; with the fold-back layout the last stage is on rank 0 and
-  the stream order already encodes it.
+- Optional admission backpressure (``SimConfig.max_in_flight``, off by default: the engine
+  executes exactly the streams it is given, as the runtime does): stage 0 starts the chunk at
+  sequence position i only after position i - limit has left the last stage. This models
+  SGLang's micro-batch loop, where rank 0 reuses a micro-batch slot only once the last rank has
+  returned that slot's output; the action streams do not carry that return message.
+  ``runner.run_mode`` turns it on (limit P) for the contiguous layouts; with fold-back the last
+  stage is on rank 0 and the stream order already encodes it.
 - Comm: a communicator (group, rank pair) is one in-order stream; its i-th operations on the two
   ends pair up. Transfer i starts when both ends are posted and transfer i-1 has ended, and takes
   ``cost.transfer_cost``. Different communicators (e.g. ``fwd`` and ``bwd``) run concurrently:
@@ -253,14 +254,7 @@ class Engine:
         return end
 
     def _in_flight_limit(self) -> int | None:
-        limit = self.config.max_in_flight
-        if limit == 0:
-            return None
-        if limit is None:
-            layout = self.schedule.layout
-            last_rank = layout.stages[-1].rank
-            return None if last_rank == layout.stages[0].rank else layout.num_ranks
-        return limit
+        return self.config.max_in_flight or None
 
     def _admission_time(self, action, rank: int) -> float | None:
         """When stage 0 may start ``action``'s chunk: request release and the admission window."""

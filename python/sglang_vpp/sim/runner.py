@@ -10,6 +10,7 @@ completes *in the simulation*) -> ``ModeResult`` (``SimResult`` + lower bound).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..schedule import (
@@ -143,7 +144,12 @@ def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunCon
              keep_schedule: bool = False) -> ModeResult:
     """Plan and simulate one mode; the planner's estimate is ``cost`` itself."""
     planned = plan_workload(mode, workload, cost, config, num_layers)
-    sim = simulate_schedule(planned.schedule, cost, config.sim, arrivals=planned.arrivals,
+    sim_config = config.sim
+    layout = planned.schedule.layout
+    if sim_config.max_in_flight is None and layout.stages[-1].rank != layout.stages[0].rank:
+        # SGLang's micro-batch slots: the same window the planner admitted with.
+        sim_config = dataclasses.replace(sim_config, max_in_flight=config.max_in_flight or layout.num_ranks)
+    sim = simulate_schedule(planned.schedule, cost, sim_config, arrivals=planned.arrivals,
                             release_after=planned.release_after)
     bound = lower_bound(planned.schedule, cost, sim) if sim.ok else 0.0
     return ModeResult(mode, config.chunk_size, sim, bound, planned.schedule if keep_schedule else None)
