@@ -26,6 +26,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("check", "sglang_vpp.cli.check_cmd", "check"),
     ("simulate", "sglang_vpp.cli.simulate_cmd", "simulate"),
     ("bench", "sglang_vpp.cli.bench_cmd", "bench"),
+    ("bench-serve", "sglang_vpp.cli.bench_serve_cmd", "bench_serve"),
 ]
 
 for _name, _module, _attr in COMMANDS:

@@ -21,12 +21,10 @@ import argparse
 import functools
 from typing import Any
 
-from sglang_vpp.sglang_plugin.errors import PluginError
 from sglang_vpp.sglang_plugin.options import (
     PipelineOptions,
     PpMode,
     attach,
-    parse_layer_split,
 )
 from sglang_vpp.sglang_plugin.validate import validate_pipeline_args
 
@@ -52,7 +50,7 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--vpp-layer-split",
-        type=parse_layer_split,
+        type=str,  # parsed in check_namespace, so a typo gets the one-line error too
         default=None,
         metavar="N0,N1,...",
         help="Layers per virtual stage s0..s(2P-1) for vpp modes (rank r holds s_r and "
@@ -63,7 +61,7 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
         type=str,
         default=None,
         metavar="PATH",
-        help="vpp modes: write a Perfetto (Chrome JSON) trace of the pipeline to PATH.",
+        help="vpp modes: write Perfetto (Chrome JSON) traces of the pipeline under PATH.",
     )
     group.add_argument(
         "--vpp-comm-timeout",
@@ -89,7 +87,7 @@ def _parse_and_check(parser: argparse.ArgumentParser, parse_args, *args: Any, **
     namespace = parse_args(*args, **kwargs)
     try:
         check_namespace(namespace)
-    except PluginError as exc:
+    except ValueError as exc:  # PluginError, and the VPP package's own config errors
         # Same shape as argparse's own errors, without the 3,000-line usage block.
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     return namespace

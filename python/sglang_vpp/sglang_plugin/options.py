@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_vpp.schedule import Policy
+from sglang_vpp.sglang_plugin.errors import PpModeError
 
 __all__ = [
     "OPTIONS_ATTR",
@@ -53,7 +54,7 @@ class PipelineOptions:
     vpp_layer_split: tuple[int, ...] | None = None
     """Layers per virtual stage s_0 .. s_{2P-1} (``--vpp-layer-split 3,2,2,1``); None = even."""
     vpp_trace: str | None = None
-    """Write a Perfetto/Chrome trace of the pipeline to this path (``--vpp-trace``)."""
+    """Where the VPP code writes Perfetto/Chrome traces of the pipeline (``--vpp-trace``)."""
     vpp_comm_timeout: float = 300.0
     """Seconds any pipeline send/receive may wait before failing (``--vpp-comm-timeout``)."""
 
@@ -71,27 +72,25 @@ class PipelineOptions:
         """Build from an argparse Namespace that went through ``add_pipeline_args``."""
         return cls(
             pp_mode=PpMode(getattr(namespace, "pp_mode", PpMode.CPP)),
-            vpp_layer_split=getattr(namespace, "vpp_layer_split", None),
+            vpp_layer_split=parse_layer_split(getattr(namespace, "vpp_layer_split", None)),
             vpp_trace=getattr(namespace, "vpp_trace", None),
             vpp_comm_timeout=float(getattr(namespace, "vpp_comm_timeout", 300.0)),
         )
 
 
-def parse_layer_split(text: str) -> tuple[int, ...]:
-    """Parse ``"3,2,2,1"`` into ``(3, 2, 2, 1)``; argparse ``type=`` for ``--vpp-layer-split``."""
-    import argparse
-
+def parse_layer_split(text: str | tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """Parse ``"3,2,2,1"`` into ``(3, 2, 2, 1)``; raise PpModeError with the fix otherwise."""
+    if text is None or isinstance(text, tuple):
+        return text
     try:
-        split = tuple(int(part) for part in text.replace(" ", "").split(","))
+        split = tuple(int(part) for part in str(text).replace(" ", "").split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(
+        raise PpModeError(
             f"--vpp-layer-split {text!r} is not a comma-separated list of integers; "
             "write e.g. --vpp-layer-split 3,2,2,1 (layers of virtual stages s0..s3)"
         ) from None
     if any(n < 1 for n in split):
-        raise argparse.ArgumentTypeError(
-            f"--vpp-layer-split {text!r}: every virtual stage needs at least 1 layer"
-        )
+        raise PpModeError(f"--vpp-layer-split {text!r}: every virtual stage needs at least 1 layer")
     return split
 
 

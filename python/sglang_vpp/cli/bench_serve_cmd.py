@@ -1,0 +1,487 @@
+"""``sglang-vpp bench-serve``: TTFT, end-to-end latency and throughput of any SGLang server.
+
+Job: drive a running server (stock SGLang or SGLang with this plugin, any ``--pp-mode``) over
+HTTP with a workload, in the spirit of ``sglang.bench_serving``, so users compare modes side by
+side on their own hardware. Needs nothing but the standard library (and rich for the table).
+
+Data flow::
+
+    --workload {long,short,mixed,file} + sizes + seed
+        -> make_workload() -> [BenchRequest]          (random token ids; or from a JSONL file)
+        -> run_requests(): a thread pool of --concurrency workers, optional Poisson arrivals
+           (--request-rate), each POST /generate {"stream": true} read as server-sent events
+           -> RequestResult (TTFT = first streamed token, latency = last event, token counts)
+        -> summarize(): min / median / max / p90 of TTFT, latency and time per output token;
+           throughput = tokens / wall-clock of the measured requests
+        -> table on stdout, optional --json file with config, server info, summary, requests
+
+Workloads (defaults; every size can be overridden):
+- ``long``: one request at a time (concurrency 1), 4 requests of 8192 input tokens.
+- ``short``: 16 requests of 1024 input tokens, all concurrent.
+- ``mixed``: 32 requests, input lengths log-normal around --input-len (p90/median = 6.4, the
+  shape of the VPP paper's mixed trace), clipped to [7, --max-input-len], concurrency 16.
+- ``file``: JSONL, one request per line: {"input_len": N} or {"input_ids": [...]} or
+  {"text": "..."}, each with an optional "output_len".
+
+Wall-clock numbers on a shared 2-vCPU machine do not show a pipeline speedup; see
+CONTRIBUTING.md rule 8.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Callable, Optional
+from urllib.parse import urlsplit
+
+import typer
+
+from .common import emit_json, user_errors
+
+__all__ = [
+    "BenchRequest",
+    "RequestResult",
+    "Workload",
+    "bench_serve",
+    "make_workload",
+    "run_requests",
+    "summarize",
+]
+
+
+class Workload(StrEnum):
+    LONG = "long"
+    SHORT = "short"
+    MIXED = "mixed"
+    FILE = "file"
+
+
+# Per workload: (num_requests, input_len, output_len, concurrency).
+_DEFAULTS: dict[Workload, tuple[int, int, int, int]] = {
+    Workload.LONG: (4, 8192, 16, 1),
+    Workload.SHORT: (16, 1024, 16, 16),
+    Workload.MIXED: (32, 1024, 16, 16),
+    Workload.FILE: (0, 0, 16, 16),
+}
+# Log-normal spread of the mixed workload: p90 / median = 6.4 -> sigma = ln(6.4) / z(0.9).
+_MIXED_SIGMA = math.log(6.4) / 1.2815515655446004
+
+
+class BenchServeError(ValueError):
+    """A bad bench-serve option or workload file; the message names the value and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRequest:
+    """One request to send: token ids (preferred, tokenizer-free) or text."""
+
+    index: int
+    output_len: int
+    input_ids: tuple[int, ...] | None = None
+    text: str | None = None
+
+    @property
+    def input_len(self) -> int | None:
+        return len(self.input_ids) if self.input_ids is not None else None
+
+    def payload(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "sampling_params": {
+                "temperature": 0.0,
+                "max_new_tokens": self.output_len,
+                "ignore_eos": True,
+            },
+            "stream": True,
+        }
+        if self.input_ids is not None:
+            body["input_ids"] = list(self.input_ids)
+        else:
+            body["text"] = self.text
+        return body
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """What one request measured. Times in seconds; ``start`` is relative to the run start."""
+
+    index: int
+    ok: bool = False
+    error: str | None = None
+    start: float = 0.0
+    ttft: float | None = None
+    latency: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        if not self.ok or self.ttft is None or self.latency is None or self.output_tokens < 2:
+            return None
+        return (self.latency - self.ttft) / (self.output_tokens - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """min / median / max / p90 (linear interpolation) and mean of a metric."""
+
+    min: float
+    median: float
+    max: float
+    p90: float
+    mean: float
+    count: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> Optional["Stats"]:
+        if not values:
+            return None
+        ordered = sorted(values)
+        p90 = ordered[0] if len(ordered) == 1 else statistics.quantiles(ordered, n=10, method="inclusive")[8]
+        return cls(
+            min=ordered[0],
+            median=statistics.median(ordered),
+            max=ordered[-1],
+            p90=p90,
+            mean=statistics.fmean(ordered),
+            count=len(ordered),
+        )
+
+
+@dataclass
+class Summary:
+    """Aggregates of one run (the ``summary`` object of the JSON output)."""
+
+    num_requests: int
+    num_failed: int
+    wall_seconds: float
+    input_tokens: int
+    output_tokens: int
+    request_throughput: float
+    input_throughput: float
+    output_throughput: float
+    total_throughput: float
+    ttft: Stats | None = None
+    latency: Stats | None = None
+    time_per_output_token: Stats | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- workloads
+
+
+def _random_ids(rng: random.Random, length: int, vocab_size: int) -> tuple[int, ...]:
+    # Ids from 10 up: avoids the special tokens that tokenizers put first.
+    return tuple(rng.randrange(10, vocab_size) for _ in range(length))
+
+
+def _read_workload_file(path: Path, output_len: int, vocab_size: int, seed: int) -> list[BenchRequest]:
+    if not path.is_file():
+        raise BenchServeError(f"--workload file needs --file PATH to a JSONL file; {path} does not exist")
+    rng = random.Random(seed)
+    requests = []
+    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BenchServeError(f"{path}:{line_number}: not JSON ({exc.msg}); one object per line") from None
+        out_len = int(entry.get("output_len", output_len))
+        if "input_ids" in entry:
+            requests.append(BenchRequest(len(requests), out_len, input_ids=tuple(entry["input_ids"])))
+        elif "text" in entry:
+            requests.append(BenchRequest(len(requests), out_len, text=str(entry["text"])))
+        elif "input_len" in entry:
+            ids = _random_ids(rng, int(entry["input_len"]), vocab_size)
+            requests.append(BenchRequest(len(requests), out_len, input_ids=ids))
+        else:
+            raise BenchServeError(
+                f"{path}:{line_number}: needs one of input_len, input_ids or text, got keys {sorted(entry)}"
+            )
+    if not requests:
+        raise BenchServeError(f"{path} holds no requests; write one JSON object per line")
+    return requests
+
+
+def make_workload(
+    workload: Workload,
+    num_requests: int,
+    input_len: int,
+    output_len: int,
+    *,
+    seed: int = 0,
+    vocab_size: int = 10000,
+    max_input_len: int | None = None,
+    file: Path | None = None,
+) -> list[BenchRequest]:
+    """The requests of a workload (see module docstring); deterministic for a seed."""
+    if workload == Workload.FILE:
+        if file is None:
+            raise BenchServeError("--workload file needs --file PATH (a JSONL file, one request per line)")
+        return _read_workload_file(file, output_len, vocab_size, seed)
+    for name, value in (("--num-requests", num_requests), ("--input-len", input_len), ("--output-len", output_len)):
+        if value < 1:
+            raise BenchServeError(f"{name} must be >= 1, got {value}")
+    rng = random.Random(seed)
+    if workload == Workload.MIXED:
+        ceiling = max_input_len or 12 * input_len
+        lengths = [
+            min(ceiling, max(7, round(rng.lognormvariate(math.log(input_len), _MIXED_SIGMA))))
+            for _ in range(num_requests)
+        ]
+    else:
+        lengths = [input_len] * num_requests
+    return [
+        BenchRequest(index, output_len, input_ids=_random_ids(rng, length, vocab_size))
+        for index, length in enumerate(lengths)
+    ]
+
+
+# ---------------------------------------------------------------------------- HTTP client
+
+
+def _connection(url: str, timeout: float):
+    import http.client
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BenchServeError(f"--url {url!r} must look like http://127.0.0.1:30000")
+    conn_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    return conn_class(parts.hostname, parts.port, timeout=timeout), parts.path.rstrip("/")
+
+
+def send_streaming(url: str, request: BenchRequest, timeout: float, run_start: float) -> RequestResult:
+    """POST /generate with streaming and time it. Never raises: failures land in the result."""
+    result = RequestResult(index=request.index, input_tokens=request.input_len or 0)
+    began = time.perf_counter()
+    result.start = began - run_start
+    try:
+        conn, prefix = _connection(url, timeout)
+        body = json.dumps(request.payload()).encode()
+        conn.request("POST", prefix + "/generate", body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            result.error = f"HTTP {response.status}: {response.read()[:300]!r}"
+            return result
+        last: dict[str, Any] | None = None
+        while True:
+            line = response.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            event = json.loads(data)
+            if "error" in event:
+                result.error = str(event["error"])[:300]
+                return result
+            meta = event.get("meta_info", {})
+            if result.ttft is None and (meta.get("completion_tokens", 1) >= 1):
+                result.ttft = time.perf_counter() - began
+            last = event
+        result.latency = time.perf_counter() - began
+        conn.close()
+        if last is None:
+            result.error = "the stream ended without any event"
+            return result
+        meta = last.get("meta_info", {})
+        result.output_tokens = int(meta.get("completion_tokens", 0))
+        result.input_tokens = int(meta.get("prompt_tokens", result.input_tokens))
+        result.ok = True
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports failures, it does not crash
+        result.error = f"{type(exc).__name__}: {exc}"[:300]
+    return result
+
+
+def run_requests(
+    url: str,
+    requests: list[BenchRequest],
+    *,
+    concurrency: int,
+    request_rate: float = math.inf,
+    timeout: float = 600.0,
+    seed: int = 0,
+    on_done: Callable[[RequestResult], None] | None = None,
+) -> tuple[list[RequestResult], float]:
+    """Send ``requests`` with at most ``concurrency`` in flight; return (results, wall seconds).
+
+    With a finite ``request_rate`` (requests/s), arrivals follow a Poisson process (seeded).
+    """
+    if concurrency < 1:
+        raise BenchServeError(f"--concurrency must be >= 1, got {concurrency}")
+    rng = random.Random(seed + 1)
+    results: list[RequestResult] = []
+    lock = threading.Lock()
+    run_start = time.perf_counter()
+
+    def one(request: BenchRequest) -> None:
+        result = send_streaming(url, request, timeout, run_start)
+        with lock:
+            results.append(result)
+        if on_done is not None:
+            on_done(result)
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        futures = []
+        for request in requests:
+            futures.append(pool.submit(one, request))
+            if math.isfinite(request_rate):
+                time.sleep(rng.expovariate(request_rate))
+        for future in futures:
+            future.result()
+    wall = time.perf_counter() - run_start
+    return sorted(results, key=lambda r: r.index), wall
+
+
+def summarize(results: list[RequestResult], wall: float) -> Summary:
+    ok = [r for r in results if r.ok]
+    input_tokens = sum(r.input_tokens for r in ok)
+    output_tokens = sum(r.output_tokens for r in ok)
+    wall = max(wall, 1e-9)
+    return Summary(
+        num_requests=len(results),
+        num_failed=len(results) - len(ok),
+        wall_seconds=wall,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        request_throughput=len(ok) / wall,
+        input_throughput=input_tokens / wall,
+        output_throughput=output_tokens / wall,
+        total_throughput=(input_tokens + output_tokens) / wall,
+        ttft=Stats.of([r.ttft for r in ok if r.ttft is not None]),
+        latency=Stats.of([r.latency for r in ok if r.latency is not None]),
+        time_per_output_token=Stats.of(
+            [t for r in ok if (t := r.time_per_output_token) is not None]
+        ),
+        errors=sorted({r.error for r in results if r.error})[:10],
+    )
+
+
+def _server_info(url: str, timeout: float) -> dict[str, Any]:
+    """The few server facts worth recording next to the numbers (best effort)."""
+    try:
+        conn, prefix = _connection(url, timeout)
+        conn.request("GET", prefix + "/server_info")
+        info = json.loads(conn.getresponse().read())
+        conn.close()
+    except Exception as exc:  # noqa: BLE001 - not every server exposes /server_info
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    args = info.get("server_args", info) if isinstance(info, dict) else {}
+    keys = ("model_path", "pp_size", "tp_size", "chunked_prefill_size", "enable_dynamic_chunking",
+            "max_prefill_tokens", "device", "attention_backend", "dtype")  # fmt: skip
+    return {key: args.get(key) for key in keys if key in args}
+
+
+# ---------------------------------------------------------------------------- command
+
+
+def _print_summary(summary: Summary, label: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"bench-serve{f' [{label}]' if label else ''}")
+    for column in ("metric", "min", "median", "max", "p90"):
+        table.add_column(column, justify="right" if column != "metric" else "left")
+    for name, stats, scale, unit in (
+        ("TTFT", summary.ttft, 1.0, "s"),
+        ("end-to-end latency", summary.latency, 1.0, "s"),
+        ("time per output token", summary.time_per_output_token, 1000.0, "ms"),
+    ):
+        if stats is None:
+            table.add_row(f"{name} ({unit})", "-", "-", "-", "-")
+            continue
+        cells = [f"{getattr(stats, k) * scale:.4f}" for k in ("min", "median", "max", "p90")]
+        table.add_row(f"{name} ({unit})", *cells)
+    console = Console()
+    console.print(table)
+    console.print(
+        f"requests {summary.num_requests - summary.num_failed}/{summary.num_requests} ok in "
+        f"{summary.wall_seconds:.2f} s | {summary.request_throughput:.3f} req/s | input "
+        f"{summary.input_throughput:.1f} tok/s | output {summary.output_throughput:.1f} tok/s | "
+        f"total {summary.total_throughput:.1f} tok/s"
+    )
+    for error in summary.errors:
+        console.print(f"[red]error:[/red] {error}")
+
+
+@user_errors
+def bench_serve(
+    url: str = typer.Option(..., "--url", help="Server base URL, e.g. http://127.0.0.1:30000."),
+    workload: Workload = typer.Option(Workload.SHORT, "--workload", help="long, short, mixed or file."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Requests to measure (workload default)."),
+    input_len: Optional[int] = typer.Option(None, "--input-len", help="Input tokens (median for mixed)."),
+    output_len: Optional[int] = typer.Option(None, "--output-len", help="Output tokens per request."),
+    max_input_len: Optional[int] = typer.Option(None, "--max-input-len", help="mixed: clip lengths (default 12x --input-len)."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Requests in flight at most (workload default)."),
+    request_rate: float = typer.Option(math.inf, "--request-rate", help="Poisson arrivals per second (default: all at once)."),
+    file: Optional[Path] = typer.Option(None, "--file", help="JSONL workload for --workload file."),
+    vocab_size: int = typer.Option(10000, "--vocab-size", help="Random token ids are drawn below this."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the workload and the arrivals."),
+    warmup: int = typer.Option(1, "--warmup", help="Requests sent (and not measured) before the run."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds one request may take."),
+    label: Optional[str] = typer.Option(None, "--label", help="Name of this run in the table and JSON (e.g. the pp mode)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write config, server info, summary and per-request results."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Measure TTFT (streaming), end-to-end latency and throughput of an SGLang server."""
+    from rich.progress import Progress
+
+    default_num, default_in, default_out, default_conc = _DEFAULTS[workload]
+    requests = make_workload(
+        workload,
+        num_requests or default_num,
+        input_len or default_in,
+        output_len or default_out,
+        seed=seed,
+        vocab_size=vocab_size,
+        max_input_len=max_input_len,
+        file=file,
+    )
+    if num_requests is not None and workload == Workload.FILE:
+        requests = requests[:num_requests]
+    concurrency = concurrency or default_conc
+    if warmup > 0:
+        warm = [BenchRequest(-1 - i, 2, input_ids=requests[0].input_ids, text=requests[0].text) for i in range(warmup)]
+        warm_results, _ = run_requests(url, warm, concurrency=1, timeout=timeout)
+        failed = [r.error for r in warm_results if not r.ok]
+        if failed:
+            raise BenchServeError(f"warm-up request to {url} failed: {failed[0]}; is the server up?")
+    with Progress(disable=not progress, transient=False) as bar:
+        task = bar.add_task(f"bench-serve {workload}", total=len(requests))
+        results, wall = run_requests(
+            url, requests, concurrency=concurrency, request_rate=request_rate, timeout=timeout,
+            seed=seed, on_done=lambda _r: bar.advance(task),
+        )  # fmt: skip
+    summary = summarize(results, wall)
+    _print_summary(summary, label)
+    if json_out is not None:
+        emit_json(
+            {
+                "label": label,
+                "url": url,
+                "config": {
+                    "workload": str(workload), "num_requests": len(requests), "concurrency": concurrency,
+                    "request_rate": None if math.isinf(request_rate) else request_rate,
+                    "seed": seed, "warmup": warmup,
+                    "input_lens": [r.input_len for r in requests],
+                    "output_len": requests[0].output_len if requests else None,
+                },
+                "server": _server_info(url, 10.0),
+                "summary": asdict(summary),
+                "requests": [asdict(r) for r in results],
+            },
+            json_out,
+        )  # fmt: skip
+    if summary.num_failed:
+        raise typer.Exit(1)

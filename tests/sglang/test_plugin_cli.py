@@ -1,0 +1,148 @@
+"""The plugin's flags on ``python -m sglang.launch_server``: listed, validated before loading.
+
+Three layers: the real launcher in a subprocess (``--help``, one invalid combination: one line,
+exit status 2, no model loaded), and a table of flag combinations run through SGLang's own
+``prepare_server_args`` with the plugins loaded, in one subprocess (importing SGLang costs
+seconds; the pytest process stays free of SGLang's hooks).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from sglang_harness import SKIP_NO_SGLANG
+
+pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
+
+# (case id, extra argv, expected exit status, text the one-line error must contain)
+CASES = [
+    ("default-is-cpp", [], 0, None),
+    ("dcpp-ok", ["--pp-mode", "dcpp", "--pp-size", "2", "--chunked-prefill-size", "128"], 0, None),
+    ("vpp-pp1", ["--pp-mode", "vpp"], 2, "--pp-size is 1"),
+    ("vpp-config-error-is-one-line", ["--pp-mode", "vpp", "--pp-size", "2", "--chunked-prefill-size", "64",
+                                      "--tp-size", "2"], 2, "--pp-mode vpp"),
+    ("dcpp-pp1", ["--pp-mode", "dcpp"], 2, "--pp-size is 1"),
+    ("vpp-no-chunking", ["--pp-mode", "vpp-async", "--pp-size", "2", "--chunked-prefill-size", "-1"],
+     2, "chunked prefill is disabled"),
+    ("dcpp-no-chunking", ["--pp-mode", "dcpp", "--pp-size", "2", "--chunked-prefill-size", "-1"],
+     2, "chunked prefill is disabled"),
+    ("split-length", ["--pp-mode", "vpp", "--pp-size", "2", "--vpp-layer-split", "2,1,1"],
+     2, "has 3 entries but --pp-size 2 has 4 virtual stages"),
+    ("split-sum", ["--pp-mode", "vpp", "--pp-size", "2", "--chunked-prefill-size", "64",
+                   "--vpp-layer-split", "2,2,2,2"],
+     2, "covers 8 layers but the model has 4"),
+    ("split-without-vpp", ["--pp-size", "2", "--vpp-layer-split", "1,1,1,1"], 2, "only applies to"),
+    ("split-not-ints", ["--pp-mode", "vpp", "--pp-size", "2", "--vpp-layer-split", "a,b"],
+     2, "not a comma-separated list"),
+    ("too-few-layers", ["--pp-mode", "vpp", "--pp-size", "4", "--chunked-prefill-size", "64"],
+     2, "needs at least 8 layers"),
+    ("vpp-speculative", ["--pp-mode", "vpp", "--pp-size", "2", "--speculative-algorithm", "EAGLE"],
+     2, "does not support --speculative-algorithm"),
+    ("unknown-mode", ["--pp-mode", "zigzag"], 2, "invalid choice: 'zigzag'"),
+]  # fmt: skip
+
+_SCRIPT = textwrap.dedent(
+    """
+    import contextlib, io, json, pickle, sys
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang.srt.server_args import prepare_server_args
+    from sglang_vpp.sglang_plugin.options import options_of
+    from sglang_vpp.sglang_plugin.errors import VppNotAvailableError
+    from sglang_vpp.sglang_plugin.vpp_bridge import load_vpp_install
+    try:
+        load_vpp_install("vpp")
+        vpp_available = True
+    except VppNotAvailableError:
+        vpp_available = False
+    model, cases = sys.argv[1], json.loads(sys.argv[2])
+    results = {"vpp_available": vpp_available}
+    for name, argv in cases:
+        err = io.StringIO()
+        out = {"status": 0}
+        try:
+            with contextlib.redirect_stderr(err):
+                args = prepare_server_args(["--model-path", model] + argv)
+            # What a spawned scheduler process receives: the pickled record.
+            child = pickle.loads(pickle.dumps(args))
+            out.update(pp_mode=str(options_of(child).pp_mode),
+                       enable_dynamic_chunking=child.enable_dynamic_chunking)
+        except SystemExit as exc:
+            out["status"] = exc.code
+        out["stderr"] = err.getvalue()
+        results[name] = out
+    print("RESULTS" + json.dumps(results))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def parsed(tiny_model_dir: Path) -> dict:
+    cases = [(name, argv) for name, argv, _, _ in CASES]
+    cases.append(("vpp-valid", ["--pp-mode", "vpp-pack", "--pp-size", "2", "--chunked-prefill-size", "64",
+                                "--vpp-layer-split", "1,1,1,1"]))
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(tiny_model_dir), json.dumps(cases)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    marker = [line for line in done.stdout.splitlines() if line.startswith("RESULTS")]
+    assert marker, f"parser script failed ({done.returncode}):\n{done.stderr[-4000:]}"
+    return json.loads(marker[0][len("RESULTS") :])
+
+
+@pytest.mark.parametrize("name,argv,status,message", CASES, ids=[c[0] for c in CASES])
+def test_flag_combination(parsed, name, argv, status, message):
+    result = parsed[name]
+    assert result["status"] == status, result
+    if message is not None:
+        assert message in result["stderr"], result["stderr"]
+        if status == 2 and name != "unknown-mode":
+            # Our refusals are one line (argparse's own choice errors add the usage block).
+            assert len(result["stderr"].strip().splitlines()) == 1, result["stderr"]
+
+
+def test_mode_survives_the_trip_to_a_subprocess(parsed):
+    assert parsed["default-is-cpp"]["pp_mode"] == "cpp"
+    assert parsed["default-is-cpp"]["enable_dynamic_chunking"] is False
+    assert parsed["dcpp-ok"]["pp_mode"] == "dcpp"
+    assert parsed["dcpp-ok"]["enable_dynamic_chunking"] is True  # dcpp = stock PP + SGLang's DCPP
+
+
+def test_vpp_never_runs_silently_as_stock(parsed):
+    result = parsed["vpp-valid"]
+    if parsed["vpp_available"]:
+        assert result["status"] == 0 and result["pp_mode"] == "vpp-pack"
+    else:
+        assert result["status"] == 2 and "is not available in this install" in result["stderr"]
+
+
+def test_launch_server_help_lists_the_flags():
+    done = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0
+    for flag in ("--pp-mode {cpp,dcpp,vpp,vpp-async,vpp-pack}", "--vpp-layer-split", "--vpp-trace"):
+        assert flag in done.stdout
+
+
+def test_launch_server_refuses_before_loading_the_model(tiny_model_dir):
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_model_dir),
+         "--device", "cpu", "--pp-mode", "vpp", "--pp-size", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert errors == [
+        "sglang serve: error: --pp-mode vpp needs pipeline parallelism but --pp-size is 1; "
+        "pass --pp-size 2 (or more), or use --pp-mode cpp"
+    ]
+    assert "Load weight" not in done.stdout + done.stderr
+    assert time.monotonic() - began < 100
