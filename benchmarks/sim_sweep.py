@@ -14,6 +14,7 @@ import argparse
 import cProfile
 import json
 import pstats
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -52,7 +53,7 @@ def markdown(rows, hardware: str, num_ranks: int, seconds: float) -> str:
     modes = MODES.split(",")
     lines = [f"Sweep on `{hardware}`, PP={num_ranks}, one request at a time; each mode at its best chunk size in "
              f"{{8K, 16K, 24K, 32K}}: TTFT in seconds (best chunk, bubble ratio). "
-             f"{sum(len(v) for v in rows.values())} runs in {seconds:.1f} s "
+             f"{sum(len(v) for v in rows.values())} runs in {seconds:.1f} s (median of repeats) "
              "(`python benchmarks/sim_sweep.py --markdown docs/figures/sim_sweep.md`).", "",
              "| model | length | " + " | ".join(modes) + " | vpp-pack vs cpp | vpp-pack vs dcpp |",
              "|---|---|" + "---|" * (len(modes) + 2)]
@@ -73,20 +74,25 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hardware", default="ascend-910c")
     parser.add_argument("--pp", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats (min / median / max reported)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     profiler = cProfile.Profile() if args.profile else None
-    start = time.perf_counter()
-    if profiler:
-        profiler.enable()
-    rows = sweep(args.hardware, args.pp)
-    if profiler:
-        profiler.disable()
-    seconds = time.perf_counter() - start
+    times = []
+    for _ in range(max(1, args.repeats)):
+        start = time.perf_counter()
+        if profiler:
+            profiler.enable()
+        rows = sweep(args.hardware, args.pp)
+        if profiler:
+            profiler.disable()
+        times.append(time.perf_counter() - start)
     runs = sum(len(v) for v in rows.values())
-    sys.stdout.write(f"{runs} runs in {seconds:.2f} s ({1000 * seconds / runs:.1f} ms per plan + simulation)\n")
+    seconds = statistics.median(times)
+    sys.stdout.write(f"{runs} runs (plan + simulate each), {len(times)} repeats: min {min(times):.2f} s, "
+                     f"median {seconds:.2f} s, max {max(times):.2f} s ({1000 * seconds / runs:.1f} ms per run)\n")
     text = markdown(rows, args.hardware, args.pp, seconds)
     sys.stdout.write(text)
     if args.markdown:

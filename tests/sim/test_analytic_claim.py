@@ -60,3 +60,18 @@ def test_worked_example_t1_k3():
     spans = {s.action: s.end - s.start for s in result.timeline if s.kind == "compute"}
     assert spans["1F0.3"] + spans["2F0.3"] == pytest.approx(8.0)
     assert spans["3F0.2"] + spans["0F0.4"] == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("num_ranks", [4, 8])
+def test_deeper_pipelines_absorb_growth_with_async_vpp(num_ranks):
+    """s3.2 for P > 2: rank r pairs C_{k+d} with C_{k-d}; with two groups and async sends no rank
+    idles in steady state, while cpp's later ranks idle more and more."""
+    cost = LinearTau()
+    schedule = build_schedule("vpp-async", num_ranks, 4 * num_ranks, [24 * 64], 64, cost=cost)
+    result = simulate_schedule(schedule, cost)
+    start, end = steady_state_window(result)
+    assert end > start
+    assert steady_state_idle(result) == pytest.approx([0.0] * num_ranks, abs=1e-9)
+    cpp = build_schedule("cpp", num_ranks, 4 * num_ranks, [24 * 64], 64, cost=cost)
+    cpp_idle = steady_state_idle(simulate_schedule(cpp, cost))
+    assert cpp_idle[-1] > cpp_idle[1] > 0
