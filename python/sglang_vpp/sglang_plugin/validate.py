@@ -38,6 +38,8 @@ def model_num_layers(model_path: str | None, trust_remote_code: bool = False) ->
     config: dict[str, Any] | None = None
     if config_file.is_file():
         config = json.loads(config_file.read_text())
+    elif os.path.isabs(model_path) or os.path.exists(model_path):
+        return None  # a local path without config.json: SGLang itself reports it
     else:
         try:  # a hub id already in the local cache; never download from here
             from transformers import AutoConfig

@@ -1,0 +1,134 @@
+"""Plugin pieces that need no SGLang: options, validation, the VPP seam, version pin, shims."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_vpp.schedule import Policy
+from sglang_vpp.sglang_plugin import vpp_bridge
+from sglang_vpp.sglang_plugin.errors import PluginError, PpModeError, SGLangVersionError, VppNotAvailableError
+from sglang_vpp.sglang_plugin.options import (
+    PipelineOptions,
+    PpMode,
+    attach,
+    is_vpp_mode,
+    options_of,
+    parse_layer_split,
+)
+from sglang_vpp.sglang_plugin.validate import model_num_layers, validate_pipeline_args
+from sglang_vpp.sglang_plugin.version import SUPPORTED_SGLANG_VERSION, check_sglang_version
+
+
+def _args(model_dir: Path | None = None, **kwargs) -> argparse.Namespace:
+    base = dict(pp_size=1, chunked_prefill_size=None, model_path=str(model_dir) if model_dir else None)
+    base.update(kwargs)
+    return argparse.Namespace(**base)
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 8}))
+    return tmp_path
+
+
+def test_modes_are_the_schedule_policies():
+    assert PpMode is Policy
+    assert [is_vpp_mode(m) for m in Policy] == [False, False, True, True, True]
+
+
+def test_layer_split_parsing():
+    assert parse_layer_split("3, 2,2,1") == (3, 2, 2, 1)
+    assert parse_layer_split(None) is None
+    with pytest.raises(PpModeError, match="not a comma-separated list"):
+        parse_layer_split("3;2")
+    with pytest.raises(PpModeError, match="at least 1 layer"):
+        parse_layer_split("3,0,2,1")
+
+
+def test_options_default_to_stock_and_survive_pickling():
+    record = argparse.Namespace()  # stands in for ServerArgs: a picklable object with a __dict__
+    assert options_of(record) == PipelineOptions()
+    options = PipelineOptions(pp_mode="vpp-pack", vpp_layer_split=[2, 2, 2, 2], vpp_trace="/tmp/t")
+    attach(record, options)
+    copy = pickle.loads(pickle.dumps(record))
+    assert options_of(copy) == options and options_of(copy).pp_mode is Policy.VPP_PACK
+    assert options_of(copy).vpp_layer_split == (2, 2, 2, 2)
+
+
+@pytest.mark.parametrize(
+    "mode,kwargs,message",
+    [
+        ("vpp", dict(pp_size=1), "--pp-size is 1"),
+        ("dcpp", dict(pp_size=1), "--pp-size is 1"),
+        ("vpp-async", dict(pp_size=2, chunked_prefill_size=-1), "chunked prefill is disabled"),
+        ("vpp", dict(pp_size=2, enable_lora=True), "does not support --enable-lora"),
+        ("vpp", dict(pp_size=2, attn_dp_size=2), "does not support --attn-dp-size"),
+        ("vpp", dict(pp_size=2, enable_dynamic_chunking=True), "--enable-dynamic-chunking"),
+        ("vpp", dict(pp_size=8), "needs at least 16 layers"),
+    ],
+)
+def test_refusals_name_the_value_and_the_fix(model_dir, mode, kwargs, message):
+    with pytest.raises(PpModeError, match=message) as info:
+        validate_pipeline_args(_args(model_dir, **kwargs), PipelineOptions(pp_mode=mode))
+    assert isinstance(info.value, ValueError) and isinstance(info.value, PluginError)
+
+
+def test_layer_split_must_match_stages_and_layers(model_dir):
+    ok = PipelineOptions(pp_mode="vpp", vpp_layer_split=(3, 1, 1, 3))
+    validate_pipeline_args(_args(model_dir, pp_size=2), ok)  # 8 layers, 4 stages: accepted
+    with pytest.raises(PpModeError, match="covers 9 layers but the model has 8; make the counts add up to 8"):
+        validate_pipeline_args(_args(model_dir, pp_size=2), PipelineOptions("vpp", (3, 2, 1, 3)))
+    with pytest.raises(PpModeError, match="has 4 entries but --pp-size 4 has 8 virtual stages"):
+        validate_pipeline_args(_args(model_dir, pp_size=4), ok)
+    with pytest.raises(PpModeError, match="only applies to --pp-mode vpp"):
+        validate_pipeline_args(_args(model_dir, pp_size=2), PipelineOptions("cpp", (4, 4)))
+
+
+def test_stock_and_dcpp_accept_their_usual_flags(model_dir):
+    validate_pipeline_args(_args(model_dir), PipelineOptions())
+    validate_pipeline_args(_args(model_dir, pp_size=2, chunked_prefill_size=128), PipelineOptions("dcpp"))
+
+
+def test_model_num_layers_reads_nested_text_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"num_hidden_layers": 6}}))
+    assert model_num_layers(str(tmp_path)) == 6
+    assert model_num_layers(None) is None
+    assert model_num_layers(str(tmp_path / "absent-model-id")) is None
+
+
+def test_missing_vpp_package_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(vpp_bridge, "VPP_MODULE", "sglang_vpp.sglang_plugin.no_such_vpp")
+    with pytest.raises(VppNotAvailableError, match="--pp-mode vpp-pack is not available in this install"):
+        vpp_bridge.load_vpp_install("vpp-pack")
+
+
+def test_version_pin():
+    assert check_sglang_version(SUPPORTED_SGLANG_VERSION) == "0.5.23"
+    with pytest.raises(SGLangVersionError, match="supports SGLang 0.5.23 only, found 0.5.24"):
+        check_sglang_version("0.5.24")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is None, reason="torchvision not installed")
+def test_torchvision_import_shim():
+    import torch
+
+    from sglang_vpp.sglang_plugin.torch_autoload import _torchvision_extension_loads
+
+    spec = importlib.util.find_spec("torchvision")
+    extension_loads = torch.version.cuda is not None or _torchvision_extension_loads(Path(spec.origin).parent)
+    command = [sys.executable, "-c", "import torchvision.transforms"]
+    assert subprocess.run(command, capture_output=True, timeout=120).returncode == 0
+    if not extension_loads:
+        # Negative control: without the autoload entry point, the CUDA wheel does not import.
+        env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode != 0 and "torchvision::nms" in done.stderr
