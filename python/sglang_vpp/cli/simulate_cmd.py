@@ -93,9 +93,12 @@ def simulate(
     for length, work in runs:
         rows += simulate_matrix(work, cost, model_spec.num_layers, modes, chunk_sizes, pp, layer_split,
                                 sim_config, seq_len=length)
+    # With --json - the JSON owns stdout; the human-readable table goes to stderr.
+    to_stderr = json_out is not None and str(json_out) == "-"
     typer.echo(f"{model_spec.name} on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')}), pp={pp}, "
-               f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""))
-    typer.echo(format_table(rows, mark_best=bool(sweep_chunk)))
+               f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""),
+               err=to_stderr)
+    typer.echo(format_table(rows, mark_best=bool(sweep_chunk)), err=to_stderr)
     if json_out is not None:
         bounds = {}
         for row in rows:
@@ -121,9 +124,9 @@ def simulate(
             from ..sim.trace import write_perfetto_trace
 
             write_perfetto_trace(timelines, trace)
-            typer.echo(f"trace: {trace} (open in https://ui.perfetto.dev)")
+            typer.echo(f"trace: {trace} (open in https://ui.perfetto.dev)", err=to_stderr)
         if plot:
             from ..sim.trace import write_gantt_png
 
             write_gantt_png(timelines, plot, title=f"{model_spec.name} on {hardware_spec.name}, pp={pp}")
-            typer.echo(f"plot: {plot}")
+            typer.echo(f"plot: {plot}", err=to_stderr)
