@@ -8,6 +8,7 @@ in the rank processes) when they are not installed, so their code is always unde
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,10 +53,24 @@ def backend_params(min_devices: int = 2) -> list[Any]:
     return params
 
 
-def launch(target: str, world_size: int, *args: Any, timeout_s: float = 60.0, env: dict[str, str] | None = None,
-           **kwargs: Any) -> LaunchResult:
-    """Run ``target`` ("module:function", or a scenario name) on ``world_size`` local ranks."""
+def launch(target: str, world_size: int, *args: Any, launch_timeout_s: float = 90.0,
+           env: dict[str, str] | None = None, **kwargs: Any) -> LaunchResult:
+    """Run ``target`` ("module:function", or a scenario name) on ``world_size`` local ranks.
+
+    ``launch_timeout_s`` bounds the whole run (the launcher kills every rank after it); keyword
+    arguments go to the rank program. Asserts that no rank process outlived the call."""
     if ":" not in target:
         target = f"sglang_vpp.comm.testing.scenarios:{target}"
-    return run_ranks(target, world_size, args=args, kwargs=kwargs, timeout_s=timeout_s, env=env,
-                     sys_path=RANK_SYS_PATH)
+    result = run_ranks(target, world_size, args=args, kwargs=kwargs, timeout_s=launch_timeout_s, env=env,
+                       sys_path=RANK_SYS_PATH)
+    assert_no_orphans(result.pids)
+    return result
+
+
+def assert_no_orphans(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        raise AssertionError(f"rank process {pid} is still alive after the launcher returned")
