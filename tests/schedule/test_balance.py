@@ -76,3 +76,22 @@ def test_packing_fills_drain_window():
     assert len(early) >= 2
     # Earliest chunks first: the packed ones are request 1's leading chunks.
     assert sorted(e.chunk_index for e in early) == list(range(len(early)))
+
+
+def test_packing_reproduces_method_worked_example():
+    """N = 8, t = 1: the drain window is (N + 1) t = 9; C'0 + C'1 + C'2 = 6 fits, C'3 (4) does not."""
+    plan = build_schedule("vpp-pack", 2, 4, [8, 8], 1, cost=LinearTau())
+    timeline = plan.estimated_timeline
+    finish_r0 = max(e.end for e in timeline if e.request_index == 0)
+    packed = sorted(e.chunk_index for e in timeline
+                    if e.request_index == 1 and e.stage_index == 0 and e.start < finish_r0)
+    assert packed == [0, 1, 2]
+    barrier = build_schedule("vpp-async", 2, 4, [8, 8], 1, cost=LinearTau())
+    assert not [e for e in barrier.estimated_timeline
+                if e.request_index == 1 and e.start < max(x.end for x in barrier.estimated_timeline if x.request_index == 0)]
+
+
+def test_cpp_streams_requests_but_vpp_modes_run_one_v_per_request():
+    plan = build_schedule("cpp", 2, 4, [4, 4], 1, cost=LinearTau())
+    finish_r0 = max(e.end for e in plan.estimated_timeline if e.request_index == 0)
+    assert any(e.request_index == 1 and e.start < finish_r0 for e in plan.estimated_timeline)

@@ -81,3 +81,12 @@ def test_parse_size(text, value):
 def test_parse_size_rejects(text):
     with pytest.raises(ChunkingError):
         parse_size(text)
+
+
+def test_min_chunk_size_overrides_quarter_floor():
+    deep = 10**7
+    assert _chunker().next_chunk_size(deep, 10**9) == 1024
+    # With smoothing 0.75 the result never drops below base / 4 anyway; the paper used 1.0.
+    assert _chunker(min_chunk_size=512, smooth_factor=1.0).next_chunk_size(deep, 10**9) == 512
+    with pytest.raises(ChunkingError):
+        _chunker(min_chunk_size=8192)

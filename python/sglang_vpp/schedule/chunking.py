@@ -8,7 +8,7 @@ time while other requests run.
 - ``DynamicChunker``: DCPP, SGLang's ``--enable-dynamic-chunking`` restated: a fitted prefill
   latency curve ``f(l) = a l^2 + b l + c``; the next chunk ``x`` after prefix ``L`` solves
   ``f(L + x) - f(L) = T`` with ``T = f(base) - f(0)``; then smoothing toward ``base``
-  (``base + s (x - base)``), a floor at ``base // 4``, alignment down to ``alignment`` tokens, and
+  (``base + s (x - base)``), a floor (``base // 4`` unless ``min_chunk_size`` is set), alignment down to ``alignment`` tokens, and
   caps by the remaining tokens and ``max_prefill_tokens``.
 """
 
@@ -113,8 +113,14 @@ class DynamicChunker:
     smooth_factor: float = 0.75
     alignment: int = 64
     max_prefill_tokens: int | None = None
+    min_chunk_size: int | None = None
+    """Floor of a chunk; SGLang uses ``base // 4`` (the default), the paper's DCPP baseline 4096."""
 
     def __post_init__(self) -> None:
+        if self.min_chunk_size is not None and not 1 <= self.min_chunk_size <= self.base_chunk_size:
+            raise ChunkingError(
+                f"min chunk size must lie in [1, base chunk size {self.base_chunk_size}], got {self.min_chunk_size}"
+            )
         if self.base_chunk_size < 1:
             raise ChunkingError(f"base chunk size must be >= 1, got {self.base_chunk_size}")
         if not 0.0 <= self.smooth_factor <= 1.0:
@@ -152,7 +158,8 @@ class DynamicChunker:
     def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
         base = self.base_chunk_size
         smoothed = base + self.smooth_factor * (self.ideal_chunk_size(prefix_len) - base)
-        size = max(int(smoothed), base // 4)
+        floor = self.min_chunk_size if self.min_chunk_size is not None else base // 4
+        size = max(int(smoothed), floor)
         # Alignment never exceeds the base size: tiny test models use chunks below 64 tokens.
         align = min(self.alignment, base)
         size = max(align, size // align * align)

@@ -12,8 +12,10 @@ Rules the planner follows (each policy is a ``PolicySpec``; see ``policies/``):
   sends and receives in the same order on both ends, and a chunk's KV prefix on a stage is always
   built before the chunk needs it.
 - Stage 0 admits a chunk when its request has arrived and fewer than ``max_in_flight`` chunks are
-  between stage 0 and the end of the last stage. ``vpp-pack`` may exceed the limit in a drain
-  window (``_drain_budget``).
+  between stage 0 and the end of the last stage. Fold-back policies run requests one V at a
+  time (``request_barrier``): the next request enters stage 0 once the previous one has left the
+  last stage, which leaves the drain bubble of method section 3.4; ``vpp-pack`` starts the next
+  chunks inside that window while their estimated stage-0 cost fits (``_drain_budget``).
 - A rank that holds several ready stages picks by the policy's ``Priority``.
 - ``async`` policies post a send right after the compute that produced it and receive right
   before the compute that consumes it. ``blocking`` policies pair each hand-off on both ranks at
@@ -132,7 +134,7 @@ class Planner:
         self._completions: list[float] = []
         self._completed = 0
         self._pack: _PackState | None = None
-        self._packed_requests: set[int] = set()
+        self._oldest = 0
         self.request_finish: dict[int, float] = {}
         self.timeline: list[TimelineEntry] = []
         self.now = 0.0
@@ -241,21 +243,32 @@ class Planner:
         while self._completions and self._completions[0] <= now:
             heapq.heappop(self._completions)
             self._completed += 1
-        in_flight = self._next_position[0] - self._completed
-        if in_flight < self.config.in_flight_limit:
-            return True
-        # Packing: only the request right after the one draining, only while it drains.
+        within_limit = self._next_position[0] - self._completed < self.config.in_flight_limit
+        if not self.config.policy.request_barrier:
+            return within_limit
+        oldest = self._oldest_incomplete(now)
+        if oldest is None or chunk.request_index <= oldest:
+            return within_limit
+        # An earlier request is still draining: only packing may start this chunk now.
+        if not self.config.policy.pack:
+            return False
         pack = self._pack
-        if pack is None or chunk.request_index != pack.request_index + 1:
-            return False
-        if pack.request_index in self.request_finish and self.request_finish[pack.request_index] <= now:
-            return False
+        if pack is None or pack.request_index != oldest:
+            pack = self._pack = _PackState(oldest, self._drain_budget(self._last_position[oldest], now))
         cost = self._stage_cost(0, chunk)
         if cost > pack.budget:
             return False
         pack.budget -= cost
-        self._packed_requests.add(chunk.request_index)
         return True
+
+    def _oldest_incomplete(self, now: float) -> int | None:
+        """The first request not finished by ``now`` (finish times are known once planned)."""
+        while self._oldest < len(self.requests):
+            finish = self.request_finish.get(self._oldest)
+            if finish is None or finish > now:
+                return self._oldest
+            self._oldest += 1
+        return None
 
     # ----------------------------------------------------------------- emitting work
     def _run(self, rank: int, stage: int, position: int, now: float) -> None:
@@ -283,13 +296,6 @@ class Planner:
         else:
             self._actions[rank].append(send(stage, request, index, consumer, self._group(rank, consumer)))
             self._ready_at[stage][position] = end + self._transfer_cost(stage, chunk)
-        if stage == 0 and chunk.is_last and self.config.policy.pack:
-            # A request that was itself packed into a drain window opens no window of its own:
-            # chained windows would let stage 0 run arbitrarily far ahead.
-            if request in self._packed_requests:
-                self._pack = None
-            else:
-                self._pack = _PackState(request, self._drain_budget(position, end))
 
     def _try_handoff(self, rank: int, now: float) -> bool:
         offer = self._offer[rank]
@@ -331,7 +337,7 @@ class Planner:
                 self.submit(new)
 
     # ----------------------------------------------------------------- packing estimate
-    def _drain_budget(self, last_position: int, stage0_end: float) -> float:
+    def _drain_budget(self, last_position: int, now: float) -> float:
         """Idle time rank 0 is predicted to have before the fold-back stage of the request's
         last chunk can start, projecting the chunks in flight with no new admissions.
 
@@ -341,7 +347,7 @@ class Planner:
         """
         last_stage = self._num_stages - 1
         free = list(self._rank_free)
-        free[0] = stage0_end
+        free[0] = max(free[0], now)
         ready: dict[tuple[int, int], float] = {}
 
         def ready_time(stage: int, position: int) -> float:

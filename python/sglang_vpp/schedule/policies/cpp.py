@@ -15,5 +15,6 @@ SPEC = PolicySpec(
     comm_semantics=CommSemantics.ASYNC,
     num_groups=1,
     priority=Priority.OLDEST_FIRST,
+    request_barrier=False,
     pack=False,
 )

@@ -42,5 +42,8 @@ class PolicySpec:
     num_groups: int
     """1: one group for both directions; 2: one group per direction."""
     priority: Priority
+    request_barrier: bool
+    """The next request enters stage 0 only after the previous one left the last stage (one V
+    per request, as in the method's Algorithm 1); without it chunks stream across requests."""
     pack: bool
-    """Admit the next request's leading chunks into the predicted drain window."""
+    """Relax the barrier: start the next chunks inside the predicted drain window while they fit."""

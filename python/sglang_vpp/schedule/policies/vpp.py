@@ -18,5 +18,6 @@ SPEC = PolicySpec(
     comm_semantics=CommSemantics.BLOCKING,
     num_groups=1,
     priority=Priority.OLDEST_FIRST,
+    request_barrier=True,
     pack=False,
 )

@@ -17,5 +17,6 @@ SPEC = PolicySpec(
     comm_semantics=CommSemantics.ASYNC,
     num_groups=2,
     priority=Priority.FEED_PEER_FIRST,
+    request_barrier=True,
     pack=False,
 )
