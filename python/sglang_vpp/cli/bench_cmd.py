@@ -116,7 +116,7 @@ def bench(
     """Run each mode on real rank processes with real layers; check against the reference; table."""
     from ..runtime.bench import BenchConfig, run_bench, write_outputs
     from ..runtime.errors import RankFailedError
-    from ..runtime.spec import Device, Timeouts
+    from ..runtime.spec import Device, FaultSpec, Timeouts
     from ..schedule import parse_size
 
     try:
@@ -131,6 +131,7 @@ def bench(
         modes=tuple(m.strip() for m in modes.split(",") if m.strip()), num_requests=requests,
         arrival_interval_s=arrival_interval, repeat=repeat, device=device_kind, backend=backend, seed=seed,
         split=tuple(layer_split) if layer_split else None, timeouts=Timeouts(comm_s=timeout),
+        fault=FaultSpec.from_env(),  # tests inject a failing rank through SGLANG_VPP_FAULT
     )
     typer.echo(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk {config.chunk_size}, "
                f"{device_kind} / {backend or {'cpu': 'gloo', 'cuda': 'nccl', 'npu': 'hccl'}[device_kind]}, "

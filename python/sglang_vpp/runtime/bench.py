@@ -28,7 +28,7 @@ from .metrics import MeasuredRun, measure_run
 from .models import resolve_model
 from .reference import RequestOutput, max_abs_diff, reference_forward
 from .replay import MEASURED_LABEL, REPLAY_LABEL, ReplayResult, replay_run, run_layout, write_traces
-from .spec import Device, RequestArrival, RunSpec, Timeouts
+from .spec import Device, FaultSpec, RequestArrival, RunSpec, Timeouts
 
 __all__ = ["BenchConfig", "BenchProgress", "RunMeasurement", "ModeSummary", "BenchReport", "run_bench",
            "DEFAULT_MODES", "JSON_FIELDS"]
@@ -62,16 +62,19 @@ class BenchConfig:
     num_layers: int | None = None
     split: tuple[int, ...] | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
+    fault: FaultSpec | None = None
+    """Test hook: make one rank fail (the CLI reads ``SGLANG_VPP_FAULT``)."""
 
     def run_spec(self, mode: str) -> RunSpec:
         requests = tuple(RequestArrival(self.seq_len, i * self.arrival_interval_s) for i in range(self.num_requests))
         return RunSpec(model=self.model, mode=mode, num_ranks=self.num_ranks, requests=requests,
                        chunk_size=self.chunk_size, seed=self.seed, num_layers=self.num_layers, split=self.split,
-                       device=self.device, backend=self.backend, timeouts=self.timeouts)
+                       device=self.device, backend=self.backend, timeouts=self.timeouts, fault=self.fault)
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["device"] = str(self.device)
+        data.pop("fault")
         return data
 
 

@@ -87,6 +87,11 @@ def rank_main(rank: int, pool: Any, pool_dir: str, jobs: Any, control_queues: li
         os._exit(1)
     result_queue.close()
     result_queue.join_thread()
+    # Everything is reported and closed; skip the interpreter's slow teardown (seconds with torch
+    # and the queues' finalizers), which would only delay the launcher's join.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _run_one(rank: int, run_id: int, spec: Any, comm: Any, pool_dir: Path, control_queues: list[Any],

@@ -127,6 +127,10 @@ class ModelConfig:
                 f"supported: {', '.join(ARCHITECTURES)} (read from config.json)"
             )
         _check_rope(data)
+        if data.get("hidden_act", "silu") != "silu":
+            raise ModelConfigError(
+                f"hidden_act={data['hidden_act']!r} is not supported by the reference runtime (SwiGLU with silu only)"
+            )
         try:
             hidden = int(data["hidden_size"])
             heads = int(data["num_attention_heads"])
@@ -156,7 +160,7 @@ class ModelConfig:
             common["qk_norm"] = True
         if model_type == "qwen3_moe":
             common.update(
-                num_experts=int(data.get("num_experts", 0)),
+                num_experts=_num_experts(data),
                 num_experts_per_tok=int(data.get("num_experts_per_tok", 0)),
                 moe_intermediate_size=int(data.get("moe_intermediate_size", 0)),
                 norm_topk_prob=bool(data.get("norm_topk_prob", False)),
@@ -167,7 +171,7 @@ class ModelConfig:
             q_lora = data.get("q_lora_rank")
             common.update(
                 num_key_value_heads=heads,
-                num_experts=int(data.get("n_routed_experts", 0)),
+                num_experts=_num_experts(data),
                 num_experts_per_tok=int(data.get("num_experts_per_tok", 0)),
                 moe_intermediate_size=int(data.get("moe_intermediate_size", 0)),
                 norm_topk_prob=bool(data.get("norm_topk_prob", True)),
@@ -233,6 +237,14 @@ class ModelConfig:
                 rope_interleave=self.rope_interleave,
             )
         return out
+
+
+def _num_experts(data: dict[str, Any]) -> int:
+    # transformers 5 writes ``num_local_experts`` (its attribute map aliases the model's own name).
+    for key in ("num_experts", "n_routed_experts", "num_local_experts"):
+        if data.get(key):
+            return int(data[key])
+    return 0
 
 
 def _rope_theta(data: dict[str, Any]) -> float:

@@ -1,0 +1,100 @@
+"""Real multi-process runs (gloo, CPU): every mode equals the single-process reference.
+
+One rank pool per world size serves every run of the module, so process start-up is paid once.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_vpp.runtime.metrics import measure_run
+from sglang_vpp.runtime.replay import replay_run, run_layout
+from sglang_vpp.runtime.spec import RequestArrival, RunSpec
+from sglang_vpp.schedule import validate_schedule
+
+from sglang_vpp.runtime.spec import Timeouts
+
+pytestmark = pytest.mark.slow
+
+MODES = ["cpp", "dcpp", "vpp", "vpp-async", "vpp-pack"]
+
+
+def _spec(mode: str, ranks: int, lengths, chunk: int, model: str = "tiny-qwen3", arrivals=None, **kw) -> RunSpec:
+    arrivals = arrivals or [0.0] * len(lengths)
+    requests = tuple(RequestArrival(n, a) for n, a in zip(lengths, arrivals))
+    # The pools of conftest.py are built with these timeouts; a run must carry the same.
+    timeouts = Timeouts(comm_s=60.0, control_s=60.0, startup_s=180.0, run_s=240.0, grace_s=5.0)
+    return RunSpec(model, mode, ranks, requests, chunk, timeouts=timeouts, **kw)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("lengths,chunk", [
+    ([192, 96, 64], 32),    # chunk divides every length; three requests
+    ([150, 77], 48),        # chunk divides neither; a short tail chunk
+    ([61], 64),             # one chunk only (shorter than the chunk size)
+])
+def test_two_ranks_equal_reference(pool2, matches_reference, mode, lengths, chunk):
+    result = pool2.run(_spec(mode, 2, lengths, chunk))
+    assert matches_reference(result) == 0.0  # same operations, same shapes: exact
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_four_ranks_equal_reference(pool4, matches_reference, mode):
+    result = pool4.run(_spec(mode, 4, [200, 90], 40))
+    assert matches_reference(result) == 0.0
+
+
+@pytest.mark.parametrize("model,mode", [
+    ("tiny-qwen3-moe", "vpp-pack"), ("tiny-qwen3-moe", "cpp"),
+    ("tiny-deepseek", "vpp-async"), ("tiny-deepseek", "dcpp"), ("tiny-llama", "vpp"),
+])
+def test_other_architectures(pool2, matches_reference, model, mode):
+    result = pool2.run(_spec(mode, 2, [130, 60], 32, model=model))
+    assert matches_reference(result) == 0.0
+
+
+def test_local_hf_directory(pool2, matches_reference):
+    tiny_hf = pytest.importorskip("sglang_vpp.models.tiny_hf")
+    path = tiny_hf.cached_tiny_model(tiny_hf.TinyModelSpec("qwen3-tiny", num_layers=4))
+    result = pool2.run(_spec("vpp-pack", 2, [100, 40], 32, model=str(path)))
+    assert matches_reference(result) == 0.0
+
+
+@pytest.mark.parametrize("mode", ["cpp", "vpp-pack"])
+def test_request_arriving_while_another_runs(pool2, matches_reference, mode):
+    """Request 1 arrives 0.05 s into a run of about a second; the online planner takes it in mid-flight."""
+    spec = _spec(mode, 2, [3072, 64], 64, arrivals=[0.0, 0.05])
+    result = pool2.run(spec)
+    assert matches_reference(result) == 0.0
+    head = result.reports[0]
+    assert head.arrivals_s == [0.0, 0.05]
+    first = min(r.start_s for r in head.records if r.is_compute and r.request_index == 1)
+    assert first >= 0.05, "request 1 ran before it arrived"
+    last_stage = run_layout(spec, 8).last_stage
+    finish_0 = max(r.end_s for rep in result.reports for r in rep.records
+                   if r.is_compute and r.request_index == 0 and r.stage_index == last_stage)
+    assert first < finish_0, "request 1 waited for request 0 to leave the pipeline"
+
+
+def test_measurement_and_replay(pool2):
+    spec = _spec("vpp-async", 2, [256, 128], 32)
+    result = pool2.run(spec)
+    layout = run_layout(spec, 8)
+    measured = measure_run(result.reports, layout.last_stage)
+    for stats in measured.per_rank:  # the three parts tile the makespan
+        assert stats.compute_s + stats.exposed_comm_s + stats.bubble_s == pytest.approx(measured.makespan_s)
+        assert stats.compute_s > 0
+    assert set(measured.request_ttft_s) == {0, 1}
+    replay = replay_run(spec, layout, result.reports)
+    validate_schedule(replay.schedule)
+    assert [[str(a) for a in actions] for actions in replay.schedule.rank_actions] == [r.executed for r in result.reports]
+    sim = replay.result
+    assert sim.ok and sim.makespan_s > 0
+    # The replay charges each compute exactly its measured CPU cost.
+    measured_cost = {r: sum(x.cost_s for x in rep.records if x.is_compute) for r, rep in enumerate(result.reports)}
+    for stats in sim.per_rank:
+        assert stats.compute_s == pytest.approx(measured_cost[stats.rank])
+    assert sim.makespan_s >= max(measured_cost.values())
+    computes = [s for s in replay.samples if s.kind == "compute"]
+    assert len(computes) == sum(1 for rep in result.reports for r in rep.records if r.is_compute)
+    assert all(s.num_layers == 2 for s in computes)  # fold-back, 8 layers on 4 stages
