@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TESTS_COMM = Path(__file__).resolve().parent
 BACKEND_DIRS = [str(REPO / "backends" / "cuda"), str(REPO / "backends" / "ascend")]
-RANK_SYS_PATH = [str(TESTS_COMM), *BACKEND_DIRS]
+RANK_SYS_PATH = [str(TESTS_COMM), str(REPO / "tests" / "device"), *BACKEND_DIRS]
 for _entry in BACKEND_DIRS:
     if _entry not in sys.path:
         sys.path.append(_entry)  # after site-packages: an installed copy wins

@@ -27,6 +27,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("simulate", "sglang_vpp.cli.simulate_cmd", "simulate"),
     ("bench", "sglang_vpp.cli.bench_cmd", "bench"),
     ("bench-serve", "sglang_vpp.cli.bench_serve_cmd", "bench_serve"),
+    ("doctor", "sglang_vpp.cli.doctor_cmd", "doctor"),
 ]
 
 for _name, _module, _attr in COMMANDS:

@@ -74,9 +74,9 @@ def new_gloo_group(spec: LinkSpec, timeout_s: float, role: str = "") -> Any:
 
 
 def gloo_group_id(group: Any) -> str:
-    """Identity of a gloo group: its registered name plus the backend object's identity."""
-    backend = group._get_backend(torch.device("cpu"))
-    return f"gloo:{getattr(group, 'group_name', '?')}@{id(backend):x}"
+    """Identity of a gloo group: torch's registered group name, unique per ``new_group`` call
+    (gloo has no registry that could hand back an earlier group)."""
+    return f"gloo:{getattr(group, 'group_name', '?')}"
 
 
 HEADER_TAG = 1

@@ -4,7 +4,8 @@ A device package adds a backend without touching the core: its ``pyproject.toml`
 ``[project.entry-points."sglang_vpp.comm_backends"] nccl = "sglang_vpp_cuda.nccl:NcclBackend"``.
 The core knows the names and install commands of its two sibling distributions only to say why a
 backend is missing (``KNOWN_BACKENDS``); when such a distribution sits on ``sys.path`` without
-being installed (a source checkout, the test suite), its module path is imported directly.
+being installed, its module path is imported directly; in a source checkout the registry also finds
+``backends/cuda`` and ``backends/ascend`` next to ``python/`` and uses them in place.
 
 Specs: ``name`` selects a backend; ``name@double`` builds a device backend (nccl, hccl) on the
 gloo-based device test double (``testing.device_double``), so its code runs without hardware.
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as metadata
+import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from .base import BackendStatus, CommBackend
@@ -43,15 +46,19 @@ class KnownBackend:
     distribution: str
     target: str
     install: str
+    source_dir: str = ""
+    """Where the distribution lives in a source checkout, relative to the repository root."""
 
 
 KNOWN_BACKENDS: dict[str, KnownBackend] = {
     "gloo": KnownBackend("gloo", "sglang-vpp", "sglang_vpp.comm.gloo:GlooBackend", "pip install -e ."),
     "nccl": KnownBackend("nccl", "sglang-vpp-cuda", "sglang_vpp_cuda.nccl:NcclBackend",
-                         "pip install -e backends/cuda (on a CUDA machine)"),
+                         "pip install -e backends/cuda (on a CUDA machine)", "backends/cuda"),
     "hccl": KnownBackend("hccl", "sglang-vpp-ascend", "sglang_vpp_ascend.hccl:HcclBackend",
-                         "pip install -e backends/ascend (on an Ascend machine with torch_npu)"),
+                         "pip install -e backends/ascend (on an Ascend machine with torch_npu)", "backends/ascend"),
 }
+# python/sglang_vpp/comm/registry.py -> repository root of a source checkout
+_CHECKOUT = Path(__file__).resolve().parents[3]
 
 
 def _entry_points() -> dict[str, metadata.EntryPoint]:
@@ -90,6 +97,11 @@ def load_backend_class(name: str) -> type[CommBackend]:
     try:
         return _import_target(known.target)
     except ModuleNotFoundError as error:
+        source = _CHECKOUT / known.source_dir if known.source_dir else None
+        if source is not None and (source / "pyproject.toml").is_file() and str(source) not in sys.path:
+            # A source checkout without the sibling installed: use it in place (tests, doctor).
+            sys.path.append(str(source))
+            return load_backend_class(name)
         raise BackendUnavailableError(
             backend=name,
             detail=f"distribution {known.distribution} is not installed (no entry point, {error.name} not importable)",
@@ -118,7 +130,12 @@ def probe_backend(name: str) -> BackendStatus:
     except Exception as error:  # a broken plugin must not break the listing
         status = BackendStatus(name, False, reason=f"loading failed: {type(error).__name__}: {error}",
                                fix="reinstall the distribution that provides it", distribution=distribution)
-    return replace(status, distribution=distribution, version=status.version or _distribution_version(distribution))
+    version = status.version or _distribution_version(distribution)
+    if version is None and "cls" in locals():
+        package = sys.modules.get(cls.__module__.split(".")[0])
+        source_version = getattr(package, "__version__", None)
+        version = f"{source_version} (source checkout)" if source_version else None
+    return replace(status, distribution=distribution, version=version)
 
 
 def probe_backends() -> list[BackendStatus]:
