@@ -63,7 +63,9 @@ def test_online_replicas_equal_offline_plan(mode, ranks):
 @pytest.mark.parametrize("mode", MODES)
 def test_late_arrival_is_planned_consistently(mode):
     """Request 1 arrives while rank 0 is mid-way through request 0: every replica sees the same ops,
-    the streams validate, and request 1 starts before request 0 is fully planned."""
+    the streams validate, and request 1 enters the pipeline while request 0 is still in it (cpp,
+    dcpp; vpp-pack by packing the drain window) or right after it (vpp, vpp-async: one V per
+    request, the planner's request barrier)."""
     spec = _spec(mode, 2, [400, 100], 50, arrivals=[0.0, 5.0])
     clock = FakeClock()
     layout, coordinator, (follower,) = _feeds(spec, clock)
@@ -83,7 +85,10 @@ def test_late_arrival_is_planned_consistently(mode):
     timeline = coordinator.planner.timeline
     start_1 = min(e.start for e in timeline if e.request_index == 1 and e.stage_index == 0)
     end_0 = max(e.end for e in timeline if e.request_index == 0 and e.stage_index == layout.last_stage)
-    assert start_1 < end_0, "request 1 waited for request 0 to leave the pipeline"
+    if mode in ("vpp", "vpp-async"):
+        assert start_1 >= end_0, "the fold-back request barrier was not respected"
+    else:
+        assert start_1 < end_0, "request 1 waited for request 0 to leave the pipeline"
 
 
 def test_follower_times_out_without_ops():
@@ -103,3 +108,16 @@ def test_static_feed_replays_a_schedule():
     plan = build_schedule("vpp", 2, 8, [RequestSpec(100)], 40)
     feed = StaticFeed(1, plan)
     assert _drain(feed) == [str(a) for a in plan.rank_actions[1]]
+
+
+def test_profiled_planner_cost_drives_dcpp():
+    """The start-up profile sees attention grow with the prefix, so dcpp shrinks later chunks
+    (with the generic estimate it would not know the model)."""
+    from sglang_vpp.runtime.models import resolve_model
+    from sglang_vpp.runtime.profile import profiled_cost_model
+
+    cost = profiled_cost_model(resolve_model("tiny-qwen3"), 512, 8192)
+    assert cost.per_layer is not None and cost.per_layer.a > 0
+    plan = build_schedule("dcpp", 2, 8, [RequestSpec(8192)], 512, cost=cost)
+    sizes = [c.num_tokens for c in plan.chunks]
+    assert sizes[0] == 512 and sizes[-2] < 512 and len(sizes) > 8192 // 512

@@ -26,6 +26,7 @@ from ..schedule import parse_policies
 from .launcher import LaunchResult, PoolSpec, RankPool, check_spec
 from .metrics import MeasuredRun, measure_run
 from .models import resolve_model
+from .profile import profiled_cost_model
 from .reference import RequestOutput, max_abs_diff, reference_forward
 from .replay import MEASURED_LABEL, REPLAY_LABEL, ReplayResult, replay_run, run_layout, write_traces
 from .spec import Device, FaultSpec, RequestArrival, RunSpec, Timeouts
@@ -64,12 +65,17 @@ class BenchConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     fault: FaultSpec | None = None
     """Test hook: make one rank fail (the CLI reads ``SGLANG_VPP_FAULT``)."""
+    profile_planner: bool = True
+    """Give the planner (and dcpp's chunk curve) a cost estimate profiled on this model at start-up
+    (``profile.profiled_cost_model``), as SGLang's dynamic chunking profiles rank 0; False: the
+    schedule core's generic ``LinearAttentionCost``."""
 
-    def run_spec(self, mode: str) -> RunSpec:
+    def run_spec(self, mode: str, planner_cost: Any = None) -> RunSpec:
         requests = tuple(RequestArrival(self.seq_len, i * self.arrival_interval_s) for i in range(self.num_requests))
         return RunSpec(model=self.model, mode=mode, num_ranks=self.num_ranks, requests=requests,
                        chunk_size=self.chunk_size, seed=self.seed, num_layers=self.num_layers, split=self.split,
-                       device=self.device, backend=self.backend, timeouts=self.timeouts, fault=self.fault)
+                       device=self.device, backend=self.backend, timeouts=self.timeouts, fault=self.fault,
+                       planner_cost=planner_cost)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -191,11 +197,17 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> Ben
         raise ValueError(f"--repeat must be >= 1, got {config.repeat}")
     if config.num_requests < 1:
         raise ValueError(f"--requests must be >= 1, got {config.num_requests}")
-    specs = {mode: config.run_spec(mode) for mode in modes}
-    for spec in specs.values():
-        check_spec(spec)  # every user error before any process starts
+    for mode in modes:
+        check_spec(config.run_spec(mode))  # every user error before any work starts
     source = resolve_model(config.model, config.seed, config.num_layers)
     progress.start(len(modes) * config.repeat)
+    planner_cost = None
+    if config.profile_planner:
+        progress.phase("profiling one layer for the planner")
+        planner_cost = profiled_cost_model(source, config.chunk_size, config.seq_len)
+    specs = {mode: config.run_spec(mode, planner_cost) for mode in modes}
+    for spec in specs.values():
+        check_spec(spec)
     progress.phase(f"starting {config.num_ranks} rank processes")
     runs: list[RunMeasurement] = []
     references = _References(source, config, progress)

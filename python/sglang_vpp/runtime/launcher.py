@@ -82,9 +82,12 @@ def check_spec(spec: RunSpec) -> None:
     layers = source.config.num_hidden_layers
     policy = get_policy(spec.mode)
     try:
-        build_layout(spec.num_ranks, layers, policy.layout_kind, spec.split)
+        layout = build_layout(spec.num_ranks, layers, policy.layout_kind, spec.split)
     except ValueError as error:
         raise RunConfigError(f"model {spec.model} ({layers} layers), mode {spec.mode}: {error}") from None
+    from .control import make_planner
+
+    make_planner(spec, layout)  # e.g. a dcpp latency curve that cannot be fitted: fail here, not in a rank
 
 
 def launch(spec: RunSpec, on_progress: Callable[[int, int], None] | None = None) -> LaunchResult:

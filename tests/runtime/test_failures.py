@@ -1,0 +1,125 @@
+"""User errors and crashed ranks: a clear error, a non-zero exit, no hang, no stray processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from sglang_vpp.runtime.errors import ModelPathError, RankFailedError, RunConfigError
+from sglang_vpp.runtime.launcher import check_spec, launch
+from sglang_vpp.runtime.models import full_model, resolve_model, save_checkpoint
+from sglang_vpp.runtime.spec import FaultKind, FaultSpec, RequestArrival, RunSpec, Timeouts
+
+FAST = Timeouts(comm_s=4.0, control_s=8.0, startup_s=180.0, run_s=120.0, grace_s=3.0)
+
+
+def _spec(**kw) -> RunSpec:
+    base = dict(model="tiny-qwen3", mode="vpp-async", num_ranks=2, requests=(RequestArrival(256),),
+                chunk_size=32, timeouts=FAST)
+    base.update(kw)
+    return RunSpec(**base)
+
+
+def _all_dead(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+# ----------------------------------------------------------------------------- user errors (fast)
+def test_unknown_mode_lists_valid_modes():
+    with pytest.raises(RunConfigError, match="unknown mode 'zigzag'; valid modes: cpp, dcpp, vpp, vpp-async, vpp-pack"):
+        launch(_spec(mode="zigzag"))
+
+
+def test_more_stages_than_layers():
+    with pytest.raises(RunConfigError, match="3 layers cannot fill 4 stages"):
+        check_spec(_spec(mode="vpp", num_layers=3))
+    check_spec(_spec(mode="cpp", num_layers=3))  # 2 contiguous stages fit
+
+
+def test_bad_model_path(tmp_path):
+    with pytest.raises(ModelPathError, match="not a directory"):
+        launch(_spec(model=str(tmp_path / "nope")))
+
+
+def test_pp_one_is_refused():
+    with pytest.raises(RunConfigError, match="--pp must be >= 2"):
+        check_spec(_spec(num_ranks=1))
+
+
+# ----------------------------------------------------------------------------- crashed ranks (processes)
+@pytest.mark.slow
+def test_killed_rank_stops_the_run():
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as caught:
+        launch(_spec(fault=FaultSpec(rank=1, after_actions=5, kind=FaultKind.KILL)))
+    elapsed = time.monotonic() - started
+    text = str(caught.value)
+    assert "rank 1 failed: process died (killed by SIGKILL)" in text
+    assert "rank 0 (pid" in text and "all rank processes were stopped and joined" in text
+    assert set(caught.value.rank_errors) == {0, 1}  # the survivor reported its own error too
+    pids = [int(line.split("pid ")[1].split(")")[0]) for line in text.splitlines() if "(pid " in line]
+    assert len(pids) == 2 and _all_dead(pids)
+    assert elapsed < FAST.startup_s + 30
+
+
+@pytest.mark.slow
+def test_hung_rank_times_out():
+    """A rank that stops making progress: its peer's bounded wait fires, the launcher kills it."""
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as caught:
+        launch(_spec(mode="vpp", fault=FaultSpec(rank=1, after_actions=3, kind=FaultKind.HANG)))
+    text = str(caught.value)
+    assert "rank 0 failed: CommTimeoutError" in text and "timed out after 4.00s" in text
+    assert "rank 1 (pid" in text and "no report; stopped by the launcher" in text
+    assert time.monotonic() - started < FAST.startup_s + 40
+
+
+# ----------------------------------------------------------------------------- the CLI
+def _cli(*args: str, env: dict | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sglang_vpp.cli.app", "bench", "--quiet", *args],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_cli_user_errors(tmp_path):
+    bad_path = _cli("--model", str(tmp_path / "missing"))
+    assert bad_path.returncode == 2 and "error: --model" in bad_path.stderr and "not a directory" in bad_path.stderr
+    bad_mode = _cli("--modes", "cpp,zigzag")
+    assert bad_mode.returncode == 2 and "unknown mode 'zigzag'" in bad_mode.stderr
+    save_checkpoint(full_model(resolve_model("tiny-qwen3", num_layers=3)), tmp_path / "three")
+    too_deep = _cli("--model", str(tmp_path / "three"), "--modes", "vpp")
+    assert too_deep.returncode == 2 and "3 layers cannot fill 4 stages" in too_deep.stderr
+    bad_device = _cli("--device", "tpu")
+    assert bad_device.returncode == 2 and "--device must be cpu, cuda or npu" in bad_device.stderr
+
+
+@pytest.mark.slow
+def test_cli_killed_rank_exits_nonzero_without_strays():
+    env = {"SGLANG_VPP_FAULT": "rank=0,after=6,kind=kill"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sglang_vpp.cli.app", "bench", "--quiet", "--seq-len", "512", "--chunk-size", "32",
+         "--requests", "1", "--modes", "vpp-pack", "--timeout", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+    seen: set[int] = set()
+    parent = psutil.Process(process.pid)
+    while process.poll() is None:
+        try:
+            seen |= {child.pid for child in parent.children(recursive=True)}
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 1, (out, err)
+    assert "error: pipelined run failed (mode vpp-pack, pp 2" in err
+    assert "rank 0 failed: process died (killed by SIGKILL)" in err
+    assert seen and _all_dead(sorted(seen))
