@@ -95,7 +95,9 @@ def fake_pair(group: str = "fwd", comm_id: str = "") -> tuple[FakeLink, FakeLink
 
 
 def channels(links: tuple[FakeLink, FakeLink], timeout: float = 2.0, transport: float = 3.0) -> tuple[Channel, Channel]:
-    make = lambda link: Channel(link, transport_timeout_s=transport, default_timeout_s=timeout, notify=lambda: None)
+    def make(link: FakeLink) -> Channel:
+        return Channel(link, transport_timeout_s=transport, default_timeout_s=timeout, notify=lambda: None)
+
     return make(links[0]), make(links[1])
 
 

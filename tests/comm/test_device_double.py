@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
 from comm_support import launch
 from sglang_vpp.comm.errors import DeviceSemanticsError

@@ -30,7 +30,7 @@ def _through_the_wire(message: dict, seq: int = 0) -> tuple[object, dict]:
     header = decode_header(data)
     assert header.payload_sizes() == [p.numel() for p in encoded.payloads]
     buffers = header.allocate()
-    for buffer, payload in zip(buffers, encoded.payloads):
+    for buffer, payload in zip(buffers, encoded.payloads, strict=True):
         buffer.copy_(payload)
     return header, header.assemble(buffers)
 

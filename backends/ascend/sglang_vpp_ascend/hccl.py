@@ -68,8 +68,9 @@ class HcclBackend(DeviceBackend):
         versions = dict(api.versions())
         versions["HCCL_BUFFSIZE"] = os.environ.get("HCCL_BUFFSIZE", f"{DEFAULT_HCCL_BUFFSIZE_MB} (default)")
         available = api.device_count() >= 2
+        missing = f"{api.device_count()} NPU visible; HCCL needs one NPU per rank"
         return BackendStatus(cls.name, available,
-                             reason="" if available else f"{api.device_count()} NPU visible; HCCL needs one NPU per rank",
+                             reason="" if available else missing,
                              fix="" if available else "run on a machine with 2 or more NPUs",
                              versions=versions, devices=tuple(api.device_names()))
 

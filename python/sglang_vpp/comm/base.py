@@ -138,7 +138,7 @@ class Link(ABC):
     def communicator_id(self) -> str:
         """Identity of the underlying communicator: two links with the same id share one."""
 
-    def on_submit(self, message: OutgoingMessage) -> None:
+    def on_submit(self, message: OutgoingMessage) -> None:  # noqa: B027 - optional hook, no-op by default
         """Called in the caller's thread when a send is issued (device links record a stream event)."""
 
     def deliver(self, tensors: dict[str, Any]) -> dict[str, Any]:
@@ -171,7 +171,7 @@ class Link(ABC):
         """Send one message and receive one, posted together (one batched call where the device
         needs it), so that both ranks exchanging on one communicator cannot block each other."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook
         """Release the groups. Called once, after the channel thread stopped."""
 
 
@@ -190,7 +190,7 @@ class CommBackend(ABC):
     def probe(cls) -> BackendStatus:
         """Availability, versions and devices. Never raises, creates no group, imports lazily."""
 
-    def prepare(self, rank: int, world_size: int, config: CommConfig) -> None:
+    def prepare(self, rank: int, world_size: int, config: CommConfig) -> None:  # noqa: B027 - optional hook
         """Check that this backend can run this rank here (raise ``BackendUnavailableError``)."""
 
     @abstractmethod

@@ -240,7 +240,7 @@ class Channel:
             with self._cond:
                 self._running = []
                 self._cond.notify_all()
-            for op, (result, error) in zip(run, outcomes):
+            for op, (result, error) in zip(run, outcomes, strict=True):
                 op.handle._complete(result, error)
 
     def _execute(self, run: list[_Op], upcoming: int) -> list[tuple[dict[str, Any] | None, CommError | None]]:

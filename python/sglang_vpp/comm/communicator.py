@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch.distributed as dist
 

@@ -275,12 +275,14 @@ class DoubleDeviceApi:
         key: tuple[Any, ...]
         if self.flavour == "hccl":
             if not isinstance(pg_options, DoubleHcclOptions):
-                raise DeviceSemanticsError(detail=f"hccl groups take ProcessGroupHCCL.Options, got {type(pg_options).__name__}")
+                raise DeviceSemanticsError(
+                    detail=f"hccl groups take ProcessGroupHCCL.Options, got {type(pg_options).__name__}")
             config = pg_options.hccl_config
             name = config.get("group_name")
             if name is not None and len(str(name)) > HCCL_MAX_GROUP_NAME:
                 raise DeviceSemanticsError(
-                    detail=f"hccl_config group_name {name!r} has {len(str(name))} characters; HCCL allows {HCCL_MAX_GROUP_NAME}")
+                    detail=(f"hccl_config group_name {name!r} has {len(str(name))} characters; "
+                            f"HCCL allows {HCCL_MAX_GROUP_NAME}"))
             key = (tuple(ranks), json.dumps(config, sort_keys=True))
             comm_name = str(name) if name is not None else f"hccl_{'_'.join(map(str, ranks))}_default"
         else:
@@ -352,8 +354,8 @@ class DoubleDeviceApi:
             else:
                 env = torch.zeros(4, dtype=torch.int64)
             envelopes.append(env)
-        self._gloo_round(group, [(op, env) for (op, _), env in zip(planned, envelopes)])
-        for (op, seq), env in zip(planned, envelopes):
+        self._gloo_round(group, [(op, env) for (op, _), env in zip(planned, envelopes, strict=True)])
+        for (op, seq), env in zip(planned, envelopes, strict=True):
             if op.kind != "irecv":
                 continue
             magic, their_seq, nbytes, code = (int(v) for v in env.tolist())

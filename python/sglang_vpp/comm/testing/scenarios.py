@@ -52,6 +52,13 @@ def _communicator(backend: str, **config: Any) -> Communicator:
     return create_communicator(backend, CommConfig(**config))
 
 
+def _negative_config(timeout_s: float) -> dict[str, Any]:
+    """Config of a run expected to get stuck: every rank's own wait must report it. The transport
+    outlives those waits by far, so that no rank's transport aborts the link (which its peer would
+    see as "peer gone") before a rank that got stuck later has timed out by itself."""
+    return {"timeout_s": timeout_s, "transport_timeout_s": timeout_s + 20.0}
+
+
 # ---------------------------------------------------------------------------------------- round trip
 def _filled(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
@@ -128,12 +135,16 @@ def roundtrip(rank: int, world_size: int, backend: str, timeout_s: float = 20.0)
                     problems.append(f"echo of {name}: {diff}")
             comm.wait_all(sends)
         elif rank == 1:
-            for name, message in cases:
-                got = comm.recv(0, "fwd", action=f"recv:{name}")
+            # Every receive posted up front (their headers are pre-posted), echoes sent as they come.
+            receives = [comm.irecv(0, "fwd", action=f"recv:{name}") for name, _ in cases]
+            echoes = []
+            for (name, message), handle in zip(cases, receives, strict=True):
+                got = handle.wait()
                 diff = same_message(got, message)
                 if diff:
                     problems.append(f"{name}: {diff}")
-                comm.send(got, 0, "bwd", action=f"echo:{name}")
+                echoes.append(comm.isend(got, 0, "bwd", action=f"echo:{name}"))
+            comm.wait_all(echoes)
         _barrier()
     return {"cases": len(cases), "problems": problems}
 
@@ -172,7 +183,7 @@ def schedule_pattern(rank: int, world_size: int, backend: str, policy: str = "vp
     group_map = {g: "pp" for g in schedule.groups} if single_group else None
     started = time.monotonic()
     result: dict[str, Any] = {"groups": groups, "num_chunks": len(schedule.chunks), "error": None}
-    comm = _communicator(backend, group_names=groups, timeout_s=timeout_s)
+    comm = _communicator(backend, group_names=groups, **_negative_config(timeout_s))
     try:
         report = walk_rank(comm, schedule.rank_actions[rank], semantics=semantics, group_map=group_map,
                            timeout_s=timeout_s)
@@ -193,7 +204,7 @@ def blocking_single_group(rank: int, world_size: int, backend: str, timeout_s: f
     only posts after its own send. Must end in ``CommTimeoutError`` within ``timeout_s``."""
     peer = 1 - rank
     result: dict[str, Any] = {"completed": False, "error": None}
-    with _communicator(backend, group_names=("pp",), timeout_s=timeout_s) as comm:
+    with _communicator(backend, group_names=("pp",), **_negative_config(timeout_s)) as comm:
         started = time.monotonic()
         try:
             comm.send({"x": torch.ones(4)}, peer, "pp", action=f"{rank}SEND_F0.0>{peer}@pp")
@@ -234,7 +245,7 @@ def dead_peer(rank: int, world_size: int, backend: str, timeout_s: float = 5.0) 
 def stuck_peer(rank: int, world_size: int, backend: str, timeout_s: float = 1.5) -> dict[str, Any]:
     """Rank 1 stays alive but never sends; rank 0's receive must time out naming the operation."""
     result: dict[str, Any] = {}
-    with _communicator(backend, timeout_s=timeout_s) as comm:
+    with _communicator(backend, **_negative_config(timeout_s)) as comm:
         if rank == 0:
             started = time.monotonic()
             handle = comm.irecv(1, "fwd", action="1RECV_F3.2<0@fwd")
@@ -266,6 +277,7 @@ def stress(rank: int, world_size: int, backend: str, num_messages: int = 10_000,
     operations per rank are in flight."""
     problems: list[str] = []
     received = 0
+    messages = [_stress_message(i) for i in range(num_messages)]  # the expected contents, made once
     started, cpu_started = time.monotonic(), time.process_time()
     with _communicator(backend, timeout_s=timeout_s) as comm:
         inflight: list[tuple[int, Any]] = []
@@ -278,7 +290,7 @@ def stress(rank: int, world_size: int, backend: str, num_messages: int = 10_000,
                 if got is None:
                     continue
                 received += 1
-                want = _stress_message(index)
+                want = messages[index]
                 if got["seq"] != index:
                     problems.append(f"expected message {index}, got {got['seq']}")
                 elif zlib.crc32(_tensor_bytes(got["data"])) != got["crc"] or got["crc"] != want["crc"] \
@@ -289,7 +301,7 @@ def stress(rank: int, world_size: int, backend: str, num_messages: int = 10_000,
             sender = index % 2
             group = "fwd" if sender == 0 else "bwd"
             if rank == sender:
-                inflight.append((index, comm.isend(_stress_message(index), 1 - rank, group, action=f"stress#{index}")))
+                inflight.append((index, comm.isend(messages[index], 1 - rank, group, action=f"stress#{index}")))
             else:
                 inflight.append((index, comm.irecv(sender, group, action=f"stress#{index}")))
             settle(window)
@@ -330,7 +342,7 @@ def teardown(rank: int, world_size: int, backend: str, timeout_s: float = 3.0) -
 
 
 def selftest(rank: int, world_size: int, backend: str, timeout_s: float = 20.0,
-             num_messages: int = 200) -> dict[str, Any]:
+             num_messages: int = 50) -> dict[str, Any]:
     """The doctor's 2-rank check: distinct groups, both directions at once, exact data, latency."""
     with _communicator(backend, timeout_s=timeout_s) as comm:
         peer = 1 - rank
@@ -341,7 +353,8 @@ def selftest(rank: int, world_size: int, backend: str, timeout_s: float = 20.0,
         sent = comm.isend(mine, peer, out_group)
         got = comm.recv(peer, in_group)
         sent.wait()
-        data_ok = torch.equal(got["hidden_states"].cpu(), torch.full((4, 8), float(peer))) and got["meta"] == {"rank": peer}
+        expected = torch.full((4, 8), float(peer))
+        data_ok = torch.equal(got["hidden_states"].cpu(), expected) and got["meta"] == {"rank": peer}
         started = time.monotonic()
         for i in range(num_messages):
             if rank == 0:
