@@ -287,10 +287,11 @@ def write_outputs(report: BenchReport, json_path: Path | None = None, trace_path
 
 def write_costs(report: BenchReport, path: Path) -> list[Path]:
     """Calibration output: ``path`` holds a per-layer ``FittedCostModel`` of every measured compute
-    (portable across layouts, readable by ``sglang-vpp simulate --costs``); next to it, one
-    cost-samples file per mode (``<stem>.<mode>.json``) with the raw measurements."""
+    (portable across layouts, readable by ``sglang-vpp simulate --costs``; transfers as the replay
+    counts them, ``replay.replay_samples``); next to it, one cost-samples file per mode
+    (``<stem>.<mode>.json``) with the raw measurements."""
     from ..sim.cost.fitted import FittedCostModel
-    from .replay import write_cost_samples
+    from .replay import replay_samples, write_cost_samples
 
     path.parent.mkdir(parents=True, exist_ok=True)
     written = []
@@ -302,7 +303,7 @@ def write_costs(report: BenchReport, path: Path) -> list[Path]:
         write_cost_samples(samples, target, {"mode": summary.mode, **report.config.to_dict()})
         written.append(target)
     # Stage indices mean different layers in different layouts: keep only the per-layer fit.
-    fitted = FittedCostModel.fit(everything)
+    fitted = FittedCostModel.fit(replay_samples(everything))
     model = FittedCostModel({}, fitted.per_layer, fitted.transfer,
                             {"source": "sglang-vpp bench", "modes": list(report.config.modes),
                              "model": report.config.model, "cost": "thread CPU seconds per compute"})

@@ -65,9 +65,12 @@ def reference_forward(
     chunk_size: int | None = None,
     chunks: Sequence[ChunkSpec] | None = None,
     token_seed: int = 0,
+    device: str | torch.device = "cpu",
 ) -> ReferenceResult:
-    """Run each request through the whole model; ``chunks`` overrides the fixed ``chunk_size`` split."""
-    model = full_model(source)
+    """Run each request through the whole model; ``chunks`` overrides the fixed ``chunk_size`` split.
+    On a GPU/NPU ``device`` the costs are synchronised wall seconds; outputs come back on the CPU."""
+    device = torch.device(device)
+    model = full_model(source).to(device)
     config = source.config
     cache = KVCache(token_dim=0 if config.is_mla else 1)
     by_request: dict[int, list[ChunkSpec]] = {}
@@ -77,21 +80,30 @@ def reference_forward(
     outputs, costs = [], []
     for request_index, length in enumerate(lengths):
         plan = by_request.get(request_index) or fixed_chunks(request_index, length, chunk_size)
-        tokens = prompt_tokens(request_index, length, config.vocab_size, token_seed)
+        tokens = prompt_tokens(request_index, length, config.vocab_size, token_seed).to(device)
         kv = cache.for_stage(request_index, 0, length)
         pieces, logits = [], None
         for chunk in sorted(plan, key=lambda c: c.chunk_index):
-            cpu = time.thread_time()
+            clock = time.thread_time if device.type == "cpu" else time.perf_counter
+            start = clock()
             out = model.forward_stage(
                 tokens[chunk.start : chunk.end], chunk, 0, config.num_hidden_layers, kv, True, True
             )
-            costs.append((chunk, time.thread_time() - cpu))
+            _synchronize(device)
+            costs.append((chunk, clock() - start))
             pieces.append(out.hidden)
             logits = out.logits if out.logits is not None else logits
         assert logits is not None and sum(p.shape[0] for p in pieces) == length, (request_index, length)
-        outputs.append(RequestOutput(request_index, torch.cat(pieces), logits))
+        outputs.append(RequestOutput(request_index, torch.cat(pieces).cpu(), logits.cpu()))
         cache.release(request_index, 0)
     return ReferenceResult(outputs, costs if chunk_size is not None or chunks is not None else [])
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "npu":
+        torch.npu.synchronize()  # type: ignore[attr-defined]
 
 
 def max_abs_diff(got: Sequence[RequestOutput], want: Sequence[RequestOutput]) -> float:

@@ -18,7 +18,7 @@ The samples are written in the simulator's cost-samples format (``write_samples`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -31,7 +31,7 @@ from ..sim.trace import write_gantt_png, write_perfetto_trace
 from .records import RankReport
 from .spec import RunSpec
 
-__all__ = ["ReplayResult", "executed_schedule", "cost_samples", "replay_cost", "replay_run", "write_traces",
+__all__ = ["ReplayResult", "executed_schedule", "cost_samples", "replay_samples", "replay_cost", "replay_run", "write_traces",
            "write_cost_samples", "MEASURED_LABEL", "REPLAY_LABEL"]
 
 MEASURED_LABEL = "measured wall clock (ranks share this host's CPUs)"
@@ -105,22 +105,25 @@ def _tokens(report: RankReport, request: int, chunk: int) -> int:
     return _chunk_row(report, request, chunk)[3]
 
 
-def replay_cost(samples: Sequence[CostSample]) -> TableCostModel:
-    """Exact measured compute per action; per hand-off the *least contended* measured transfer of
-    the same size.
+def replay_samples(samples: Sequence[CostSample]) -> list[CostSample]:
+    """The samples the replay uses: computes as measured; every transfer replaced by the *least
+    contended* measured transfer of the same size.
 
     A measured transfer on this host includes the time slices in which neither rank's channel
     thread got a CPU (both ranks compute on two shared vCPUs); the smallest observation of a
     message size is the closest to what the link itself costs, which is what dedicated hardware
     would see. Compute costs need no such correction: thread CPU time excludes time slicing.
     """
-    table = TableCostModel.fit(samples)
     fastest: dict[int, float] = {}
     for sample in samples:
         if sample.kind == "transfer":
             fastest[sample.num_tokens] = min(sample.duration_s, fastest.get(sample.num_tokens, float("inf")))
-    transfer = {s.key: fastest[s.num_tokens] for s in samples if s.kind == "transfer"}
-    return TableCostModel(table.compute, transfer)
+    return [replace(s, duration_s=fastest[s.num_tokens]) if s.kind == "transfer" else s for s in samples]
+
+
+def replay_cost(samples: Sequence[CostSample]) -> TableCostModel:
+    """Exact per-action costs for the replay (``replay_samples``)."""
+    return TableCostModel.fit(replay_samples(samples))
 
 
 def replay_run(spec: RunSpec, layout: Layout, reports: Sequence[RankReport]) -> ReplayResult:
