@@ -120,7 +120,8 @@ class SGLangServer:
     port: int = 0
     process: subprocess.Popen | None = None
     start_seconds: float = 0.0
-    _descendants: set[int] = field(default_factory=set)
+    _descendants: dict[int, Any] = field(default_factory=dict)
+    """pid -> psutil.Process; psutil refuses to signal a reused pid (it checks create time)."""
 
     @property
     def url(self) -> str:
@@ -158,7 +159,7 @@ class SGLangServer:
     def _wait_healthy(self, deadline: float) -> None:
         assert self.process is not None
         while time.monotonic() < deadline:
-            self._remember_descendants()
+            self._remember_descendants(self.process.pid)
             if self.process.poll() is not None:
                 raise ServerStartError(
                     f"sglang server exited with {self.process.returncode} during start-up "
@@ -175,21 +176,22 @@ class SGLangServer:
             f"sglang server not healthy after the start-up timeout; log tail:\n{self.log_tail()}"
         )
 
-    def _remember_descendants(self) -> None:
+    def _remember_descendants(self, pid: int) -> None:
         try:
             import psutil
 
-            parent = psutil.Process(self.process.pid)
-            self._descendants.update(child.pid for child in parent.children(recursive=True))
+            parent = psutil.Process(pid)
+            for child in parent.children(recursive=True):
+                self._descendants.setdefault(child.pid, child)
         except Exception:  # noqa: BLE001 - best effort bookkeeping for stop()
             pass
 
-    def stop(self, grace: float = 15.0) -> None:
+    def stop(self, grace: float = 10.0) -> None:
         """Kill the whole tree: SIGTERM the group, SIGKILL after ``grace`` seconds. Idempotent."""
         process, self.process = self.process, None
         if process is None:
             return
-        self._remember_descendants_of(process)
+        self._remember_descendants(process.pid)
         try:
             os.killpg(process.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -203,16 +205,12 @@ class SGLangServer:
         except ProcessLookupError:
             pass
         process.wait(timeout=30)
-        for pid in self._descendants:  # children that left the process group, if any
+        for child in self._descendants.values():  # children that left the process group, if any
             try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
+                if child.is_running():
+                    child.kill()
+            except Exception:  # noqa: BLE001 - already gone or not ours any more
                 pass
-
-    def _remember_descendants_of(self, process: subprocess.Popen) -> None:
-        self.process = process
-        self._remember_descendants()
-        self.process = None
 
 
 @dataclass
