@@ -29,12 +29,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 
-from sglang_vpp.runtime.bench import BenchConfig, BenchProgress, BenchReport, run_bench, write_outputs  # noqa: E402
-from sglang_vpp.runtime.replay import replay_samples  # noqa: E402
-from sglang_vpp.runtime.spec import Timeouts  # noqa: E402
-from sglang_vpp.schedule import parse_size  # noqa: E402
-from sglang_vpp.sim import SimConfig, simulate_schedule  # noqa: E402
-from sglang_vpp.sim.cost.fitted import FittedCostModel  # noqa: E402
+from sglang_vpp.runtime.bench import (
+    BenchConfig,
+    BenchProgress,
+    BenchReport,
+    run_bench,
+    write_outputs,
+)
+from sglang_vpp.runtime.replay import replay_samples
+from sglang_vpp.runtime.spec import Timeouts
+from sglang_vpp.schedule import parse_size
+from sglang_vpp.sim import SimConfig, simulate_schedule
+from sglang_vpp.sim.cost.fitted import FittedCostModel
 
 MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack")
 

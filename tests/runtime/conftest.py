@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang_vpp.runtime.launcher import PoolSpec, RankPool
 from sglang_vpp.runtime.models import resolve_model
 from sglang_vpp.runtime.reference import RequestOutput, max_abs_diff, reference_forward

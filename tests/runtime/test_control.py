@@ -6,10 +6,22 @@ from __future__ import annotations
 import queue
 
 import pytest
-
-from sglang_vpp.runtime.control import Advance, CoordinatorFeed, FollowerFeed, StaticFeed, Submit, make_planner
+from sglang_vpp.runtime.control import (
+    Advance,
+    CoordinatorFeed,
+    FollowerFeed,
+    StaticFeed,
+    Submit,
+    make_planner,
+)
 from sglang_vpp.runtime.spec import RequestArrival, RunSpec
-from sglang_vpp.schedule import RequestSpec, build_layout, build_schedule, get_policy, validate_schedule
+from sglang_vpp.schedule import (
+    RequestSpec,
+    build_layout,
+    build_schedule,
+    get_policy,
+    validate_schedule,
+)
 
 MODES = ["cpp", "dcpp", "vpp", "vpp-async", "vpp-pack"]
 
@@ -74,8 +86,8 @@ def test_late_arrival_is_planned_consistently(mode):
     assert coordinator.arrivals_s == follower.arrivals_s == [0.0, 5.0]
     assert rank1 == [str(a) for a in follower.planner.rank_actions(1)]
     assert rank0 == [str(a) for a in coordinator.planner.rank_actions(0)]
-    from sglang_vpp.runtime.replay import executed_schedule
     from sglang_vpp.runtime.records import RankReport
+    from sglang_vpp.runtime.replay import executed_schedule
 
     reports = [RankReport(0, 0, executed=rank0, lengths=[400, 100], arrivals_s=[0.0, 5.0],
                           chunks=[(c.request_index, c.chunk_index, c.start, c.num_tokens, c.is_last)

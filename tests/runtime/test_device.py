@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sglang_vpp.runtime.launcher import launch
 from sglang_vpp.runtime.models import resolve_model
 from sglang_vpp.runtime.reference import RequestOutput, max_abs_diff, reference_forward

@@ -9,11 +9,16 @@ import time
 
 import psutil
 import pytest
-
 from sglang_vpp.runtime.errors import ModelPathError, RankFailedError, RunConfigError
 from sglang_vpp.runtime.launcher import check_spec, launch
 from sglang_vpp.runtime.models import full_model, resolve_model, save_checkpoint
-from sglang_vpp.runtime.spec import FaultKind, FaultSpec, RequestArrival, RunSpec, Timeouts
+from sglang_vpp.runtime.spec import (
+    FaultKind,
+    FaultSpec,
+    RequestArrival,
+    RunSpec,
+    Timeouts,
+)
 
 FAST = Timeouts(comm_s=4.0, control_s=8.0, startup_s=180.0, run_s=120.0, grace_s=3.0)
 
@@ -88,7 +93,7 @@ def test_hung_rank_times_out():
 # ----------------------------------------------------------------------------- the CLI
 def _cli(*args: str, env: dict | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sglang_vpp.cli.app", "bench", "--quiet", *args],
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, check=False)
 
 
 def test_cli_user_errors(tmp_path):

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-
 from sglang_vpp.runtime.errors import ModelConfigError, ModelPathError
 from sglang_vpp.runtime.models import (
     PRESETS,

@@ -6,13 +6,10 @@ One rank pool per world size serves every run of the module, so process start-up
 from __future__ import annotations
 
 import pytest
-
 from sglang_vpp.runtime.metrics import measure_run
 from sglang_vpp.runtime.replay import replay_run, run_layout
-from sglang_vpp.runtime.spec import RequestArrival, RunSpec
+from sglang_vpp.runtime.spec import RequestArrival, RunSpec, Timeouts
 from sglang_vpp.schedule import validate_schedule
-
-from sglang_vpp.runtime.spec import Timeouts
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,6 @@ Exit codes: 0 ok; 1 a rank failed (the message names each rank's fate); 2 bad op
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -27,7 +26,13 @@ class _RichProgress:
 
     def __init__(self, enabled: bool) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.progress = Progress(
             TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -36,7 +41,7 @@ class _RichProgress:
         self.runs = self.progress.add_task("runs", total=1)
         self.chunks = self.progress.add_task("chunks", total=1, visible=False)
 
-    def __enter__(self) -> "_RichProgress":
+    def __enter__(self) -> _RichProgress:
         self.progress.__enter__()
         return self
 
@@ -94,7 +99,7 @@ _NOTES = (
 
 @user_errors
 def bench(
-    backend: Optional[str] = typer.Option(None, "--backend", help="Comm backend: gloo (CPU), nccl (cuda), hccl (npu); default by --device."),
+    backend: str | None = typer.Option(None, "--backend", help="Comm backend: gloo (CPU), nccl (cuda), hccl (npu); default by --device."),
     model: str = typer.Option("tiny-qwen3", "--model", help="Preset (tiny-qwen3, tiny-llama, tiny-qwen3-moe, tiny-deepseek) or a local HF model directory."),
     pp: int = typer.Option(2, "--pp", help="Pipeline ranks (one process each)."),
     seq_len: str = typer.Option("8k", "--seq-len", help="Prompt length per request (8k, 16k, 3000, ...)."),
@@ -105,12 +110,12 @@ def bench(
     repeat: int = typer.Option(1, "--repeat", help="Runs per mode."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or npu."),
     seed: int = typer.Option(0, "--seed", help="Weights and prompt seed."),
-    split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts (P entries for cpp/dcpp, 2P for vpp modes)."),
+    split: str | None = typer.Option(None, "--split", help="Per-stage layer counts (P entries for cpp/dcpp, 2P for vpp modes)."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds any single communication wait may take."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON ('-' for stdout)."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Perfetto trace of each mode: measured and replayed."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Gantt PNG of each mode: measured and replayed."),
-    costs: Optional[Path] = typer.Option(None, "--costs", help="Write measured per-action costs: a fitted cost model here, raw samples per mode next to it."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON ('-' for stdout)."),
+    trace: Path | None = typer.Option(None, "--trace", help="Perfetto trace of each mode: measured and replayed."),
+    plot: Path | None = typer.Option(None, "--plot", help="Gantt PNG of each mode: measured and replayed."),
+    costs: Path | None = typer.Option(None, "--costs", help="Write measured per-action costs: a fitted cost model here, raw samples per mode next to it."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Run each mode on real rank processes with real layers; check against the reference; table."""

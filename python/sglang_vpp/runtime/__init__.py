@@ -16,10 +16,25 @@ Data flow::
 See docs/runtime.md.
 """
 
-from .errors import ModelConfigError, ModelPathError, RankFailedError, RunConfigError, RunTimeoutError
+from .errors import (
+    ModelConfigError,
+    ModelPathError,
+    RankFailedError,
+    RunConfigError,
+    RunTimeoutError,
+)
 from .spec import Device, FaultKind, FaultSpec, RequestArrival, RunSpec, Timeouts
 
 __all__ = [
-    "ModelConfigError", "ModelPathError", "RankFailedError", "RunConfigError", "RunTimeoutError",
-    "Device", "FaultKind", "FaultSpec", "RequestArrival", "RunSpec", "Timeouts",
+    "Device",
+    "FaultKind",
+    "FaultSpec",
+    "ModelConfigError",
+    "ModelPathError",
+    "RankFailedError",
+    "RequestArrival",
+    "RunConfigError",
+    "RunSpec",
+    "RunTimeoutError",
+    "Timeouts",
 ]

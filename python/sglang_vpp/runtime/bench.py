@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..schedule import parse_policies
 from .launcher import LaunchResult, PoolSpec, RankPool, check_spec
@@ -28,11 +29,26 @@ from .metrics import MeasuredRun, measure_run
 from .models import resolve_model
 from .profile import profiled_cost_model
 from .reference import RequestOutput, max_abs_diff, reference_forward
-from .replay import MEASURED_LABEL, REPLAY_LABEL, ReplayResult, replay_run, run_layout, write_traces
+from .replay import (
+    MEASURED_LABEL,
+    REPLAY_LABEL,
+    ReplayResult,
+    replay_run,
+    run_layout,
+    write_traces,
+)
 from .spec import Device, FaultSpec, RequestArrival, RunSpec, Timeouts
 
-__all__ = ["BenchConfig", "BenchProgress", "RunMeasurement", "ModeSummary", "BenchReport", "run_bench",
-           "DEFAULT_MODES", "JSON_FIELDS"]
+__all__ = [
+    "DEFAULT_MODES",
+    "JSON_FIELDS",
+    "BenchConfig",
+    "BenchProgress",
+    "BenchReport",
+    "ModeSummary",
+    "RunMeasurement",
+    "run_bench",
+]
 
 DEFAULT_MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack")
 #: The per-mode JSON fields named by issue 5, in order (a CLI test freezes them).
@@ -95,7 +111,7 @@ class BenchProgress:
 
     def chunk_done(self, done: int, known: int) -> None: ...
 
-    def run_finished(self, mode: str, repeat: int, measurement: "RunMeasurement") -> None: ...
+    def run_finished(self, mode: str, repeat: int, measurement: RunMeasurement) -> None: ...
 
 
 @dataclass

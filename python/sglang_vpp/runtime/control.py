@@ -31,14 +31,25 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from ..schedule import Action, ChunkSpec, Planner, PlannerConfig, RequestSpec, Schedule, default_chunker, get_policy
-from ..schedule import LinearAttentionCost, Layout
+from ..schedule import (
+    Action,
+    ChunkSpec,
+    Layout,
+    LinearAttentionCost,
+    Planner,
+    PlannerConfig,
+    RequestSpec,
+    Schedule,
+    default_chunker,
+    get_policy,
+)
 from .spec import RunSpec
 
-__all__ = ["Submit", "Advance", "End", "Heartbeat", "PlanFeed", "CoordinatorFeed", "FollowerFeed", "StaticFeed", "make_planner"]
+__all__ = ["Advance", "CoordinatorFeed", "End", "FollowerFeed", "Heartbeat", "PlanFeed", "StaticFeed", "Submit", "make_planner"]
 
 _HEARTBEAT_S = 1.0
 
@@ -164,7 +175,7 @@ class CoordinatorFeed(_PlannerFeed):
         if self._num_planned() > before:
             return True
         # The schedule core has no public "next event" yet; its private helper is exact.
-        upcoming = self.planner._next_event_time()  # noqa: SLF001
+        upcoming = self.planner._next_event_time()
         if upcoming is None:
             return False
         self._broadcast(Advance(upcoming))

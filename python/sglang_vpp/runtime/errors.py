@@ -8,7 +8,7 @@ name every rank's state, so the cause is visible from any one message.
 
 from __future__ import annotations
 
-__all__ = ["ModelConfigError", "ModelPathError", "RunConfigError", "RankFailedError", "RunTimeoutError"]
+__all__ = ["ModelConfigError", "ModelPathError", "RankFailedError", "RunConfigError", "RunTimeoutError"]
 
 
 class ModelConfigError(ValueError):

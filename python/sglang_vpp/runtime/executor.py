@@ -26,7 +26,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -62,7 +63,7 @@ class RankExecutor:
         semantics: CommSemantics,
         *,
         device: Device = Device.CPU,
-        timeouts: Timeouts = Timeouts(),
+        timeouts: Timeouts | None = None,
         epoch: float = 0.0,
         token_seed: int = 0,
         prepost_recvs: bool = True,
@@ -78,7 +79,7 @@ class RankExecutor:
         self.blocking = CommSemantics(semantics) is CommSemantics.BLOCKING
         self.device = Device(device)
         self.torch_device = torch.device("cpu") if self.device is Device.CPU else next(model.parameters()).device
-        self.timeouts = timeouts
+        self.timeouts = timeouts if timeouts is not None else Timeouts()
         self.epoch = epoch
         self.token_seed = token_seed
         self.prepost = prepost_recvs and not self.blocking

@@ -26,9 +26,10 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..schedule import build_layout, get_policy
 from .errors import RankFailedError, RunConfigError, RunTimeoutError
@@ -36,7 +37,7 @@ from .models import resolve_model
 from .records import RankReport
 from .spec import Device, RunSpec, Timeouts
 
-__all__ = ["PoolSpec", "LaunchResult", "RankPool", "launch", "check_spec"]
+__all__ = ["LaunchResult", "PoolSpec", "RankPool", "check_spec", "launch"]
 
 _POLL_S = 0.1
 _CONSEQUENCES = ("RunAborted", "PeerDeadError", "CommTimeoutError", "TimeoutError", "CommClosedError")
@@ -53,7 +54,7 @@ class PoolSpec:
     num_threads: int = 1
 
     @classmethod
-    def of(cls, spec: RunSpec) -> "PoolSpec":
+    def of(cls, spec: RunSpec) -> PoolSpec:
         return cls(spec.num_ranks, spec.device, spec.backend, spec.timeouts, spec.num_threads)
 
     @property
@@ -125,10 +126,10 @@ class RankPool:
         for process in self.processes:
             process.start()
 
-    def __enter__(self) -> "RankPool":
+    def __enter__(self) -> RankPool:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property

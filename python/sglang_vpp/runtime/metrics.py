@@ -20,9 +20,9 @@ numbers describe this run on this host; ``replay`` derives the dedicated-hardwar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import fmean
-from typing import Sequence
 
 from ..sim.entities import RankStats, SliceKind, TimelineSlice
 from .records import ActionRecord, RankReport

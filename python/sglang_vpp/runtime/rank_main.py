@@ -26,7 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-__all__ = ["rank_main", "ALL_GROUPS"]
+__all__ = ["ALL_GROUPS", "rank_main"]
 
 ALL_GROUPS = ("pp", "fwd", "bwd")
 

@@ -16,15 +16,15 @@ the chunked forward are a calibration sample of the whole model (``chunk_costs``
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
 from ..schedule import ChunkSpec
 from .models import KVCache, ModelSource, full_model
 
-__all__ = ["RequestOutput", "ReferenceResult", "prompt_tokens", "reference_forward", "max_abs_diff", "fixed_chunks"]
+__all__ = ["ReferenceResult", "RequestOutput", "fixed_chunks", "max_abs_diff", "prompt_tokens", "reference_forward"]
 
 
 @dataclass

@@ -18,11 +18,19 @@ The samples are written in the simulator's cost-samples format (``write_samples`
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping, Sequence
 
-from ..schedule import Action, ChunkSpec, Layout, RequestSpec, Schedule, build_layout, get_policy
+from ..schedule import (
+    Action,
+    ChunkSpec,
+    Layout,
+    RequestSpec,
+    Schedule,
+    build_layout,
+    get_policy,
+)
 from ..sim import SimConfig, SimResult, simulate_schedule
 from ..sim.cost.samples import CostSample, write_samples
 from ..sim.cost.table import TableCostModel
@@ -31,8 +39,18 @@ from ..sim.trace import write_gantt_png, write_perfetto_trace
 from .records import RankReport
 from .spec import RunSpec
 
-__all__ = ["ReplayResult", "executed_schedule", "cost_samples", "replay_samples", "replay_cost", "replay_run", "write_traces",
-           "write_cost_samples", "MEASURED_LABEL", "REPLAY_LABEL"]
+__all__ = [
+    "MEASURED_LABEL",
+    "REPLAY_LABEL",
+    "ReplayResult",
+    "cost_samples",
+    "executed_schedule",
+    "replay_cost",
+    "replay_run",
+    "replay_samples",
+    "write_cost_samples",
+    "write_traces",
+]
 
 MEASURED_LABEL = "measured wall clock (ranks share this host's CPUs)"
 REPLAY_LABEL = "replayed on dedicated hardware (measured per-action compute costs)"

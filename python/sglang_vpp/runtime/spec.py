@@ -15,7 +15,7 @@ from enum import StrEnum
 from ..schedule import PolicyError
 from .errors import RunConfigError
 
-__all__ = ["Device", "RequestArrival", "FaultKind", "FaultSpec", "Timeouts", "RunSpec", "BACKEND_FOR_DEVICE"]
+__all__ = ["BACKEND_FOR_DEVICE", "Device", "FaultKind", "FaultSpec", "RequestArrival", "RunSpec", "Timeouts"]
 
 
 class Device(StrEnum):
@@ -57,7 +57,7 @@ class FaultSpec:
     kind: FaultKind = FaultKind.KILL
 
     @classmethod
-    def from_env(cls, text: str | None = None) -> "FaultSpec | None":
+    def from_env(cls, text: str | None = None) -> FaultSpec | None:
         """``SGLANG_VPP_FAULT="rank=1,after=5,kind=kill"`` (how CLI tests inject a fault)."""
         text = os.environ.get("SGLANG_VPP_FAULT") if text is None else text
         if not text:

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import ModelConfigError
 
-__all__ = ["ModelConfig", "PRESETS", "preset_config", "ARCHITECTURES"]
+__all__ = ["ARCHITECTURES", "PRESETS", "ModelConfig", "preset_config"]
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3")
 
@@ -114,11 +114,11 @@ class ModelConfig:
             return layer_index >= self.first_k_dense_replace
         return layer_index not in self.mlp_only_layers and (layer_index + 1) % self.decoder_sparse_step == 0
 
-    def with_layers(self, num_layers: int) -> "ModelConfig":
+    def with_layers(self, num_layers: int) -> ModelConfig:
         return dataclasses.replace(self, num_hidden_layers=num_layers)
 
     @classmethod
-    def from_hf_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+    def from_hf_dict(cls, data: dict[str, Any]) -> ModelConfig:
         """Read a transformers ``config.json`` dict; unknown keys are ignored."""
         model_type = data.get("model_type")
         if model_type not in ARCHITECTURES:

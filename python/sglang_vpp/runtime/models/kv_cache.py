@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["LayerKV", "StageKV", "KVCache"]
+__all__ = ["KVCache", "LayerKV", "StageKV"]
 
 
 @dataclass

@@ -26,16 +26,16 @@ from .config import ModelConfig
 from .kv_cache import LayerKV
 
 __all__ = [
+    "MLP",
+    "Attention",
+    "DecoderLayer",
+    "DeepseekMoeBlock",
+    "LatentAttention",
+    "Qwen3MoeBlock",
     "RMSNorm",
     "RopeTables",
-    "rope_tables",
     "chunk_mask",
-    "Attention",
-    "LatentAttention",
-    "MLP",
-    "Qwen3MoeBlock",
-    "DeepseekMoeBlock",
-    "DecoderLayer",
+    "rope_tables",
 ]
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]

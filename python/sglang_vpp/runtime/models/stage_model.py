@@ -15,8 +15,8 @@ with ``strict=True``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 from torch import nn
@@ -72,7 +72,7 @@ class StageModel(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     @classmethod
-    def for_stages(cls, config: ModelConfig, stages: Iterable[StageSpec], num_stages: int) -> "StageModel":
+    def for_stages(cls, config: ModelConfig, stages: Iterable[StageSpec], num_stages: int) -> StageModel:
         """What a rank holding ``stages`` (of a pipeline of ``num_stages``) must materialise."""
         stages = list(stages)
         layers = [i for s in stages for i in range(s.layer_start, s.layer_end)]

@@ -23,9 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import torch
 
@@ -34,7 +34,7 @@ from ..errors import ModelPathError
 from .config import PRESETS, ModelConfig, preset_config
 from .stage_model import StageModel
 
-__all__ = ["ModelSource", "resolve_model", "materialize", "init_random_", "load_checkpoint_", "save_checkpoint"]
+__all__ = ["ModelSource", "init_random_", "load_checkpoint_", "materialize", "resolve_model", "save_checkpoint"]
 
 
 @dataclass(frozen=True)
