@@ -143,6 +143,9 @@ class ModeSummary:
     num_chunks: int
     bubble_ratio_runs: list[float]
     replay_bubble_ratio_runs: list[float]
+    per_rank: list[dict[str, float]] = field(default_factory=list)
+    """Last repeat, per rank: measured ``compute_s`` / ``bubble_s`` / ``exposed_comm_s`` (wall
+    clock) and the same three on the replayed timeline (``replay_*``)."""
 
     def to_dict(self) -> dict:
         data: dict[str, Any] = {name: getattr(self, name) for name in JSON_FIELDS}
@@ -202,7 +205,17 @@ def _summarise(mode: str, runs: list[RunMeasurement]) -> ModeSummary:
         num_chunks=runs[-1].measured.num_chunks,
         bubble_ratio_runs=[r.measured.bubble_ratio for r in runs],
         replay_bubble_ratio_runs=[r.replay.result.bubble_ratio for r in runs],
+        per_rank=_per_rank(runs[-1]),
     )
+
+
+def _per_rank(run: RunMeasurement) -> list[dict[str, float]]:
+    out = []
+    for measured, replayed in zip(run.measured.per_rank, run.replay.result.per_rank):
+        out.append({"rank": measured.rank, "compute_s": measured.compute_s, "bubble_s": measured.bubble_s,
+                    "exposed_comm_s": measured.exposed_comm_s, "replay_compute_s": replayed.compute_s,
+                    "replay_bubble_s": replayed.bubble_s, "replay_exposed_comm_s": replayed.exposed_comm_s})
+    return out
 
 
 def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> BenchReport:
