@@ -41,6 +41,8 @@ class RankAccounting:
     trace_dir: str | None = None
     records: list[ComputeRecord] = field(default_factory=list)
     origin: float = field(default_factory=time.perf_counter)
+    counters: dict[str, int] = field(default_factory=dict)
+    """Loop counters written with the records (e.g. ``num_packed`` micro-batches on rank 0)."""
 
     def timed(self, stage: int, seq: int, is_prefill: bool, num_tokens: int):
         return _Timer(self, stage, seq, is_prefill, num_tokens)
@@ -80,7 +82,7 @@ class RankAccounting:
         self._atomic_write(f"vpp_rank{self.rank}.json", {"traceEvents": events, "displayTimeUnit": "ms"})
         self._atomic_write(
             f"vpp_rank{self.rank}.records.json",
-            {"summary": self.summary(), "records": [asdict(r) for r in self.records]},
+            {"summary": self.summary(), "counters": dict(self.counters), "records": [asdict(r) for r in self.records]},
         )
 
     def _atomic_write(self, name: str, payload: dict) -> None:

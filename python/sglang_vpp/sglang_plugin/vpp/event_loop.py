@@ -271,6 +271,9 @@ class LeaderLoop(_LoopBase):
         self.replica.idle()
         self.events.append(("idle",))
         self._send_control()
+        self.acct.counters["num_micro_batches"] = self.next_seq
+        if self.pack is not None:
+            self.acct.counters["num_packed"] = self.pack.num_packed
         self.acct.write()
 
     def _idle_poll(self) -> None:
@@ -328,6 +331,7 @@ class FollowerLoop(_LoopBase):
                 self.fwd_out.send(message, blocking=self.blocking)
             return
         assert batch is not None, f"rank {self.rank}: step {message.seq} carries hidden states but no batch"
+        self.replica.mark_launched(batch)
         job = _new_job(message.seq, slot, batch)
         result = self._compute(job, self.down_stage, message.tensors)
         tensors = result.pp_hidden_states_proxy_tensors.tensors

@@ -18,6 +18,7 @@ decision has the signature rank 0 logged and raises ``SchedulerDivergenceError``
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -77,6 +78,16 @@ class Replica:
         s.mbs[slot] = plan.batch_to_run
         s.cur_batch_for_debug = plan.batch_to_run
         return plan.batch_to_run
+
+    def mark_launched(self, batch: Any) -> None:
+        """On followers, the per-batch counters ``Scheduler.run_batch`` sets on rank 0 (they
+        never call run_batch: their stages run through the worker directly)."""
+        s = self.scheduler
+        s.forward_ct += 1
+        batch.forward_iter = s.forward_ct
+        batch.launch_ts = time.monotonic()
+        batch.after_idle_gap = s._sched_idled
+        s._sched_idled = False
 
     def apply_result(self, slot: int, outputs: dict) -> None:
         from sglang.srt.managers.scheduler_pp_mixin import PPBatchMetadata

@@ -1,0 +1,112 @@
+"""Helpers shared by the VPP server tests: prompts, the transformers oracle, request checks."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from sglang_harness import SGLangServer, get_json, post_json
+
+from sglang_vpp.models.tiny_hf import TinyModelSpec, load_transformers_model
+
+CHUNK = 64
+MIXED_LENGTHS = (37, 768, 64, 300, 5, 730, 128, 450)
+"""1 to 12 chunks of 64; 64, 128 and 768 divide the chunk size, the others do not."""
+NUM_NEW_TOKENS = 8
+LOGPROB_TOLERANCE = 1e-4
+
+
+def make_prompts(lengths, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 10000) for _ in range(n)] for n in lengths]
+
+
+class Reference:
+    """transformers' greedy tokens and prompt logprobs, computed once per (model, prompt)."""
+
+    def __init__(self, tiny_model) -> None:
+        self._tiny_model = tiny_model
+        self._models: dict = {}
+        self._cache: dict = {}
+
+    def __call__(self, spec: TinyModelSpec, ids: list[int], num_new: int = NUM_NEW_TOKENS) -> dict:
+        key = (spec, tuple(ids), num_new)
+        if key not in self._cache:
+            from transformers import GenerationConfig
+
+            if spec not in self._models:
+                self._models[spec] = load_transformers_model(self._tiny_model(spec))
+            model = self._models[spec]
+            config = GenerationConfig(max_new_tokens=num_new, do_sample=False, eos_token_id=None, pad_token_id=1)
+            with torch.no_grad():
+                generated = model.generate(torch.tensor([ids]), generation_config=config)
+                logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+            self._cache[key] = {
+                "tokens": generated[0, len(ids):].tolist(),
+                "prompt_logprobs": [logprobs[i - 1, ids[i]].item() for i in range(1, len(ids))],
+            }
+        return self._cache[key]
+
+
+def generate(server: SGLangServer, ids: list[int], num_new: int = NUM_NEW_TOKENS, **extra) -> dict:
+    payload = {
+        "input_ids": ids,
+        "sampling_params": {"temperature": 0, "max_new_tokens": num_new, "ignore_eos": True},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        **extra,
+    }
+    return post_json(server.url + "/generate", payload, timeout=600)
+
+
+def generate_concurrently(server: SGLangServer, prompts: list[list[int]]) -> list[dict]:
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda ids: generate(server, ids), prompts))
+
+
+def check_answer(answer: dict, ids: list[int], ref: dict, server: SGLangServer) -> None:
+    assert answer["output_ids"] == ref["tokens"], (
+        f"prompt of {len(ids)} tokens: {answer['output_ids']} != transformers {ref['tokens']}; "
+        f"log tail:\n{server.log_tail(3000)}"
+    )
+    got = [entry[0] for entry in answer["meta_info"]["input_token_logprobs"]]
+    assert len(got) == len(ids)
+    if len(ids) > 1:
+        diffs = [abs(a - b) for a, b in zip(got[1:], ref["prompt_logprobs"])]
+        assert max(diffs) < LOGPROB_TOLERANCE, f"prompt of {len(ids)}: max |logprob diff| {max(diffs):.3g}"
+
+
+def used_tokens(server: SGLangServer) -> int:
+    return sum(int(load["num_used_tokens"]) for load in get_json(server.url + "/v1/loads")["loads"])
+
+
+def abort_mid_prefill(server: SGLangServer, num_tokens: int = 3000, wait_s: float = 4.0) -> dict:
+    """Start a long prefill, abort it by rid while it runs; returns the aborted answer."""
+    ids = make_prompts((num_tokens,), seed=3)[0]
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(answer=generate(server, ids, 50, rid="vpp-abort-me")))
+    thread.start()
+    time.sleep(wait_s)
+    request = urllib.request.Request(
+        server.url + "/abort_request", data=json.dumps({"rid": "vpp-abort-me"}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200
+    thread.join(timeout=300)
+    return result["answer"]
+
+
+def wait_for_json(path: Path, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())
+        time.sleep(0.5)
+    raise AssertionError(f"{path} was not written (the VPP loop writes it when it goes idle)")
