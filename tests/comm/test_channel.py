@@ -133,6 +133,22 @@ def test_consecutive_sends_are_posted_before_the_first_finishes() -> None:
     c0.stop(), c1.stop()
 
 
+def test_each_send_of_a_run_completes_when_it_pairs() -> None:
+    c0, c1 = channels(fake_pair())
+    hold = c0.submit(OpKind.RECV, None, "hold")  # queue the sends behind it so they form one run
+    sends = [c0.submit(OpKind.SEND, {"i": i}, None) for i in range(3)]
+    c1.submit(OpKind.SEND, {"go": 1}, None)
+    hold.wait()
+    assert c1.submit(OpKind.RECV, None, None).wait() == {"i": 0}
+    sends[0].wait(2.0)
+    time.sleep(0.1)
+    assert sends[0].is_ready() and not sends[1].is_ready() and not sends[2].is_ready()
+    for i in (1, 2):
+        assert c1.submit(OpKind.RECV, None, None).wait() == {"i": i}
+    assert all(h.wait() is None for h in sends)
+    c0.stop(), c1.stop()
+
+
 def test_receive_lookahead_counts_only_consecutive_receives() -> None:
     links = fake_pair()
     c0, c1 = channels(links)

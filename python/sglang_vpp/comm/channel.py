@@ -108,7 +108,7 @@ class OpHandle(CommHandle):
         return True
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: ops hold tensors, which do not compare to a bool
 class _Op:
     kind: OpKind
     handle: OpHandle
@@ -234,40 +234,48 @@ class Channel:
                         if queued.kind is not OpKind.RECV or upcoming >= MAX_LOOKAHEAD:
                             break
                         upcoming += 1
-                self._running = run
+                self._running = list(run)
                 self._current_started = time.monotonic()
-            outcomes = self._execute(run, upcoming)
-            with self._cond:
-                self._running = []
-                self._cond.notify_all()
-            for op, (result, error) in zip(run, outcomes, strict=True):
-                op.handle._complete(result, error)
+            self._execute(run, upcoming)
 
-    def _execute(self, run: list[_Op], upcoming: int) -> list[tuple[dict[str, Any] | None, CommError | None]]:
-        """Run one op, or a run of sends; one (result, error) per op. Breaks the channel on error."""
-        outcomes: list[tuple[dict[str, Any] | None, CommError | None]] = []
-        deadline = self._current_started + self._transport_timeout_s
+    def _finish(self, op: _Op, result: dict[str, Any] | None, error: CommError | None) -> None:
+        with self._cond:
+            if op in self._running:
+                self._running.remove(op)
+            self._current_started = time.monotonic()  # the next op of the run is the head from now
+            self._cond.notify_all()
+        op.handle._complete(result, error)
+
+    def _execute(self, run: list[_Op], upcoming: int) -> None:
+        """Run one op, or a run of sends, completing each handle as soon as it is done. The head
+        op gets ``transport_timeout_s`` from the moment it becomes the head. Breaks the channel on
+        error and fails the rest of the run."""
         if self._broken is not None:
-            return [(None, self._broken.with_action(op.handle.action, "an earlier operation on this communicator "
-                                                    f"({self._broken.action}) failed: ")) for op in run]
+            for op in run:
+                self._finish(op, None, self._broken.with_action(
+                    op.handle.action, f"an earlier operation on this communicator ({self._broken.action}) failed: "))
+            return
+        done = 0
         try:
             head = run[0]
             if head.kind is OpKind.SEND:
                 tokens = [self.link.post_send(op.message) for op in run]
-                for token in tokens:
-                    self.link.finish_send(token, deadline)
-                    outcomes.append((None, None))
-            elif head.kind is OpKind.RECV:
-                header, tensors = self.link.recv(deadline, upcoming)
-                self._check_header(header)
-                outcomes.append((tensors, None))
+                for op, token in zip(run, tokens, strict=True):
+                    self.link.finish_send(token, self._current_started + self._transport_timeout_s)
+                    self._finish(op, None, None)
+                    done += 1
             else:
-                assert head.message is not None
-                header, tensors = self.link.exchange(head.message, deadline)
+                deadline = self._current_started + self._transport_timeout_s
+                if head.kind is OpKind.RECV:
+                    header, tensors = self.link.recv(deadline, upcoming)
+                else:
+                    assert head.message is not None
+                    header, tensors = self.link.exchange(head.message, deadline)
                 self._check_header(header)
-                outcomes.append((tensors, None))
+                self._finish(head, tensors, None)
+                done += 1
         except Exception as failure:
-            first = run[len(outcomes)]
+            first = run[done]
             if isinstance(failure, CommError):
                 error = self._locate(failure, first)
             else:  # an unexpected transport exception: still a located CommError
@@ -276,11 +284,10 @@ class Channel:
                 error.__cause__ = failure
             if self._broken is None:
                 self._broken = error
-            for op in run[len(outcomes):]:
+            for op in run[done:]:
                 again = error if op is first else error.with_action(
                     op.handle.action, "an earlier operation on this communicator failed: ")
-                outcomes.append((None, again))
-        return outcomes
+                self._finish(op, None, again)
 
     def _check_header(self, header: MessageHeader) -> None:
         expected = self._recv_seq
