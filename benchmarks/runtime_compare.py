@@ -75,9 +75,11 @@ def predictions(report: BenchReport, other: BenchReport | None) -> list[dict]:
     pooled_other = _per_layer([s for run in other.runs for s in run.replay.samples]) if other else None
     for run in report.runs:
         replayed = run.replay.result.makespan_s
-        donor = next(r for r in report.runs if r.mode == run.mode and r.repeat == (run.repeat + 1) % repeats)
         row = {"mode": run.mode, "repeat": run.repeat, "replay_makespan_s": replayed}
-        models = {"same_mode_other_repeat": _fit(donor.replay.samples)}
+        models = {}
+        if repeats > 1:  # a single repeat has no other run of the same mode to fit on
+            donor = next(r for r in report.runs if r.mode == run.mode and r.repeat == (run.repeat + 1) % repeats)
+            models["same_mode_other_repeat"] = _fit(donor.replay.samples)
         if pooled_other is not None:
             models["other_length_per_layer"] = pooled_other
         for name, model in models.items():
@@ -94,7 +96,7 @@ def _median_span(values: list[float], fmt: str = "{:.2f}") -> str:
     return text if len(values) == 1 else f"{text} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
-def markdown(reports: dict[int, BenchReport], preds: dict[int, list[dict]], wall_s: float) -> str:
+def markdown(reports: dict[int, BenchReport], preds: dict[int, list[dict]], wall_s: float, tag: str = "") -> str:
     first = next(iter(reports.values())).config
     lines = [
         "# Reference runtime results (`benchmarks/runtime_compare.py`)",
@@ -119,8 +121,8 @@ def markdown(reports: dict[int, BenchReport], preds: dict[int, list[dict]], wall
         rows = {m: [p for p in preds[length] if p["mode"] == m] for m in report.config.modes}
         for summary in report.modes:
             mode_preds = rows[summary.mode]
-            same = [p["same_mode_other_repeat_s"] for p in mode_preds]
-            same_err = [p["same_mode_other_repeat_error"] for p in mode_preds]
+            same = [p["same_mode_other_repeat_s"] for p in mode_preds if "same_mode_other_repeat_s" in p]
+            same_err = [p["same_mode_other_repeat_error"] for p in mode_preds if "same_mode_other_repeat_s" in p]
             cross = [p.get("other_length_per_layer_s") for p in mode_preds if "other_length_per_layer_s" in p]
             cross_err = [p["other_length_per_layer_error"] for p in mode_preds if "other_length_per_layer_error" in p]
             lines.append(
@@ -128,11 +130,12 @@ def markdown(reports: dict[int, BenchReport], preds: dict[int, list[dict]], wall
                 f"{_median_span(summary.replay_makespan_s)} | "
                 f"{_median_span(summary.replay_bubble_ratio_runs, '{:.1%}')} | "
                 f"{_median_span(summary.bubble_ratio_runs, '{:.1%}')} | {summary.compute_s:.2f} | "
-                f"{summary.replay_exposed_comm_s:.3f} | {_median_span(same)} | "
-                f"{_median_span(same_err, '{:+.1%}')} | "
+                f"{summary.replay_exposed_comm_s:.3f} | "
+                + (f"{_median_span(same)} | {_median_span(same_err, '{:+.1%}')} | " if same else "- | - | ")
                 + (f"{_median_span(cross)} | {_median_span(cross_err, '{:+.1%}')} |" if cross else "- | - |"))
         lines += ["", *_verdicts(report), ""]
-    worst = max(abs(p["same_mode_other_repeat_error"]) for rows in preds.values() for p in rows)
+    errors = [abs(p[k]) for rows in preds.values() for p in rows for k in p if k.endswith("other_repeat_error")]
+    worst = max(errors, default=float("nan"))
     lines += [
         "## Replay vs simulator prediction",
         "",
@@ -143,8 +146,9 @@ def markdown(reports: dict[int, BenchReport], preds: dict[int, list[dict]], wall
         f"Largest absolute error, other-repeat fit, over all runs: {worst:.1%}"
         + (" (within the 10% target)." if worst <= 0.10 else " (**outside the 10% target**; see the rows above)."),
         "",
-        "Figures: `docs/figures/runtime_<len>k.png` (Gantt: measured and replayed timeline of each mode, last "
-        "repeat) and `docs/figures/runtime_<len>k.trace.json` (open in ui.perfetto.dev).",
+        f"Figures: `docs/figures/runtime_<len>k{'_' + tag if tag else ''}.png` (Gantt: measured and replayed "
+        f"timeline of each mode, last repeat) and `docs/figures/runtime_<len>k{'_' + tag if tag else ''}.trace.json` "
+        "(open in ui.perfetto.dev).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -171,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--requests", type=int, default=1)
     parser.add_argument("--model", default="tiny-qwen3")
+    parser.add_argument("--tag", default="", help="Suffix of the figure and result file names.")
     parser.add_argument("--out", default=str(ROOT / "docs" / "runtime-results.md"))
     args = parser.parse_args(argv)
     lengths = [parse_size(x) for x in args.lengths.split(",")]
@@ -186,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                              num_requests=args.requests, repeat=args.repeat, timeouts=timeouts)
         report = run_bench(config, _Log(f"{length // 1024}k"))
         reports[length] = report
-        stem = f"runtime_{length // 1024}k"
+        stem = f"runtime_{length // 1024}k{'_' + args.tag if args.tag else ''}"
         write_outputs(report, results_dir / f"{stem}.json", figures / f"{stem}.trace.json", figures / f"{stem}.png",
                       results_dir / f"{stem}_costs.json")
     preds = {}
@@ -194,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         others = [r for l, r in reports.items() if l != length]
         preds[length] = predictions(report, others[0] if others else None)
     wall = time.monotonic() - started
-    Path(args.out).write_text(markdown(reports, preds, wall))
-    (results_dir / "runtime_compare.json").write_text(json.dumps(
+    Path(args.out).write_text(markdown(reports, preds, wall, args.tag))
+    (results_dir / f"runtime_compare{'_' + args.tag if args.tag else ''}.json").write_text(json.dumps(
         {str(l): {"results": r.to_json()["results"], "predictions": preds[l]} for l, r in reports.items()}, indent=1))
     print(Path(args.out).read_text())
     return 0

@@ -70,8 +70,9 @@ def rank_main(rank: int, pool: Any, pool_dir: str, jobs: Any, control_queues: li
         )
         comm = create_communicator(pool.backend_name, CommConfig(group_names=ALL_GROUPS, timeout_s=pool.timeouts.comm_s))
         result_queue.put(("up", 0, rank))
+        parent = os.getppid()
         while True:
-            job = jobs.get()
+            job = _next_job(jobs, parent)
             if job is None:
                 break
             run_id, spec = job
@@ -92,6 +93,19 @@ def rank_main(rank: int, pool: Any, pool_dir: str, jobs: Any, control_queues: li
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _next_job(jobs: Any, parent: int) -> Any:
+    """The next job; None to stop. Idle ranks poll so that an orphaned rank (launcher gone without
+    PR_SET_PDEATHSIG, e.g. off Linux) notices and stops instead of waiting forever."""
+    import queue as queue_module
+
+    while True:
+        try:
+            return jobs.get(timeout=1.0)
+        except queue_module.Empty:
+            if os.getppid() != parent:
+                return None
 
 
 def _run_one(rank: int, run_id: int, spec: Any, comm: Any, pool_dir: Path, control_queues: list[Any],
