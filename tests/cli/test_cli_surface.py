@@ -1,0 +1,54 @@
+"""Freeze the CLI surface: command names and their flags are a contract others test against.
+
+Adding a flag or a command is fine but deliberate: refresh with ``pytest tests/cli --update-golden``
+and review the diff. Removing or renaming one fails here.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import typer.main
+
+from sglang_vpp.cli.app import app
+
+GOLDEN = Path(__file__).parent.parent / "golden" / "cli_surface.json"
+
+# Named by the issues; these must always exist.
+REQUIRED = {
+    "layout": {"--pp", "--layers", "--mode", "--split", "--json"},
+    "schedule": {"--mode", "--pp", "--seq-len", "--chunk-size", "--requests", "--format"},
+    "check": {"--mode", "--pp", "--seq-len", "--chunk-size", "--requests", "--groups", "--json"},
+    "simulate": {"--model", "--hardware", "--pp", "--workload", "--seq-len", "--chunk-size", "--modes",
+                 "--requests", "--sweep-chunk", "--json", "--trace", "--plot"},
+    "bench": {"--backend", "--model", "--pp", "--seq-len", "--chunk-size", "--modes", "--requests", "--repeat",
+              "--json", "--trace", "--plot", "--device"},
+    "bench-serve": {"--url", "--workload", "--json"},
+    "doctor": {"--backend"},
+}
+
+
+def _surface() -> dict[str, list[str]]:
+    group = typer.main.get_command(app)
+    surface = {}
+    for name, command in sorted(group.commands.items()):
+        flags = sorted(opt for param in command.params for opt in getattr(param, "opts", []) if opt.startswith("--"))
+        surface[name] = flags
+    return surface
+
+
+def test_required_commands_and_flags_exist():
+    surface = _surface()
+    for command, flags in REQUIRED.items():
+        assert command in surface, f"command {command} is missing"
+        missing = flags - set(surface[command])
+        assert not missing, f"{command} lost flags {sorted(missing)}"
+
+
+def test_no_new_cli_options(update_golden):
+    surface = _surface()
+    if update_golden or not GOLDEN.exists():
+        GOLDEN.write_text(json.dumps(surface, indent=2, sort_keys=True) + "\n")
+        if update_golden:
+            pytest.skip("golden CLI surface rewritten")
+    assert surface == json.loads(GOLDEN.read_text()), "CLI surface changed: review, then --update-golden"
