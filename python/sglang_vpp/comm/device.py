@@ -17,8 +17,9 @@ stream -> channel thread: header frames over gloo -> on the link stream: wait fo
 stage host tensors to the device, ``batch_isend_irecv`` the payloads, ``work.wait()`` (stream-side),
 record a done event -> poll ``event.query()`` until it fires or the deadline passes.
 [Note: device readiness by event polling] ``event.synchronize()`` cannot time out and an NCCL/HCCL
-hang would hold the thread forever; ``query()`` with a short back-off costs microseconds and lets
-the deadline abort the communicator and raise ``CommTimeoutError`` naming the operation.
+hang would hold the thread forever; ``query()`` with a short back-off (20 to 200 us) costs little
+and lets the deadline abort the communicator and raise ``CommTimeoutError`` naming the operation.
+An API that offers ``wait_event(event, timeout_s)`` (the device double) is waited on instead.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from .message import MessageHeader, OutgoingMessage
 __all__ = ["DeviceBackend", "DeviceLink"]
 
 _POLL_START_S = 20e-6
-_POLL_MAX_S = 1e-3
+_POLL_MAX_S = 200e-6  # worst added latency per transfer; a thread waking every 200 us costs little
 
 
 class DeviceLink(Link):
@@ -150,9 +151,13 @@ class DeviceLink(Link):
 
     def _poll(self, event: Any, deadline: float, what: str, num_sends: int, num_recvs: int) -> None:
         pause = _POLL_START_S
+        wait_event = getattr(self.api, "wait_event", None)
         while True:
             try:
-                if event.query():
+                if wait_event is not None:
+                    if wait_event(event, max(0.0, deadline - time.monotonic())):
+                        return
+                elif event.query():
                     return
             except CommError:
                 raise

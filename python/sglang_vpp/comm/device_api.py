@@ -62,6 +62,9 @@ class DeviceApi(Protocol):
         """Tell the caching allocator that ``tensor`` is used on ``stream``."""
         ...
 
+    # Optional: ``wait_event(event, timeout_s) -> bool``, a host wait with a timeout that raises the
+    # device's error. Device links use it when present and poll ``event.query()`` otherwise.
+
     def make_pg_options(self) -> Any:
         """A fresh ``ProcessGroupNCCL.Options`` / ``ProcessGroupHCCL.Options``."""
         ...

@@ -93,12 +93,14 @@ class DoubleStream:
                 raise self.error
             return self._completed >= ticket
 
-    def block_until(self, ticket: int) -> None:
+    def block_until(self, ticket: int, timeout_s: float | None = None) -> bool:
+        """Wait until ``ticket`` ran (True) or ``timeout_s`` passed (False); raise a sticky error."""
         with self._cond:
-            self._cond.wait_for(lambda: self._completed >= ticket or
-                                (self.error_ticket is not None and self.error_ticket <= ticket))
+            reached = self._cond.wait_for(lambda: self._completed >= ticket or
+                                          (self.error_ticket is not None and self.error_ticket <= ticket), timeout_s)
             if self.error is not None and self.error_ticket is not None and self.error_ticket <= ticket:
                 raise self.error
+            return reached
 
     def wait_event(self, event: "DoubleEvent") -> None:
         """Later tasks on this stream wait until ``event`` fired (``torch.cuda.Stream.wait_event``)."""
@@ -145,6 +147,10 @@ class DoubleEvent:
     def synchronize(self) -> None:
         if self.stream is not None:
             self.stream.block_until(self.ticket)
+
+    def wait_for(self, timeout_s: float) -> bool:
+        """Host wait with a timeout (what ``DeviceApi.wait_event`` offers for the double)."""
+        return True if self.stream is None else self.stream.block_until(self.ticket, timeout_s)
 
 
 class DoubleHcclOptions:
@@ -265,6 +271,10 @@ class DoubleDeviceApi:
 
     def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
         return None  # host memory: no caching allocator to inform
+
+    def wait_event(self, event: DoubleEvent, timeout_s: float) -> bool:
+        """Block until ``event`` fired or ``timeout_s`` passed; raises the stream's sticky error."""
+        return event.wait_for(timeout_s)
 
     # ------------------------------------------------------------------ groups
     def make_pg_options(self) -> Any:
