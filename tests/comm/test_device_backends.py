@@ -6,7 +6,7 @@ import pytest
 
 from comm_support import launch
 from sglang_vpp.comm.base import LinkSpec
-from sglang_vpp.comm.errors import CommConfigError
+from sglang_vpp.comm.errors import CommConfigError, CommError, CommTimeoutError, PeerDeadError
 from sglang_vpp.comm.testing.device_double import DoubleDeviceApi, DoubleHcclOptions
 
 
@@ -44,6 +44,21 @@ def test_nccl_options_ask_for_a_high_priority_stream() -> None:
     assert NcclBackend(api=DoubleDeviceApi("nccl")).pg_options(LinkSpec("fwd", (0, 1))).is_high_priority_stream
     assert not NcclBackend(api=DoubleDeviceApi("nccl"), high_priority_stream=False).pg_options(
         LinkSpec("fwd", (0, 1))).is_high_priority_stream
+
+
+@pytest.mark.parametrize("name", ["nccl", "hccl"])
+def test_device_errors_are_classified(name: str) -> None:
+    from sglang_vpp_ascend.hccl import HcclBackend
+    from sglang_vpp_cuda.nccl import NcclBackend
+
+    backend = {"nccl": NcclBackend, "hccl": HcclBackend}[name](api=DoubleDeviceApi(name))
+    gone = {"nccl": "NCCL error: remote process exited or there was a network error",
+            "hccl": "HCCL function error: link down between ranks"}[name]
+    assert isinstance(backend.classify_error(RuntimeError(gone), 5.0), PeerDeadError)
+    timeout = backend.classify_error(RuntimeError(f"{name} watchdog: operation timed out"), 5.0)
+    assert isinstance(timeout, CommTimeoutError) and timeout.timeout_s == 5.0
+    other = backend.classify_error(RuntimeError("invalid argument"), 5.0)
+    assert type(other) is CommError and name in str(other)
 
 
 def test_hccl_communicators_are_named_per_direction() -> None:

@@ -29,7 +29,7 @@ from typing import Any
 from sglang_vpp.comm.base import BackendStatus, LinkSpec
 from sglang_vpp.comm.device import DeviceBackend
 from sglang_vpp.comm.device_api import DeviceApi
-from sglang_vpp.comm.errors import CommConfigError, CommError, CommTimeoutError, PeerDeadError
+from sglang_vpp.comm.errors import CommConfigError
 
 __all__ = ["HcclBackend", "HCCL_MAX_GROUP_NAME", "DEFAULT_HCCL_BUFFSIZE_MB"]
 
@@ -43,6 +43,8 @@ class HcclBackend(DeviceBackend):
     name = "hccl"
     distribution = "sglang-vpp-ascend"
     device_word = "NPU"
+    peer_gone_markers = ("remote rank exit", "remote process exit", "link down", "connection closed")
+    timeout_markers = ("timeout", "timed out", "ei0002")  # EI0002: HCCL's notify-wait timeout code
 
     def __init__(self, api: DeviceApi | None = None, hccl_buffer_size_mb: int | None = None,
                  name_prefix: str = "vpp") -> None:
@@ -98,19 +100,3 @@ class HcclBackend(DeviceBackend):
             config["hccl_buffer_size"] = self.hccl_buffer_size_mb
         options.hccl_config = config  # assign the whole dict: the property hands out a copy
         return options
-
-    def communicator_id(self, group: Any, rank: int) -> str:
-        return self.api.communicator_name(group, rank)
-
-    def classify_error(self, error: RuntimeError, timeout_s: float) -> CommError:
-        text = str(error)
-        lowered = text.lower()
-        first = text.splitlines()[0][:300] if text else repr(error)
-        if "remote" in lowered and ("exit" in lowered or "close" in lowered) or "link down" in lowered:
-            failure: CommError = PeerDeadError(detail=f"hccl: {first}")
-        elif "timeout" in lowered or "timed out" in lowered or "ei0002" in lowered:
-            failure = CommTimeoutError(timeout_s=timeout_s, detail=f"hccl: {first}")
-        else:
-            failure = super().classify_error(error, timeout_s)
-        failure.__cause__ = error
-        return failure

@@ -20,7 +20,6 @@ from typing import Any
 from sglang_vpp.comm.base import BackendStatus, LinkSpec
 from sglang_vpp.comm.device import DeviceBackend
 from sglang_vpp.comm.device_api import DeviceApi
-from sglang_vpp.comm.errors import CommError, CommTimeoutError, PeerDeadError
 
 __all__ = ["NcclBackend"]
 
@@ -31,6 +30,8 @@ class NcclBackend(DeviceBackend):
     name = "nccl"
     distribution = "sglang-vpp-cuda"
     device_word = "GPU"
+    peer_gone_markers = ("remote process exited", "connection closed", "socket")
+    timeout_markers = ("timeout", "timed out", "watchdog")
 
     def __init__(self, api: DeviceApi | None = None, high_priority_stream: bool = True) -> None:
         super().__init__(api)
@@ -65,19 +66,3 @@ class NcclBackend(DeviceBackend):
         # A high-priority NCCL stream lets activation transfers overtake queued compute kernels.
         options.is_high_priority_stream = self.high_priority_stream
         return options
-
-    def communicator_id(self, group: Any, rank: int) -> str:
-        return self.api.communicator_name(group, rank)
-
-    def classify_error(self, error: RuntimeError, timeout_s: float) -> CommError:
-        text = str(error)
-        lowered = text.lower()
-        first = text.splitlines()[0][:300] if text else repr(error)
-        if "remote process exited" in lowered or "connection closed" in lowered or "socket" in lowered:
-            failure: CommError = PeerDeadError(detail=f"nccl: {first}")
-        elif "timeout" in lowered or "timed out" in lowered or "watchdog" in lowered:
-            failure = CommTimeoutError(timeout_s=timeout_s, detail=f"nccl: {first}")
-        else:
-            failure = super().classify_error(error, timeout_s)
-        failure.__cause__ = error
-        return failure

@@ -35,7 +35,7 @@ import torch
 from .base import BackendStatus, CommBackend, Link, LinkSpec
 from .config import CommConfig
 from .device_api import DeviceApi
-from .errors import BackendUnavailableError, CommError, CommTimeoutError
+from .errors import BackendUnavailableError, CommError, CommTimeoutError, PeerDeadError
 from .gloo import GlooWire, new_gloo_group
 from .message import MessageHeader, OutgoingMessage
 
@@ -182,7 +182,7 @@ class DeviceBackend(CommBackend):
     """Base of the NCCL and HCCL backends: device choice, link creation, error mapping.
 
     Subclasses provide ``_load_api`` (the real device API, imported lazily), ``pg_options`` (the
-    device group's creation options for one ``LinkSpec``) and ``communicator_id``."""
+    device group's creation options for one ``LinkSpec``) and the wording of their errors."""
 
     device_word: ClassVar[str] = "device"
 
@@ -211,13 +211,26 @@ class DeviceBackend(CommBackend):
     def pg_options(self, spec: LinkSpec) -> Any:
         """Creation options of the device group for ``spec``."""
 
-    @abstractmethod
     def communicator_id(self, group: Any, rank: int) -> str:
-        """Identity of the device communicator behind ``group``."""
+        """Identity of the device communicator behind ``group`` (NCCL: group name, uid and comm
+        pointer; HCCL: ``get_hccl_comm_name``)."""
+        return self.api.communicator_name(group, rank)
+
+    #: Lower-case fragments of the device library's messages for a vanished peer / a timeout.
+    peer_gone_markers: ClassVar[tuple[str, ...]] = ()
+    timeout_markers: ClassVar[tuple[str, ...]] = ("timeout", "timed out")
 
     def classify_error(self, error: RuntimeError, timeout_s: float) -> CommError:
-        """Map a device runtime error; subclasses may know their library's wording."""
-        failure = CommError(detail=f"{self.name}: {str(error).splitlines()[0][:300] if str(error) else error!r}")
+        """Map a device runtime error to ``PeerDeadError`` / ``CommTimeoutError`` / ``CommError``."""
+        text = str(error)
+        lowered = text.lower()
+        first = f"{self.name}: {text.splitlines()[0][:300] if text else repr(error)}"
+        if any(marker in lowered for marker in self.peer_gone_markers):
+            failure: CommError = PeerDeadError(detail=first)
+        elif any(marker in lowered for marker in self.timeout_markers):
+            failure = CommTimeoutError(timeout_s=timeout_s, detail=first)
+        else:
+            failure = CommError(detail=first)
         failure.__cause__ = error
         return failure
 

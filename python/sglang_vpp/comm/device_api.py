@@ -6,6 +6,7 @@ protocol. Three implementations exist:
 - ``sglang_vpp_cuda.cuda_api.CudaApi``: ``torch.cuda`` streams and events, ``ProcessGroupNCCL``;
 - ``sglang_vpp_ascend.npu_api.NpuApi``: ``torch.npu`` (torch_npu) streams and events,
   ``ProcessGroupHCCL`` with ``hccl_config`` options;
+  (both on ``C10dDeviceApi``, the part they share);
 - ``sglang_vpp.comm.testing.device_double.DoubleDeviceApi``: a stand-in for the hardware on top
   of gloo that enforces the documented device semantics (strict in-order pairing per
   communicator, a send holds its stream until the receive is posted, sticky stream errors), so
@@ -25,7 +26,7 @@ from typing import Any, ContextManager, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["DeviceApi"]
+__all__ = ["DeviceApi", "C10dDeviceApi"]
 
 
 @runtime_checkable
@@ -93,3 +94,77 @@ class DeviceApi(Protocol):
     def destroy_group(self, group: Any) -> None:
         """Release the group (never raises)."""
         ...
+
+
+class C10dDeviceApi:
+    """The parts of ``DeviceApi`` that real devices share: torch_npu mirrors ``torch.cuda``, and
+    both drive c10d point-to-point the same way. Subclasses check availability, then pass their
+    device module (``torch.cuda``, ``torch.npu``) and add options, names and versions."""
+
+    flavour: str
+    device_type: str
+    is_double = False
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def device_count(self) -> int:
+        return int(self._module.device_count())
+
+    def device_names(self) -> list[str]:
+        return [f"{self.device_type}:{i} {self._module.get_device_name(i)}" for i in range(self.device_count())]
+
+    def set_device(self, index: int) -> torch.device:
+        # NCCL's batch_isend_irecv hangs if the current device is not set (torch documents this).
+        self._module.set_device(index)
+        return torch.device(self.device_type, index)
+
+    def new_stream(self) -> Any:
+        return self._module.Stream()
+
+    def new_event(self) -> Any:
+        return self._module.Event()
+
+    def stream(self, stream: Any) -> ContextManager[Any]:
+        return self._module.stream(stream)
+
+    def current_stream(self) -> Any:
+        return self._module.current_stream()
+
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        tensor.record_stream(stream)
+
+    def new_group(self, ranks: list[int], timeout: timedelta, pg_options: Any, group_desc: str) -> Any:
+        import torch.distributed as dist
+
+        return dist.new_group(ranks, timeout=timeout, backend=self.flavour, pg_options=pg_options,
+                              group_desc=group_desc)
+
+    def device_backend(self, group: Any) -> Any:
+        """The c10d backend object (ProcessGroupNCCL / ProcessGroupHCCL) behind ``group``."""
+        return group._get_backend(torch.device(self.device_type))
+
+    def p2p_op(self, kind: str, tensor: torch.Tensor, peer: int, group: Any) -> Any:
+        import torch.distributed as dist
+
+        return dist.P2POp(dist.isend if kind == "isend" else dist.irecv, tensor, peer, group)
+
+    def batch_isend_irecv(self, ops: list[Any]) -> list[Any]:
+        import torch.distributed as dist
+
+        # NCCL groups the calls (ncclGroupStart/End); torch_npu maps them to HcclBatchSendRecv.
+        return dist.batch_isend_irecv(ops)
+
+    def abort_group(self, group: Any) -> None:
+        try:
+            self.device_backend(group).abort()
+        except Exception:  # best effort: the communicator may already be gone
+            pass
+
+    def destroy_group(self, group: Any) -> None:
+        import torch.distributed as dist
+
+        try:
+            dist.destroy_process_group(group)
+        except Exception:  # already destroyed with the world
+            pass
