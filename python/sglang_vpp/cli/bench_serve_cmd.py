@@ -415,9 +415,51 @@ def _print_summary(summary: Summary, label: str | None) -> None:
         console.print(f"[red]error:[/red] {error}")
 
 
+def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
+    """``--url`` values as (label, url); ``name=http://...`` names a server, else its URL does."""
+    if not urls:
+        raise BenchServeError("give at least one --url, e.g. --url http://127.0.0.1:30000")
+    if label is not None and len(urls) > 1:
+        raise BenchServeError("--label names a single server; with several --url use name=http://... instead")
+    targets = []
+    for raw in urls:
+        name, sep, url = raw.partition("=")
+        if not sep or "://" in name:
+            name, url = (label or raw), raw
+        _connection(url, 1.0)  # validates the URL's shape before anything runs
+        targets.append((name, url))
+    names = [name for name, _ in targets]
+    if len(set(names)) != len(names):
+        raise BenchServeError(f"--url labels must be distinct, got {names}")
+    return targets
+
+
+def _print_side_by_side(runs: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="bench-serve: servers side by side (same workload, run one after another)")
+    for column in ("server", "ok", "TTFT median s", "TTFT p90 s", "latency median s", "total tok/s", "output tok/s"):
+        table.add_column(column, justify="left" if column == "server" else "right")
+    for run in runs:
+        summary: Summary = run["summary_obj"]
+
+        def cell(stats: Stats | None, key: str) -> str:
+            return "-" if stats is None else f"{getattr(stats, key):.4f}"
+
+        table.add_row(
+            run["label"], f"{summary.num_requests - summary.num_failed}/{summary.num_requests}",
+            cell(summary.ttft, "median"), cell(summary.ttft, "p90"), cell(summary.latency, "median"),
+            f"{summary.total_throughput:.1f}", f"{summary.output_throughput:.1f}",
+        )  # fmt: skip
+    console = Console()
+    console.print(table)
+    console.print("Wall-clock numbers of servers sharing one small machine are not a pipeline speedup claim.")
+
+
 @user_errors
 def bench_serve(
-    url: str = typer.Option(..., "--url", help="Server base URL, e.g. http://127.0.0.1:30000."),
+    url: list[str] = typer.Option(..., "--url", help="Server base URL, e.g. http://127.0.0.1:30000; repeat as name=URL to compare servers side by side."),
     workload: Workload = typer.Option(Workload.SHORT, "--workload", help="long, short, mixed or file."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Requests to measure (workload default)."),
     input_len: Optional[int] = typer.Option(None, "--input-len", help="Input tokens (median for mixed)."),
@@ -434,8 +476,11 @@ def bench_serve(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write config, server info, summary and per-request results."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
-    """Measure TTFT (streaming), end-to-end latency and throughput of an SGLang server."""
-    from rich.progress import Progress
+    """Measure TTFT (streaming), end-to-end latency and throughput of SGLang servers.
+
+    With several --url (e.g. --url cpp=http://127.0.0.1:30000 --url vpp-pack=http://127.0.0.1:30001)
+    the same workload runs against each in turn and a side-by-side table follows.
+    """
 
     default_num, default_in, default_out, default_conc = _DEFAULTS[workload]
     requests = make_workload(
@@ -451,6 +496,36 @@ def bench_serve(
     if num_requests is not None and workload == Workload.FILE:
         requests = requests[:num_requests]
     concurrency = concurrency or default_conc
+    config = {
+        "workload": str(workload), "num_requests": len(requests), "concurrency": concurrency,
+        "request_rate": None if math.isinf(request_rate) else request_rate,
+        "seed": seed, "warmup": warmup,
+        "input_lens": [r.input_len for r in requests],
+        "output_len": requests[0].output_len if requests else None,
+    }  # fmt: skip
+    runs = []
+    for name, target in _parse_targets(url, label):
+        summary, results = _measure(target, requests, workload, concurrency, request_rate, timeout, seed, warmup, progress)
+        _print_summary(summary, name if (label is not None or len(url) > 1) else None)
+        runs.append({
+            "label": name if (label is not None or len(url) > 1) else label, "url": target, "config": config,
+            "server": _server_info(target, 10.0), "summary": asdict(summary),
+            "requests": [asdict(r) for r in results], "summary_obj": summary,
+        })  # fmt: skip
+    if len(runs) > 1:
+        _print_side_by_side(runs)
+    if json_out is not None:
+        clean = [{k: v for k, v in run.items() if k != "summary_obj"} for run in runs]
+        emit_json(clean[0] if len(clean) == 1 else {"runs": clean}, json_out)
+    if any(run["summary_obj"].num_failed for run in runs):
+        raise typer.Exit(1)
+
+
+def _measure(url: str, requests: list[BenchRequest], workload: Workload, concurrency: int, request_rate: float,
+             timeout: float, seed: int, warmup: int, progress: bool) -> tuple[Summary, list[RequestResult]]:
+    """Warm one server up, then run the workload against it."""
+    from rich.progress import Progress
+
     if warmup > 0:
         warm = [BenchRequest(-1 - i, 2, input_ids=requests[0].input_ids, text=requests[0].text) for i in range(warmup)]
         warm_results, _ = run_requests(url, warm, concurrency=1, timeout=timeout)
@@ -458,30 +533,9 @@ def bench_serve(
         if failed:
             raise BenchServeError(f"warm-up request to {url} failed: {failed[0]}; is the server up?")
     with Progress(disable=not progress, transient=False) as bar:
-        task = bar.add_task(f"bench-serve {workload}", total=len(requests))
+        task = bar.add_task(f"bench-serve {workload} {url}", total=len(requests))
         results, wall = run_requests(
             url, requests, concurrency=concurrency, request_rate=request_rate, timeout=timeout,
             seed=seed, on_done=lambda _r: bar.advance(task),
         )  # fmt: skip
-    summary = summarize(results, wall)
-    _print_summary(summary, label)
-    if json_out is not None:
-        emit_json(
-            {
-                "label": label,
-                "url": url,
-                "config": {
-                    "workload": str(workload), "num_requests": len(requests), "concurrency": concurrency,
-                    "request_rate": None if math.isinf(request_rate) else request_rate,
-                    "seed": seed, "warmup": warmup,
-                    "input_lens": [r.input_len for r in requests],
-                    "output_len": requests[0].output_len if requests else None,
-                },
-                "server": _server_info(url, 10.0),
-                "summary": asdict(summary),
-                "requests": [asdict(r) for r in results],
-            },
-            json_out,
-        )  # fmt: skip
-    if summary.num_failed:
-        raise typer.Exit(1)
+    return summarize(results, wall), results
