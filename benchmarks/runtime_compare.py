@@ -202,10 +202,12 @@ def markdown(reports: dict[int, BenchReport], preds: dict[int, list[dict]], wall
         "next repeat; the exact per-action costs of that repeat (`sim.TableCostModel`), which isolates the "
         "run-to-run variation of measured costs; and a per-layer fit of every mode at the other length.",
         "",
-        f"Fitted model, other repeat: largest per-mode median error {worst_mode:.1%}; largest single-run "
-        f"error {max(fitted, default=float('nan')):.1%}"
-        + (" (within 10%)." if max(fitted, default=1.0) <= 0.10 else
-           (" (per-mode medians within 10%, not every run)." if worst_mode <= 0.10 else " (**outside 10%**).")),
+        (f"Fitted model, other repeat: largest per-mode median error {worst_mode:.1%}; largest single-run "
+         f"error {max(fitted):.1%}"
+         + (" (within 10%)." if max(fitted) <= 0.10 else
+            (" (per-mode medians within 10%, not every run)." if worst_mode <= 0.10 else " (**outside 10%**)."))
+         if fitted else "Fitted model, other repeat: not computed (one repeat per mode: no other run of the "
+         "same mode to fit on; see the other-length column)."),
         "",
         *([] if tag else [
             "With one request per run vpp-pack has no next request to pack into the drain window; the same "
