@@ -175,7 +175,7 @@ class CoordinatorFeed(_PlannerFeed):
         if self._num_planned() > before:
             return True
         # The schedule core has no public "next event" yet; its private helper is exact.
-        upcoming = self.planner._next_event_time()
+        upcoming = self.planner.next_event_time()
         if upcoming is None:
             return False
         self._broadcast(Advance(upcoming))

@@ -163,7 +163,7 @@ class Planner:
         """Plan every decision whose estimated time is <= ``until`` (all known work if None)."""
         while True:
             self._settle(self.now)
-            upcoming = self._next_event_time()
+            upcoming = self.next_event_time()
             if upcoming is None or (until is not None and upcoming > until):
                 break
             self.now = upcoming
@@ -191,7 +191,8 @@ class Planner:
                 if self._rank_free[rank] <= now and self._act(rank, now):
                     acted = True
 
-    def _next_event_time(self) -> float | None:
+    def next_event_time(self) -> float | None:
+        """Estimated time of the next planning decision after ``now`` (None: nothing pending)."""
         times = [t for t in self._rank_free if t > self.now]
         times += [t for t in self._completions if t > self.now]
         for stage in range(self._num_stages):
