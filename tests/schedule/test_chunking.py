@@ -90,3 +90,11 @@ def test_min_chunk_size_overrides_quarter_floor():
     assert _chunker(min_chunk_size=512, smooth_factor=1.0).next_chunk_size(deep, 10**9) == 512
     with pytest.raises(ChunkingError):
         _chunker(min_chunk_size=8192)
+
+
+def test_first_chunk_is_exactly_base_despite_rounding():
+    # Curves whose root at L = 0 lands a hair under the base size in floating point.
+    for a, b in [(3.7e-9, 1.3e-5), (1e-7, 0.0), (2.2e-8, 7.1e-6), (5e-10, 3e-4)]:
+        for base in (64, 512, 1000, 4096, 24576):
+            chunker = DynamicChunker(QuadraticCurve(a, b, 0.1), base)
+            assert chunker.next_chunk_size(0, 10**9) == base // min(64, base) * min(64, base)

@@ -159,7 +159,9 @@ class DynamicChunker:
         base = self.base_chunk_size
         smoothed = base + self.smooth_factor * (self.ideal_chunk_size(prefix_len) - base)
         floor = self.min_chunk_size if self.min_chunk_size is not None else base // 4
-        size = max(int(smoothed), floor)
+        # The root is computed in floating point: at L = 0 it is ``base`` up to rounding, and a
+        # plain int() of 511.99999 would then align a 512 chunk down to 448.
+        size = max(int(smoothed + 1e-6 * max(1.0, smoothed)), floor)
         # Alignment never exceeds the base size: tiny test models use chunks below 64 tokens.
         align = min(self.alignment, base)
         size = max(align, size // align * align)
