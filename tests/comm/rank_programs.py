@@ -36,6 +36,12 @@ def raise_comm_error(rank: int, world_size: int) -> None:
 
 
 def exit_rank_one(rank: int, world_size: int) -> int:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        # Both ranks finish connecting first; otherwise rank 0 can fail inside gloo's connection
+        # set-up and the test would measure that race instead of the exit report.
+        dist.barrier()
     if rank == 1:
         os._exit(3)
     return rank
