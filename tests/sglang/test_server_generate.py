@@ -130,7 +130,13 @@ def test_mode_reached_the_server(server):
     assert args["enable_dynamic_chunking"] is dynamic
     log = server.log_path.read_text(errors="replace")
     if dynamic:
-        # SGLang's own dynamic chunking profiled and fitted on rank 0 (the DCPP baseline).
-        assert "[PP Dynamic Chunk]" in log and "Predictor ready" in log, server.log_tail(3000)
+        # SGLang's own dynamic chunking profiled on rank 0 (the DCPP baseline). Whether its
+        # quadratic fit succeeds depends on timing noise: on a tiny model under load SGLang may
+        # reject a fit with a <= 0 and fall back to fixed chunks, and it says so. Both are
+        # SGLang's behaviour; what this test owns is that the mode reached the scheduler.
+        assert "[PP Dynamic Chunk] [PP0] Profiled" in log, server.log_tail(3000)
+        fitted = "Predictor ready" in log
+        fell_back = "Failed to fit the chunk-size predictor" in log
+        assert fitted or fell_back, server.log_tail(3000)
     if server.config.pp_size > 1:
         assert " PP1]" in log, "no log line from pipeline rank 1"
