@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import pytest
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig
-from vpp_checks import CHUNK, MIXED_LENGTHS, Reference, check_answer, generate_concurrently, make_prompts
-
-from sglang_vpp.models.tiny_hf import TinyModelSpec
+from vpp_checks import (
+    CHUNK,
+    MIXED_LENGTHS,
+    QWEN2_8L,
+    QWEN3_MOE,
+    Reference,
+    check_answer,
+    generate_concurrently,
+    make_prompts,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
 
-QWEN2_8L = TinyModelSpec("qwen2-tiny", num_layers=8)
-QWEN3_MOE = TinyModelSpec("qwen3-moe-tiny")
 CASES = {
     "cpp": (QWEN2_8L, 2, "cpp"),
     "pp4-vpp-async": (QWEN2_8L, 4, "vpp-async"),

@@ -17,6 +17,7 @@ from sglang_harness import SKIP_NO_SGLANG, ServerConfig
 from vpp_checks import (
     CHUNK,
     MIXED_LENGTHS,
+    QWEN2_8L,
     Reference,
     abort_mid_prefill,
     check_answer,
@@ -27,11 +28,8 @@ from vpp_checks import (
     wait_for_json,
 )
 
-from sglang_vpp.models.tiny_hf import TinyModelSpec
-
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
 
-QWEN2_8L = TinyModelSpec("qwen2-tiny", num_layers=8)
 MODES = ("vpp", "vpp-async", "vpp-pack")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from sglang_vpp.sglang_plugin.vpp.errors import CommTimeoutError, VppConfigError
 from sglang_vpp.sglang_plugin.vpp.state import VppConfig, VppState
 from sglang_vpp.sglang_plugin.vpp.timeline import replay_contiguous, replay_foldback

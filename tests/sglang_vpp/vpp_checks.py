@@ -12,18 +12,22 @@ from pathlib import Path
 
 import torch
 from sglang_harness import SGLangServer, get_json, post_json
-
 from sglang_vpp.models.tiny_hf import TinyModelSpec, load_transformers_model
 
 CHUNK = 64
 MIXED_LENGTHS = (37, 768, 64, 300, 5, 730, 128, 450)
 """1 to 12 chunks of 64; 64, 128 and 768 divide the chunk size, the others do not."""
 NUM_NEW_TOKENS = 8
-LOGPROB_TOLERANCE = 2.5e-4
-"""Against transformers' whole-prompt fp32 forward. Twelve 64-token chunks accumulate rounding:
-stock SGLang ``--pp-mode cpp`` itself was measured at 1.13e-4 on the 730-token prompt under
-concurrent batching, so the issue's 1e-4 is below the stock engine's own error here. Tokens
-must still match exactly."""
+LOGPROB_TOLERANCE = 1e-4
+"""Against transformers' whole-prompt fp32 forward (the issue's bound)."""
+
+_WELL_CONDITIONED = {"initializer_range": 0.1}
+"""The presets' 0.2 makes logits sharp enough that twelve 64-token chunks accumulate fp32 rounding
+past 1e-4 in stock SGLang itself (stock ``--pp-mode cpp`` measured 1.13e-4 on a 730-token prompt;
+transformers chunked-vs-whole 5.7e-5). At 0.1 transformers chunked-vs-whole is 1.3e-5, so a 1e-4
+bound tests the pipeline, not the rounding, while greedy argmax stays decisive on these prompts."""
+QWEN2_8L = TinyModelSpec("qwen2-tiny", num_layers=8, overrides=_WELL_CONDITIONED)
+QWEN3_MOE = TinyModelSpec("qwen3-moe-tiny", overrides=_WELL_CONDITIONED)
 
 
 def make_prompts(lengths, seed: int) -> list[list[int]]:
