@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from sglang_vpp.cli.bench_serve_cmd import (
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "sglang_vpp.cli.app", "bench-serve", *args],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "240"},
     )  # fmt: skip
 
 
@@ -102,3 +103,62 @@ def test_bench_serve_reports_ttft_of_a_real_cpu_server(workload, server_pool, ti
     assert summary["input_tokens"] == sum(report["config"]["input_lens"])
     assert report["server"]["pp_size"] == 1 and report["label"] == "pp1"
     assert all(r["ttft"] <= r["latency"] for r in report["requests"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "either --url"),
+        (("--url", "http://127.0.0.1:1", "--launch", "cpp"), "not both"),
+        (("--launch", "cpp,zpp"), "unknown mode(s) ['zpp']"),
+        (("--launch", "cpp,cpp"), "names a mode twice"),
+        (("--launch", "cpp", "--model-path", "/nonexistent", "--repeats", "0"), "--repeats must be >= 1"),
+        (("--launch", "vpp", "--model-path", "/nonexistent", "--chunked-prefill-size", "0"), "--chunked-prefill-size"),
+    ],
+)
+def test_launch_option_errors_name_the_value(args, message):
+    done = _cli(*args, "--no-progress")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.sglang
+@SKIP_NO_SGLANG
+def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_model, tmp_path):
+    from sglang_vpp.models.tiny_hf import TinyModelSpec
+
+    server_pool.close()  # bench-serve --launch starts its own servers, one at a time
+    model = tiny_model(TinyModelSpec("qwen2-tiny", num_layers=8))
+    out, work = tmp_path / "launch.json", tmp_path / "work"
+    done = _cli(
+        "--launch", "cpp,vpp-pack", "--model-path", str(model), "--pp-size", "2", "--chunked-prefill-size", "64",
+        "--workload", "long", "--num-requests", "1", "--input-len", "768", "--output-len", "2", "--repeats", "2",
+        "--work-dir", str(work), "--json", str(out), "--no-progress", timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "prefill idle per rank" in done.stdout and "not a wall-clock measurement" in done.stdout
+    runs = {run["label"]: run for run in json.loads(out.read_text())["runs"]}
+    assert list(runs) == ["cpp", "vpp-pack"]
+    for mode, num_stages in (("cpp", 2), ("vpp-pack", 4)):
+        run = runs[mode]
+        assert run["config"]["launch"]["mode"] == mode
+        assert [r["num_failed"] for r in run["repeats"]] == [0, 0]
+        assert run["summary"]["num_requests"] == 2 and run["summary"]["ttft"]["count"] == 2  # both repeats
+        per_repeat = run["pipeline"]["per_repeat"]
+        assert len(per_repeat) == 2
+        for repeat in per_repeat:
+            # 768 tokens in chunks of 64: 12 prefill micro-batches, one compute per stage each.
+            assert repeat["num_micro_batches"] == 12, repeat
+            assert repeat["num_prefill_computes"] == 12 * num_stages, repeat
+            for rank in repeat["ranks"]:
+                assert rank["busy_s"] > 0 and 0 <= rank["idle_s"] <= rank["makespan_s"]
+        spread = run["pipeline"]["idle_spread"]
+        assert [r["rank"] for r in spread] == [0, 1]
+        assert all(r["idle_s"]["min"] <= r["idle_s"]["median"] <= r["idle_s"]["max"] for r in spread)
+    # Every launched server was stopped: nothing listens on their ports any more.
+    for run in runs.values():
+        with pytest.raises(OSError):
+            import urllib.request
+
+            urllib.request.urlopen(run["url"] + "/health", timeout=5)

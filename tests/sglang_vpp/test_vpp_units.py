@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sglang_vpp.sglang_plugin.vpp.errors import CommTimeoutError, VppConfigError
 from sglang_vpp.sglang_plugin.vpp.state import VppConfig, VppState
-from sglang_vpp.sglang_plugin.vpp.timeline import replay_contiguous, replay_foldback
+from sglang_vpp.serving.timeline import replay_as_contiguous, replay_executed
 
 
 def test_config_refuses_pp1_and_bad_split_with_the_fix():
@@ -55,8 +55,8 @@ def test_replay_reproduces_the_balance_argument():
         order += [(3, k - 1), (0, k + 1)]
     order += [(3, n - 2), (3, n - 1)]
     records = _linear_records(n, order)
-    vpp = replay_foldback(records, 2)
-    cpp = replay_contiguous(records, 2)
+    vpp = replay_executed(records, 2)
+    cpp = replay_as_contiguous(records, 2)
     work = sum(r["cpu_s"] for r in records)
     assert sum(t.busy_s for t in vpp) == pytest.approx(work) == pytest.approx(sum(t.busy_s for t in cpp))
     # With linear tau_k, CPP's rank 1 waits for rank 0 on every chunk while VPP's ranks pair

@@ -383,6 +383,80 @@ def _server_info(url: str, timeout: float) -> dict[str, Any]:
     return {key: args.get(key) for key in keys if key in args}
 
 
+# ---------------------------------------------------------------------------- run plan
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How to load a server: the workload (rebuilt per repeat) and the client's settings."""
+
+    workload: Workload
+    num_requests: int
+    input_len: int
+    output_len: int
+    concurrency: int
+    request_rate: float = math.inf
+    timeout: float = 600.0
+    seed: int = 0
+    warmup: int = 1
+    vocab_size: int = 10000
+    max_input_len: int | None = None
+    file: Path | None = None
+    progress: bool = True
+
+    def requests(self, repeat: int = 0) -> list[BenchRequest]:
+        """The measured requests. Each repeat draws fresh token ids (seed + repeat) so no repeat is
+        served from the radix cache of the one before; a file's explicit ids or texts repeat as given."""
+        requests = make_workload(
+            self.workload, self.num_requests, self.input_len, self.output_len, seed=self.seed + repeat,
+            vocab_size=self.vocab_size, max_input_len=self.max_input_len, file=self.file,
+        )  # fmt: skip
+        return requests[: self.num_requests] if self.workload == Workload.FILE and self.num_requests else requests
+
+    def warm_up(self, url: str) -> int:
+        """Send ``warmup`` requests (not measured) shaped like the first one but with their own token
+        ids, so the measured prompt is not already in the server's prefix cache. Returns how many."""
+        if self.warmup <= 0:
+            return 0
+        first = self.requests()[0]
+        warm = []
+        for i in range(self.warmup):
+            rng = random.Random(f"warmup-{self.seed}-{i}")
+            if first.input_ids is not None:
+                ids = _random_ids(rng, len(first.input_ids), self.vocab_size)
+                warm.append(BenchRequest(-1 - i, 2, input_ids=ids))
+            else:
+                warm.append(BenchRequest(-1 - i, 2, text=f"warm-up {i}: {first.text}"))
+        results, _ = run_requests(url, warm, concurrency=1, timeout=self.timeout)
+        failed = [r.error for r in results if not r.ok]
+        if failed:
+            raise BenchServeError(f"warm-up request to {url} failed: {failed[0]}; is the server up?")
+        return self.warmup
+
+    def run(self, url: str, repeat: int = 0) -> tuple["Summary", list[RequestResult]]:
+        """One measured pass of the workload against ``url``, with a progress bar."""
+        from rich.progress import Progress
+
+        requests = self.requests(repeat)
+        with Progress(disable=not self.progress, transient=False) as bar:
+            task = bar.add_task(f"bench-serve {self.workload} {url}", total=len(requests))
+            results, wall = run_requests(
+                url, requests, concurrency=self.concurrency, request_rate=self.request_rate,
+                timeout=self.timeout, seed=self.seed + repeat, on_done=lambda _r: bar.advance(task),
+            )  # fmt: skip
+        return summarize(results, wall), results
+
+    def describe(self) -> dict[str, Any]:
+        requests = self.requests()
+        return {
+            "workload": str(self.workload), "num_requests": len(requests), "concurrency": self.concurrency,
+            "request_rate": None if math.isinf(self.request_rate) else self.request_rate,
+            "seed": self.seed, "warmup": self.warmup,
+            "input_lens": [r.input_len for r in requests],
+            "output_len": requests[0].output_len if requests else None,
+        }  # fmt: skip
+
+
 # ---------------------------------------------------------------------------- command
 
 
@@ -434,32 +508,64 @@ def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
     return targets
 
 
+def _idle_cell(run: dict[str, Any]) -> str:
+    """Per rank: median replayed prefill idle (ms) and its share of the makespan."""
+    spread = (run.get("pipeline") or {}).get("idle_spread") or []
+    return " | ".join(
+        f"r{r['rank']} {r['idle_s']['median'] * 1e3:.0f} ms {r['idle_fraction']['median']:.0%}" for r in spread
+    ) or "-"
+
+
 def _print_side_by_side(runs: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    with_idle = any(run.get("pipeline") for run in runs)
     table = Table(title="bench-serve: servers side by side (same workload, run one after another)")
-    for column in ("server", "ok", "TTFT median s", "TTFT p90 s", "latency median s", "total tok/s", "output tok/s"):
-        table.add_column(column, justify="left" if column == "server" else "right")
+    columns = ["server", "ok", "TTFT median s", "TTFT p90 s", "latency median s", "total tok/s", "output tok/s"]
+    if with_idle:
+        columns.append("prefill idle per rank (replayed, median)")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("server", columns[-1]) and column != "output tok/s" else "right")
     for run in runs:
         summary: Summary = run["summary_obj"]
 
         def cell(stats: Stats | None, key: str) -> str:
             return "-" if stats is None else f"{getattr(stats, key):.4f}"
 
-        table.add_row(
+        row = [
             run["label"], f"{summary.num_requests - summary.num_failed}/{summary.num_requests}",
             cell(summary.ttft, "median"), cell(summary.ttft, "p90"), cell(summary.latency, "median"),
             f"{summary.total_throughput:.1f}", f"{summary.output_throughput:.1f}",
-        )  # fmt: skip
+        ]  # fmt: skip
+        if with_idle:
+            row.append(_idle_cell(run))
+        table.add_row(*row)
     console = Console()
     console.print(table)
     console.print("Wall-clock numbers of servers sharing one small machine are not a pipeline speedup claim.")
+    if with_idle:
+        console.print(
+            "Prefill idle per rank: each stage compute's thread CPU time replayed as if every rank had its own "
+            "device (transfers cost 0); a derived timeline, not a wall-clock measurement."
+        )
+    for run in runs:
+        for note in run.get("notes") or []:
+            console.print(f"[yellow]note ({run['label']}):[/yellow] {note}")
 
 
 @user_errors
 def bench_serve(
-    url: list[str] = typer.Option(..., "--url", help="Server base URL, e.g. http://127.0.0.1:30000; repeat as name=URL to compare servers side by side."),
+    url: Optional[list[str]] = typer.Option(None, "--url", help="Server base URL, e.g. http://127.0.0.1:30000; repeat as name=URL to compare servers side by side."),
+    launch: Optional[str] = typer.Option(None, "--launch", help="Instead of --url: start one server per --pp-mode in turn (e.g. cpp,vpp-pack or all) and compare them, with per-rank prefill idle."),
+    model_path: Optional[str] = typer.Option(None, "--model-path", help="--launch: the model (default: a tiny 8-layer Qwen2 built locally)."),
+    pp_size: int = typer.Option(2, "--pp-size", help="--launch: pipeline ranks."),
+    chunked_prefill_size: int = typer.Option(64, "--chunked-prefill-size", help="--launch: the chunk size (dcpp: its base chunk)."),
+    device: str = typer.Option("cpu", "--device", help="--launch: SGLang --device (cpu adds torch_native attention and fp32)."),
+    server_arg: Optional[list[str]] = typer.Option(None, "--server-arg", help="--launch: one more launch_server argument, repeatable (e.g. --server-arg=--max-total-tokens --server-arg=32768)."),
+    repeats: int = typer.Option(1, "--repeats", help="--launch: measured runs of the workload per server (idle spread is over repeats)."),
+    work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="--launch: where server logs and traces go (default: a new temporary directory)."),
+    startup_timeout: float = typer.Option(600.0, "--startup-timeout", help="--launch: seconds a server may take to become healthy."),
     workload: Workload = typer.Option(Workload.SHORT, "--workload", help="long, short, mixed or file."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Requests to measure (workload default)."),
     input_len: Optional[int] = typer.Option(None, "--input-len", help="Input tokens (median for mixed)."),
@@ -479,33 +585,37 @@ def bench_serve(
     """Measure TTFT (streaming), end-to-end latency and throughput of SGLang servers.
 
     With several --url (e.g. --url cpp=http://127.0.0.1:30000 --url vpp-pack=http://127.0.0.1:30001)
-    the same workload runs against each in turn and a side-by-side table follows.
+    the same workload runs against each in turn and a side-by-side table follows. With --launch
+    MODES the command starts each server itself (one at a time), adds each rank's prefill idle
+    (replayed from per-stage CPU time, see docs/cli.md) and stops it again.
     """
+    if (url is None) == (launch is None):
+        raise BenchServeError("give either --url (running servers) or --launch MODES (start them), not both or neither")
 
     default_num, default_in, default_out, default_conc = _DEFAULTS[workload]
-    requests = make_workload(
-        workload,
-        num_requests or default_num,
-        input_len or default_in,
-        output_len or default_out,
-        seed=seed,
-        vocab_size=vocab_size,
-        max_input_len=max_input_len,
-        file=file,
-    )
-    if num_requests is not None and workload == Workload.FILE:
-        requests = requests[:num_requests]
-    concurrency = concurrency or default_conc
-    config = {
-        "workload": str(workload), "num_requests": len(requests), "concurrency": concurrency,
-        "request_rate": None if math.isinf(request_rate) else request_rate,
-        "seed": seed, "warmup": warmup,
-        "input_lens": [r.input_len for r in requests],
-        "output_len": requests[0].output_len if requests else None,
-    }  # fmt: skip
+    plan = RunPlan(
+        workload=workload, num_requests=num_requests or default_num, input_len=input_len or default_in,
+        output_len=output_len or default_out, concurrency=concurrency or default_conc, request_rate=request_rate,
+        timeout=timeout, seed=seed, warmup=warmup, vocab_size=vocab_size, max_input_len=max_input_len,
+        file=file, progress=progress,
+    )  # fmt: skip
+    config = plan.describe()  # also validates the workload before anything runs
+    if plan.concurrency < 1:
+        raise BenchServeError(f"--concurrency must be >= 1, got {plan.concurrency}")
+    if launch is not None:
+        from .bench_serve_launch import LaunchSpec, default_model_dir
+
+        spec = LaunchSpec(
+            model_dir=model_path or default_model_dir(), pp_size=pp_size,
+            chunked_prefill_size=chunked_prefill_size, device=device, server_args=tuple(server_arg or ()),
+            startup_timeout=startup_timeout, work_dir=work_dir,
+        )  # fmt: skip
+        _bench_launched(launch, spec, plan, config, repeats, json_out)
+        return
     runs = []
     for name, target in _parse_targets(url, label):
-        summary, results = _measure(target, requests, workload, concurrency, request_rate, timeout, seed, warmup, progress)
+        plan.warm_up(target)
+        summary, results = plan.run(target)
         _print_summary(summary, name if (label is not None or len(url) > 1) else None)
         runs.append({
             "label": name if (label is not None or len(url) > 1) else label, "url": target, "config": config,
@@ -521,21 +631,43 @@ def bench_serve(
         raise typer.Exit(1)
 
 
-def _measure(url: str, requests: list[BenchRequest], workload: Workload, concurrency: int, request_rate: float,
-             timeout: float, seed: int, warmup: int, progress: bool) -> tuple[Summary, list[RequestResult]]:
-    """Warm one server up, then run the workload against it."""
-    from rich.progress import Progress
+def _bench_launched(launch: str, spec, plan: RunPlan, config: dict[str, Any], repeats: int,
+                    json_out: Path | None) -> None:
+    """--launch: one server per mode, measured in turn (bench_serve_launch.run_launched)."""
+    from rich.console import Console
 
-    if warmup > 0:
-        warm = [BenchRequest(-1 - i, 2, input_ids=requests[0].input_ids, text=requests[0].text) for i in range(warmup)]
-        warm_results, _ = run_requests(url, warm, concurrency=1, timeout=timeout)
-        failed = [r.error for r in warm_results if not r.ok]
-        if failed:
-            raise BenchServeError(f"warm-up request to {url} failed: {failed[0]}; is the server up?")
-    with Progress(disable=not progress, transient=False) as bar:
-        task = bar.add_task(f"bench-serve {workload} {url}", total=len(requests))
-        results, wall = run_requests(
-            url, requests, concurrency=concurrency, request_rate=request_rate, timeout=timeout,
-            seed=seed, on_done=lambda _r: bar.advance(task),
-        )  # fmt: skip
-    return summarize(results, wall), results
+    from .bench_serve_launch import parse_modes, run_launched
+
+    modes = parse_modes(launch)
+    if repeats < 1:
+        raise BenchServeError(f"--repeats must be >= 1, got {repeats}")
+    for mode in modes:
+        spec.config(mode, Path("."))  # option errors before any server starts
+    console = Console(stderr=True)
+    launched = run_launched(
+        spec, modes, repeats=repeats, warm_up=plan.warm_up, run_once=plan.run,
+        on_event=lambda text: console.print(f"[dim]{text}[/dim]"),
+    )  # fmt: skip
+    runs = []
+    for run in launched:
+        # Over all repeats: the spread of TTFT / latency covers every measured request.
+        summary = summarize([r for results in run.results for r in results], sum(s.wall_seconds for s in run.summaries))
+        _print_summary(summary, run.mode)
+        launch_facts = {
+            "mode": run.mode, "model_path": spec.model_dir, "pp_size": spec.pp_size,
+            "chunked_prefill_size": spec.chunked_prefill_size, "device": spec.device,
+            "server_args": list(spec.server_args), "repeats": repeats, "log": run.log_path,
+            "start_seconds": run.start_seconds,
+        }  # fmt: skip
+        runs.append({
+            "label": run.mode, "url": run.url, "config": {**config, "launch": launch_facts},
+            "summary": asdict(summary), "requests": [asdict(r) for results in run.results for r in results],
+            "repeats": [asdict(s) for s in run.summaries],
+            "pipeline": {"per_repeat": [idle.to_json() for idle in run.idle], "idle_spread": run.idle_spread()},
+            "notes": run.notes, "summary_obj": summary,
+        })  # fmt: skip
+    _print_side_by_side(runs)
+    if json_out is not None:
+        emit_json({"runs": [{k: v for k, v in r.items() if k != "summary_obj"} for r in runs]}, json_out)
+    if any(s.num_failed for run in launched for s in run.summaries):
+        raise typer.Exit(1)

@@ -61,7 +61,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
         type=str,
         default=None,
         metavar="PATH",
-        help="vpp modes: write Perfetto (Chrome JSON) traces of the pipeline under PATH.",
+        help="Any mode: write per-rank compute records and Perfetto (Chrome JSON) traces of the "
+        "pipeline under PATH (read by sglang-vpp bench-serve --launch).",
     )
     group.add_argument(
         "--vpp-comm-timeout",

@@ -8,6 +8,7 @@ Data flow (each scheduler process, one per PP rank x TP rank)::
         -> setup_scheduler_process(server_args)
              register_cpu_hooks()                     (generic CPU platform only)
              vpp.install(server_args)                 (vpp* modes only; raises if missing)
+             stock_trace.install_stock_trace(dir)     (cpp / dcpp with --vpp-trace only)
              HookRegistry.apply_hooks()               (patches what was just registered)
       Scheduler(server_args, ...)                    (distributed groups, model, KV pools)
 
@@ -32,7 +33,7 @@ _done_for: set[int] = set()
 
 
 def setup_scheduler_process(server_args: Any) -> None:
-    """Install CPU hooks and, for vpp* modes, the VPP hooks in this scheduler process."""
+    """Install CPU hooks and, for vpp* modes, the VPP hooks (or the stock-PP trace) here."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     if id(server_args) in _done_for:
@@ -48,6 +49,10 @@ def setup_scheduler_process(server_args: Any) -> None:
         install = load_vpp_install(str(options.pp_mode))
         install(server_args)
         logger.info("sglang-vpp: installed --pp-mode %s in this scheduler", options.pp_mode)
+    elif options.vpp_trace:
+        from sglang_vpp.sglang_plugin.stock_trace import install_stock_trace
+
+        install_stock_trace(options.vpp_trace)
     HookRegistry.apply_hooks()
 
 

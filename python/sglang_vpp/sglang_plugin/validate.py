@@ -114,16 +114,11 @@ def validate_pipeline_args(args: Any, options: PipelineOptions) -> None:
     chunked = _get(args, "chunked_prefill_size")
     chunked_disabled = chunked is not None and int(chunked) <= 0
 
-    if not is_vpp_mode(mode):
-        for flag, value in (
-            ("--vpp-layer-split", options.vpp_layer_split),
-            ("--vpp-trace", options.vpp_trace),
-        ):
-            if value is not None:
-                raise PpModeError(
-                    f"{flag} only applies to --pp-mode vpp, vpp-async or vpp-pack "
-                    f"(got --pp-mode {mode}); drop {flag} or choose a vpp mode"
-                )
+    if not is_vpp_mode(mode) and options.vpp_layer_split is not None:
+        raise PpModeError(
+            f"--vpp-layer-split only applies to --pp-mode vpp, vpp-async or vpp-pack "
+            f"(got --pp-mode {mode}); drop --vpp-layer-split or choose a vpp mode"
+        )
     if mode == PpMode.CPP:
         return
     if pp_size < 2:

@@ -40,7 +40,7 @@ import torch
 
 from sglang_vpp.schedule import CommSemantics, Priority
 
-from .accounting import RankAccounting
+from sglang_vpp.sglang_plugin.accounting import RankAccounting
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
 from .packing import PackGate
 from .replica import Replica, batch_signature, outputs_to_cpu

@@ -1,4 +1,7 @@
-"""Per-rank compute/idle accounting of the VPP loop and an optional Perfetto trace.
+"""Per-rank compute/idle accounting of a pipeline rank and an optional Perfetto trace.
+
+Used by the VPP loop (``vpp/event_loop.py``) and by ``stock_trace.py`` (cpp / dcpp), so every
+mode writes the same files and ``sglang_vpp.serving`` reads them alike.
 
 Every stage compute is recorded with its wall-clock interval and its thread CPU time. On shared
 CPUs the wall clock of one rank includes time the OS gave to the other ranks, so the summary
@@ -45,7 +48,27 @@ class RankAccounting:
     """Loop counters written with the records (e.g. ``num_packed`` micro-batches on rank 0)."""
 
     def timed(self, stage: int, seq: int, is_prefill: bool, num_tokens: int):
+        """Context manager recording one compute whose identity is known before it runs."""
         return _Timer(self, stage, seq, is_prefill, num_tokens)
+
+    def start(self) -> tuple[float, float]:
+        """(wall, thread CPU) now; pass to ``finish`` once the compute's identity is known."""
+        return time.perf_counter(), time.thread_time()
+
+    def finish(self, started: tuple[float, float], *, stage: int, seq: int, is_prefill: bool, num_tokens: int) -> None:
+        wall0, cpu0 = started
+        self.records.append(
+            ComputeRecord(
+                rank=self.rank,
+                stage=stage,
+                seq=seq,
+                is_prefill=is_prefill,
+                num_tokens=num_tokens,
+                start_s=wall0 - self.origin,
+                end_s=time.perf_counter() - self.origin,
+                cpu_s=time.thread_time() - cpu0,
+            )
+        )
 
     def summary(self, prefill_only: bool = True) -> dict:
         """Compute time and idle time inside the window from the first to the last compute."""
@@ -97,21 +120,10 @@ class _Timer:
         self.owner, self.stage, self.seq, self.is_prefill, self.num_tokens = owner, stage, seq, is_prefill, num_tokens
 
     def __enter__(self) -> "_Timer":
-        self.wall0 = time.perf_counter()
-        self.cpu0 = time.thread_time()
+        self.started = self.owner.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        owner = self.owner
-        owner.records.append(
-            ComputeRecord(
-                rank=owner.rank,
-                stage=self.stage,
-                seq=self.seq,
-                is_prefill=self.is_prefill,
-                num_tokens=self.num_tokens,
-                start_s=self.wall0 - owner.origin,
-                end_s=time.perf_counter() - owner.origin,
-                cpu_s=time.thread_time() - self.cpu0,
-            )
+        self.owner.finish(
+            self.started, stage=self.stage, seq=self.seq, is_prefill=self.is_prefill, num_tokens=self.num_tokens
         )

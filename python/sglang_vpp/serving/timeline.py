@@ -6,20 +6,23 @@ thread CPU time is a good proxy for what it would take on a dedicated device. Th
 the computes with those durations and the pipeline's dependencies:
 
 - a compute starts when its rank is free (computes keep the order the rank executed them in) and
-  when the previous virtual stage of the same micro-batch has finished (transfers cost 0 here);
-- ``replay_foldback``: the VPP run as executed (records of ``accounting.py``);
-- ``replay_contiguous``: the same micro-batches and the same per-stage costs regrouped as stock
-  CPP would place them (rank r runs the layers of virtual stages 2r and 2r+1, one contiguous
-  range; micro-batches in admission order).
+  when the previous pipeline stage of the same micro-batch has finished (transfers cost 0 here);
+- ``replay_executed``: any run as executed, from the plugin's records (``--vpp-trace``): stock
+  cpp / dcpp record stage = rank, the vpp modes record the virtual stage;
+- ``replay_as_contiguous``: fold-back records regrouped as stock CPP would place the same layers
+  (rank r runs virtual stages 2r and 2r+1, one contiguous range; micro-batches in admission
+  order), a what-if for one run.
 
-Output per rank: busy time, idle time inside the makespan, and the makespan.
+A record is a dict with ``rank``, ``stage``, ``seq`` (micro-batch id, the same on every rank) and
+``cpu_s``; ``start_s`` orders a rank's records. Output per rank: busy time, idle time inside the
+makespan, and the makespan.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RankTimeline", "replay_foldback", "replay_contiguous"]
+__all__ = ["RankTimeline", "replay_executed", "replay_as_contiguous"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,14 @@ class RankTimeline:
     busy_s: float
     idle_s: float
     makespan_s: float
+
+    @property
+    def idle_fraction(self) -> float:
+        return self.idle_s / self.makespan_s if self.makespan_s > 0 else 0.0
+
+
+class IncompleteRecordsError(ValueError):
+    """A record waits for a stage no record provides (a trace cut in the middle of a batch)."""
 
 
 def _summarise(num_ranks: int, spans: dict[int, list[tuple[float, float]]]) -> list[RankTimeline]:
@@ -39,20 +50,23 @@ def _summarise(num_ranks: int, spans: dict[int, list[tuple[float, float]]]) -> l
     return out
 
 
-def replay_foldback(records: list[dict], num_ranks: int) -> list[RankTimeline]:
-    """Replay VPP records (dicts with rank, stage, seq, start_s, cpu_s) in executed order."""
+def replay_executed(records: list[dict], num_ranks: int) -> list[RankTimeline]:
+    """Replay measured records in each rank's executed order (module docstring)."""
     finish: dict[tuple[int, int], float] = {}
     free = [0.0] * num_ranks
     spans: dict[int, list[tuple[float, float]]] = {}
-    pending = sorted(records, key=lambda r: (r["start_s"], r["rank"]))
-    queues = {rank: [r for r in pending if r["rank"] == rank] for rank in range(num_ranks)}
+    ordered = sorted(records, key=lambda r: r["start_s"])
+    queues = {rank: [r for r in ordered if r["rank"] == rank] for rank in range(num_ranks)}
+    stages_of_seq: dict[int, set[int]] = {}
+    for record in records:
+        stages_of_seq.setdefault(record["seq"], set()).add(record["stage"])
     while any(queues.values()):
         progressed = False
         for rank, queue in queues.items():
             while queue:
                 record = queue[0]
                 dep = (record["stage"] - 1, record["seq"])
-                if record["stage"] > 0 and dep not in finish:
+                if dep[0] in stages_of_seq[record["seq"]] and dep not in finish:
                     break
                 start = max(free[rank], finish.get(dep, 0.0))
                 end = start + record["cpu_s"]
@@ -61,12 +75,14 @@ def replay_foldback(records: list[dict], num_ranks: int) -> list[RankTimeline]:
                 spans.setdefault(rank, []).append((start, end))
                 queue.pop(0)
                 progressed = True
-        assert progressed, "records have a dependency cycle (incomplete trace?)"
+        if not progressed:
+            stuck = {rank: f"{q[0]['stage']}F{q[0]['seq']}" for rank, q in queues.items() if q}
+            raise IncompleteRecordsError(f"records cannot be replayed: ranks wait in a cycle at {stuck}")
     return _summarise(num_ranks, spans)
 
 
-def replay_contiguous(records: list[dict], num_ranks: int) -> list[RankTimeline]:
-    """The same stage costs placed as stock CPP: rank r = virtual stages 2r and 2r+1."""
+def replay_as_contiguous(records: list[dict], num_ranks: int) -> list[RankTimeline]:
+    """Fold-back stage costs placed as stock CPP: rank r = virtual stages 2r and 2r+1."""
     cost: dict[tuple[int, int], float] = {}
     for record in records:
         rank = record["stage"] // 2

@@ -1,0 +1,163 @@
+"""``sglang-vpp bench-serve --launch MODES``: start one server per ``--pp-mode``, measure each in turn.
+
+Data flow (per mode, one server alive at a time)::
+
+    ServerConfig(model, --pp-size, --pp-mode MODE, --chunked-prefill-size, --vpp-trace DIR/MODE)
+      -> SGLangServer.start() (log in DIR/MODE.log)
+      -> warm-up requests (``warm_up`` returns how many it sent); wait_for_records(): the seq
+         reached so far
+      -> for each repeat: run_once(url, repeat) -> Summary (fresh prompts per repeat);
+         wait_for_records() -> measure_idle(): replayed per-rank prefill idle of that repeat
+      -> stop the server (always, on errors too)
+    -> one LaunchedRun per mode: label, server facts, summaries, per-repeat idle
+
+The per-rank idle is rebuilt from each stage compute's thread CPU time as if every rank had its
+own device (``serving/timeline.py``); wall-clock numbers of ranks sharing a small machine's cores
+are not a pipeline measurement and are never reported as one.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangServer
+from sglang_vpp.serving.pipeline_report import PipelineIdle, measure_idle, wait_for_records
+
+__all__ = ["LaunchSpec", "LaunchedRun", "parse_modes", "run_launched", "default_model_dir"]
+
+ALL_MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack")
+
+
+class LaunchError(ValueError):
+    """A bad --launch option (the message names the value and the fix)."""
+
+
+def parse_modes(text: str) -> list[str]:
+    """``cpp,vpp-pack`` or ``all`` -> the modes, in the order given, validated."""
+    modes = list(ALL_MODES) if text.strip() == "all" else [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ALL_MODES]
+    if bad or not modes:
+        raise LaunchError(f"--launch {text!r}: unknown mode(s) {bad}; choose from {', '.join(ALL_MODES)} or 'all'")
+    if len(set(modes)) != len(modes):
+        raise LaunchError(f"--launch {text!r} names a mode twice")
+    return modes
+
+
+def default_model_dir() -> str:
+    """The embedded default: a tiny 8-layer Qwen2 built locally (seeded weights, local tokenizer)."""
+    from sglang_vpp.models.tiny_hf import TinyModelSpec, cached_tiny_model
+
+    return str(cached_tiny_model(TinyModelSpec("qwen2-tiny", num_layers=8)))
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    model_dir: str
+    pp_size: int
+    chunked_prefill_size: int
+    device: str = "cpu"
+    server_args: tuple[str, ...] = ()
+    startup_timeout: float = 600.0
+    work_dir: Path | None = None
+    """Logs and traces go here (a fresh temporary directory when None)."""
+
+    def config(self, mode: str, trace_dir: Path) -> ServerConfig:
+        if self.pp_size < 1:
+            raise LaunchError(f"--pp-size must be >= 1, got {self.pp_size}")
+        if self.chunked_prefill_size < 1:
+            raise LaunchError(f"--chunked-prefill-size must be >= 1, got {self.chunked_prefill_size}")
+        platform = CPU_PLATFORM_ARGS if self.device == "cpu" else ("--device", self.device)
+        return ServerConfig(
+            model_dir=self.model_dir, pp_size=self.pp_size, pp_mode=mode,
+            chunked_prefill_size=self.chunked_prefill_size, platform_args=platform,
+            extra_args=(*self.server_args, "--vpp-trace", str(trace_dir)),
+        )  # fmt: skip
+
+
+@dataclass
+class LaunchedRun:
+    """What one mode's server measured."""
+
+    mode: str
+    url: str
+    log_path: str
+    start_seconds: float
+    summaries: list[Any] = field(default_factory=list)
+    """bench_serve_cmd.Summary per repeat."""
+    results: list[list[Any]] = field(default_factory=list)
+    idle: list[PipelineIdle] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def idle_spread(self) -> list[dict[str, float]]:
+        """Per rank: min / median / max over repeats of the replayed idle seconds and fraction."""
+        out = []
+        for rank in range(self.idle[0].num_ranks if self.idle else 0):
+            seconds = [run.ranks[rank].idle_s for run in self.idle]
+            fractions = [run.ranks[rank].idle_fraction for run in self.idle]
+            out.append({
+                "rank": rank,
+                "idle_s": {"min": min(seconds), "median": statistics.median(seconds), "max": max(seconds)},
+                "idle_fraction": {"min": min(fractions), "median": statistics.median(fractions), "max": max(fractions)},
+            })  # fmt: skip
+        return out
+
+
+def _notes_from_log(mode: str, log_text: str) -> list[str]:
+    notes = []
+    if mode == "dcpp" and "Failed to fit the chunk-size predictor" in log_text:
+        notes.append(
+            "dcpp: SGLang could not fit its chunk-size predictor at start-up (timing noise) and "
+            "served fixed chunks; this run is cpp in effect"
+        )
+    return notes
+
+
+def run_launched(
+    spec: LaunchSpec,
+    modes: list[str],
+    *,
+    repeats: int,
+    warm_up: Callable[[str], int],
+    run_once: Callable[[str, int], tuple[Any, list[Any]]],
+    on_event: Callable[[str], None] = lambda _m: None,
+) -> list[LaunchedRun]:
+    """Start, measure and stop one server per mode (module docstring)."""
+    if repeats < 1:
+        raise LaunchError(f"--repeats must be >= 1, got {repeats}")
+    work_dir = spec.work_dir or Path(tempfile.mkdtemp(prefix="sglang-vpp-bench-serve-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for mode in modes:
+        trace_dir = work_dir / f"trace-{mode}"
+        server = SGLangServer(spec.config(mode, trace_dir), work_dir / f"server-{mode}.log")
+        on_event(f"starting --pp-mode {mode} (log {server.log_path})")
+        server.start(timeout=spec.startup_timeout)
+        try:
+            run = LaunchedRun(mode=mode, url=server.url, log_path=str(server.log_path), start_seconds=server.start_seconds)
+            began = time.time()
+            after_seq = -1
+            if warm_up(server.url):
+                after_seq = _last_seq(wait_for_records(trace_dir, spec.pp_size, since=began))
+            for repeat in range(repeats):
+                on_event(f"--pp-mode {mode}: repeat {repeat + 1}/{repeats}")
+                began = time.time()
+                summary, results = run_once(server.url, repeat)
+                records = wait_for_records(trace_dir, spec.pp_size, since=began)
+                run.summaries.append(summary)
+                run.results.append(results)
+                run.idle.append(measure_idle(records, spec.pp_size, after_seq))
+                after_seq = _last_seq(records)
+            run.notes = _notes_from_log(mode, server.log_tail(10**7))
+        finally:
+            server.stop()
+        runs.append(run)
+    return runs
+
+
+def _last_seq(records: list[dict]) -> int:
+    return max((r["seq"] for r in records), default=-1)

@@ -1,0 +1,8 @@
+"""Client-side tools for real SGLang servers: start and stop them, read their pipeline records.
+
+- ``launcher``: ``ServerConfig`` / ``SGLangServer`` / ``ServerPool`` (start, health, kill the tree).
+- ``pipeline_report``: per-rank prefill idle from the plugin's ``--vpp-trace`` files.
+- ``timeline``: the dedicated-hardware replay of measured per-stage CPU times (pure Python).
+
+Used by ``sglang-vpp bench-serve`` and by the tests under tests/sglang and tests/sglang_vpp.
+"""

@@ -1,0 +1,249 @@
+"""Start real SGLang servers from Python: on 127.0.0.1, wait for health, always kill the tree.
+
+Used by ``sglang-vpp bench-serve --launch`` and by the test harness (tests/sglang/).
+
+Data flow::
+
+    ServerConfig (model dir, pp size, mode, platform flags, extra flags)
+      -> SGLangServer.start(): python -m sglang.launch_server ... in a new session
+         (stdout+stderr -> log file), poll GET /health until 200, the process dies, or timeout
+      -> clients talk HTTP to server.url
+      -> SGLangServer.stop(): SIGTERM to the whole process group, SIGKILL after a grace period,
+         then SIGKILL to any descendant that left the group (never a process we did not start)
+
+ServerPool keeps at most one server alive (small machines): asking for another config stops the
+current one first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CPU_PLATFORM_ARGS",
+    "ServerConfig",
+    "ServerPool",
+    "SGLangServer",
+    "ServerStartError",
+    "free_port",
+    "get_json",
+    "post_json",
+]
+
+CPU_PLATFORM_ARGS: tuple[str, ...] = ("--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32")
+"""SGLang on CPU: the portable attention backend, and fp32 so outputs compare with the reference."""
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become healthy; the message carries the log tail."""
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def post_json(url: str, payload: dict[str, Any], timeout: float = 300.0) -> Any:
+    """POST JSON, return the decoded JSON answer (raises on HTTP errors, with the body)."""
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"POST {url} -> {exc.code}: {exc.read()[:2000]!r}") from exc
+
+
+def get_json(url: str, timeout: float = 30.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One server launch. Frozen, so it can key the pool."""
+
+    model_dir: str
+    pp_size: int = 1
+    pp_mode: str | None = None
+    """``--pp-mode``; None leaves the flag out (stock command line)."""
+    chunked_prefill_size: int | None = 64
+    max_total_tokens: int = 16384
+    extra_args: tuple[str, ...] = ()
+    platform_args: tuple[str, ...] = CPU_PLATFORM_ARGS
+    """Device flags; the default runs on CPU (``CPU_PLATFORM_ARGS``)."""
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+    def command(self, port: int) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "sglang.launch_server",
+            "--model-path", self.model_dir,
+            "--host", "127.0.0.1", "--port", str(port),
+            *self.platform_args,
+            "--max-total-tokens", str(self.max_total_tokens),
+            "--pp-size", str(self.pp_size),
+        ]  # fmt: skip
+        if self.chunked_prefill_size is not None:
+            cmd += ["--chunked-prefill-size", str(self.chunked_prefill_size)]
+        if self.pp_mode is not None:
+            cmd += ["--pp-mode", self.pp_mode]
+        return cmd + list(self.extra_args)
+
+    @property
+    def on_cpu(self) -> bool:
+        args = list(self.platform_args) + list(self.extra_args)
+        return any(a == "--device" and b == "cpu" for a, b in zip(args, args[1:]))
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.pp_size > 1 and self.on_cpu:
+            # SGLang on CPU needs one core list per rank; share the machine's cores round-robin.
+            num_cpus = os.cpu_count() or 1
+            env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(
+                str(rank % num_cpus) for rank in range(self.pp_size)
+            )
+        env.update(dict(self.extra_env))
+        return env
+
+
+@dataclass
+class SGLangServer:
+    """One running ``sglang.launch_server`` process tree."""
+
+    config: ServerConfig
+    log_path: Path
+    port: int = 0
+    process: subprocess.Popen | None = None
+    start_seconds: float = 0.0
+    _descendants: dict[int, Any] = field(default_factory=dict)
+    """pid -> psutil.Process; psutil refuses to signal a reused pid (it checks create time)."""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, num_chars: int = 6000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-num_chars:]
+        except OSError:
+            return "(no log)"
+
+    def start(self, timeout: float = 240.0) -> SGLangServer:
+        self.port = free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child, closed below
+        began = time.monotonic()
+        self.process = subprocess.Popen(
+            self.config.command(self.port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.config.env(),
+            start_new_session=True,
+        )
+        log.close()
+        atexit.register(self.stop)
+        try:
+            self._wait_healthy(began + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - began
+        return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        assert self.process is not None
+        while time.monotonic() < deadline:
+            self._remember_descendants(self.process.pid)
+            if self.process.poll() is not None:
+                raise ServerStartError(
+                    f"sglang server exited with {self.process.returncode} during start-up "
+                    f"({' '.join(self.config.command(self.port))}); log tail:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(1.0)
+        raise ServerStartError(
+            f"sglang server not healthy after the start-up timeout; log tail:\n{self.log_tail()}"
+        )
+
+    def _remember_descendants(self, pid: int) -> None:
+        try:
+            import psutil
+
+            parent = psutil.Process(pid)
+            for child in parent.children(recursive=True):
+                self._descendants.setdefault(child.pid, child)
+        except Exception:  # noqa: BLE001 - best effort bookkeeping for stop()
+            pass
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Kill the whole tree: SIGTERM the group, SIGKILL after ``grace`` seconds. Idempotent."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        self._remember_descendants(process.pid)
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=30)
+        for child in self._descendants.values():  # children that left the process group, if any
+            try:
+                if child.is_running():
+                    child.kill()
+            except Exception:  # noqa: BLE001 - already gone or not ours any more
+                pass
+
+
+@dataclass
+class ServerPool:
+    """At most one live server; ``get`` reuses it for the same config or replaces it."""
+
+    log_dir: Path
+    current: SGLangServer | None = None
+    started: list[SGLangServer] = field(default_factory=list)
+
+    def get(self, config: ServerConfig, timeout: float = 240.0) -> SGLangServer:
+        if self.current is not None and self.current.config == config:
+            if self.current.process is not None and self.current.process.poll() is None:
+                return self.current
+        self.close()
+        name = f"server-{len(self.started)}-pp{config.pp_size}-{config.pp_mode or 'stock'}.log"
+        server = SGLangServer(config, self.log_dir / name)
+        self.started.append(server)
+        server.start(timeout=timeout)
+        self.current = server
+        return server
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+            self.current = None

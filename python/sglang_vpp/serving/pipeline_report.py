@@ -1,0 +1,119 @@
+"""Per-rank prefill compute/idle of a running server, from the plugin's ``--vpp-trace`` files.
+
+Data flow::
+
+    server started with --vpp-trace DIR (any --pp-mode; see sglang_plugin/accounting.py)
+      -> each rank rewrites DIR/vpp_rank<r>.records.json whenever it goes idle
+    snapshot(DIR, num_ranks)                 before a measured run: the last seq seen
+    wait_for_records(DIR, num_ranks, since)  after it: every rank's file rewritten since then
+      -> prefill records with seq > the snapshot's
+      -> timeline.replay_executed(): dedicated-hardware timeline from per-stage CPU time
+      -> PipelineIdle (per rank: busy, idle, makespan; counts)
+
+Only prefill computes count (the issue's accounting is for prefill); decode steps are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .timeline import RankTimeline, replay_executed
+
+__all__ = ["PipelineIdle", "TraceUnavailableError", "measure_idle", "read_records", "snapshot", "wait_for_records"]
+
+
+class TraceUnavailableError(RuntimeError):
+    """The server's trace files did not appear or were not rewritten in time."""
+
+
+def _rank_file(trace_dir: Path, rank: int) -> Path:
+    return trace_dir / f"vpp_rank{rank}.records.json"
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):  # absent, or caught between write and rename
+        return None
+
+
+def read_records(trace_dir: str | Path, num_ranks: int) -> list[dict] | None:
+    """All ranks' records, or None while some rank has not written its file yet."""
+    out: list[dict] = []
+    for rank in range(num_ranks):
+        data = _load(_rank_file(Path(trace_dir), rank))
+        if data is None:
+            return None
+        out.extend(data["records"])
+    return out
+
+
+def snapshot(trace_dir: str | Path, num_ranks: int) -> int:
+    """The highest micro-batch id recorded so far (-1 when nothing was written yet)."""
+    records = read_records(trace_dir, num_ranks) or []
+    return max((r["seq"] for r in records), default=-1)
+
+
+def wait_for_records(
+    trace_dir: str | Path, num_ranks: int, since: float, timeout: float = 60.0, settle: float = 1.0
+) -> list[dict]:
+    """Every rank's records once each file was rewritten after ``since`` (``time.time()``) and no
+    file changed for ``settle`` seconds.
+
+    Call it after the measured requests returned: their computes are finished by then, and each
+    rank rewrites its file when it goes idle right after, possibly before the client saw the last
+    answer; ``since`` is therefore the start of the measured run, and the settle time waits out
+    a rank's last rewrite.
+    """
+    trace_dir = Path(trace_dir)
+    paths = [_rank_file(trace_dir, rank) for rank in range(num_ranks)]
+    deadline = time.monotonic() + timeout
+    last_change, last_mtimes = time.monotonic(), None
+    while time.monotonic() < deadline:
+        mtimes = [p.stat().st_mtime if p.exists() else None for p in paths]
+        if mtimes != last_mtimes:
+            last_change, last_mtimes = time.monotonic(), mtimes
+        fresh = all(m is not None and m >= since for m in mtimes)
+        if fresh and time.monotonic() - last_change >= settle:
+            records = read_records(trace_dir, num_ranks)
+            if records is not None:
+                return records
+        time.sleep(0.1)
+    raise TraceUnavailableError(
+        f"no fresh pipeline records in {trace_dir} after {timeout:.0f} s (expected "
+        f"{', '.join(str(p) for p in paths)} rewritten when the server goes idle); was the server "
+        "started with --vpp-trace on this directory?"
+    )
+
+
+@dataclass(frozen=True)
+class PipelineIdle:
+    """Replayed per-rank prefill accounting of one measured window."""
+
+    num_ranks: int
+    num_prefill_computes: int
+    num_micro_batches: int
+    ranks: list[RankTimeline]
+
+    def to_json(self) -> dict:
+        return {
+            "num_ranks": self.num_ranks,
+            "num_prefill_computes": self.num_prefill_computes,
+            "num_micro_batches": self.num_micro_batches,
+            "ranks": [{**asdict(r), "idle_fraction": r.idle_fraction} for r in self.ranks],
+            "method": "replayed from per-stage thread CPU time (dedicated-hardware estimate, transfers cost 0)",
+        }
+
+
+def measure_idle(records: list[dict], num_ranks: int, after_seq: int = -1) -> PipelineIdle:
+    """Prefill records of micro-batches after ``after_seq``, replayed (module docstring)."""
+    window = [r for r in records if r["seq"] > after_seq and r["is_prefill"]]
+    return PipelineIdle(
+        num_ranks=num_ranks,
+        num_prefill_computes=len(window),
+        num_micro_batches=len({r["seq"] for r in window}),
+        ranks=replay_executed(window, num_ranks),
+    )

@@ -1,0 +1,90 @@
+"""Replay of measured per-stage CPU times and the trace-file reader (no server needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_vpp.serving.pipeline_report import TraceUnavailableError, measure_idle, snapshot, wait_for_records
+from sglang_vpp.serving.timeline import IncompleteRecordsError, replay_executed
+
+
+def _rec(rank, stage, seq, start, cpu, prefill=True):
+    return {"rank": rank, "stage": stage, "seq": seq, "start_s": start, "cpu_s": cpu, "is_prefill": prefill}
+
+
+def _cpp_records(costs):
+    """Stock 2-rank pipeline, chunk k costs costs[k] on each rank, executed in order."""
+    out = []
+    for k, c in enumerate(costs):
+        out += [_rec(0, 0, k, 10 * k, c), _rec(1, 1, k, 10 * k + 5, c)]
+    return out
+
+
+def test_cpp_replay_has_the_textbook_bubbles():
+    # Growing costs: rank 1 waits for chunk 0, then each step for the growth; rank 0 waits at the end.
+    costs = [1.0, 2.0, 3.0]
+    ranks = replay_executed(_cpp_records(costs), 2)
+    assert [r.busy_s for r in ranks] == [6.0, 6.0]
+    assert ranks[0].makespan_s == 9.0  # 1+2+3 on rank 0, then the last chunk on rank 1
+    assert ranks[0].idle_s == 3.0 and ranks[1].idle_s == 3.0
+
+
+def test_foldback_replay_respects_stage_order_and_rank_order():
+    # P=2 fold-back, one micro-batch: s0 (r0) -> s1 (r1) -> s2 (r1) -> s3 (r0).
+    recs = [_rec(0, 0, 0, 0, 1.0), _rec(1, 1, 0, 1, 1.0), _rec(1, 2, 0, 2, 1.0), _rec(0, 3, 0, 3, 1.0)]
+    ranks = replay_executed(recs, 2)
+    assert ranks[0].makespan_s == 4.0
+    assert ranks[0].idle_s == 2.0 and ranks[1].idle_s == 2.0
+
+
+def test_a_cycle_in_the_records_is_an_error_not_a_hang():
+    recs = [_rec(0, 1, 0, 0, 1.0), _rec(0, 0, 1, 1, 1.0), _rec(1, 0, 0, 2, 1.0), _rec(1, 1, 1, 0, 1.0)]
+    # rank 0 first wants stage 1 of mb 0 (needs rank 1's stage 0 of mb 0, queued behind stage 1 of mb 1,
+    # which needs rank 0's stage 0 of mb 1, queued behind the first): a cycle.
+    with pytest.raises(IncompleteRecordsError, match="cycle"):
+        replay_executed(recs, 2)
+
+
+def test_measure_idle_keeps_prefill_after_the_snapshot():
+    recs = _cpp_records([1.0, 1.0, 1.0]) + [_rec(0, 0, 3, 40, 0.1, prefill=False), _rec(1, 1, 3, 41, 0.1, prefill=False)]
+    idle = measure_idle(recs, 2, after_seq=0)
+    assert idle.num_micro_batches == 2 and idle.num_prefill_computes == 4
+    data = idle.to_json()
+    assert [r["rank"] for r in data["ranks"]] == [0, 1] and "replayed" in data["method"]
+
+
+def _write(trace_dir: Path, rank: int, records):
+    path = trace_dir / f"vpp_rank{rank}.records.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"summary": {}, "counters": {}, "records": records}))
+    os.replace(tmp, path)
+
+
+def test_wait_for_records_waits_for_fresh_settled_files(tmp_path: Path):
+    _write(tmp_path, 0, [_rec(0, 0, 0, 0, 1.0)])
+    _write(tmp_path, 1, [_rec(1, 1, 0, 0, 1.0)])
+    assert snapshot(tmp_path, 2) == 0
+    began = time.time() + 0.05
+    time.sleep(0.1)
+
+    def later():
+        time.sleep(0.3)
+        _write(tmp_path, 0, [_rec(0, 0, 0, 0, 1.0), _rec(0, 0, 1, 1, 1.0)])
+        _write(tmp_path, 1, [_rec(1, 1, 0, 0, 1.0), _rec(1, 1, 1, 1, 1.0)])
+
+    writer = threading.Thread(target=later)
+    writer.start()
+    records = wait_for_records(tmp_path, 2, since=began, timeout=10, settle=0.3)
+    writer.join()
+    assert len(records) == 4
+
+
+def test_missing_trace_is_a_clear_error(tmp_path: Path):
+    with pytest.raises(TraceUnavailableError, match="--vpp-trace"):
+        wait_for_records(tmp_path, 2, since=time.time(), timeout=0.5, settle=0.1)
