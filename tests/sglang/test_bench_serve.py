@@ -162,3 +162,13 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
             import urllib.request
 
             urllib.request.urlopen(run["url"] + "/health", timeout=5)
+
+
+@SKIP_NO_SGLANG
+def test_launch_reports_a_server_that_cannot_start(tmp_path):
+    bad_model = tmp_path / "not-a-model"
+    bad_model.mkdir()
+    done = _cli("--launch", "cpp", "--model-path", str(bad_model), "--pp-size", "1", "--num-requests", "1",
+                "--startup-timeout", "120", "--work-dir", str(tmp_path / "work"), "--no-progress")  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "error: sglang server exited" in done.stderr and "Traceback" not in done.stderr.split("error:")[0]

@@ -643,11 +643,22 @@ def _bench_launched(launch: str, spec, plan: RunPlan, config: dict[str, Any], re
         raise BenchServeError(f"--repeats must be >= 1, got {repeats}")
     for mode in modes:
         spec.config(mode, Path("."))  # option errors before any server starts
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        raise BenchServeError("--launch needs SGLang in this environment: run scripts/install_sglang_cpu.sh")
+    from sglang_vpp.serving.launcher import ServerStartError
+    from sglang_vpp.serving.pipeline_report import TraceUnavailableError
+
     console = Console(stderr=True)
-    launched = run_launched(
-        spec, modes, repeats=repeats, warm_up=plan.warm_up, run_once=plan.run,
-        on_event=lambda text: console.print(f"[dim]{text}[/dim]"),
-    )  # fmt: skip
+    try:
+        launched = run_launched(
+            spec, modes, repeats=repeats, warm_up=plan.warm_up, run_once=plan.run,
+            on_event=lambda text: console.print(f"[dim]{text}[/dim]"),
+        )  # fmt: skip
+    except (ServerStartError, TraceUnavailableError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
     runs = []
     for run in launched:
         # Over all repeats: the spread of TTFT / latency covers every measured request.
