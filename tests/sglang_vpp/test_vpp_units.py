@@ -32,8 +32,14 @@ def test_layout_ownership_is_foldback():
 
 
 def test_comm_timeout_names_peer_group_and_fix():
-    err = CommTimeoutError(rank=0, peer=1, group="bwd", action="hidden states of micro-batch 3", timeout_s=5)
-    assert "rank 1" in str(err) and "'bwd'" in str(err) and "SGLANG_VPP_COMM_TIMEOUT_S" in str(err)
+    from sglang_vpp.comm import CommTimeoutError as CommLayerTimeout
+    from sglang_vpp.sglang_plugin.vpp.event_loop import inbox_timeout
+
+    assert CommTimeoutError is CommLayerTimeout  # one timeout error for every pipeline wait
+    err = inbox_timeout(0, 1, "hidden states of micro-batch 3", 5.0)
+    text = str(err)
+    assert "peer rank 1" in text and "'fwd/bwd'" in text and "micro-batch 3" in text
+    assert "--vpp-comm-timeout" in text and "SGLANG_VPP_COMM_TIMEOUT_S" in text
 
 
 def _linear_records(num_chunks: int, order_rank0: list[tuple[int, int]]) -> list[dict]:

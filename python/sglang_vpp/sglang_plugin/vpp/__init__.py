@@ -5,7 +5,7 @@ each scheduler process before the distributed groups and the model exist; it reg
 hooks below with SGLang's ``HookRegistry`` (the caller applies them). Nothing of SGLang is
 copied: every change is a hook on one of these targets (paths under ``sglang.srt``):
 
-    distributed.parallel_state.initialize_model_parallel  AFTER   stage view + direction groups
+    distributed.parallel_state.initialize_model_parallel  AFTER   stage view + comm communicator
     distributed.utils.get_pp_indices                      AROUND  hull / forced stage range
     utils.common.make_layers                              AROUND  one layer stack per owned stage
     model_loader.loader.DefaultModelLoader._get_all_weights AROUND drop unowned layers' weights

@@ -15,8 +15,9 @@ Decisions follow the schedule core's policy (``sglang_vpp.schedule.get_policy(mo
 - order: ``FEED_PEER_FIRST`` (vpp-async, vpp-pack) admits and runs s0 of the next micro-batch
   before the fold-back stage of a returned one, so the transfer overlaps the peer's compute;
   ``OLDEST_FIRST`` (vpp) drains returned micro-batches first;
-- communication: ``BLOCKING`` (vpp) waits for each send to complete on one group for both
-  directions; ``ASYNC`` posts sends on two direction groups ("fwd", "bwd");
+- communication: ``BLOCKING`` (vpp) waits for each send to complete; ``ASYNC`` posts sends.
+  Every mode moves its messages over the ``sglang_vpp.comm`` communicator's two direction groups
+  ("fwd", "bwd"), through the ``transport.py`` adapter;
 - admission: at most ``in_flight_limit`` micro-batches (the planner's 2P-1) between stage 0
   and the end of the last stage; ``pack`` (vpp-pack) lets the next request's leading chunks
   into extra slots during a request's drain window (``packing.py``).
@@ -61,6 +62,16 @@ def run_vpp_event_loop(scheduler: Any, state: VppState) -> None:
     DynamicGradMode()(loop.run)()
 
 
+def inbox_timeout(rank: int, peer: int, action: str, timeout_s: float) -> CommTimeoutError:
+    """The error of a scheduler-thread wait that got no message in time (names the fix)."""
+    return CommTimeoutError(
+        rank=rank, peer=peer, group="fwd/bwd", action=action, timeout_s=timeout_s,
+        detail=f"no message from pp rank {peer} while waiting for {action}",
+        fix="the peer crashed, hangs, or one stage takes longer than the timeout: check the peer's log; "
+        "for very long chunks raise --vpp-comm-timeout (SGLANG_VPP_COMM_TIMEOUT_S)",
+    )  # fmt: skip
+
+
 class _LoopBase:
     def __init__(self, scheduler: Any, state: VppState) -> None:
         assert state.layout is not None and state.rank is not None
@@ -79,7 +90,7 @@ class _LoopBase:
         self.num_slots = num_slots
         self.jobs: dict[int, StageJob] = {}
         self.acct = RankAccounting(self.rank, self.config.trace_dir)
-        self.inbox = Inbox()
+        self.inbox = Inbox(self.config.comm_timeout_s)
         self.fwd_items: deque[Message] = deque()
         self.bwd_items: deque[Message] = deque()
         self._check_replicas_agree()
@@ -89,17 +100,16 @@ class _LoopBase:
             if 0 <= peer < self.num_ranks:
                 self._channel(direction, peer).start_pump(self.inbox)
         logger.info(
-            "VPP loop: mode %s, rank %d of %d, stages %s, %d slots, %s sends on groups %s",
+            "VPP loop: mode %s, rank %d of %d, stages %s, %d slots, %s sends over %s",
             self.config.mode, self.rank, self.num_ranks, self.layout.stages_of(self.rank), num_slots,
-            "blocking" if self.blocking else "async", sorted(state.groups),
+            "blocking" if self.blocking else "async", state.comm,
         )
 
     # ------------------------------------------------------------------ plumbing
     def _channel(self, direction: str, peer: int) -> Channel:
-        name = "pp" if "pp" in self.state.groups else direction
         return Channel(
-            group=self.state.groups[name], group_name=name, direction=direction,
-            rank=self.rank, peer=peer, timeout_s=self.config.comm_timeout_s,
+            comm=self.state.comm, direction=direction, rank=self.rank, peer=peer,
+            peer_rank=self.state.pp_group.ranks[peer], timeout_s=self.config.comm_timeout_s,
         )
 
     def _check_replicas_agree(self) -> None:
@@ -111,7 +121,7 @@ class _LoopBase:
             "chunked_prefill_size": int(getattr(s, "chunked_prefill_size", 0) or 0),
             "page_size": int(getattr(s, "page_size", 1) or 1),
         }
-        group = next(iter(self.state.groups.values()))
+        group = self.state.pp_group
         everyone = [None] * group.world_size
         torch.distributed.all_gather_object(everyone, mine, group=group.cpu_group)
         if any(other != mine for other in everyone):
@@ -131,14 +141,9 @@ class _LoopBase:
             except queue.Empty:
                 if block:
                     peer = self.rank + 1 if self.jobs else self.rank - 1
-                    raise CommTimeoutError(
-                        rank=self.rank, peer=peer, group="/".join(sorted(self.state.groups)), action=action,
-                        timeout_s=self.config.comm_timeout_s,
-                    ) from None
+                    raise inbox_timeout(self.rank, peer, action, self.config.comm_timeout_s) from None
                 return
-            if isinstance(item, BaseException):
-                raise item
-            (self.fwd_items if direction == "fwd" else self.bwd_items).append(item)
+            (self.fwd_items if direction == "fwd" else self.bwd_items).append(self.inbox.take(item))
             block = False
 
     def _compute(self, job: StageJob, stage: int, tensors: dict | None) -> Any:

@@ -6,7 +6,7 @@ virtual stages, and run one virtual stage per forward. Every change is a hook on
 
 Data flow at start-up (all in the scheduler process of each PP rank):
 
-    initialize_model_parallel --after--> PP group gets a stage view; "fwd"/"bwd" groups created
+    initialize_model_parallel --after--> PP group gets a stage view; comm communicator ("fwd"/"bwd") created
     get_pp_indices / make_layers --around--> layout built from num_hidden_layers; each owned
         stage built in its own layer stack; the rest PPMissingLayer; the hull reported as range
     DefaultModelLoader._get_all_weights --around--> weights of unowned layers dropped
@@ -101,7 +101,7 @@ def _install_stage_view(group: Any) -> None:
 
 
 def after_initialize_model_parallel(result: Any, *args: Any, **kwargs: Any) -> None:
-    """Stage view on ``_PP``; create the direction groups (collective: same order on all ranks)."""
+    """Stage view on ``_PP``; create the communicator (collective: same order on all ranks)."""
     state = get_state()
     if state is None:
         return None
@@ -115,24 +115,13 @@ def after_initialize_model_parallel(result: Any, *args: Any, **kwargs: Any) -> N
         )
     state.rank = pp.rank_in_group
     _install_stage_view(pp)
-    world = torch.distributed.get_world_size()
-    num_groups = world // pp.world_size
-    group_ranks = [list(range(i, world, num_groups)) for i in range(num_groups)]
-    backend = torch.distributed.get_backend(pp.device_group)
-    local_rank = ps.get_world_group().local_rank
-    # [Note: direction groups] vpp uses one communicator for both directions (the stock PP
-    # group); vpp-async and vpp-pack use one new group per direction so a fold-back transfer
-    # never queues behind a forward-sweep transfer on the same ordered communicator.
-    if state.config.policy.num_groups == 1:
-        state.groups = {"pp": pp}
-    else:
-        state.groups = {
-            name: ps.init_model_parallel_group(
-                group_ranks, local_rank, backend, use_custom_allreduce=False, group_name=f"vpp_{name}"
-            )
-            for name in ("fwd", "bwd")
-        }
-        assert state.groups["fwd"].cpu_group is not state.groups["bwd"].cpu_group
+    state.pp_group = pp
+    # [Note: direction groups] the loop's point-to-point traffic goes through sglang_vpp.comm: one
+    # communicator with a "fwd" and a "bwd" group per neighbour pair (distinct communicators, so
+    # a fold-back transfer never queues behind a forward-sweep transfer), backend from the device.
+    from .transport import open_communicator
+
+    state.comm = open_communicator(pp.device, list(pp.ranks), state.config.comm_timeout_s)
     return None
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 from sglang_vpp.schedule import Layout, LayoutError, PolicySpec, build_layout, get_policy
@@ -100,8 +100,10 @@ class VppState:
     config: VppConfig
     rank: int | None = None
     layout: Layout | None = None
-    groups: dict[str, object] = field(default_factory=dict)
-    """Direction name ("fwd", "bwd", or "pp" for the single group) -> SGLang GroupCoordinator."""
+    pp_group: object | None = None
+    """SGLang's PP GroupCoordinator (start-up checks)."""
+    comm: object | None = None
+    """This rank's ``sglang_vpp.comm`` communicator ("fwd" and "bwd" groups to each neighbour)."""
 
     def ensure_layout(self, num_layers: int) -> Layout:
         """Build the fold-back layout the first time the layer count is known; check it after."""

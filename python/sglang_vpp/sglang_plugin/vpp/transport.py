@@ -1,44 +1,50 @@
-"""Point-to-point messages of the VPP loop over SGLang group coordinators, with timeouts.
+"""Point-to-point messages of the VPP loop, as a thin adapter over ``sglang_vpp.comm``.
 
 Job: carry one ``Message`` (control events + hidden-state tensors) from a rank to a neighbour,
-in order, on one direction group, without ever waiting forever.
+in order, on one direction group, without ever waiting forever. The wire, the per-link threads,
+the ordering and the error classification are the comm layer's (docs/comm.md): the same
+``Communicator`` runs on gloo (CPU), NCCL (CUDA) and HCCL (NPU), chosen by ``backend_for``.
 
-Wire format of one message on (group, src -> dst), all in issue order (gloo and NCCL pair
-operations per communicator in that order):
+One ``Message`` is one comm tensor dict:
 
-    int64[1] size of the pickled envelope        -> cpu (gloo) group
-    uint8[size] pickled envelope (kind, seq, stage, events, tensor specs)
-    one tensor per spec, on the device group (the cpu group for CPU tensors)
+    {"kind": str, "seq": int, "stage": int,          JSON metadata
+     "events": uint8[n],                            pickled scheduler events (requests and sampled
+                                                    outputs are not JSON), only when non-empty
+     "t.<name>": Tensor, ...}                       hidden states, residual, ...
 
-Receiving: every incoming channel has a pump thread that posts the receives and puts complete
-messages (or the exception that ended it) on the rank's single inbox queue, tagged with the
-channel direction. A gloo receive is only ready once someone waits on it, so readiness needs a
-waiter: the pump is that waiter, and the scheduler thread polls the inbox instead.
+Directions: the loop always uses the communicator's two directional groups, "fwd" (r -> r+1)
+and "bwd" (r+1 -> r), so every link carries one direction only and a receive kept posted on it
+never holds a send back (comm links run their operations in issue order).
 
-Timeouts: every wait passes ``timeout``. A gloo wait that times out closes the pair for good,
-so a timeout is fatal by design: ``CommTimeoutError`` ends the server (no fallback to stock PP).
-Idle channels stay alive through heartbeats (see event_loop.py).
+Receiving: every incoming channel keeps one ``irecv`` posted; its done-callback (on the comm
+channel thread) puts the completed handle on the rank's single inbox queue, tagged with the
+channel direction, and posts the next receive. The scheduler thread takes handles from the inbox
+and calls ``wait`` (which raises the operation's ``CommTimeoutError`` / ``PeerDeadError``).
+
+Timeouts: every caller wait passes ``--vpp-comm-timeout``; the comm layer bounds each operation
+inside its thread by its transport timeout. A failed operation breaks its link for good, so a
+comm error is fatal by design and ends the server (no fallback to stock PP). Idle links stay
+alive through heartbeats (see event_loop.py).
 """
 
 from __future__ import annotations
 
-import datetime
-import logging
+import itertools
 import pickle
 import queue
-import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from .errors import CommTimeoutError
+from sglang_vpp.comm import CommConfig, CommHandle, Communicator, create_communicator
 
-logger = logging.getLogger(__name__)
+__all__ = ["Message", "Channel", "Inbox", "GROUPS", "backend_for", "open_communicator"]
 
-__all__ = ["Message", "Channel", "Inbox"]
+GROUPS = ("fwd", "bwd")
+_TENSOR_PREFIX = "t."
+_MAX_PENDING_SENDS = 8
 
 
 @dataclass
@@ -56,111 +62,98 @@ class Message:
     """Scheduler events to replay, in rank 0's order (see event_loop.py)."""
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "seq": self.seq, "stage": self.stage}
+        if self.events:
+            out["events"] = torch.frombuffer(bytearray(pickle.dumps(self.events)), dtype=torch.uint8)
+        for name, tensor in self.tensors.items():
+            out[_TENSOR_PREFIX + name] = tensor
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Message":
+        blob = data.get("events")
+        events = pickle.loads(blob.cpu().numpy().tobytes()) if blob is not None else []
+        tensors = {k[len(_TENSOR_PREFIX):]: v for k, v in data.items() if k.startswith(_TENSOR_PREFIX)}
+        return cls(kind=data["kind"], seq=int(data["seq"]), stage=int(data["stage"]), events=events, tensors=tensors)
+
+
+def backend_for(device: Any) -> str:
+    """The comm backend for the device the ranks compute on: gloo (CPU), nccl (CUDA), hccl (NPU)."""
+    kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+    return {"cuda": "nccl", "npu": "hccl"}.get(kind, "gloo")
+
+
+def open_communicator(device: Any, pp_ranks: list[int], timeout_s: float) -> Communicator:
+    """Create this rank's communicator over the PP ranks (global ranks, pipeline order).
+
+    Collective over the whole torch world (``new_group``): every rank calls it at the same point."""
+    pairs = tuple(itertools.pairwise(pp_ranks))
+    return create_communicator(backend_for(device), CommConfig(group_names=GROUPS, timeout_s=timeout_s, pairs=pairs))
+
 
 class Inbox:
-    """The merged receive queue of one rank: items are ``(direction, Message | Exception)``."""
+    """The merged receive queue of one rank: items are ``(direction, CommHandle)`` of completed
+    receives; ``take`` turns one into a ``Message`` (or raises its failure)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float) -> None:
         self.queue: queue.Queue = queue.Queue()
+        self.timeout_s = timeout_s
+
+    def take(self, handle: CommHandle) -> Message:
+        data = handle.wait(self.timeout_s)
+        assert data is not None
+        return Message.from_dict(data)
 
 
 class Channel:
-    """One direction to or from one neighbour on one group coordinator."""
+    """One direction to or from one neighbour on the communicator's group of that direction."""
 
-    def __init__(self, *, group: Any, group_name: str, direction: str, rank: int, peer: int, timeout_s: float) -> None:
-        self.group = group
-        self.group_name = group_name
+    def __init__(self, *, comm: Communicator, direction: str, rank: int, peer: int, peer_rank: int,
+                 timeout_s: float) -> None:
+        self.comm = comm
         self.direction = direction
         self.rank = rank
         self.peer = peer
-        """Peer's rank inside ``group`` (pipeline rank)."""
+        """Peer's pipeline rank."""
+        self.peer_rank = peer_rank
+        """Peer's global rank (what the communicator addresses)."""
         self.timeout_s = timeout_s
-        self._timeout = datetime.timedelta(seconds=timeout_s)
-        self._pending: deque[tuple[Any, list[torch.Tensor]]] = deque()
-        self._thread: threading.Thread | None = None
-        self.bytes_sent = 0
-        self.messages_sent = 0
+        self._pending: deque[CommHandle] = deque()
+        self._inbox: Inbox | None = None
 
     # ------------------------------------------------------------------ sending
     def send(self, message: Message, *, blocking: bool) -> None:
         """Post the message; with ``blocking`` wait until the peer has taken all of it."""
-        specs = []
-        tensors = []
-        for name, tensor in message.tensors.items():
-            tensor = tensor.contiguous()
-            specs.append((name, tuple(tensor.shape), tensor.dtype, str(tensor.device)))
-            tensors.append(tensor)
-        envelope = (message.kind, message.seq, message.stage, message.events, specs)
-        blob = torch.frombuffer(bytearray(pickle.dumps(envelope)), dtype=torch.uint8)
-        size = torch.tensor([blob.numel()], dtype=torch.long)
-        dst = self.group.ranks[self.peer]
-        works = [
-            dist.isend(size, dst, group=self.group.cpu_group),
-            dist.isend(blob, dst, group=self.group.cpu_group),
-        ]
-        for tensor in tensors:
-            if tensor.numel() == 0:
-                continue
-            comm = self.group.cpu_group if tensor.is_cpu else self.group.device_group
-            works.append(dist.isend(tensor, dst, group=comm))
-        self.bytes_sent += blob.numel() + sum(t.numel() * t.element_size() for t in tensors)
-        self.messages_sent += 1
-        keep = [size, blob, *tensors]
+        action = f"send of {message.kind} seq {message.seq} to pp rank {self.peer}"
+        handle = self.comm.isend(message.to_dict(), self.peer_rank, self.direction, action=action)
         if blocking:
-            self._wait(works, f"send of {message.kind} seq {message.seq}")
-        else:
-            self._pending.append((works, keep))
-            # Async sends complete once the peer's pump has posted its receives; reap old ones so
-            # buffers are released, waiting (with the timeout) only on sends several messages old.
-            while len(self._pending) > 8:
-                old, _ = self._pending.popleft()
-                self._wait(old, "an earlier asynchronous send")
+            handle.wait(self.timeout_s)
+            return
+        self._pending.append(handle)
+        # Reap finished sends (raising a failure at once); wait, with the timeout, only on sends
+        # several messages old so their buffers are released.
+        while self._pending and (self._pending[0].is_ready() or len(self._pending) > _MAX_PENDING_SENDS):
+            self._pending.popleft().wait(self.timeout_s)
 
     def flush(self) -> None:
         while self._pending:
-            works, _ = self._pending.popleft()
-            self._wait(works, "an asynchronous send")
-
-    def _wait(self, works: list, action: str) -> None:
-        for work in works:
-            try:
-                work.wait(timeout=self._timeout)
-            except RuntimeError as exc:
-                raise CommTimeoutError(
-                    rank=self.rank, peer=self.peer, group=self.group_name, action=action, timeout_s=self.timeout_s
-                ) from exc
+            self._pending.popleft().wait(self.timeout_s)
 
     # ------------------------------------------------------------------ receiving
     def start_pump(self, inbox: Inbox) -> None:
-        """Receive messages forever on a daemon thread and put them on ``inbox``."""
-        assert self._thread is None
-        self._thread = threading.Thread(
-            target=self._pump, args=(inbox,), name=f"vpp-recv-{self.direction}-from-{self.peer}", daemon=True
-        )
-        self._thread.start()
+        """Keep one receive posted; each completed one goes to ``inbox`` and posts the next."""
+        assert self._inbox is None
+        self._inbox = inbox
+        self._post_recv()
 
-    def _pump(self, inbox: Inbox) -> None:
-        while True:
-            try:
-                message = self._recv_one()
-            except BaseException as exc:  # noqa: BLE001 - handed to the scheduler thread
-                inbox.queue.put((self.direction, exc))
-                return
-            inbox.queue.put((self.direction, message))
+    def _post_recv(self) -> None:
+        action = f"the next {self.direction} message from pp rank {self.peer}"
+        self.comm.irecv(self.peer_rank, self.direction, action=action).add_done_callback(self._on_recv)
 
-    def _recv_one(self) -> Message:
-        src = self.group.ranks[self.peer]
-        size = torch.empty(1, dtype=torch.long)
-        self._wait([dist.irecv(size, src, group=self.group.cpu_group)], "the next message header")
-        blob = torch.empty(int(size.item()), dtype=torch.uint8)
-        self._wait([dist.irecv(blob, src, group=self.group.cpu_group)], "a message body")
-        kind, seq, stage, events, specs = pickle.loads(blob.numpy().tobytes())
-        tensors: dict[str, torch.Tensor] = {}
-        for name, shape, dtype, device in specs:
-            local = "cpu" if device == "cpu" else self.group.device
-            tensor = torch.empty(shape, dtype=dtype, device=local)
-            if tensor.numel() > 0:
-                comm = self.group.cpu_group if tensor.is_cpu else self.group.device_group
-                self._wait([dist.irecv(tensor, src, group=comm)], f"tensor {name} of seq {seq}")
-            tensors[name] = tensor
-        return Message(kind=kind, seq=seq, stage=stage, events=events, tensors=tensors)
+    def _on_recv(self, handle: CommHandle) -> None:
+        # Runs on the comm channel thread: hand over, and post the next receive unless this link failed.
+        assert self._inbox is not None
+        self._inbox.queue.put((self.direction, handle))
+        if handle.exception() is None:
+            self._post_recv()
