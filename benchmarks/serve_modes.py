@@ -25,23 +25,31 @@ def render(report: dict, chunk: int, chunks: int) -> str:
     lines = [
         f"Prompt of {chunk * chunks} tokens = {chunks} chunks of {chunk}; per-rank prefill idle replayed from "
         "per-stage thread CPU time (dedicated-hardware estimate, transfers cost 0); min / median / max over "
-        "repeats. TTFT is wall clock on this shared machine and is not a pipeline claim.",
+        "repeats. Min-cost replay: each stage compute's minimum CPU time over the repeats, replayed once "
+        "(interference only adds time; '-' where repeats differ in shape, e.g. dcpp). TTFT is wall clock on "
+        "this shared machine and is not a pipeline claim.",
         "",
-        "| mode | rank | idle ms (min / median / max) | idle share (median) | micro-batches | TTFT median s |",
-        "|---|---|---|---|---|---|",
+        "| mode | rank | idle ms (min / median / max) | idle share (median) | min-cost replay idle ms (share) "
+        "| micro-batches | TTFT median s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for run in report["runs"]:
         ttft = run["summary"]["ttft"]["median"] if run["summary"]["ttft"] else float("nan")
         batches = sorted({r["num_micro_batches"] for r in run["pipeline"]["per_repeat"]})
+        min_cost = run["pipeline"].get("min_cost")
         for rank in run["pipeline"]["idle_spread"]:
             idle = rank["idle_s"]
+            best = "-"
+            if min_cost:
+                r = min_cost["ranks"][rank["rank"]]
+                best = f"{r['idle_s'] * 1e3:.0f} ({r['idle_fraction']:.1%})"
             lines.append(
                 f"| {run['label']} | {rank['rank']} | {idle['min'] * 1e3:.0f} / {idle['median'] * 1e3:.0f} / "
-                f"{idle['max'] * 1e3:.0f} | {rank['idle_fraction']['median']:.1%} | "
+                f"{idle['max'] * 1e3:.0f} | {rank['idle_fraction']['median']:.1%} | {best} | "
                 f"{','.join(map(str, batches))} | {ttft:.3f} |"
             )
         for note in run.get("notes") or []:
-            lines.append(f"| {run['label']} | note | {note} | | | |")
+            lines.append(f"| {run['label']} | note | {note} | | | | |")
     return "\n".join(lines) + "\n"
 
 

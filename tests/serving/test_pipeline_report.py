@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from sglang_vpp.serving.pipeline_report import TraceUnavailableError, measure_idle, snapshot, wait_for_records
+from sglang_vpp.serving.pipeline_report import (
+    TraceUnavailableError,
+    measure_idle,
+    min_cost_idle,
+    snapshot,
+    wait_for_records,
+)
 from sglang_vpp.serving.timeline import IncompleteRecordsError, replay_executed
 
 
@@ -88,3 +94,19 @@ def test_wait_for_records_waits_for_fresh_settled_files(tmp_path: Path):
 def test_missing_trace_is_a_clear_error(tmp_path: Path):
     with pytest.raises(TraceUnavailableError, match="--vpp-trace"):
         wait_for_records(tmp_path, 2, since=time.time(), timeout=0.5, settle=0.1)
+
+
+def test_min_cost_replay_takes_each_computes_minimum_over_repeats():
+    quiet = _cpp_records([1.0, 2.0, 3.0])
+    noisy = [dict(r, seq=r["seq"] + 10, cpu_s=r["cpu_s"] * (5 if r["seq"] == 1 else 1)) for r in quiet]
+    runs = [measure_idle(noisy, 2), measure_idle(quiet, 2)]
+    best = min_cost_idle(runs)
+    assert best is not None and best.num_prefill_computes == 6 and "minimum" in best.method
+    assert [r.busy_s for r in best.ranks] == [6.0, 6.0]  # the quiet costs, whichever repeat had them
+    assert best.ranks[1].idle_s == 3.0
+
+
+def test_min_cost_replay_refuses_repeats_of_different_shape():
+    runs = [measure_idle(_cpp_records([1.0, 2.0]), 2), measure_idle(_cpp_records([1.0, 2.0, 3.0]), 2)]
+    assert min_cost_idle(runs) is None
+    assert min_cost_idle(runs[:1]) is None

@@ -153,6 +153,8 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
             assert repeat["num_prefill_computes"] == 12 * num_stages, repeat
             for rank in repeat["ranks"]:
                 assert rank["busy_s"] > 0 and 0 <= rank["idle_s"] <= rank["makespan_s"]
+        min_cost = run["pipeline"]["min_cost"]  # same work in both repeats: comparable
+        assert min_cost["num_prefill_computes"] == 12 * num_stages and "minimum" in min_cost["method"]
         spread = run["pipeline"]["idle_spread"]
         assert [r["rank"] for r in spread] == [0, 1]
         assert all(r["idle_s"]["min"] <= r["idle_s"]["median"] <= r["idle_s"]["max"] for r in spread)

@@ -516,6 +516,14 @@ def _idle_cell(run: dict[str, Any]) -> str:
     ) or "-"
 
 
+def _min_cost_cell(run: dict[str, Any]) -> str:
+    """Per rank: idle (ms) of the min-cost replay, or - when repeats are not comparable."""
+    min_cost = (run.get("pipeline") or {}).get("min_cost")
+    if not min_cost:
+        return "-"
+    return " | ".join(f"r{r['rank']} {r['idle_s'] * 1e3:.0f} ms {r['idle_fraction']:.0%}" for r in min_cost["ranks"])
+
+
 def _print_side_by_side(runs: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -524,9 +532,9 @@ def _print_side_by_side(runs: list[dict[str, Any]]) -> None:
     table = Table(title="bench-serve: servers side by side (same workload, run one after another)")
     columns = ["server", "ok", "TTFT median s", "TTFT p90 s", "latency median s", "total tok/s", "output tok/s"]
     if with_idle:
-        columns.append("prefill idle per rank (replayed, median)")
+        columns += ["prefill idle per rank (replayed, median)", "min-cost replay"]
     for column in columns:
-        table.add_column(column, justify="left" if column in ("server", columns[-1]) and column != "output tok/s" else "right")
+        table.add_column(column, justify="left" if column == "server" or column.startswith(("prefill", "min-cost")) else "right")
     for run in runs:
         summary: Summary = run["summary_obj"]
 
@@ -539,7 +547,7 @@ def _print_side_by_side(runs: list[dict[str, Any]]) -> None:
             f"{summary.total_throughput:.1f}", f"{summary.output_throughput:.1f}",
         ]  # fmt: skip
         if with_idle:
-            row.append(_idle_cell(run))
+            row += [_idle_cell(run), _min_cost_cell(run)]
         table.add_row(*row)
     console = Console()
     console.print(table)
@@ -547,7 +555,8 @@ def _print_side_by_side(runs: list[dict[str, Any]]) -> None:
     if with_idle:
         console.print(
             "Prefill idle per rank: each stage compute's thread CPU time replayed as if every rank had its own "
-            "device (transfers cost 0); a derived timeline, not a wall-clock measurement."
+            "device (transfers cost 0); a derived timeline, not a wall-clock measurement. Min-cost replay: each "
+            "compute's minimum CPU time over the repeats, replayed once (interference only adds time)."
         )
     for run in runs:
         for note in run.get("notes") or []:
@@ -674,7 +683,10 @@ def _bench_launched(launch: str, spec, plan: RunPlan, config: dict[str, Any], re
             "label": run.mode, "url": run.url, "config": {**config, "launch": launch_facts},
             "summary": asdict(summary), "requests": [asdict(r) for results in run.results for r in results],
             "repeats": [asdict(s) for s in run.summaries],
-            "pipeline": {"per_repeat": [idle.to_json() for idle in run.idle], "idle_spread": run.idle_spread()},
+            "pipeline": {
+                "per_repeat": [idle.to_json() for idle in run.idle], "idle_spread": run.idle_spread(),
+                "min_cost": (lambda m: m.to_json() if m is not None else None)(run.min_cost_idle()),
+            },
             "notes": run.notes, "summary_obj": summary,
         })  # fmt: skip
     _print_side_by_side(runs)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangServer
-from sglang_vpp.serving.pipeline_report import PipelineIdle, measure_idle, wait_for_records
+from sglang_vpp.serving.pipeline_report import PipelineIdle, measure_idle, min_cost_idle, wait_for_records
 
 __all__ = ["LaunchSpec", "LaunchedRun", "parse_modes", "run_launched", "default_model_dir"]
 
@@ -92,6 +92,10 @@ class LaunchedRun:
     results: list[list[Any]] = field(default_factory=list)
     idle: list[PipelineIdle] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    def min_cost_idle(self) -> PipelineIdle | None:
+        """The replay of each compute's minimum CPU time over the repeats (None if not comparable)."""
+        return min_cost_idle(self.idle)
 
     def idle_spread(self) -> list[dict[str, float]]:
         """Per rank: min / median / max over repeats of the replayed idle seconds and fraction."""

@@ -9,6 +9,8 @@ Data flow::
       -> prefill records with seq > the snapshot's
       -> timeline.replay_executed(): dedicated-hardware timeline from per-stage CPU time
       -> PipelineIdle (per rank: busy, idle, makespan; counts)
+    min_cost_idle(repeats)                   one replay of each compute's minimum CPU time over
+                                             repeats of the same work (least disturbed estimate)
 
 Only prefill computes count (the issue's accounting is for prefill); decode steps are left out.
 """
@@ -17,12 +19,20 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .timeline import RankTimeline, replay_executed
 
-__all__ = ["PipelineIdle", "TraceUnavailableError", "measure_idle", "read_records", "snapshot", "wait_for_records"]
+__all__ = [
+    "PipelineIdle",
+    "TraceUnavailableError",
+    "measure_idle",
+    "min_cost_idle",
+    "read_records",
+    "snapshot",
+    "wait_for_records",
+]
 
 
 class TraceUnavailableError(RuntimeError):
@@ -97,6 +107,9 @@ class PipelineIdle:
     num_prefill_computes: int
     num_micro_batches: int
     ranks: list[RankTimeline]
+    window: list[dict] = field(default_factory=list, repr=False, compare=False)
+    """The prefill records replayed (for ``min_cost_idle``)."""
+    method: str = "replayed from per-stage thread CPU time (dedicated-hardware estimate, transfers cost 0)"
 
     def to_json(self) -> dict:
         return {
@@ -104,7 +117,7 @@ class PipelineIdle:
             "num_prefill_computes": self.num_prefill_computes,
             "num_micro_batches": self.num_micro_batches,
             "ranks": [{**asdict(r), "idle_fraction": r.idle_fraction} for r in self.ranks],
-            "method": "replayed from per-stage thread CPU time (dedicated-hardware estimate, transfers cost 0)",
+            "method": self.method,
         }
 
 
@@ -116,4 +129,42 @@ def measure_idle(records: list[dict], num_ranks: int, after_seq: int = -1) -> Pi
         num_prefill_computes=len(window),
         num_micro_batches=len({r["seq"] for r in window}),
         ranks=replay_executed(window, num_ranks),
+        window=window,
+    )
+
+
+def _by_position(window: list[dict]) -> dict[tuple[int, int, int], dict]:
+    """Records keyed by (micro-batch position in the window, rank, stage)."""
+    position = {seq: i for i, seq in enumerate(sorted({r["seq"] for r in window}))}
+    return {(position[r["seq"]], r["rank"], r["stage"]): r for r in window}
+
+
+def min_cost_idle(runs: list[PipelineIdle]) -> PipelineIdle | None:
+    """One replay of the per-compute minimum CPU time over repeats of the same work.
+
+    Why: on shared cores, interference only ever adds time to a compute, so the minimum over
+    repeats is the least disturbed estimate of each stage's cost (the reasoning behind
+    ``timeit``'s minimum). Needs repeats with the same structure (same micro-batches, ranks and
+    stages, e.g. one fixed-chunk prompt per repeat); returns None otherwise (dcpp's chunking or
+    concurrent batching can differ between repeats). Executed order comes from the first repeat.
+    """
+    if len(runs) < 2 or not runs[0].window:
+        return None
+    keyed = [_by_position(run.window) for run in runs]
+    if any(k.keys() != keyed[0].keys() for k in keyed[1:]):
+        return None
+    merged = []
+    for key, first in keyed[0].items():
+        record = dict(first)
+        record["seq"] = key[0]
+        record["cpu_s"] = min(k[key]["cpu_s"] for k in keyed)
+        merged.append(record)
+    return PipelineIdle(
+        num_ranks=runs[0].num_ranks,
+        num_prefill_computes=len(merged),
+        num_micro_batches=runs[0].num_micro_batches,
+        ranks=replay_executed(merged, runs[0].num_ranks),
+        window=merged,
+        method=f"replayed from the minimum thread CPU time of each stage compute over {len(runs)} repeats "
+        "(dedicated-hardware estimate, transfers cost 0)",
     )
