@@ -132,3 +132,30 @@ def test_torchvision_import_shim():
         env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
         assert done.returncode != 0 and "torchvision::nms" in done.stderr
+
+
+def test_dcpp_profile_is_retried_until_sglang_accepts_a_fit(monkeypatch):
+    from sglang_vpp.sglang_plugin import dcpp
+
+    outcomes = iter([False, False, True])
+    calls = []
+
+    def profile_and_fit(sizer):
+        calls.append(sizer)
+        return next(outcomes)
+
+    monkeypatch.delenv(dcpp.ATTEMPTS_ENV, raising=False)
+    assert dcpp.around_profile_and_fit(profile_and_fit, "sizer") is True
+    assert calls == ["sizer"] * 3
+
+
+def test_dcpp_profile_gives_up_after_the_attempts(monkeypatch):
+    from sglang_vpp.sglang_plugin import dcpp
+
+    calls = []
+    monkeypatch.setenv(dcpp.ATTEMPTS_ENV, "2")
+    assert dcpp.around_profile_and_fit(lambda sizer: calls.append(sizer) or False, "s") is False
+    assert len(calls) == 2
+    monkeypatch.setenv(dcpp.ATTEMPTS_ENV, "zero")
+    with pytest.raises(ValueError, match="SGLANG_VPP_DCPP_PROFILE_ATTEMPTS='zero'"):
+        dcpp.profile_attempts()

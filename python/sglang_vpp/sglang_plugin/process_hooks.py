@@ -8,6 +8,7 @@ Data flow (each scheduler process, one per PP rank x TP rank)::
         -> setup_scheduler_process(server_args)
              register_cpu_hooks()                     (generic CPU platform only)
              vpp.install(server_args)                 (vpp* modes only; raises if missing)
+             dcpp.install_dcpp_hooks()                (dcpp only: retry a rejected profile fit)
              stock_trace.install_stock_trace(dir)     (cpp / dcpp with --vpp-trace only)
              HookRegistry.apply_hooks()               (patches what was just registered)
       Scheduler(server_args, ...)                    (distributed groups, model, KV pools)
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_vpp.sglang_plugin.options import options_of
+from sglang_vpp.sglang_plugin.options import PpMode, options_of
 
 __all__ = ["PUBLISH_TARGET", "before_publish", "setup_scheduler_process"]
 
@@ -49,10 +50,15 @@ def setup_scheduler_process(server_args: Any) -> None:
         install = load_vpp_install(str(options.pp_mode))
         install(server_args)
         logger.info("sglang-vpp: installed --pp-mode %s in this scheduler", options.pp_mode)
-    elif options.vpp_trace:
-        from sglang_vpp.sglang_plugin.stock_trace import install_stock_trace
+    else:
+        if options.pp_mode == PpMode.DCPP:
+            from sglang_vpp.sglang_plugin.dcpp import install_dcpp_hooks
 
-        install_stock_trace(options.vpp_trace)
+            install_dcpp_hooks()
+        if options.vpp_trace:
+            from sglang_vpp.sglang_plugin.stock_trace import install_stock_trace
+
+            install_stock_trace(options.vpp_trace)
     HookRegistry.apply_hooks()
 
 
