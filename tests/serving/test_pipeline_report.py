@@ -13,8 +13,9 @@ import pytest
 from sglang_vpp.serving.pipeline_report import (
     TraceUnavailableError,
     measure_idle,
+    last_seq,
     min_cost_idle,
-    snapshot,
+    read_records,
     wait_for_records,
 )
 from sglang_vpp.serving.timeline import IncompleteRecordsError, replay_executed
@@ -75,7 +76,7 @@ def _write(trace_dir: Path, rank: int, records):
 def test_wait_for_records_waits_for_fresh_settled_files(tmp_path: Path):
     _write(tmp_path, 0, [_rec(0, 0, 0, 0, 1.0)])
     _write(tmp_path, 1, [_rec(1, 1, 0, 0, 1.0)])
-    assert snapshot(tmp_path, 2) == 0
+    assert last_seq(read_records(tmp_path, 2)) == 0
     began = time.time() + 0.05
     time.sleep(0.1)
 

@@ -159,3 +159,27 @@ def test_dcpp_profile_gives_up_after_the_attempts(monkeypatch):
     monkeypatch.setenv(dcpp.ATTEMPTS_ENV, "zero")
     with pytest.raises(ValueError, match="SGLANG_VPP_DCPP_PROFILE_ATTEMPTS='zero'"):
         dcpp.profile_attempts()
+
+
+def test_rank_accounting_rewrites_its_files_only_when_something_is_new(tmp_path):
+    import os
+
+    from sglang_vpp.sglang_plugin.accounting import RankAccounting
+
+    acct = RankAccounting(rank=1, trace_dir=str(tmp_path))
+    acct.write()
+    assert not list(tmp_path.iterdir())  # nothing recorded yet: no files
+    with acct.timed(stage=1, seq=0, is_prefill=True, num_tokens=64):
+        pass
+    acct.write()
+    path = tmp_path / "vpp_rank1.records.json"
+    os.utime(path, (0, 0))
+    acct.write()
+    assert path.stat().st_mtime == 0  # unchanged: not rewritten
+    acct.counters["num_packed"] = 1
+    acct.write()
+    assert path.stat().st_mtime > 0  # a counter changed: rewritten
+    os.utime(path, (0, 0))
+    acct.finish(acct.start(), stage=1, seq=1, is_prefill=False, num_tokens=1)
+    acct.write()
+    assert path.stat().st_mtime > 0 and '"seq": 1' in path.read_text()

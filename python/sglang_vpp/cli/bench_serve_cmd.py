@@ -508,20 +508,22 @@ def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
     return targets
 
 
+def _rank_idle(rank: int, idle_s: float, fraction: float) -> str:
+    return f"r{rank} {idle_s * 1e3:.0f} ms {fraction:.0%}"
+
+
 def _idle_cell(run: dict[str, Any]) -> str:
     """Per rank: median replayed prefill idle (ms) and its share of the makespan."""
     spread = (run.get("pipeline") or {}).get("idle_spread") or []
-    return " | ".join(
-        f"r{r['rank']} {r['idle_s']['median'] * 1e3:.0f} ms {r['idle_fraction']['median']:.0%}" for r in spread
-    ) or "-"
+    cells = [_rank_idle(r["rank"], r["idle_s"]["median"], r["idle_fraction"]["median"]) for r in spread]
+    return " | ".join(cells) or "-"
 
 
 def _min_cost_cell(run: dict[str, Any]) -> str:
     """Per rank: idle (ms) of the min-cost replay, or - when repeats are not comparable."""
-    min_cost = (run.get("pipeline") or {}).get("min_cost")
-    if not min_cost:
-        return "-"
-    return " | ".join(f"r{r['rank']} {r['idle_s'] * 1e3:.0f} ms {r['idle_fraction']:.0%}" for r in min_cost["ranks"])
+    min_cost = (run.get("pipeline") or {}).get("min_cost") or {}
+    cells = [_rank_idle(r["rank"], r["idle_s"], r["idle_fraction"]) for r in min_cost.get("ranks", [])]
+    return " | ".join(cells) or "-"
 
 
 def _print_side_by_side(runs: list[dict[str, Any]]) -> None:
@@ -648,14 +650,6 @@ def _bench_launched(launch: str, spec, plan: RunPlan, config: dict[str, Any], re
     from .bench_serve_launch import parse_modes, run_launched
 
     modes = parse_modes(launch)
-    if repeats < 1:
-        raise BenchServeError(f"--repeats must be >= 1, got {repeats}")
-    for mode in modes:
-        spec.config(mode, Path("."))  # option errors before any server starts
-    import importlib.util
-
-    if importlib.util.find_spec("sglang") is None:
-        raise BenchServeError("--launch needs SGLang in this environment: run scripts/install_sglang_cpu.sh")
     from sglang_vpp.serving.launcher import ServerStartError
     from sglang_vpp.serving.pipeline_report import TraceUnavailableError
 
@@ -670,6 +664,7 @@ def _bench_launched(launch: str, spec, plan: RunPlan, config: dict[str, Any], re
         raise typer.Exit(1) from None
     runs = []
     for run in launched:
+        min_cost = run.min_cost_idle()
         # Over all repeats: the spread of TTFT / latency covers every measured request.
         summary = summarize([r for results in run.results for r in results], sum(s.wall_seconds for s in run.summaries))
         _print_summary(summary, run.mode)
@@ -685,7 +680,7 @@ def _bench_launched(launch: str, spec, plan: RunPlan, config: dict[str, Any], re
             "repeats": [asdict(s) for s in run.summaries],
             "pipeline": {
                 "per_repeat": [idle.to_json() for idle in run.idle], "idle_spread": run.idle_spread(),
-                "min_cost": (lambda m: m.to_json() if m is not None else None)(run.min_cost_idle()),
+                "min_cost": min_cost.to_json() if min_cost is not None else None,
             },
             "notes": run.notes, "summary_obj": summary,
         })  # fmt: skip

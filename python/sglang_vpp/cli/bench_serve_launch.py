@@ -18,6 +18,7 @@ are not a pipeline measurement and are never reported as one.
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 import tempfile
 import time
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangServer
-from sglang_vpp.serving.pipeline_report import PipelineIdle, measure_idle, min_cost_idle, wait_for_records
+from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
 
 __all__ = ["LaunchSpec", "LaunchedRun", "parse_modes", "run_launched", "default_model_dir"]
 
@@ -133,6 +134,10 @@ def run_launched(
     """Start, measure and stop one server per mode (module docstring)."""
     if repeats < 1:
         raise LaunchError(f"--repeats must be >= 1, got {repeats}")
+    for mode in modes:
+        spec.config(mode, Path("."))  # option errors before any server starts
+    if importlib.util.find_spec("sglang") is None:
+        raise LaunchError("--launch needs SGLang in this environment: run scripts/install_sglang_cpu.sh")
     work_dir = spec.work_dir or Path(tempfile.mkdtemp(prefix="sglang-vpp-bench-serve-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     runs = []
@@ -146,7 +151,7 @@ def run_launched(
             began = time.time()
             after_seq = -1
             if warm_up(server.url):
-                after_seq = _last_seq(wait_for_records(trace_dir, spec.pp_size, since=began))
+                after_seq = last_seq(wait_for_records(trace_dir, spec.pp_size, since=began))
             for repeat in range(repeats):
                 on_event(f"--pp-mode {mode}: repeat {repeat + 1}/{repeats}")
                 began = time.time()
@@ -155,13 +160,10 @@ def run_launched(
                 run.summaries.append(summary)
                 run.results.append(results)
                 run.idle.append(measure_idle(records, spec.pp_size, after_seq))
-                after_seq = _last_seq(records)
+                after_seq = last_seq(records)
             run.notes = _notes_from_log(mode, server.log_tail(10**7))
         finally:
             server.stop()
         runs.append(run)
     return runs
 
-
-def _last_seq(records: list[dict]) -> int:
-    return max((r["seq"] for r in records), default=-1)

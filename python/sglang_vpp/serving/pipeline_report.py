@@ -4,9 +4,9 @@ Data flow::
 
     server started with --vpp-trace DIR (any --pp-mode; see sglang_plugin/accounting.py)
       -> each rank rewrites DIR/vpp_rank<r>.records.json whenever it goes idle
-    snapshot(DIR, num_ranks)                 before a measured run: the last seq seen
-    wait_for_records(DIR, num_ranks, since)  after it: every rank's file rewritten since then
-      -> prefill records with seq > the snapshot's
+    wait_for_records(DIR, num_ranks, since)  every rank's file rewritten since ``since``
+    last_seq(records)                        before a measured run: the mark to measure after
+      -> prefill records with seq > the mark
       -> timeline.replay_executed(): dedicated-hardware timeline from per-stage CPU time
       -> PipelineIdle (per rank: busy, idle, makespan; counts)
     min_cost_idle(repeats)                   one replay of each compute's minimum CPU time over
@@ -29,8 +29,8 @@ __all__ = [
     "TraceUnavailableError",
     "measure_idle",
     "min_cost_idle",
+    "last_seq",
     "read_records",
-    "snapshot",
     "wait_for_records",
 ]
 
@@ -61,9 +61,8 @@ def read_records(trace_dir: str | Path, num_ranks: int) -> list[dict] | None:
     return out
 
 
-def snapshot(trace_dir: str | Path, num_ranks: int) -> int:
-    """The highest micro-batch id recorded so far (-1 when nothing was written yet)."""
-    records = read_records(trace_dir, num_ranks) or []
+def last_seq(records: list[dict]) -> int:
+    """The highest micro-batch id among ``records`` (-1 for none): the mark before a measured run."""
     return max((r["seq"] for r in records), default=-1)
 
 

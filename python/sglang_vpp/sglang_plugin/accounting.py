@@ -46,6 +46,8 @@ class RankAccounting:
     origin: float = field(default_factory=time.perf_counter)
     counters: dict[str, int] = field(default_factory=dict)
     """Loop counters written with the records (e.g. ``num_packed`` micro-batches on rank 0)."""
+    _written: tuple | None = field(default=None, init=False, repr=False)
+    """What the files on disk hold (record count, counters); ``write`` skips when unchanged."""
 
     def timed(self, stage: int, seq: int, is_prefill: bool, num_tokens: int):
         """Context manager recording one compute whose identity is known before it runs."""
@@ -87,7 +89,10 @@ class RankAccounting:
         }
 
     def write(self) -> None:
-        if not self.trace_dir or not self.records:
+        """Rewrite the trace files, unless they already hold everything recorded (callers write on
+        every idle moment, which can come many times without new work)."""
+        state = (len(self.records), tuple(sorted(self.counters.items())))
+        if not self.trace_dir or not self.records or state == self._written:
             return
         os.makedirs(self.trace_dir, exist_ok=True)
         events = [
@@ -107,6 +112,7 @@ class RankAccounting:
             f"vpp_rank{self.rank}.records.json",
             {"summary": self.summary(), "counters": dict(self.counters), "records": [asdict(r) for r in self.records]},
         )
+        self._written = state
 
     def _atomic_write(self, name: str, payload: dict) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.trace_dir, suffix=".tmp")

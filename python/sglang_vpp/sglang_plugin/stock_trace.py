@@ -6,7 +6,7 @@ compute, files ``vpp_rank<r>.json`` / ``vpp_rank<r>.records.json``). Stock SGLan
 two hooks only observe it, and only when the flag is given.
 
     managers.scheduler.Scheduler.run_batch  AROUND  time one forward of this rank
-    managers.scheduler.Scheduler.on_idle    AFTER   write the files when new records exist
+    managers.scheduler.Scheduler.on_idle    AFTER   write the files (``write`` skips when nothing is new)
 
 Record fields: ``stage`` = this rank (a contiguous pipeline has one stage per rank), ``seq`` =
 ``batch.forward_iter`` (SGLang's per-rank forward counter; PP ranks run the same batches in the
@@ -27,7 +27,6 @@ logger = logging.getLogger(__name__)
 
 _P = "sglang.srt.managers.scheduler.Scheduler."
 _accounting: RankAccounting | None = None
-_written = 0
 
 
 def _rank_accounting(scheduler: Any, trace_dir: str) -> RankAccounting:
@@ -63,11 +62,8 @@ def install_stock_trace(trace_dir: str) -> None:
         return result
 
     def after_on_idle(result, scheduler, *args, **kwargs):
-        global _written
-        acct = _accounting
-        if acct is not None and len(acct.records) != _written:
-            acct.write()
-            _written = len(acct.records)
+        if _accounting is not None:
+            _accounting.write()  # a no-op when nothing new was recorded
         return result
 
     HookRegistry.register(_P + "run_batch", around_run_batch, HookType.AROUND)

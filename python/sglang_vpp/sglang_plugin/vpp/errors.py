@@ -10,9 +10,9 @@ to stock pipeline parallelism. A wait that times out raises the communication la
 
 from __future__ import annotations
 
-__all__ = ["VppConfigError", "CommTimeoutError", "SchedulerDivergenceError"]
+from sglang_vpp.comm import CommTimeoutError  # the one timeout error of every pipeline wait
 
-from sglang_vpp.comm import CommTimeoutError  # noqa: E402 - the one timeout error of every pipeline wait
+__all__ = ["VppConfigError", "CommTimeoutError", "SchedulerDivergenceError"]
 
 
 class VppConfigError(ValueError):
