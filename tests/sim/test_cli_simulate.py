@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from sglang_vpp.cli.app import app
@@ -62,3 +64,11 @@ def test_user_errors_exit_2_with_the_fix():
     assert bad_mode.exit_code == 2 and "valid modes" in bad_mode.output
     no_len = RUNNER.invoke(app, ["simulate", "--workload", "long"])
     assert no_len.exit_code == 2 and "--seq-len" in no_len.output
+
+
+@pytest.mark.parametrize("flag, value", [("--tp", "0"), ("--tp", "-3"), ("--requests", "0"), ("--concurrency", "0")])
+def test_bad_counts_are_one_line_errors(flag, value):
+    result = RUNNER.invoke(app, ["simulate", "--seq-len", "64k", "--modes", "cpp", flag, value])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag} must be >= 1") and value in lines[0]

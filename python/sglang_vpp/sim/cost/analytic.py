@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...schedule import ChunkSpec, StageSpec
+from ..errors import CostModelError
 from ..hardware_spec import HardwareSpec
 from ..model_spec import ModelSpec
 from .base import BreakdownCostModel, StageTime
@@ -68,6 +69,11 @@ class AnalyticCostModel(BreakdownCostModel):
     """Chips per pipeline rank; defaults to ``hardware.tp_size``."""
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _sums_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.tp_size is not None and self.tp_size < 1:
+            raise CostModelError(f"--tp must be >= 1 chip per pipeline rank, got {self.tp_size}; "
+                                 f"omit it for the hardware preset's {self.hardware.tp_size}")
 
     @property
     def tp(self) -> int:

@@ -18,6 +18,10 @@ WORKLOADS = ("long", "short", "mixed", "file")
 def build_workload(kind: str, *, lengths: list[int] | None = None, num_requests: int | None = None,
                    concurrency: int | None = None, seed: int = 0, path: str | None = None) -> Workload:
     """One workload by name with the CLI's options; an unknown name lists the valid ones."""
+    # ``None`` picks the workload's default; an explicit 0 must not silently become it.
+    for flag, value in (("--requests", num_requests), ("--concurrency", concurrency)):
+        if value is not None and value < 1:
+            raise WorkloadError(f"{flag} must be >= 1, got {value}; omit it for the workload's default")
     if kind == "long":
         if not lengths:
             raise WorkloadError("the long workload needs --seq-len (e.g. 512k or 64k,128k)")
