@@ -73,7 +73,7 @@ def simulate(
     """
     from ..sim.config import SimConfig
     from ..sim.preset_loader import load_hardware, load_model
-    from ..sim.sweep import best_by_mode, format_table, simulate_matrix, size_label
+    from ..sim.sweep import best_by_mode, format_idle_table, format_table, simulate_matrix, size_label
     from ..sim.workloads import build_workload
 
     model_spec = load_model(model)
@@ -99,6 +99,7 @@ def simulate(
                f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""),
                err=to_stderr)
     typer.echo(format_table(rows, mark_best=bool(sweep_chunk)), err=to_stderr)
+    typer.echo(format_idle_table(rows), err=to_stderr)
     if json_out is not None:
         bounds = {}
         for row in rows:

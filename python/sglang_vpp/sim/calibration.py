@@ -4,8 +4,10 @@ Data flow: a ``CalibrationTarget`` (the method doc's table: DeepSeek-V3.1, 512K 
 Ascend 910C, 24K chunks, CPP and DCPP rows of compute / bubble / exposed comm / total) ->
 ``evaluate`` (plans both modes with the real planner and simulates them with an
 ``AnalyticCostModel``) -> ``errors`` -> ``fit_hardware`` (Nelder-Mead on the hardware preset's
-fitted fields, in log space, plus a penalty when the DCPP-vs-CPP trend across lengths is wrong)
--> a ``HardwareSpec`` whose numbers go into ``presets/hardware/<name>.json``.
+fitted fields, in log space, each clamped to its physical range from ``priors.PRIORS``, plus a
+penalty when the DCPP-vs-CPP trend across lengths is wrong) -> a ``HardwareSpec`` whose numbers
+go into ``presets/hardware/<name>.json``. ``at_bounds`` names the fields that ended on a bound;
+``sensitivity`` moves each field across its range and reports how every row moves.
 
 ``python -m sglang_vpp.sim.calibration`` re-runs the fit and prints the JSON fields to paste;
 docs/calibration.md describes how to recalibrate from a profile instead.
@@ -24,11 +26,12 @@ from .cost.analytic import AnalyticCostModel
 from .hardware_spec import HardwareSpec
 from .model_spec import ModelSpec
 from .preset_loader import load_hardware, load_model
+from .priors import PRIORS
 from .runner import RunConfig, run_mode
 from .workloads import long_workload
 
 __all__ = ["CalibrationTarget", "METHOD_DOC_TABLE", "evaluate", "errors", "trend", "fit_hardware",
-           "FITTED_FIELDS", "nelder_mead"]
+           "FITTED_FIELDS", "nelder_mead", "at_bounds", "sensitivity"]
 
 ROWS = ("compute_s", "bubble_s", "exposed_comm_s", "total_s")
 
@@ -62,11 +65,8 @@ METHOD_DOC_TABLE = CalibrationTarget(
 )
 
 FITTED_FIELDS = ("attention_efficiency", "linear_efficiency", "half_efficiency_tokens", "tp_exposed_fraction",
-                 "tp_latency_s", "sync_idle_fraction", "chunk_overhead_s")
-_BOUNDS = {"attention_efficiency": (0.02, 1.0), "linear_efficiency": (0.02, 1.0), "indexer_efficiency": (0.02, 1.0),
-           "tp_exposed_fraction": (1e-3, 1.0), "sync_idle_fraction": (1e-5, 0.5),
-           "half_efficiency_tokens": (1.0, 65536.0), "tp_latency_s": (1e-7, 0.05),
-           "chunk_overhead_s": (1e-6, 5.0), "layer_overhead_s": (1e-7, 0.1)}
+                 "tp_latency_s", "chunk_overhead_s")
+_BOUNDS = {name: (r.low, r.high) for name, r in PRIORS.items()}
 
 
 def _run(model: ModelSpec, hardware: HardwareSpec, mode: str, seq_len: int, chunk_size: int, num_ranks: int):
@@ -176,6 +176,28 @@ def fit_hardware(model: ModelSpec, hardware: HardwareSpec, target: CalibrationTa
     return report
 
 
+def at_bounds(hardware: HardwareSpec, fields: Sequence[str] = FITTED_FIELDS) -> dict[str, str]:
+    """Field -> ``"low"`` / ``"high"`` for each fitted field that sits on a bound of its range."""
+    out = {}
+    for name in fields:
+        side = PRIORS[name].at_bound(getattr(hardware, name))
+        if side:
+            out[name] = side
+    return out
+
+
+def sensitivity(model: ModelSpec, hardware: HardwareSpec, target: CalibrationTarget = METHOD_DOC_TABLE,
+                fields: Sequence[str] = FITTED_FIELDS) -> dict[str, dict[str, dict]]:
+    """Field -> ``{"low": rows, "high": rows}``: the simulated rows with that field moved to each
+    end of its physical range and every other field as in ``hardware``."""
+    out = {}
+    for name in fields:
+        prior = PRIORS[name]
+        out[name] = {side: evaluate(model, dataclasses.replace(hardware, **{name: value}), target)
+                     for side, value in (("low", prior.low), ("high", prior.high))}
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - a maintenance tool
     """Re-fit the method doc's table and print the fitted fields as preset JSON."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -183,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - a main
     target = METHOD_DOC_TABLE
     report = fit_hardware(load_model(target.model), load_hardware(target.hardware), target, iterations=iterations)
     fitted = {name: getattr(report.hardware, name) for name in FITTED_FIELDS}
-    sys.stdout.write(json.dumps({"fitted": fitted, "loss": report.loss,
+    sys.stdout.write(json.dumps({"fitted": fitted, "at_bounds": at_bounds(report.hardware), "loss": report.loss,
                                  "errors": {f"{m}.{r}": e for (m, r), e in report.errors.items()},
                                  "rows": report.rows, "trend": report.trend}, indent=1) + "\n")
     return 0

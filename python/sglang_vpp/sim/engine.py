@@ -30,7 +30,10 @@ Execution model (also the fidelity limits; see docs/simulator.md):
 - Posting an operation costs no time and copies use no compute: no contention between a transfer
   and the math on the same device is modelled.
 - Time a rank is held by a comm action is exposed communication from the moment the data it
-  carries was produced (a blocking send: from the moment it is issued); before that it is bubble.
+  carries was produced (a blocking send: from the moment its copy starts, i.e. the receiver has
+  posted); before that it is bubble. Every bubble interval is charged to its cause
+  (``idle.IdleLedger``: fill, upstream wait, rendezvous, admission, release, host scheduling
+  gap, drain).
 
 A schedule that deadlocks under rendezvous semantics is not executed: ``check_deadlock`` (the
 schedule core's dry run) reports it first. If the engine still stalls (it cannot for a schedule
@@ -50,6 +53,7 @@ from .cost.base import StageTime, stage_time
 from .entities import RankStats, SliceKind, TimelineSlice
 from .errors import SimDeadlockError, SimError
 from .events import Event, RankReadyEvent, TransferDoneEvent
+from .idle import IdleCause, IdleLedger
 from .result import SimResult
 
 __all__ = ["Engine", "simulate_schedule"]
@@ -97,6 +101,7 @@ class Engine:
         self.communicators: dict[tuple[str, int, int], Communicator] = {}
         self.stage_totals = [0.0] * len(self.stages)
         self.num_transfers = 0
+        self.idle = IdleLedger(self.num_ranks)
         self._pending_wakes: list[Event] = []
         self._build_communicators()
 
@@ -157,6 +162,8 @@ class Engine:
             if action.kind is ActionKind.COMPUTE:
                 if action.stage_index == 0:
                     release = self._admission_time(action, rank)
+                    if release is None or release > now:
+                        self.idle.stopped(rank, self._admission_cause(action, release))
                     if release is None:
                         return events  # woken when the request or chunk it waits for completes
                     if release > now:
@@ -236,6 +243,7 @@ class Engine:
         stats.overhead_s += parts.overhead_s
         stats.num_computes += 1
         stats.busy_until = end
+        self.idle.compute(rank, now, end, parts.overhead_s)
         self.stage_totals[action.stage_index] += parts.total_s
         self.data_ready[action.key] = end
         if self.config.record_timeline:
@@ -270,6 +278,14 @@ class Engine:
             return None
         return max(release, done)
 
+    def _admission_cause(self, action, release: float | None) -> IdleCause:
+        """Why stage 0 cannot start ``action`` now: its request is not released yet, or no
+        micro-batch slot is free."""
+        known = self.release.get(action.request_index)
+        if known is None or (release is not None and known >= release):
+            return IdleCause.RELEASE
+        return IdleCause.ADMISSION
+
     def _release_time(self, request_index: int, rank: int) -> float | None:
         if request_index in self.release:
             return self.release[request_index]
@@ -293,11 +309,16 @@ class Engine:
     def _account_wait(self, op: CommOp, start: float, end: float) -> None:
         stats = self.stats[op.rank]
         if op.action.kind is ActionKind.SEND:
-            produced = start  # a blocking send: its data is already there
+            # A blocking send: its data is there, but the copy starts only once the receiver has
+            # posted (a rendezvous); the wait before that is idle, the copy exposed comm.
+            produced = self.op_comm[id(op)].starts[op.index]
+            cause = IdleCause.RENDEZVOUS
         else:
             produced = self.data_ready.get(op.action.key, start)
+            cause = IdleCause.UPSTREAM_WAIT
         data_wait = max(0.0, min(produced, end) - start)
         exposed = end - max(start, produced)
+        self.idle.wait(op.rank, start, end, data_wait, cause)
         stats.exposed_pp_comm_s += max(0.0, exposed)
         stats.busy_until = max(stats.busy_until, end)
         if self.config.record_timeline:
@@ -329,6 +350,7 @@ class Engine:
         for stats in self.stats:
             idle = makespan - stats.compute_s - stats.exposed_comm_s
             stats.bubble_s = max(0.0, idle)
+            stats.idle_by_cause = self.idle.finish(stats.rank, makespan, stats.bubble_s)
         ttft = {r: self.completion[r] - self.release.get(r, self.arrival.get(r, 0.0)) for r in self.completion}
         return SimResult(
             policy=str(self.schedule.policy),

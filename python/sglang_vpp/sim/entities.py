@@ -71,6 +71,8 @@ class RankStats:
     busy_until: float = 0.0
     """End of this rank's last action."""
     num_computes: int = 0
+    idle_by_cause: dict[str, float] = field(default_factory=dict)
+    """``bubble_s`` split by mechanism (``sim.idle.IdleCause``); the values add up to ``bubble_s``."""
 
     @property
     def exposed_comm_s(self) -> float:
@@ -82,4 +84,5 @@ class RankStats:
             "exposed_comm_s": self.exposed_comm_s, "exposed_tp_comm_s": self.exposed_tp_comm_s,
             "exposed_pp_comm_s": self.exposed_pp_comm_s, "overhead_s": self.overhead_s,
             "busy_until": self.busy_until, "num_computes": self.num_computes,
+            "idle_by_cause_s": dict(self.idle_by_cause),
         }

@@ -39,9 +39,6 @@ class HardwareSpec:
     """Fixed device time per layer per chunk (kernel launches, norms, small ops)."""
     chunk_overhead_s: float = 0.0
     """Host time per stage per chunk (scheduling, batch set-up) during which the device idles."""
-    sync_idle_fraction: float = 0.0
-    """Share of a stage's math time the device idles waiting for the slowest chip of its TP group
-    at collectives (load and clock skew): device idle, so it counts as bubble (calibrated)."""
     tp_exposed_fraction: float = 1.0
     """Share of the bandwidth term of TP collectives not overlapped with math (calibrated); the
     per-collective latency is always exposed."""
@@ -57,7 +54,5 @@ class HardwareSpec:
         for name in ("linear_efficiency", "attention_efficiency", "indexer_efficiency", "tp_exposed_fraction"):
             if not 0 < getattr(self, name) <= 1:
                 raise PresetError(f"hardware {self.name}: {name} must lie in (0, 1], got {getattr(self, name)!r}")
-        if not 0 <= self.sync_idle_fraction < 1:
-            raise PresetError(f"hardware {self.name}: sync_idle_fraction must lie in [0, 1), got {self.sync_idle_fraction!r}")
         if self.tp_size < 1:
             raise PresetError(f"hardware {self.name}: tp_size must be >= 1, got {self.tp_size}")

@@ -54,6 +54,14 @@ class SimResult:
         return fmean(r.exposed_comm_s for r in self.per_rank) if self.per_rank else 0.0
 
     @property
+    def idle_by_cause(self) -> dict[str, float]:
+        """Bubble split by cause (``sim.idle``), mean over ranks like ``bubble_s``."""
+        if not self.per_rank:
+            return {}
+        causes = dict.fromkeys(k for r in self.per_rank for k in r.idle_by_cause)
+        return {k: fmean(r.idle_by_cause.get(k, 0.0) for r in self.per_rank) for k in causes}
+
+    @property
     def bubble_ratio(self) -> float:
         """Idle share of all rank-time: sum of bubbles / (ranks * makespan)."""
         if self.makespan_s <= 0 or not self.per_rank:
@@ -81,7 +89,7 @@ class SimResult:
             "policy": self.policy, "num_ranks": self.num_ranks, "makespan_s": self.makespan_s,
             "ttft_s": self.ttft_s, "throughput_tok_s": self.throughput_tok_s,
             "compute_s": self.compute_s, "bubble_s": self.bubble_s, "exposed_comm_s": self.exposed_comm_s,
-            "bubble_ratio": self.bubble_ratio, "steps": self.steps, "num_chunks": self.num_chunks,
+            "bubble_ratio": self.bubble_ratio, "idle_by_cause_s": self.idle_by_cause, "steps": self.steps, "num_chunks": self.num_chunks,
             "num_transfers": self.num_transfers, "num_tokens": self.num_tokens,
             "per_rank": [r.to_dict() for r in self.per_rank],
             "request_ttft_s": {str(k): v for k, v in sorted(self.request_ttft_s.items())},

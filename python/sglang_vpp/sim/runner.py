@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from ..schedule import (
     DynamicChunker,
-    FixedChunker,
     Planner,
     PlannerConfig,
     RequestSpec,
@@ -23,6 +22,7 @@ from ..schedule import (
     StageCostModel,
     build_layout,
     ChunkSpec,
+    default_chunker,
     get_policy,
     schedule_from_planner,
 )
@@ -89,6 +89,7 @@ class ModeResult:
             "mode": self.mode, "chunk_size": self.chunk_size, "ttft_s": s.ttft_s,
             "throughput_tok_s": s.throughput_tok_s, "makespan_s": s.makespan_s, "compute_s": s.compute_s,
             "bubble_s": s.bubble_s, "exposed_comm_s": s.exposed_comm_s, "bubble_ratio": s.bubble_ratio,
+            "idle_by_cause_s": s.idle_by_cause,
             "steps": s.steps, "num_chunks": s.num_chunks, "lower_bound_s": self.lower_bound_s,
             "gap_to_bound": self.gap_to_bound, "num_requests": len(s.request_ttft_s),
             "num_tokens": s.num_tokens, "deadlock": s.deadlock is not None,
@@ -98,7 +99,7 @@ class ModeResult:
 
 def _chunker(spec, config: RunConfig, layout, cost: StageCostModel, max_length: int):
     if not spec.dynamic_chunks:
-        return FixedChunker(config.chunk_size)
+        return default_chunker(spec, config.chunk_size, layout, cost, max_length)
     stage = layout.stages[0]
 
     def latency(length: int) -> float:

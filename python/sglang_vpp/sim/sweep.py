@@ -12,10 +12,11 @@ from typing import Sequence
 
 from ..schedule import StageCostModel, parse_policies
 from .config import SimConfig
+from .idle import IDLE_CAUSES
 from .runner import ModeResult, RunConfig, run_mode
 from .workloads import Workload
 
-__all__ = ["SweepRow", "simulate_matrix", "format_table", "best_by_mode", "size_label"]
+__all__ = ["SweepRow", "simulate_matrix", "format_table", "format_idle_table", "best_by_mode", "size_label"]
 
 
 @dataclass
@@ -80,4 +81,22 @@ def format_table(rows: Sequence[SweepRow], mark_best: bool = False) -> str:
             f"{size_label(row.seq_len):>6} {size_label(r.chunk_size):>6}{mark} {r.mode:<10} {s.ttft_s:9.3f} {s.throughput_tok_s:9.0f} "
             f"{s.compute_s:10.3f} {s.bubble_s:9.3f} {s.exposed_comm_s:10.3f} {100 * s.bubble_ratio:7.2f}% "
             f"{s.steps:6d} {s.num_chunks:6d} {r.lower_bound_s:9.3f} {100 * r.gap_to_bound:5.1f}%")
+    return "\n".join(lines)
+
+
+def format_idle_table(rows: Sequence[SweepRow]) -> str:
+    """Bubble per rank (mean) split by cause, one line per row of ``format_table``.
+
+    A cause column is left out when it is zero in every row (e.g. ``rendezvous`` without a
+    blocking mode); ``other`` is shown only if the causes miss part of the bubble.
+    """
+    done = [row for row in rows if row.result.sim.ok]
+    shown = [c for c in IDLE_CAUSES if any(abs(r.result.sim.idle_by_cause.get(c, 0.0)) > 1e-9 for r in done)]
+    header = f"{'seq':>6} {'chunk':>6}  {'mode':<10} {'bubble s':>9} " + " ".join(f"{c:>14}" for c in shown)
+    lines = ["idle by cause (s per rank, mean over ranks)", header, "-" * len(header)]
+    for row in done:
+        r, s = row.result, row.result.sim
+        idle = s.idle_by_cause
+        lines.append(f"{size_label(row.seq_len):>6} {size_label(r.chunk_size):>6}  {r.mode:<10} {s.bubble_s:9.3f} "
+                     + " ".join(f"{idle.get(c, 0.0):14.3f}" for c in shown))
     return "\n".join(lines)

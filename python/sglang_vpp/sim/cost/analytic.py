@@ -10,9 +10,10 @@ For a stage holding layers ``[start, end)`` and a chunk of ``c`` tokens after a 
   causal pair (``c (L + (c + 1)/2)``) with its own small heads;
 - ``eff(c) = c / (c + half_efficiency_tokens)``: kernels lose efficiency on small chunks, which is
   what makes DCPP's fragmentation cost compute;
-- a fixed device cost per layer (launches, norms) and a host cost per chunk (scheduling), the
-  latter with the device idle (``StageTime.overhead_s``: a bubble), as is the TP skew idle
-  (``sync_idle_fraction`` of the math time: chips wait for the slowest peer at collectives);
+- a fixed device cost per layer (launches, norms) and a host cost per micro-batch (scheduler
+  iteration, batch set-up) during which the device idles (``StageTime.overhead_s``: charged
+  as the ``scheduling_gap`` idle cause, once per stage compute, so a mode with fewer forwards
+  pays it fewer times);
 - TP collectives (see the method doc's modelling hint): ``tp_collectives_per_layer`` all-reduces
   per layer per chunk, each ``latency + exposed * 2 (n - 1)/n * c * hidden * bytes / bandwidth``
   (``tp_exposed_fraction`` of the bandwidth term is on the critical path, the latency always is).
@@ -137,8 +138,7 @@ class AnalyticCostModel(BreakdownCostModel):
             transfer = 2 * (tp - 1) / tp * message / hw.tp_bytes_per_s
             one = hw.tp_latency_s + hw.tp_exposed_fraction * transfer
             tp_comm = one * m.tp_collectives_per_layer * sums.num_layers
-        idle = hw.chunk_overhead_s + (hw.sync_idle_fraction * compute if tp > 1 else 0.0)
-        return StageTime(compute, tp_comm, idle)
+        return StageTime(compute, tp_comm, hw.chunk_overhead_s)
 
     def transfer_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
         hw = self.hardware

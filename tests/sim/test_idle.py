@@ -1,0 +1,97 @@
+"""Idle by cause: every bubble second has a mechanism, and a mode pays only for the ones it has."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from sglang_vpp.cli.app import app
+from sglang_vpp.sim.config import SimConfig
+from sglang_vpp.sim.cost.analytic import AnalyticCostModel
+from sglang_vpp.sim.hardware_spec import HardwareSpec
+from sglang_vpp.sim.idle import IDLE_CAUSES
+from sglang_vpp.sim.preset_loader import load_hardware, load_model
+from sglang_vpp.sim.errors import PresetError
+from sglang_vpp.sim.runner import RunConfig, run_mode
+from sglang_vpp.sim.workloads import long_workload, short_workload
+
+MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack")
+
+
+@pytest.fixture(scope="module")
+def deepseek():
+    model = load_model("deepseek-v3.1")
+    return model, AnalyticCostModel(model, load_hardware("ascend-910c"))
+
+
+@pytest.fixture(scope="module")
+def runs(deepseek):
+    model, cost = deepseek
+    config = RunConfig(2, 8192, sim=SimConfig(record_timeline=False))
+    return {mode: run_mode(mode, long_workload([65536]), cost, config, model.num_layers).sim for mode in MODES}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_causes_add_up_to_each_ranks_bubble(runs, mode):
+    for rank in runs[mode].per_rank:
+        assert set(rank.idle_by_cause) == set(IDLE_CAUSES)
+        assert sum(rank.idle_by_cause.values()) == pytest.approx(rank.bubble_s, rel=1e-9, abs=1e-12)
+        assert all(v >= -1e-9 for v in rank.idle_by_cause.values()), rank.idle_by_cause
+        assert abs(rank.idle_by_cause["other"]) < 1e-9 * max(1.0, rank.bubble_s)
+
+
+def test_only_the_blocking_mode_pays_for_rendezvous(runs):
+    vpp = runs["vpp"]
+    assert vpp.idle_by_cause["rendezvous"] > 0.02 * vpp.bubble_s
+    for mode in ("cpp", "dcpp", "vpp-async", "vpp-pack"):
+        assert runs[mode].idle_by_cause["rendezvous"] == 0.0, mode
+
+
+def test_scheduling_gap_is_paid_once_per_forward(runs, deepseek):
+    gap = deepseek[1].hardware.chunk_overhead_s
+    assert gap > 0
+    for mode, sim in runs.items():
+        for rank in sim.per_rank:
+            assert rank.idle_by_cause["scheduling_gap"] == pytest.approx(gap * rank.num_computes), mode
+    # Same chunks: a fold-back rank runs two stages (two forwards) per chunk, a contiguous one one.
+    assert runs["vpp-pack"].per_rank[0].num_computes == 2 * runs["cpp"].per_rank[0].num_computes
+
+
+def test_fill_on_later_ranks_drain_and_admission_where_they_arise(runs):
+    cpp = runs["cpp"].per_rank
+    assert cpp[0].idle_by_cause["fill"] == 0.0 and cpp[1].idle_by_cause["fill"] > 0
+    assert cpp[0].idle_by_cause["drain"] > 0  # rank 0 waits while rank 1 finishes the last chunk
+    model = load_model("qwen3-tiny")
+    cost = AnalyticCostModel(model, load_hardware("cpu"))
+    short = run_mode("cpp", short_workload(512, 8, None), cost, RunConfig(2, 512, sim=SimConfig(record_timeline=False)),
+                     model.num_layers).sim
+    assert short.per_rank[0].idle_by_cause["admission"] > 0  # micro-batch slots come back late
+
+
+def test_no_fitted_idle_fraction_remains():
+    assert "sync_idle_fraction" not in HardwareSpec.__dataclass_fields__
+    for name in ("ascend-910c", "h200", "cpu"):
+        assert not hasattr(load_hardware(name), "sync_idle_fraction")
+
+
+def test_a_preset_with_an_idle_fraction_is_refused(tmp_path):
+    path = tmp_path / "old.json"
+    data = {"name": "old", "tp_size": 8, "peak_flops": 1e15, "hbm_bytes_per_s": 1e12, "tp_bytes_per_s": 1e11,
+                 "tp_latency_s": 1e-5, "pp_bytes_per_s": 1e11, "pp_latency_s": 1e-5, "sync_idle_fraction": 0.03}
+    path.write_text(json.dumps(data))
+    with pytest.raises(PresetError, match="sync_idle_fraction"):
+        load_hardware(str(path))
+
+
+def test_simulate_json_and_table_carry_idle_by_cause(tmp_path):
+    out = tmp_path / "idle.json"
+    result = CliRunner().invoke(app, ["simulate", "--seq-len", "64k", "--chunk-size", "8k", "--modes", "cpp,vpp,vpp-pack", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "idle by cause" in result.output and "rendezvous" in result.output
+    rows = json.loads(out.read_text())["results"]
+    for row in rows:
+        assert set(row["idle_by_cause_s"]) == set(IDLE_CAUSES)
+        assert sum(row["idle_by_cause_s"].values()) == pytest.approx(row["bubble_s"], rel=1e-9)
+        assert all("idle_by_cause_s" in rank for rank in row["per_rank"])
