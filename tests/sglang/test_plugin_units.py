@@ -19,6 +19,7 @@ from sglang_vpp.sglang_plugin.errors import PluginError, PpModeError, SGLangVers
 from sglang_vpp.sglang_plugin.options import (
     PipelineOptions,
     PpMode,
+    SERVED_MODES,
     attach,
     is_vpp_mode,
     options_of,
@@ -42,7 +43,9 @@ def model_dir(tmp_path: Path) -> Path:
 
 def test_modes_are_the_schedule_policies():
     assert PpMode is Policy
-    assert [is_vpp_mode(m) for m in Policy] == [False, False, True, True, True]
+    assert [is_vpp_mode(m) for m in SERVED_MODES] == [False, False, True, True, True]
+    # vpp-taper is planned and simulated; the server does not cut chunks that way.
+    assert set(Policy) - set(SERVED_MODES) == {Policy.VPP_TAPER}
 
 
 def test_layer_split_parsing():

@@ -17,7 +17,7 @@ from sglang_vpp.sim.errors import PresetError
 from sglang_vpp.sim.runner import RunConfig, run_mode
 from sglang_vpp.sim.workloads import long_workload, short_workload
 
-MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack")
+MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack", "vpp-taper")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_causes_add_up_to_each_ranks_bubble(runs, mode):
 def test_only_the_blocking_mode_pays_for_rendezvous(runs):
     vpp = runs["vpp"]
     assert vpp.idle_by_cause["rendezvous"] > 0.02 * vpp.bubble_s
-    for mode in ("cpp", "dcpp", "vpp-async", "vpp-pack"):
+    for mode in ("cpp", "dcpp", "vpp-async", "vpp-pack", "vpp-taper"):
         assert runs[mode].idle_by_cause["rendezvous"] == 0.0, mode
 
 

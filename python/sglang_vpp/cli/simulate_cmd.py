@@ -10,7 +10,7 @@ import typer
 
 from .common import emit_json, parse_int_list, user_errors
 
-_ALL_MODES = "cpp,dcpp,vpp,vpp-async,vpp-pack"
+_ALL_MODES = "cpp,dcpp,vpp,vpp-async,vpp-pack,vpp-taper"
 
 
 def _sizes(text: str, what: str) -> list[int]:

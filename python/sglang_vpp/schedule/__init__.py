@@ -11,6 +11,7 @@ from .chunking import (
     DynamicChunker,
     FixedChunker,
     QuadraticCurve,
+    TaperedChunker,
     fit_quadratic,
     parse_size,
     split_request,
@@ -38,7 +39,7 @@ from .text import format_grid, parse_rank_lines, schedule_from_json, schedule_to
 from .validate import ValidationIssue, find_issues, validate_schedule
 
 __all__ = [
-    "Chunker", "DynamicChunker", "FixedChunker", "QuadraticCurve", "fit_quadratic", "parse_size",
+    "Chunker", "DynamicChunker", "FixedChunker", "QuadraticCurve", "TaperedChunker", "fit_quadratic", "parse_size",
     "split_request", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
     "check_deadlock", "ChunkingError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
     "GROUP_BACKWARD", "GROUP_FORWARD", "GROUP_SINGLE", "Action", "ActionKind", "ChunkSpec",

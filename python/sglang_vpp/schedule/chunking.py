@@ -5,6 +5,9 @@ serves an offline plan (``split_request``) and an online loop that chunks a requ
 time while other requests run.
 
 - ``FixedChunker``: a constant chunk size (CPP and every VPP mode).
+- ``TaperedChunker``: fixed chunks with short geometric ramps at both ends of a request (the
+  ``vpp-taper`` mode): a small first chunk shortens the pipeline fill, and halving chunks at the
+  tail shorten the drain, which is what a deep fold-back pipeline loses most to.
 - ``DynamicChunker``: DCPP, SGLang's ``--enable-dynamic-chunking`` restated: a fitted prefill
   latency curve ``f(l) = a l^2 + b l + c``; the next chunk ``x`` after prefix ``L`` solves
   ``f(L + x) - f(L) = T`` with ``T = f(base) - f(0)``; then smoothing toward ``base``
@@ -23,6 +26,7 @@ from .errors import ChunkingError
 __all__ = [
     "Chunker",
     "FixedChunker",
+    "TaperedChunker",
     "QuadraticCurve",
     "DynamicChunker",
     "fit_quadratic",
@@ -45,6 +49,63 @@ class FixedChunker:
 
     def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
         return min(self.chunk_size, remaining)
+
+
+@dataclass(frozen=True, slots=True)
+class TaperedChunker:
+    """Body chunks of at most ``chunk_size``, ramped at the ends of a request (module docstring).
+
+    - Body: ``min(chunk_size, max(min_body, length / min_chunks))`` tokens (aligned), so that a
+      long request has at least ``min_chunks`` chunks (a fold-back pipeline of S stages keeps
+      about S chunks in flight; a request with fewer never reaches its steady state), and no
+      body chunk is so small that kernel efficiency and per-chunk costs dominate.
+    - Head: a chunk never exceeds the prefix before it (``floor, floor, 2 floor, 4 floor, ...``
+      up to the body size), so the first chunk reaches the deepest stage after a short fill.
+    - Tail: a chunk takes at most half of what remains (``R/2, R/4, ...`` down to ``floor``),
+      so the last chunk, whose long prefix makes each token costliest, is small and the drain
+      behind it short.
+
+    ``floor`` is the body size over ``ratio``; each ramp adds about ``log2(ratio)`` chunks. A
+    request of at most two body chunks is cut like ``FixedChunker`` (no ramps).
+    """
+
+    chunk_size: int
+    ratio: int = 4
+    min_chunks: int = 1
+    min_body: int = 2048
+    alignment: int = 64
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
+            raise ChunkingError(f"chunk size must be an integer >= 1 token, got {self.chunk_size!r}")
+        if self.ratio < 1:
+            raise ChunkingError(f"taper ratio must be >= 1, got {self.ratio}")
+        if self.min_chunks < 1:
+            raise ChunkingError(f"min chunks per request must be >= 1, got {self.min_chunks}")
+        if self.min_body < 1:
+            raise ChunkingError(f"min body chunk must be >= 1 token, got {self.min_body}")
+        if self.alignment < 1:
+            raise ChunkingError(f"alignment must be >= 1, got {self.alignment}")
+
+    def body_size(self, length: int) -> int:
+        """Tokens of a chunk in the middle of a ``length``-token request."""
+        align = min(self.alignment, self.chunk_size)
+        spread = -(-length // self.min_chunks)
+        spread = -(-spread // align) * align
+        return max(1, min(self.chunk_size, max(self.min_body, spread)))
+
+    def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
+        length = prefix_len + remaining
+        body = self.body_size(length)
+        if length <= 2 * body:
+            return min(body, remaining)
+        align = min(self.alignment, body)
+        floor = max(align, body // self.ratio // align * align)
+        if remaining <= floor:
+            return remaining
+        size = min(body, max(floor, prefix_len), max(floor, remaining // 2))
+        size = max(floor, size // align * align)
+        return min(size, remaining)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ _KIND_ALIASES = {
     "vpp": LayoutKind.FOLDBACK,
     "vpp-async": LayoutKind.FOLDBACK,
     "vpp-pack": LayoutKind.FOLDBACK,
+    "vpp-taper": LayoutKind.FOLDBACK,
 }
 
 

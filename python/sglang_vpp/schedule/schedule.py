@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .chunking import Chunker, DynamicChunker, FixedChunker
+from .chunking import Chunker, DynamicChunker, FixedChunker, TaperedChunker
 from .cost import LinearAttentionCost, StageCostModel
 from .ir import Action, ChunkSpec, RequestSpec
 from .layout import Layout, build_layout
 from .planner import Planner, PlannerConfig, TimelineEntry
-from .policies import CommSemantics, Policy, PolicySpec, get_policy
+from .policies import CommSemantics, Policy, PolicySpec, get_policy, vpp_taper
 
 __all__ = ["Schedule", "build_schedule", "default_chunker"]
 
@@ -72,8 +72,12 @@ def default_chunker(
     cost: StageCostModel,
     max_length: int,
 ) -> Chunker:
-    """Fixed chunks, or for dcpp a curve fitted on the cost estimate of stage 0 (as SGLang
-    profiles prefill latency on PP rank 0 at start-up)."""
+    """Fixed chunks; for vpp-taper chunks planned for the pipeline depth; for dcpp a curve
+    fitted on the cost estimate of stage 0 (as SGLang profiles prefill latency on PP rank 0 at
+    start-up)."""
+    if policy.tapered_chunks:
+        return TaperedChunker(chunk_size, vpp_taper.TAPER_RATIO,
+                              vpp_taper.CHUNKS_PER_STAGE * layout.num_stages, vpp_taper.MIN_BODY_TOKENS)
     if not policy.dynamic_chunks:
         return FixedChunker(chunk_size)
     stage = layout.stages[0]

@@ -24,6 +24,7 @@ from typing import Any
 from sglang_vpp.sglang_plugin.options import (
     PipelineOptions,
     PpMode,
+    SERVED_MODES,
     attach,
 )
 from sglang_vpp.sglang_plugin.validate import validate_pipeline_args
@@ -41,7 +42,7 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pp-mode",
         type=str,
-        choices=[mode.value for mode in PpMode],
+        choices=[mode.value for mode in SERVED_MODES],
         default=PpMode.CPP.value,
         help="Pipeline mode with --pp-size > 1: cpp = stock SGLang pipeline (default); "
         "dcpp = stock pipeline + --enable-dynamic-chunking; vpp = fold-back (V-shape) layer "

@@ -38,6 +38,8 @@ OPTIONS_ATTR = "_sglang_vpp"
 # The mode names are the schedule core's policy names: one vocabulary from CLI to schedule.
 PpMode = Policy
 _VPP_MODES = frozenset({Policy.VPP, Policy.VPP_ASYNC, Policy.VPP_PACK})
+SERVED_MODES = (Policy.CPP, Policy.DCPP, Policy.VPP, Policy.VPP_ASYNC, Policy.VPP_PACK)
+"""The modes the plugin serves; vpp-taper (tapered chunk sizes) is planned and simulated only."""
 
 
 def is_vpp_mode(mode: str) -> bool:

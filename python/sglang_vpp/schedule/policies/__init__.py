@@ -1,13 +1,13 @@
-"""The five policies, each a ``PolicySpec`` in its own module, and the registry of names."""
+"""The six policies, each a ``PolicySpec`` in its own module, and the registry of names."""
 
-from . import cpp, dcpp, vpp, vpp_async, vpp_pack
+from . import cpp, dcpp, vpp, vpp_async, vpp_pack, vpp_taper
 from .spec import CommSemantics, Policy, PolicySpec, Priority
 from ..errors import PolicyError
 
 __all__ = ["Policy", "PolicySpec", "CommSemantics", "Priority", "POLICIES", "get_policy", "parse_policies"]
 
 POLICIES: dict[Policy, PolicySpec] = {
-    module.SPEC.name: module.SPEC for module in (cpp, dcpp, vpp, vpp_async, vpp_pack)
+    module.SPEC.name: module.SPEC for module in (cpp, dcpp, vpp, vpp_async, vpp_pack, vpp_taper)
 }
 
 

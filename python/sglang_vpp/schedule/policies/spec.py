@@ -16,6 +16,7 @@ class Policy(StrEnum):
     VPP = "vpp"
     VPP_ASYNC = "vpp-async"
     VPP_PACK = "vpp-pack"
+    VPP_TAPER = "vpp-taper"
 
 
 class CommSemantics(StrEnum):
@@ -47,3 +48,6 @@ class PolicySpec:
     per request, as in the method's Algorithm 1); without it chunks stream across requests."""
     pack: bool
     """Relax the barrier: start the next chunks inside the predicted drain window while they fit."""
+    tapered_chunks: bool = False
+    """Chunk with ``chunking.TaperedChunker`` (enough chunks per request for the pipeline depth,
+    ramped at both ends) instead of fixed chunks; see ``policies/vpp_taper.py``."""

@@ -1,0 +1,61 @@
+"""``TaperedChunker`` and the ``vpp-taper`` mode built on it."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_vpp.schedule import (
+    ChunkingError,
+    RequestSpec,
+    TaperedChunker,
+    build_schedule,
+    check_deadlock,
+    get_policy,
+    split_request,
+    validate_schedule,
+)
+
+
+def sizes(chunker, length):
+    chunks = split_request(chunker, length)
+    assert [start for start, _ in chunks] == [sum(n for _, n in chunks[:i]) for i in range(len(chunks))]
+    assert sum(n for _, n in chunks) == length
+    return [n for _, n in chunks]
+
+
+def test_body_ramps_and_tail_halving():
+    got = sizes(TaperedChunker(8192, ratio=4, min_chunks=1, min_body=2048), 64 * 1024)
+    assert got[:4] == [2048, 2048, 4096, 8192]  # a chunk never exceeds the prefix before it
+    assert got[-4:] == [8192, 4096, 2048, 2048]  # half of what remains, down to the floor
+    assert max(got) == 8192 and len(got) == 12  # 3 head + 5 body + 4 tail
+
+
+def test_chunk_size_is_a_cap_for_deep_pipelines():
+    chunker = TaperedChunker(64 * 1024, ratio=4, min_chunks=64, min_body=2048)  # P = 8: 16 stages x 4
+    got = sizes(chunker, 512 * 1024)
+    assert chunker.body_size(512 * 1024) == 8192 and max(got) == 8192
+    assert len(got) >= 64
+
+
+def test_short_requests_are_cut_like_fixed_chunks():
+    chunker = TaperedChunker(8192, ratio=4, min_chunks=16, min_body=2048)
+    assert sizes(chunker, 4000) == [2048, 1952]  # body never below min_body: no ramps, no slivers
+    assert sizes(chunker, 100) == [100]
+
+
+@pytest.mark.parametrize("kwargs", [{"chunk_size": 0}, {"chunk_size": 8, "ratio": 0}, {"chunk_size": 8, "min_chunks": 0},
+                                    {"chunk_size": 8, "min_body": 0}])
+def test_bad_parameters_are_user_errors(kwargs):
+    with pytest.raises(ChunkingError):
+        TaperedChunker(**kwargs)
+
+
+@pytest.mark.parametrize("num_ranks", [2, 4, 8])
+def test_vpp_taper_plans_valid_deadlock_free_schedules(num_ranks):
+    spec = get_policy("vpp-taper")
+    assert spec.tapered_chunks and spec.pack and str(spec.layout_kind) == "foldback"
+    schedule = build_schedule("vpp-taper", num_ranks, 4 * num_ranks, [RequestSpec(16384), RequestSpec(3000)], 2048)
+    validate_schedule(schedule)
+    assert not check_deadlock(schedule).deadlock
+    first = [c.num_tokens for c in schedule.chunks if c.request_index == 0]
+    assert first[0] < max(first) and first[-1] < max(first)  # ramped at both ends
