@@ -14,8 +14,10 @@ packing) and changes only how a request is cut (``chunking.TaperedChunker``):
 Chosen on the DeepSeek-V3.1 512K sweep of docs/simulator.md (P = 2, 4, 8; chunk 8K to 64K).
 """
 
-from ..layout import LayoutKind
-from .spec import CommSemantics, Policy, PolicySpec, Priority
+import dataclasses
+
+from . import vpp_pack
+from .spec import Policy
 
 CHUNKS_PER_STAGE = 4
 """Chunks per virtual stage a request is cut into at least (2P stages): fewer leave the pipeline
@@ -26,14 +28,4 @@ MIN_BODY_TOKENS = 2048
 """Never cut below this many tokens per body chunk: kernels lose efficiency on small chunks
 (half efficiency at a few hundred to a few thousand tokens, docs/calibration.md)."""
 
-SPEC = PolicySpec(
-    name=Policy.VPP_TAPER,
-    layout_kind=LayoutKind.FOLDBACK,
-    dynamic_chunks=False,
-    comm_semantics=CommSemantics.ASYNC,
-    num_groups=2,
-    priority=Priority.FEED_PEER_FIRST,
-    request_barrier=True,
-    pack=True,
-    tapered_chunks=True,
-)
+SPEC = dataclasses.replace(vpp_pack.SPEC, name=Policy.VPP_TAPER, tapered_chunks=True)
