@@ -27,7 +27,7 @@ def deepseek():
 @pytest.mark.parametrize("num_ranks", [2, 4, 8])
 def test_vpp_taper_keeps_its_lead_on_deep_pipelines(deepseek, num_ranks):
     model, cost = deepseek
-    rows = simulate_matrix(long_workload([512 * 1024]), cost, model.num_layers, "cpp,dcpp,vpp-taper", CHUNKS,
+    rows = simulate_matrix(long_workload([512 * 1024]), cost, model.num_layers, "cpp,dcpp,vpp-pack,vpp-taper", CHUNKS,
                            num_ranks, sim=SimConfig(record_timeline=False))
     makespan = {(r.result.mode, r.result.chunk_size): r.result.sim.makespan_s for r in rows}
     for chunk in CHUNKS:
