@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from sglang_vpp.schedule import ChunkSpec, StageSpec
 from sglang_vpp.sim.calibration import (FITTED_FIELDS, METHOD_DOC_TABLE, ROWS, at_bounds, errors, evaluate,
                                         sensitivity, trend)
 from sglang_vpp.sim.config import SimConfig
@@ -148,10 +149,34 @@ def short_prompt_chunks(model, cost) -> str:
     return "\n".join(lines)
 
 
+def sparse_balance(cost_by_model: dict) -> str:
+    """tau_k / tau_0 of one 10-layer stage (24K chunks), and vpp-pack with the even layer split
+    against ``--balance auto`` at P = 4, 512K, 24K chunks."""
+    chunk, ks = 24 * 1024, (0, 1, 2, 4, 8, 12, 16, 21)
+    stage = StageSpec(0, 0, 10, 20)
+    lines = ["| model | " + " | ".join(f"tau_{k} / tau_0" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    for name, (model, cost) in cost_by_model.items():
+        taus = [cost.stage_cost(stage, ChunkSpec(0, k, k * chunk, chunk)) for k in ks]
+        lines.append(f"| {name} | " + " | ".join(f"{t / taus[0]:.2f}" for t in taus) + " |")
+    lines += ["", "| model | vpp-pack, even split: TTFT s (bubble) | --balance auto: TTFT s (bubble) | split chosen |",
+              "|---|---|---|---|"]
+    for name, (model, cost) in cost_by_model.items():
+        results = {}
+        for balance in ("even", "auto"):
+            row = simulate_matrix(long_workload([512 * 1024]), cost, model.num_layers, "vpp-pack", [chunk], 4,
+                                  sim=SimConfig(record_timeline=False), balance=balance, keep_schedules=True)[0]
+            results[balance] = row.result
+        split = [s.num_layers for s in results["auto"].schedule.layout.stages]
+        cells = [f"{r.sim.ttft_s:.2f} ({100 * r.sim.bubble_ratio:.1f} %)" for r in results.values()]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {','.join(map(str, split))} |")
+    return "\n".join(lines)
+
+
 def compute_blocks() -> dict[str, tuple[str, str]]:
     """Block name -> (doc, markdown)."""
     model, hardware = load_model("deepseek-v3.1"), load_hardware("ascend-910c")
     cost = AnalyticCostModel(model, hardware)
+    glm = load_model("glm-5.2")
     return {
         "calibration-rows": ("calibration", calibration_rows(model, hardware)),
         "calibration-trend": ("calibration", calibration_trend(model, hardware)),
@@ -160,6 +185,8 @@ def compute_blocks() -> dict[str, tuple[str, str]]:
         "idle-by-cause": ("simulator", idle_at_calibration_point(model, cost)),
         "deep-pipeline": ("simulator", deep_pipeline(model, cost)),
         "chunk-size-64k": ("simulator", short_prompt_chunks(model, cost)),
+        "sparse-balance": ("simulator", sparse_balance({"deepseek-v3.1": (model, cost),
+                                                        "glm-5.2": (glm, AnalyticCostModel(glm, hardware))})),
     }
 
 

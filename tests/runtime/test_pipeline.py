@@ -41,6 +41,15 @@ def test_four_ranks_equal_reference(pool4, matches_reference, mode):
     assert matches_reference(result) == 0.0
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_vpp_taper_equals_reference(pool2, pool4, matches_reference, ranks):
+    # Chunk 128 tapers to 64-token first and last chunks: ramped chunking. Exact against the
+    # same-chunk reference (== 0.0); against the whole-prompt forward only fp32 rounding, which
+    # the extra chunks' accumulation order pushes to ~2e-5.
+    result = (pool2 if ranks == 2 else pool4).run(_spec("vpp-taper", ranks, [1000, 300], 128))
+    assert matches_reference(result, tol=1e-4) == 0.0
+
+
 @pytest.mark.parametrize("model,mode", [
     ("tiny-qwen3-moe", "vpp-pack"), ("tiny-qwen3-moe", "cpp"),
     ("tiny-deepseek", "vpp-async"), ("tiny-deepseek", "dcpp"), ("tiny-llama", "vpp"),

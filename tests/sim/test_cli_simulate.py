@@ -72,3 +72,16 @@ def test_bad_counts_are_one_line_errors(flag, value):
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {flag} must be >= 1") and value in lines[0]
+
+
+def test_balance_auto_reports_its_split_choice_and_refuses_a_manual_split(tmp_path):
+    out = tmp_path / "balance.json"
+    ok = RUNNER.invoke(app, ["simulate", "--pp", "2", "--seq-len", "64k", "--chunk-size", "8k", "--modes", "vpp-pack",
+                             "--balance", "auto", "--json", str(out)])
+    assert ok.exit_code == 0, ok.output
+    data = json.loads(out.read_text())
+    assert data["config"]["balance"] == "auto" and data["results"][0]["mode"] == "vpp-pack"
+    both = RUNNER.invoke(app, ["simulate", "--seq-len", "64k", "--balance", "auto", "--split", "31,30"])
+    assert both.exit_code == 2 and both.output.strip().startswith("error: --balance auto chooses the layer split")
+    bad = RUNNER.invoke(app, ["simulate", "--seq-len", "64k", "--balance", "best"])
+    assert bad.exit_code == 2 and "--balance must be one of even, auto" in bad.output

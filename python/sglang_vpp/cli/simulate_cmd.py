@@ -61,6 +61,7 @@ def simulate(
     seed: int = typer.Option(0, "--seed", help="Seed of the mixed workload."),
     sweep_chunk: Optional[str] = typer.Option(None, "--sweep-chunk", help="Chunk sizes to sweep (8k,16k,24k,32k); * marks each mode's best."),
     split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts (P or 2P entries by layout)."),
+    balance: str = typer.Option("even", "--balance", help="Layer split: even, or auto (the planner picks one for the cost model's tau curve)."),
     costs: Optional[Path] = typer.Option(None, "--costs", help="Fitted or table cost JSON from measured samples instead of the analytic model."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON ('-' for stdout)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Perfetto/Chrome trace of each mode's run."),
@@ -92,7 +93,7 @@ def simulate(
     rows = []
     for length, work in runs:
         rows += simulate_matrix(work, cost, model_spec.num_layers, modes, chunk_sizes, pp, layer_split,
-                                sim_config, seq_len=length)
+                                sim_config, seq_len=length, balance=balance)
     # With --json - the JSON owns stdout; the human-readable table goes to stderr.
     to_stderr = json_out is not None and str(json_out) == "-"
     typer.echo(f"{model_spec.name} on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')}), pp={pp}, "
@@ -108,7 +109,7 @@ def simulate(
                 bounds[key] = min(bounds.get(key, float("inf")), row.result.lower_bound_s)
         emit_json({
             "config": {"model": model_spec.name, "hardware": hardware_spec.name, "pp": pp, "tp": getattr(cost, "tp", None),
-                       "workload": workload, "chunk_sizes": chunk_sizes, "modes": modes,
+                       "workload": workload, "chunk_sizes": chunk_sizes, "modes": modes, "balance": balance,
                        "cost_model": type(cost).__name__},
             "results": [row.to_dict() for row in rows],
             "run_lower_bound_s": bounds,

@@ -6,6 +6,7 @@ streams on a ``Layout``) -> ``validate_schedule`` and ``check_deadlock`` -> exec
 (``sglang_vpp.sim``, ``sglang_vpp.runtime``, ``sglang_vpp.sglang_plugin``).
 """
 
+from .balance import BALANCE_MODES, balance_split, estimated_makespan
 from .chunking import (
     Chunker,
     DynamicChunker,
@@ -39,7 +40,7 @@ from .text import format_grid, parse_rank_lines, schedule_from_json, schedule_to
 from .validate import ValidationIssue, find_issues, validate_schedule
 
 __all__ = [
-    "Chunker", "DynamicChunker", "FixedChunker", "QuadraticCurve", "TaperedChunker", "fit_quadratic", "parse_size",
+    "BALANCE_MODES", "balance_split", "estimated_makespan", "Chunker", "DynamicChunker", "FixedChunker", "QuadraticCurve", "TaperedChunker", "fit_quadratic", "parse_size",
     "split_request", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
     "check_deadlock", "ChunkingError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
     "GROUP_BACKWARD", "GROUP_FORWARD", "GROUP_SINGLE", "Action", "ActionKind", "ChunkSpec",

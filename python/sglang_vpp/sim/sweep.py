@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..schedule import StageCostModel, parse_policies
+from ..schedule import BALANCE_MODES, RequestSpec, StageCostModel, balance_split, parse_policies
+from .errors import SimError
 from .config import SimConfig
 from .idle import IDLE_CAUSES
 from .runner import ModeResult, RunConfig, run_mode
@@ -33,15 +34,27 @@ class SweepRow:
 def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, modes: str | Sequence[str],
                     chunk_sizes: Sequence[int], num_ranks: int, split: Sequence[int] | None = None,
                     sim: SimConfig | None = None, seq_len: int | None = None,
-                    keep_schedules: bool = False) -> list[SweepRow]:
-    """Every mode at every chunk size on one workload (the planner's estimate is ``cost``)."""
-    names = [str(spec.name) for spec in parse_policies(modes if isinstance(modes, str) else ",".join(modes))]
+                    keep_schedules: bool = False, balance: str = "even") -> list[SweepRow]:
+    """Every mode at every chunk size on one workload (the planner's estimate is ``cost``).
+
+    ``balance="auto"``: each (mode, chunk size) runs on the layer split ``balance_split``
+    chooses for this cost model from the workload's first requests (up to 8).
+    """
+    if balance not in BALANCE_MODES:
+        raise SimError(f"--balance must be one of {', '.join(BALANCE_MODES)}, got {balance!r}")
+    if balance == "auto" and split:
+        raise SimError("--balance auto chooses the layer split itself; drop --split or use --balance even")
+    specs = parse_policies(modes if isinstance(modes, str) else ",".join(modes))
+    probe = [RequestSpec(r.length) for r in workload.requests[:8]]
     rows = []
     for chunk_size in chunk_sizes:
-        config = RunConfig(num_ranks, chunk_size, tuple(split) if split else None, sim=sim or SimConfig())
-        for mode in names:
+        for spec in specs:
+            chosen = tuple(split) if split else None
+            if balance == "auto":
+                chosen = balance_split(spec, num_ranks, num_layers, probe, chunk_size, cost)
+            config = RunConfig(num_ranks, chunk_size, chosen, sim=sim or SimConfig())
             rows.append(SweepRow(workload.name, seq_len,
-                                 run_mode(mode, workload, cost, config, num_layers, keep_schedules)))
+                                 run_mode(str(spec.name), workload, cost, config, num_layers, keep_schedules)))
     return rows
 
 

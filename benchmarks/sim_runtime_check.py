@@ -1,0 +1,91 @@
+"""Cross-check: the simulator against the reference runtime at P = 2 and P = 4, vpp-taper included.
+
+For each P, ``runtime.bench.run_bench`` runs every mode ``--repeat`` times (real rank processes,
+gloo, CPU, tiny model; each run checked against the single-process reference). Each run's
+replayed makespan (its own measured per-action costs on dedicated hardware) is then predicted by
+the simulator from the measured cost table of *another* repeat of the same mode
+(``runtime_compare.predictions``: ``table_other_repeat`` and ``fitted_other_repeat``).
+Per mode and P: the median error and its min / max over runs.
+
+    python benchmarks/sim_runtime_check.py [--pp 2,4] [--seq-len 8k] [--chunk 512] [--repeat 3]
+        [--markdown docs/figures/sim_runtime_check.md]
+
+Slow (real processes): a few CPU-minutes at the defaults; wall time depends on the host's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from runtime_compare import _Log, predictions  # noqa: E402
+
+from sglang_vpp.runtime.bench import BenchConfig, run_bench  # noqa: E402
+from sglang_vpp.schedule import parse_size  # noqa: E402
+
+MODES = ("cpp", "dcpp", "vpp-pack", "vpp-taper")
+PREDICTORS = ("table_other_repeat", "fitted_other_repeat")
+
+
+def check(num_ranks: int, seq_len: int, chunk: int, repeat: int, modes=MODES) -> list[dict]:
+    """Per mode: replayed makespans and the predictors' errors (see the module docstring)."""
+    config = BenchConfig(num_ranks=num_ranks, seq_len=seq_len, chunk_size=chunk, modes=tuple(modes),
+                         num_requests=1, repeat=repeat)
+    report = run_bench(config, _Log(f"pp={num_ranks}"))
+    rows = predictions(report, None)
+    out = []
+    for mode in modes:
+        mine = [r for r in rows if r["mode"] == mode]
+        entry = {"pp": num_ranks, "mode": mode, "replay_makespan_s": [r["replay_makespan_s"] for r in mine],
+                 "max_abs_diff": max(run.max_abs_diff for run in report.runs if run.mode == mode)}
+        for name in PREDICTORS:
+            entry[name] = [r[f"{name}_error"] for r in mine if f"{name}_error" in r]
+        out.append(entry)
+    return out
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))} to {fmt.format(max(values))})"
+
+
+def markdown(entries: list[dict], seq_len: int, chunk: int, repeat: int) -> str:
+    lines = [f"tiny-qwen3 (8 layers, fp32, CPU, gloo), one {seq_len}-token prompt, {chunk}-token chunks, {repeat} "
+             "repeats per mode. Error = simulated / replayed makespan - 1, median (min to max) over runs; the "
+             "simulator is fed the measured costs of another repeat of the same mode.", "",
+             "| P | mode | replayed makespan s | error, table of another repeat | error, fit of another repeat | "
+             "max abs diff vs reference |", "|---|---|---|---|---|---|"]
+    for e in entries:
+        lines.append(f"| {e['pp']} | {e['mode']} | {_spread(e['replay_makespan_s'], '{:.2f}')} | "
+                     f"{_spread([100 * x for x in e['table_other_repeat']], '{:+.1f} %')} | "
+                     f"{_spread([100 * x for x in e['fitted_other_repeat']], '{:+.1f} %')} | {e['max_abs_diff']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pp", default="2,4")
+    parser.add_argument("--seq-len", default="8k")
+    parser.add_argument("--chunk", default="512")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args(argv)
+    seq_len, chunk = parse_size(args.seq_len), parse_size(args.chunk)
+    entries = []
+    for num_ranks in (int(p) for p in args.pp.split(",")):
+        entries += check(num_ranks, seq_len, chunk, args.repeat)
+    text = markdown(entries, seq_len, chunk, args.repeat)
+    sys.stdout.write(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""``balance_split``: the schedule core picks a layer split for a cost model's tau curve."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_vpp.schedule import (LayoutError, RequestSpec, StageCostModel, balance_split, estimated_makespan,
+                                 even_split, get_policy)
+
+
+class PerLayer(StageCostModel):
+    """Stage time = (sum of the stage's layer weights) x curve(end of the chunk); free comm."""
+
+    def __init__(self, curve, weights=None):
+        self.curve, self.weights = curve, weights
+
+    def stage_cost(self, stage, chunk):
+        layers = range(stage.layer_start, stage.layer_end)
+        weight = sum(self.weights[l] for l in layers) if self.weights else len(layers)
+        return weight * self.curve(chunk.start + chunk.num_tokens)
+
+    def transfer_cost(self, stage, chunk):
+        return 0.0
+
+
+REQUESTS = [RequestSpec(64 * 1024)]
+
+
+@pytest.mark.parametrize("mode", ["vpp-pack", "cpp"])
+def test_uneven_layer_costs_get_a_split_with_a_shorter_estimate(mode):
+    # A costly first layer (like dense layers ahead of cheaper MoE ones) unbalances the even split.
+    cost = PerLayer(lambda end: 1.0 + end / 65536, weights=[4.0] + [1.0] * 15)
+    spec = get_policy(mode)
+    num_stages = 4 if mode == "vpp-pack" else 2
+    even = even_split(16, num_stages)
+    split = balance_split(spec, 2, 16, REQUESTS, 4096, cost)
+    assert sum(split) == 16 and min(split) >= 1 and list(split) != even and split[0] < even[0]
+    assert (estimated_makespan(spec, 2, 16, REQUESTS, 4096, cost, split)
+            < 0.95 * estimated_makespan(spec, 2, 16, REQUESTS, 4096, cost, even))
+
+
+def test_uniform_cost_keeps_the_even_split():
+    cost = PerLayer(lambda end: 1.0)
+    assert balance_split(get_policy("vpp-pack"), 2, 8, REQUESTS, 4096, cost) == tuple(even_split(8, 4))
+
+
+def test_too_few_layers_is_a_user_error():
+    with pytest.raises(LayoutError):
+        balance_split(get_policy("vpp"), 4, 6, REQUESTS, 4096, PerLayer(lambda end: 1.0))
