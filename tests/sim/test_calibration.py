@@ -1,7 +1,7 @@
 """The shipped ascend-910c preset: fitted inside physical ranges, residuals as documented, trend.
 
-With idle charged only to its mechanisms and every parameter bounded, the model no longer
-reproduces every row within 5 % (docs/calibration.md says which rows miss and why); these tests
+With idle charged only to its mechanisms and every parameter bounded, the model does not
+reproduce every row within 5 % (docs/calibration.md says which rows miss and why); these tests
 pin what it does reproduce and that nothing left its range.
 """
 

@@ -54,7 +54,7 @@ PRIORS: dict[str, PhysicalRange] = {
         "(5-50 us each, CUDA/CANN) to a Python scheduler iteration (milliseconds; SGLang overlaps most of it "
         "only in its non-PP loop)", assumed=True),
     "layer_overhead_s": PhysicalRange(
-        0.0, 1e-3, "launches and small ops per layer: ~20 kernels x 5-50 us", assumed=True),
+        1e-6, 1e-3, "launches and small ops per layer: ~20 kernels x 5-50 us", assumed=True),
     "indexer_efficiency": PhysicalRange(
         0.1, 0.75, "DSA indexer scoring kernel (FP8 on real parts); no public measurement", assumed=True),
 }
