@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from sglang_vpp.schedule import ChunkSpec, StageSpec
-from sglang_vpp.sim.calibration import (FITTED_FIELDS, METHOD_DOC_TABLE, ROWS, at_bounds, errors, evaluate,
+from sglang_vpp.sim.calibration import (ASSUMED_FIELDS, FITTED_FIELDS, METHOD_DOC_TABLE, ROWS, at_bounds, errors, evaluate,
                                         sensitivity, trend)
 from sglang_vpp.sim.config import SimConfig
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel
@@ -74,24 +74,24 @@ def calibration_trend(model, hardware) -> str:
 
 def calibration_fields(hardware) -> str:
     bounds = at_bounds(hardware)
-    lines = ["| field | fitted | range | on a bound | source of the range |", "|---|---|---|---|---|"]
-    for name in FITTED_FIELDS:
+    lines = ["| field | value | fitted | range | on a bound | source of the range |", "|---|---|---|---|---|---|"]
+    for name in FITTED_FIELDS + ASSUMED_FIELDS:
         prior = PRIORS[name]
         side = bounds.get(name, "")
         source = ("assumed: " if prior.assumed else "") + prior.source
-        lines.append(f"| `{name}` | {_fmt(getattr(hardware, name))} | {_fmt(prior.low)} - {_fmt(prior.high)} | "
-                     f"{side or 'no'} | {source} |")
+        lines.append(f"| `{name}` | {_fmt(getattr(hardware, name))} | {'yes' if name in FITTED_FIELDS else 'no, set'} | "
+                     f"{_fmt(prior.low)} - {_fmt(prior.high)} | {side or 'no'} | {source} |")
     return "\n".join(lines)
 
 
 def calibration_sensitivity(model, hardware) -> str:
     base = evaluate(model, hardware)
-    table = sensitivity(model, hardware)
+    table = sensitivity(model, hardware, fields=FITTED_FIELDS + ASSUMED_FIELDS)
     lines = ["Change of each simulated row (seconds per rank) when one field moves to the low / high end of its "
              "range, the others as fitted.", "",
              "| field | CPP compute | CPP bubble | CPP exp. comm | CPP total | DCPP compute | DCPP bubble | "
              "DCPP exp. comm | DCPP total |", "|---|---|---|---|---|---|---|---|---|"]
-    for name in FITTED_FIELDS:
+    for name in FITTED_FIELDS + ASSUMED_FIELDS:
         cells = []
         for mode in ("cpp", "dcpp"):
             for row in ROWS:

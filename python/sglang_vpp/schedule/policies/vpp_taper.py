@@ -29,7 +29,8 @@ TAPER_RATIO = 2
 MIN_BODY_TOKENS = 8192
 """Never cut a body chunk below this many tokens: kernels lose efficiency on small chunks (the
 fitted 910C curve c / (c + 877) gives 90 % at 8K), and shorter requests, which other requests
-keep the pipeline busy around, would only pay for more forwards (2K cost 1.8 % of TTFT on the
-mixed workload of docs/simulator.md; 16K is too coarse for P = 8 at 512K)."""
+keep the pipeline busy around, would mostly pay for more forwards (2K bodies lost to vpp-pack on
+the mixed workload of docs/simulator.md with a 30 ms host gap; 16K is too coarse for P = 8 at
+512K)."""
 
 SPEC = dataclasses.replace(vpp_pack.SPEC, name=Policy.VPP_TAPER, tapered_chunks=True)
