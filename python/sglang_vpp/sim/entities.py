@@ -18,7 +18,8 @@ class SliceKind(StrEnum):
     WAIT_COMM = "wait_comm"
     """A rank held by a comm action after its data was produced: exposed communication."""
     WAIT_DATA = "wait_data"
-    """A rank held by a receive whose data is not produced yet: bubble."""
+    """A rank held by a receive whose data is not produced yet, or by a blocking send whose
+    receiver has not posted (a rendezvous): bubble."""
 
 
 @dataclass(frozen=True, slots=True)
