@@ -1,6 +1,6 @@
 """Benchmark: the paper-scale sweep through the real planner and the simulator.
 
-3 models x 5 lengths (64K..1M) x 4 chunk sizes x 5 modes = 300 planned and simulated runs on the
+3 models x 5 lengths (64K..1M) x 4 chunk sizes x 6 modes = 360 planned and simulated runs on the
 hardware preset (default ascend-910c, TP8 x PP2). Target: under 10 s on the 2-vCPU dev machine.
 
     python benchmarks/sim_sweep.py                       # time it, print the best-budget table
@@ -28,7 +28,7 @@ from sglang_vpp.sim.workloads import long_workload
 MODELS = ("qwen3-coder-30b-a3b", "deepseek-v3.1", "glm-5.2")
 LENGTHS = tuple(n * 1024 for n in (64, 128, 256, 512, 1024))
 CHUNKS = tuple(n * 1024 for n in (8, 16, 24, 32))
-MODES = "cpp,dcpp,vpp,vpp-async,vpp-pack"
+MODES = "cpp,dcpp,vpp,vpp-async,vpp-pack,vpp-taper"
 
 
 def sweep(hardware: str, num_ranks: int):
