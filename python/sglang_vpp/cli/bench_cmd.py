@@ -15,10 +15,13 @@ from pathlib import Path
 
 import typer
 
-from .common import emit_json, parse_int_list, user_errors
+from .common import at_least, check_output_path, emit_json, parse_int_list, parse_size_option, positive, user_errors
 
 _ALL_MODES = "cpp,dcpp,vpp,vpp-async,vpp-pack"
 TOLERANCE = 1e-5
+#: Above this many prompt tokens in total a CPU run takes long (attention grows with the square of
+#: the prompt): say so before starting.
+LARGE_RUN_TOKENS = 128 * 1024
 
 
 class _RichProgress:
@@ -119,25 +122,35 @@ def bench(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Run each mode on real rank processes with real layers; check against the reference; table."""
-    from ..runtime.bench import BenchConfig, run_bench, write_outputs
+    from ..runtime.bench import BenchConfig, check_platform, run_bench, write_outputs
     from ..runtime.errors import RankFailedError
     from ..runtime.spec import Device, FaultSpec, Timeouts
-    from ..schedule import parse_size
 
     try:
         device_kind = Device(device)
     except ValueError:
         raise ValueError(f"--device must be cpu, cuda or npu, got {device!r}") from None
-    if timeout <= 0:
-        raise ValueError(f"--timeout must be > 0 seconds, got {timeout}")
+    positive(timeout, "--timeout")
+    at_least(pp, 2, "--pp")
+    at_least(requests, 1, "--requests")
+    at_least(repeat, 1, "--repeat")
+    at_least(arrival_interval, 0, "--arrival-interval")
+    for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot"), (costs, "--costs")):
+        check_output_path(path, flag)
     layer_split = parse_int_list(split, "--split")
     config = BenchConfig(
-        model=model, num_ranks=pp, seq_len=parse_size(seq_len), chunk_size=parse_size(chunk_size),
+        model=model, num_ranks=pp, seq_len=parse_size_option(seq_len, "--seq-len"),
+        chunk_size=parse_size_option(chunk_size, "--chunk-size"),
         modes=tuple(m.strip() for m in modes.split(",") if m.strip()), num_requests=requests,
         arrival_interval_s=arrival_interval, repeat=repeat, device=device_kind, backend=backend, seed=seed,
         split=tuple(layer_split) if layer_split else None, timeouts=Timeouts(comm_s=timeout),
         fault=FaultSpec.from_env(),  # tests inject a failing rank through SGLANG_VPP_FAULT
     )
+    check_platform(config)  # an unknown or unavailable backend / device: exit 2 before any rank starts
+    total_tokens = config.seq_len * config.num_requests
+    if total_tokens > LARGE_RUN_TOKENS and device_kind is Device.CPU:
+        typer.echo(f"warning: {requests} x {config.seq_len} prompt tokens is a large CPU run (it may take "
+                   "hours); try --seq-len 8k first", err=True)
     typer.echo(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk {config.chunk_size}, "
                f"{device_kind} / {backend or {'cpu': 'gloo', 'cuda': 'nccl', 'npu': 'hccl'}[device_kind]}, "
                f"repeat {repeat}", err=True)

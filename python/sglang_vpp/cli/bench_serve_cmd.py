@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from .common import emit_json, user_errors
+from .common import at_least, check_output_path, emit_json, parse_size_option, positive, user_errors
 
 __all__ = [
     "BenchRequest",
@@ -177,9 +177,12 @@ class Summary:
 # ---------------------------------------------------------------------------- workloads
 
 
+#: Random ids start here: below are the special tokens that tokenizers put first.
+_FIRST_TOKEN_ID = 10
+
+
 def _random_ids(rng: random.Random, length: int, vocab_size: int) -> tuple[int, ...]:
-    # Ids from 10 up: avoids the special tokens that tokenizers put first.
-    return tuple(rng.randrange(10, vocab_size) for _ in range(length))
+    return tuple(rng.randrange(_FIRST_TOKEN_ID, vocab_size) for _ in range(length))
 
 
 def _read_workload_file(path: Path, output_len: int, vocab_size: int, seed: int) -> list[BenchRequest]:
@@ -254,8 +257,14 @@ def _connection(url: str, timeout: float):
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BenchServeError(f"--url {url!r} must look like http://127.0.0.1:30000")
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        raise BenchServeError(f"--url {url!r}: the port must be a number in 1..65535, e.g. http://127.0.0.1:30000")
     conn_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    return conn_class(parts.hostname, parts.port, timeout=timeout), parts.path.rstrip("/")
+    return conn_class(parts.hostname, port, timeout=timeout), parts.path.rstrip("/")
 
 
 def send_streaming(url: str, request: BenchRequest, timeout: float, run_start: float) -> RequestResult:
@@ -571,7 +580,7 @@ def bench_serve(
     launch: Optional[str] = typer.Option(None, "--launch", help="Instead of --url: start one server per --pp-mode in turn (e.g. cpp,vpp-pack or all) and compare them, with per-rank prefill idle."),
     model_path: Optional[str] = typer.Option(None, "--model-path", help="--launch: the model (default: a tiny 8-layer Qwen2 built locally)."),
     pp_size: int = typer.Option(2, "--pp-size", help="--launch: pipeline ranks."),
-    chunked_prefill_size: int = typer.Option(64, "--chunked-prefill-size", help="--launch: the chunk size (dcpp: its base chunk)."),
+    chunked_prefill_size: str = typer.Option("64", "--chunked-prefill-size", help="--launch: the chunk size (dcpp: its base chunk); 64, 1k, ..."),
     device: str = typer.Option("cpu", "--device", help="--launch: SGLang --device (cpu adds torch_native attention and fp32)."),
     server_arg: Optional[list[str]] = typer.Option(None, "--server-arg", help="--launch: one more launch_server argument, repeatable (e.g. --server-arg=--max-total-tokens --server-arg=32768)."),
     repeats: int = typer.Option(1, "--repeats", help="--launch: measured runs of the workload per server (idle spread is over repeats)."),
@@ -579,9 +588,9 @@ def bench_serve(
     startup_timeout: float = typer.Option(600.0, "--startup-timeout", help="--launch: seconds a server may take to become healthy."),
     workload: Workload = typer.Option(Workload.SHORT, "--workload", help="long, short, mixed or file."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Requests to measure (workload default)."),
-    input_len: Optional[int] = typer.Option(None, "--input-len", help="Input tokens (median for mixed)."),
-    output_len: Optional[int] = typer.Option(None, "--output-len", help="Output tokens per request."),
-    max_input_len: Optional[int] = typer.Option(None, "--max-input-len", help="mixed: clip lengths (default 12x --input-len)."),
+    input_len: Optional[str] = typer.Option(None, "--input-len", help="Input tokens (median for mixed): 1024, 8k, ..."),
+    output_len: Optional[str] = typer.Option(None, "--output-len", help="Output tokens per request."),
+    max_input_len: Optional[str] = typer.Option(None, "--max-input-len", help="mixed: clip lengths (default 12x --input-len)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Requests in flight at most (workload default)."),
     request_rate: float = typer.Option(math.inf, "--request-rate", help="Poisson arrivals per second (default: all at once)."),
     file: Optional[Path] = typer.Option(None, "--file", help="JSONL workload for --workload file."),
@@ -602,26 +611,48 @@ def bench_serve(
     """
     if (url is None) == (launch is None):
         raise BenchServeError("give either --url (running servers) or --launch MODES (start them), not both or neither")
-
+    at_least(num_requests, 1, "--num-requests")
+    at_least(concurrency, 1, "--concurrency")
+    at_least(warmup, 0, "--warmup")
+    at_least(repeats, 1, "--repeats")
+    at_least(pp_size, 1, "--pp-size")
+    at_least(vocab_size, _FIRST_TOKEN_ID + 1, "--vocab-size")
+    positive(request_rate, "--request-rate")
+    positive(timeout, "--timeout")
+    positive(startup_timeout, "--startup-timeout")
+    check_output_path(json_out, "--json")
+    sizes = {flag: parse_size_option(text, flag) for flag, text in (
+        ("--input-len", input_len), ("--output-len", output_len), ("--max-input-len", max_input_len),
+        ("--chunked-prefill-size", chunked_prefill_size))}  # fmt: skip
     default_num, default_in, default_out, default_conc = _DEFAULTS[workload]
+
+    def given(value: int | None, default: int) -> int:
+        return default if value is None else value
+
     plan = RunPlan(
-        workload=workload, num_requests=num_requests or default_num, input_len=input_len or default_in,
-        output_len=output_len or default_out, concurrency=concurrency or default_conc, request_rate=request_rate,
-        timeout=timeout, seed=seed, warmup=warmup, vocab_size=vocab_size, max_input_len=max_input_len,
-        file=file, progress=progress,
+        workload=workload, num_requests=given(num_requests, default_num),
+        input_len=given(sizes["--input-len"], default_in), output_len=given(sizes["--output-len"], default_out),
+        concurrency=given(concurrency, default_conc), request_rate=request_rate, timeout=timeout, seed=seed,
+        warmup=warmup, vocab_size=vocab_size, max_input_len=sizes["--max-input-len"], file=file, progress=progress,
     )  # fmt: skip
+    modes = None
+    if launch is not None:
+        from .bench_serve_launch import check_can_launch, parse_modes
+
+        modes = parse_modes(launch)
+        check_can_launch()  # SGLang and transformers, before the default model is built
+    else:
+        _parse_targets(url, label)  # every --url checked before any request
     config = plan.describe()  # also validates the workload before anything runs
-    if plan.concurrency < 1:
-        raise BenchServeError(f"--concurrency must be >= 1, got {plan.concurrency}")
     if launch is not None:
         from .bench_serve_launch import LaunchSpec, default_model_dir
 
         spec = LaunchSpec(
             model_dir=model_path or default_model_dir(), pp_size=pp_size,
-            chunked_prefill_size=chunked_prefill_size, device=device, server_args=tuple(server_arg or ()),
+            chunked_prefill_size=sizes["--chunked-prefill-size"], device=device, server_args=tuple(server_arg or ()),
             startup_timeout=startup_timeout, work_dir=work_dir,
         )  # fmt: skip
-        _bench_launched(launch, spec, plan, config, repeats, json_out)
+        _bench_launched(modes, spec, plan, config, repeats, json_out)
         return
     runs = []
     for name, target in _parse_targets(url, label):
@@ -642,14 +673,13 @@ def bench_serve(
         raise typer.Exit(1)
 
 
-def _bench_launched(launch: str, spec, plan: RunPlan, config: dict[str, Any], repeats: int,
+def _bench_launched(modes: list[str], spec, plan: RunPlan, config: dict[str, Any], repeats: int,
                     json_out: Path | None) -> None:
     """--launch: one server per mode, measured in turn (bench_serve_launch.run_launched)."""
     from rich.console import Console
 
-    from .bench_serve_launch import parse_modes, run_launched
+    from .bench_serve_launch import run_launched
 
-    modes = parse_modes(launch)
     from sglang_vpp.serving.launcher import ServerStartError
     from sglang_vpp.serving.pipeline_report import TraceUnavailableError
 

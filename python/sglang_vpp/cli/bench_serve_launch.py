@@ -29,7 +29,7 @@ from typing import Any, Callable
 from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangServer
 from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
 
-__all__ = ["LaunchSpec", "LaunchedRun", "parse_modes", "run_launched", "default_model_dir"]
+__all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "parse_modes", "run_launched", "default_model_dir"]
 
 ALL_MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack")
 
@@ -47,6 +47,22 @@ def parse_modes(text: str) -> list[str]:
     if len(set(modes)) != len(modes):
         raise LaunchError(f"--launch {text!r} names a mode twice")
     return modes
+
+
+#: What --launch imports: SGLang to serve, transformers to build the default tiny model.
+LAUNCH_REQUIREMENTS = ("sglang", "transformers")
+
+
+def missing_requirements() -> list[str]:
+    return [name for name in LAUNCH_REQUIREMENTS if importlib.util.find_spec(name) is None]
+
+
+def check_can_launch() -> None:
+    """One line instead of an import error deep in the model build when SGLang is not installed."""
+    missing = missing_requirements()
+    if missing:
+        raise LaunchError(f"--launch needs {' and '.join(missing)} in this environment (not installed); "
+                          "run scripts/install_sglang_cpu.sh, or use --url with a running server")
 
 
 def default_model_dir() -> str:
@@ -136,8 +152,7 @@ def run_launched(
         raise LaunchError(f"--repeats must be >= 1, got {repeats}")
     for mode in modes:
         spec.config(mode, Path("."))  # option errors before any server starts
-    if importlib.util.find_spec("sglang") is None:
-        raise LaunchError("--launch needs SGLang in this environment: run scripts/install_sglang_cpu.sh")
+    check_can_launch()
     work_dir = spec.work_dir or Path(tempfile.mkdtemp(prefix="sglang-vpp-bench-serve-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     runs = []

@@ -16,6 +16,7 @@ Field definitions: docs/runtime.md.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 from collections.abc import Sequence
@@ -47,6 +48,7 @@ __all__ = [
     "BenchReport",
     "ModeSummary",
     "RunMeasurement",
+    "check_platform",
     "run_bench",
 ]
 
@@ -216,6 +218,32 @@ def _per_rank(run: RunMeasurement) -> list[dict[str, float]]:
                     "exposed_comm_s": measured.exposed_comm_s, "replay_compute_s": replayed.compute_s,
                     "replay_bubble_s": replayed.bubble_s, "replay_exposed_comm_s": replayed.exposed_comm_s})
     return out
+
+
+def check_platform(config: BenchConfig) -> None:
+    """The model, the comm backend and the device, checked in this process before any rank starts:
+    a typo or a missing GPU is a user error with its fix, not a rank failure."""
+    from ..comm.registry import parse_backend_spec, probe_backend
+    from .errors import RunConfigError
+    from .spec import BACKEND_FOR_DEVICE
+
+    resolve_model(config.model, config.seed, config.num_layers)
+    spec = config.backend or BACKEND_FOR_DEVICE[config.device]
+    name, double = parse_backend_spec(spec)
+    if not double:  # the device test double runs on gloo anywhere
+        status = probe_backend(name)
+        if not status.available:
+            raise RunConfigError(f"--backend {name} is not available here: {status.reason}. Fix: {status.fix}")
+    if config.device is Device.CUDA and not _cuda_available():
+        raise RunConfigError("--device cuda needs a CUDA build of torch and a visible GPU; use --device cpu here")
+    if config.device is Device.NPU and importlib.util.find_spec("torch_npu") is None:
+        raise RunConfigError("--device npu needs torch_npu (the Ascend stack); use --device cpu here")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> BenchReport:
