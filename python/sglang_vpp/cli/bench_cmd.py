@@ -78,13 +78,14 @@ def format_table(report) -> str:
         median = f"{statistics.median(values):.3f}"
         return median if len(values) == 1 else f"{median} [{min(values):.3f}-{max(values):.3f}]"
 
-    header = ["mode", "max|diff|", "wall s", "replay makespan s", "compute s", "bubble wall",
-              "bubble replay", "exp comm s", "TTFT s", "replay TTFT s", "chunks"]
+    header = ["mode", "max|diff|", "wall s", "replay makespan s", "equal-cost makespan s", "compute s",
+              "bubble wall", "bubble replay", "exp comm s", "TTFT s", "replay TTFT s", "equal-cost TTFT s", "chunks"]
     rows = [header]
     for m in report.modes:
-        rows.append([m.mode, f"{m.max_abs_diff:.1e}", span(m.wall_s), span(m.replay_makespan_s), f"{m.compute_s:.3f}",
-                     f"{m.bubble_ratio:.1%}", f"{m.replay_bubble_ratio:.1%}", f"{m.exposed_comm_s:.4f}",
-                     span(m.ttft_s), span(m.replay_ttft_s), str(m.num_chunks)])
+        rows.append([m.mode, f"{m.max_abs_diff:.1e}", span(m.wall_s), span(m.replay_makespan_s),
+                     span(m.equal_cost_makespan_s), f"{m.compute_s:.3f}", f"{m.bubble_ratio:.1%}",
+                     f"{m.replay_bubble_ratio:.1%}", f"{m.exposed_comm_s:.4f}", span(m.ttft_s), span(m.replay_ttft_s),
+                     span(m.equal_cost_ttft_s), str(m.num_chunks)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
              for row in rows]
@@ -95,8 +96,11 @@ def format_table(report) -> str:
 _NOTES = (
     "wall: measured on this host (the ranks share its CPUs; not a speedup measurement).\n"
     "replay: the executed order re-timed with each action's measured cost (thread CPU time): the\n"
-    "  dedicated-hardware timeline. compute s: per rank, replayed. max|diff|: vs the single-process\n"
-    "  reference forward with the same chunk boundaries (final hidden states and last-token logits)."
+    "  dedicated-hardware timeline, with this mode's own measurement noise.\n"
+    "equal-cost: every mode's executed order re-timed on ONE cost model fitted on the least-disturbed\n"
+    "  costs of all modes (per repeat): only the schedules differ; the verdict compares these.\n"
+    "compute s: per rank, replayed. max|diff|: vs the single-process reference forward with the same\n"
+    "  chunk boundaries (final hidden states and last-token logits)."
 )
 
 
@@ -110,7 +114,7 @@ def bench(
     modes: str = typer.Option(_ALL_MODES, "--modes", help="Comma-separated modes."),
     requests: int = typer.Option(2, "--requests", help="Requests of --seq-len tokens."),
     arrival_interval: float = typer.Option(0.0, "--arrival-interval", help="Seconds between request arrivals (0: all queued at start)."),
-    repeat: int = typer.Option(1, "--repeat", help="Runs per mode."),
+    repeat: int = typer.Option(3, "--repeat", help="Runs per mode (>= 2 for a verdict: ranges over repeats)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or npu."),
     seed: int = typer.Option(0, "--seed", help="Weights and prompt seed."),
     split: str | None = typer.Option(None, "--split", help="Per-stage layer counts (P entries for cpp/dcpp, 2P for vpp modes)."),
@@ -163,6 +167,8 @@ def bench(
     json_to_stdout = json_out is not None and str(json_out) == "-"
     typer.echo(format_table(report), err=json_to_stdout)
     typer.echo(_NOTES, err=json_to_stdout)
+    for verdict in report.verdicts():
+        typer.echo("\n".join(verdict.lines()), err=json_to_stdout)
     for path in write_outputs(report, json_out, trace, plot, costs):
         typer.echo(f"wrote {path}", err=json_to_stdout)
     if json_to_stdout:

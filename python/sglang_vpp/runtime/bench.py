@@ -7,7 +7,10 @@ Data flow::
                     -> max |pipelined - reference|   (final hidden states and last-token logits)
                     -> measure_run   (wall clock on this host: compute / exposed comm / idle, TTFT)
                     -> replay_run    (dedicated-hardware timeline from measured per-action costs)
+               -> equal_cost_replay (per repeat: every mode's executed order on ONE cost model
+                                     fitted on the least-disturbed samples of all modes)
                --> BenchReport: one ModeSummary per mode (lists hold one value per repeat),
+                   verdicts (equal-cost makespan and TTFT vs cpp and dcpp, paired per repeat),
                    traces and plots of the last repeat, measured costs for calibration
 
 Nothing here prints; ``BenchProgress`` callbacks let the CLI draw its progress bar.
@@ -25,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..schedule import parse_policies
+from ..verdict import Verdict, make_verdict
+from .equal_cost import EQUAL_COST_LABEL, MeasuredRunCosts, SharedCostModel, equal_cost_replay
 from .launcher import LaunchResult, PoolSpec, RankPool, check_spec
 from .metrics import MeasuredRun, measure_run
 from .models import resolve_model
@@ -57,7 +62,7 @@ DEFAULT_MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack")
 JSON_FIELDS = ("mode", "max_abs_diff", "wall_s", "replay_makespan_s", "compute_s", "bubble_ratio",
                "replay_bubble_ratio", "exposed_comm_s", "ttft_s")
 _LIST_FIELDS = ("wall_s", "replay_makespan_s", "ttft_s", "replay_ttft_s", "bubble_ratio_runs",
-                "replay_bubble_ratio_runs")
+                "replay_bubble_ratio_runs", "equal_cost_makespan_s", "equal_cost_ttft_s")
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,8 @@ class RunMeasurement:
     measured: MeasuredRun
     replay: ReplayResult
     launch: LaunchResult
+    equal_cost: Any = None
+    """``SimResult`` of this run's executed order on its repeat's shared cost model."""
 
 
 @dataclass
@@ -145,6 +152,9 @@ class ModeSummary:
     num_chunks: int
     bubble_ratio_runs: list[float]
     replay_bubble_ratio_runs: list[float]
+    equal_cost_makespan_s: list[float] = field(default_factory=list)
+    """Per repeat: the executed order on that repeat's shared cost model (``equal_cost.py``)."""
+    equal_cost_ttft_s: list[float] = field(default_factory=list)
     per_rank: list[dict[str, float]] = field(default_factory=list)
     """Last repeat, per rank: measured ``compute_s`` / ``bubble_s`` / ``exposed_comm_s`` (wall
     clock) and the same three on the replayed timeline (``replay_*``)."""
@@ -167,13 +177,22 @@ class BenchReport:
     modes: list[ModeSummary]
     runs: list[RunMeasurement]
     reference_cpu_s: float
+    shared_costs: list[SharedCostModel] = field(default_factory=list)
+    """One per repeat."""
+
+    def verdicts(self) -> list[Verdict]:
+        """Equal-cost makespan and TTFT (paired per repeat), every mode vs cpp and dcpp."""
+        return [make_verdict({m.mode: m.equal_cost_makespan_s for m in self.modes}, "equal-cost makespan", paired=True),
+                make_verdict({m.mode: m.equal_cost_ttft_s for m in self.modes}, "equal-cost TTFT", paired=True)]
 
     def to_json(self) -> dict:
         return {
             "config": self.config.to_dict(),
-            "labels": {"wall": MEASURED_LABEL, "replay": REPLAY_LABEL},
+            "labels": {"wall": MEASURED_LABEL, "replay": REPLAY_LABEL, "equal_cost": EQUAL_COST_LABEL},
             "reference_cpu_s": self.reference_cpu_s,
             "results": [m.to_dict() for m in self.modes],
+            "equal_cost_models": [model.to_dict() for model in self.shared_costs],
+            "verdicts": [v.to_dict() for v in self.verdicts()],
         }
 
     def timelines(self) -> dict[str, Any]:
@@ -207,6 +226,8 @@ def _summarise(mode: str, runs: list[RunMeasurement]) -> ModeSummary:
         num_chunks=runs[-1].measured.num_chunks,
         bubble_ratio_runs=[r.measured.bubble_ratio for r in runs],
         replay_bubble_ratio_runs=[r.replay.result.bubble_ratio for r in runs],
+        equal_cost_makespan_s=[r.equal_cost.makespan_s for r in runs],
+        equal_cost_ttft_s=[r.equal_cost.ttft_s for r in runs],
         per_rank=_per_rank(runs[-1]),
     )
 
@@ -277,8 +298,21 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> Ben
                 reference = references.get(launched.reports[0].chunks)
                 runs.append(_measure(mode, repeat, spec, launched, reference, source.config.num_hidden_layers))
                 progress.run_finished(mode, repeat, runs[-1])
+    progress.phase("equal-cost replay")
+    shared = [_replay_on_equal_costs(config, [r for r in runs if r.repeat == repeat]) for repeat in range(config.repeat)]
     summaries = [_summarise(mode, [r for r in runs if r.mode == mode]) for mode in modes]
-    return BenchReport(config, summaries, runs, references.cpu_s)
+    return BenchReport(config, summaries, runs, references.cpu_s, shared)
+
+
+def _replay_on_equal_costs(config: BenchConfig, runs: list[RunMeasurement]) -> SharedCostModel:
+    """Fit one repeat's shared cost model on all its modes and time each mode's order on it.
+
+    The requests arrive as configured (not as measured), so every mode sees the same arrivals."""
+    model = SharedCostModel.fit([MeasuredRunCosts(r.replay.schedule.layout, r.replay.samples) for r in runs])
+    arrivals = {i: i * config.arrival_interval_s for i in range(config.num_requests)}
+    for run in runs:
+        run.equal_cost = equal_cost_replay(run.replay.schedule, model, arrivals)
+    return model
 
 
 class _References:
