@@ -30,6 +30,8 @@ CASES = [
     (["bench-serve", "--url", "http://127.0.0.1:99999", "--no-progress"], "port"),
     (["bench-serve", "--launch", "nonsense", "--no-progress"], "nonsense"),
     (["bench-serve", "--launch", "cpp", "--chunked-prefill-size", "0", "--no-progress"], "--chunked-prefill-size"),
+    (["bench-serve", "--launch", "cpp,vpp-pack", "--port", "65535", "--no-progress"], "--port 65535"),
+    (["bench-serve", "--launch", "cpp", "--port", "0", "--no-progress"], "--port 0"),
     (_URL + ["--workload", "file", "--file", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
     (_BENCH + ["--backend", "nope"], "nope"),
     (_BENCH + ["--backend", "nccl"], "nccl"),

@@ -131,15 +131,23 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
     server_pool.close()  # bench-serve --launch starts its own servers, one at a time
     model = tiny_model(TinyModelSpec("qwen2-tiny", num_layers=8))
     out, work = tmp_path / "launch.json", tmp_path / "work"
+    first_port = free_port()
     done = _cli(
         "--launch", "cpp,vpp-pack", "--model-path", str(model), "--pp-size", "2", "--chunked-prefill-size", "64",
         "--workload", "long", "--num-requests", "1", "--input-len", "768", "--output-len", "2", "--repeats", "2",
-        "--work-dir", str(work), "--json", str(out), "--no-progress", timeout=900,
+        "--work-dir", str(work), "--json", str(out), "--no-progress", "--port", str(first_port), timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "prefill idle per rank" in done.stdout and "not a wall-clock measurement" in done.stdout
-    runs = {run["label"]: run for run in json.loads(out.read_text())["runs"]}
+    assert "replayed makespan s" in done.stdout
+    assert "verdict (replayed prefill makespan): " in done.stdout and "vpp-pack vs cpp: " in done.stdout
+    report = json.loads(out.read_text())
+    runs = {run["label"]: run for run in report["runs"]}
     assert list(runs) == ["cpp", "vpp-pack"]
+    assert [runs[m]["url"] for m in runs] == [f"http://127.0.0.1:{first_port + i}" for i in range(2)]
+    comparison = report["verdicts"][0]["comparisons"][0]
+    assert (comparison["mode"], comparison["baseline"]) == ("vpp-pack", "cpp")
+    assert comparison["outcome"] in ("faster", "slower", "no significant difference")
     for mode, num_stages in (("cpp", 2), ("vpp-pack", 4)):
         run = runs[mode]
         assert run["config"]["launch"]["mode"] == mode
@@ -153,6 +161,8 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
             assert repeat["num_prefill_computes"] == 12 * num_stages, repeat
             for rank in repeat["ranks"]:
                 assert rank["busy_s"] > 0 and 0 <= rank["idle_s"] <= rank["makespan_s"]
+        makespans = run["pipeline"]["replayed_makespan_s"]
+        assert len(makespans) == 2 and all(m > 0 for m in makespans)
         min_cost = run["pipeline"]["min_cost"]  # same work in both repeats: comparable
         assert min_cost["num_prefill_computes"] == 12 * num_stages and "minimum" in min_cost["method"]
         spread = run["pipeline"]["idle_spread"]

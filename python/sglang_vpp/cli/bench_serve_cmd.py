@@ -528,6 +528,17 @@ def _idle_cell(run: dict[str, Any]) -> str:
     return " | ".join(cells) or "-"
 
 
+def _makespan_cell(run: dict[str, Any]) -> str:
+    """Replayed prefill makespan: median [min-max] over repeats, and the min-cost replay's."""
+    pipeline = run.get("pipeline") or {}
+    values = pipeline.get("replayed_makespan_s") or []
+    if not values:
+        return "-"
+    cell = f"{statistics.median(values):.3f}" + (f" [{min(values):.3f}-{max(values):.3f}]" if len(values) > 1 else "")
+    min_cost = pipeline.get("min_cost_makespan_s")
+    return cell + (f" (min-cost {min_cost:.3f})" if min_cost is not None else "")
+
+
 def _min_cost_cell(run: dict[str, Any]) -> str:
     """Per rank: idle (ms) of the min-cost replay, or - when repeats are not comparable."""
     min_cost = (run.get("pipeline") or {}).get("min_cost") or {}
@@ -543,7 +554,7 @@ def _print_side_by_side(runs: list[dict[str, Any]]) -> None:
     table = Table(title="bench-serve: servers side by side (same workload, run one after another)")
     columns = ["server", "ok", "TTFT median s", "TTFT p90 s", "latency median s", "total tok/s", "output tok/s"]
     if with_idle:
-        columns += ["prefill idle per rank (replayed, median)", "min-cost replay"]
+        columns += ["replayed makespan s", "prefill idle per rank (replayed, median)", "min-cost replay"]
     for column in columns:
         table.add_column(column, justify="left" if column == "server" or column.startswith(("prefill", "min-cost")) else "right")
     for run in runs:
@@ -558,7 +569,7 @@ def _print_side_by_side(runs: list[dict[str, Any]]) -> None:
             f"{summary.total_throughput:.1f}", f"{summary.output_throughput:.1f}",
         ]  # fmt: skip
         if with_idle:
-            row += [_idle_cell(run), _min_cost_cell(run)]
+            row += [_makespan_cell(run), _idle_cell(run), _min_cost_cell(run)]
         table.add_row(*row)
     console = Console()
     console.print(table)
@@ -586,6 +597,7 @@ def bench_serve(
     repeats: int = typer.Option(1, "--repeats", help="--launch: measured runs of the workload per server (idle spread is over repeats)."),
     work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="--launch: where server logs and traces go (default: a new temporary directory)."),
     startup_timeout: float = typer.Option(600.0, "--startup-timeout", help="--launch: seconds a server may take to become healthy."),
+    port: Optional[int] = typer.Option(None, "--port", help="--launch: the first server's port; the next mode gets the next port (default: free ports)."),
     workload: Workload = typer.Option(Workload.SHORT, "--workload", help="long, short, mixed or file."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Requests to measure (workload default)."),
     input_len: Optional[str] = typer.Option(None, "--input-len", help="Input tokens (median for mixed): 1024, 8k, ..."),
@@ -640,6 +652,9 @@ def bench_serve(
         from .bench_serve_launch import check_can_launch, parse_modes
 
         modes = parse_modes(launch)
+        if port is not None and not 0 < port <= 65536 - len(modes):
+            raise BenchServeError(f"--port {port}: {len(modes)} server(s) need ports {port}..{port + len(modes) - 1}, "
+                                  "all in 1..65535")
         check_can_launch()  # SGLang and transformers, before the default model is built
     else:
         _parse_targets(url, label)  # every --url checked before any request
@@ -650,7 +665,7 @@ def bench_serve(
         spec = LaunchSpec(
             model_dir=model_path or default_model_dir(), pp_size=pp_size,
             chunked_prefill_size=sizes["--chunked-prefill-size"], device=device, server_args=tuple(server_arg or ()),
-            startup_timeout=startup_timeout, work_dir=work_dir,
+            startup_timeout=startup_timeout, work_dir=work_dir, first_port=port or 0,
         )  # fmt: skip
         _bench_launched(modes, spec, plan, config, repeats, json_out)
         return
@@ -673,6 +688,21 @@ def bench_serve(
         raise typer.Exit(1)
 
 
+def _launch_verdicts(launched: list) -> list:
+    """Each mode vs cpp and dcpp (when launched) on the replayed prefill makespan and the served
+    median TTFT, per repeat. Servers run one after another: unpaired, ranges must not overlap."""
+    from sglang_vpp.verdict import make_verdict
+
+    verdicts = []
+    makespans = {run.mode: run.replayed_makespans() for run in launched}
+    if all(makespans.values()):
+        verdicts.append(make_verdict(makespans, "replayed prefill makespan", paired=False))
+    ttfts = {run.mode: [s.ttft.median for s in run.summaries if s.ttft is not None] for run in launched}
+    if all(ttfts.values()):
+        verdicts.append(make_verdict(ttfts, "served TTFT median (wall clock, shared host)", paired=False))
+    return verdicts
+
+
 def _bench_launched(modes: list[str], spec, plan: RunPlan, config: dict[str, Any], repeats: int,
                     json_out: Path | None) -> None:
     """--launch: one server per mode, measured in turn (bench_serve_launch.run_launched)."""
@@ -684,14 +714,27 @@ def _bench_launched(modes: list[str], spec, plan: RunPlan, config: dict[str, Any
     from sglang_vpp.serving.pipeline_report import TraceUnavailableError
 
     console = Console(stderr=True)
+    status = console.status("", spinner="dots")
+
+    def waiting(mode: str, elapsed: float, last_line: str) -> None:
+        status.update(f"--pp-mode {mode}: starting, {elapsed:.0f} s | {last_line[-100:]}")
+        if not plan.progress:
+            return
+        status.start()
+
+    def event(text: str) -> None:
+        status.stop()
+        console.print(f"[dim]{text}[/dim]")
+
     try:
         launched = run_launched(
-            spec, modes, repeats=repeats, warm_up=plan.warm_up, run_once=plan.run,
-            on_event=lambda text: console.print(f"[dim]{text}[/dim]"),
+            spec, modes, repeats=repeats, warm_up=plan.warm_up, run_once=plan.run, on_event=event, on_wait=waiting,
         )  # fmt: skip
     except (ServerStartError, TraceUnavailableError) as error:
+        status.stop()
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
+    status.stop()
     runs = []
     for run in launched:
         min_cost = run.min_cost_idle()
@@ -710,12 +753,19 @@ def _bench_launched(modes: list[str], spec, plan: RunPlan, config: dict[str, Any
             "repeats": [asdict(s) for s in run.summaries],
             "pipeline": {
                 "per_repeat": [idle.to_json() for idle in run.idle], "idle_spread": run.idle_spread(),
+                "replayed_makespan_s": run.replayed_makespans(),
                 "min_cost": min_cost.to_json() if min_cost is not None else None,
+                "min_cost_makespan_s": max((r.makespan_s for r in min_cost.ranks), default=None)
+                if min_cost is not None else None,
             },
             "notes": run.notes, "summary_obj": summary,
         })  # fmt: skip
     _print_side_by_side(runs)
+    verdicts = _launch_verdicts(launched)
+    for verdict in verdicts:
+        typer.echo("\n".join(verdict.lines()))
     if json_out is not None:
-        emit_json({"runs": [{k: v for k, v in r.items() if k != "summary_obj"} for r in runs]}, json_out)
+        emit_json({"runs": [{k: v for k, v in r.items() if k != "summary_obj"} for r in runs],
+                   "verdicts": [v.to_dict() for v in verdicts]}, json_out)
     if any(s.num_failed for run in launched for s in run.summaries):
         raise typer.Exit(1)
