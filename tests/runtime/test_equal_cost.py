@@ -60,3 +60,12 @@ def test_unmeasured_chunk_position_is_an_error():
     other = build_schedule("cpp", 2, 8, [RequestSpec(1000)], 300)
     with pytest.raises(KeyError, match="no measured chunk"):
         equal_cost_replay(other, model, {0: 0.0})
+
+
+def test_unmeasured_chunk_position_falls_back_when_given():
+    cpp, other = _plan("cpp"), build_schedule("cpp", 2, 8, [RequestSpec(1000)], 300)
+    everything = SharedCostModel.fit([MeasuredRunCosts(cpp.layout, _samples(cpp)),
+                                      MeasuredRunCosts(other.layout, _samples(other))])
+    partial = SharedCostModel.fit([MeasuredRunCosts(cpp.layout, _samples(cpp))], fallback=everything)
+    assert equal_cost_replay(other, partial, {0: 0.0}).makespan_s == pytest.approx(
+        equal_cost_replay(other, everything, {0: 0.0}).makespan_s)

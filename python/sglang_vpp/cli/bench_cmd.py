@@ -98,7 +98,8 @@ _NOTES = (
     "replay: the executed order re-timed with each action's measured cost (thread CPU time): the\n"
     "  dedicated-hardware timeline, with this mode's own measurement noise.\n"
     "equal-cost: every mode's executed order re-timed on ONE cost model fitted on the least-disturbed\n"
-    "  costs of all modes (per repeat): only the schedules differ; the verdict compares these.\n"
+    "  costs of all modes (repeat j: fitted on the other repeats): only the schedules differ; the\n"
+    "  verdict compares these.\n"
     "compute s: per rank, replayed. max|diff|: vs the single-process reference forward with the same\n"
     "  chunk boundaries (final hidden states and last-token logits)."
 )

@@ -130,7 +130,8 @@ class RunMeasurement:
     replay: ReplayResult
     launch: LaunchResult
     equal_cost: Any = None
-    """``SimResult`` of this run's executed order on its repeat's shared cost model."""
+    """``SimResult`` of this run's executed order on its repeat's shared cost model (fitted on
+    the other repeats)."""
 
 
 @dataclass
@@ -178,7 +179,7 @@ class BenchReport:
     runs: list[RunMeasurement]
     reference_cpu_s: float
     shared_costs: list[SharedCostModel] = field(default_factory=list)
-    """One per repeat."""
+    """One per repeat: fitted on the other repeats (``_replay_on_equal_costs``)."""
 
     def verdicts(self) -> list[Verdict]:
         """Equal-cost makespan and TTFT (paired per repeat), every mode vs cpp and dcpp."""
@@ -299,20 +300,34 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> Ben
                 runs.append(_measure(mode, repeat, spec, launched, reference, source.config.num_hidden_layers))
                 progress.run_finished(mode, repeat, runs[-1])
     progress.phase("equal-cost replay")
-    shared = [_replay_on_equal_costs(config, [r for r in runs if r.repeat == repeat]) for repeat in range(config.repeat)]
+    shared = _replay_on_equal_costs(config, runs)
     summaries = [_summarise(mode, [r for r in runs if r.mode == mode]) for mode in modes]
     return BenchReport(config, summaries, runs, references.cpu_s, shared)
 
 
-def _replay_on_equal_costs(config: BenchConfig, runs: list[RunMeasurement]) -> SharedCostModel:
-    """Fit one repeat's shared cost model on all its modes and time each mode's order on it.
+def _replay_on_equal_costs(config: BenchConfig, runs: list[RunMeasurement]) -> list[SharedCostModel]:
+    """Per repeat ``j``: every mode's executed order of repeat ``j`` on one shared cost model
+    fitted on the *other* repeats (leave one out; all repeats when there is only one).
 
-    The requests arrive as configured (not as measured), so every mode sees the same arrivals."""
-    model = SharedCostModel.fit([MeasuredRunCosts(r.replay.schedule.layout, r.replay.samples) for r in runs])
+    Leaving one out makes each model the least-disturbed costs of several repeats, and the range
+    over ``j`` shows how much the comparison depends on which measurements built the model. A
+    chunk position the other repeats never ran falls back to the model of all repeats. The
+    requests arrive as configured (not as measured), so every mode sees the same arrivals."""
+
+    def costs(subset: list[RunMeasurement]) -> list[MeasuredRunCosts]:
+        return [MeasuredRunCosts(r.replay.schedule.layout, r.replay.samples) for r in subset]
+
+    everything = SharedCostModel.fit(costs(runs))
     arrivals = {i: i * config.arrival_interval_s for i in range(config.num_requests)}
-    for run in runs:
-        run.equal_cost = equal_cost_replay(run.replay.schedule, model, arrivals)
-    return model
+    models = []
+    for repeat in sorted({r.repeat for r in runs}):
+        others = [r for r in runs if r.repeat != repeat]
+        model = SharedCostModel.fit(costs(others), fallback=everything) if others else everything
+        for run in runs:
+            if run.repeat == repeat:
+                run.equal_cost = equal_cost_replay(run.replay.schedule, model, arrivals)
+        models.append(model)
+    return models
 
 
 class _References:

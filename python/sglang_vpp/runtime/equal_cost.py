@@ -67,9 +67,13 @@ class SharedCostModel:
     num_shapes: int
     rel_rmse: float
     """Root mean square of the relative residuals over the fitted shapes."""
+    fallback: SharedCostModel | None = None
+    """Asked for chunk positions this model's samples do not hold."""
 
     def compute(self, num_layers: int, first: bool, last: bool, prefix: int, tokens: int) -> float:
         layer = self.per_layer.get((prefix, tokens))
+        if layer is None and self.fallback is not None:
+            return self.fallback.compute(num_layers, first, last, prefix, tokens)
         if layer is None:
             raise KeyError(f"no measured chunk at prefix {prefix}, {tokens} tokens: the shared model only "
                            "replays chunk positions some mode of the same repeat ran")
@@ -92,7 +96,7 @@ class SharedCostModel:
                              "sizes": len(self.transfer_by_tokens)}}
 
     @classmethod
-    def fit(cls, runs: Sequence[MeasuredRunCosts]) -> SharedCostModel:
+    def fit(cls, runs: Sequence[MeasuredRunCosts], fallback: SharedCostModel | None = None) -> SharedCostModel:
         least: dict[tuple[int, bool, bool, int, int], float] = {}
         transfers: dict[int, float] = {}
         for run in runs:
@@ -116,7 +120,7 @@ class SharedCostModel:
         rel = (features @ solution - y) / np.maximum(y, 1e-12)
         per_layer = {shape: max(0.0, float(solution[column[shape]])) for shape in shapes}
         return cls((float(solution[0]), float(solution[1]), float(solution[2])), per_layer, transfers,
-                   _line(transfers), len(least), float(np.sqrt(np.mean(rel**2))))
+                   _line(transfers), len(least), float(np.sqrt(np.mean(rel**2))), fallback)
 
 
 @dataclass(frozen=True)
