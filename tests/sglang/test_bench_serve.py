@@ -51,13 +51,14 @@ def test_workloads_are_deterministic_and_shaped():
 
 def test_file_workload_reads_each_form(tmp_path: Path):
     path = tmp_path / "w.jsonl"
-    path.write_text('{"input_len": 5}\n{"input_ids": [11, 12, 13], "output_len": 2}\n\n{"text": "hi"}\n')
+    path.write_text('{"input_len": 5}\n{"input_ids": [11, 12, 13], "output_len": 2}\n\n{"text": "hi"}\n'
+                    '# the format simulate reads:\n{"length": 7, "arrival": 0.5}\n')
     requests = make_workload(Workload.FILE, 0, 0, 8, file=path)
-    assert [r.input_len for r in requests] == [5, 3, None]
-    assert [r.output_len for r in requests] == [8, 2, 8]
+    assert [r.input_len for r in requests] == [5, 3, None, 7]
+    assert [r.output_len for r in requests] == [8, 2, 8, 8]
     assert requests[2].payload()["text"] == "hi" and requests[2].payload()["stream"] is True
     path.write_text('{"tokens": 5}\n')
-    with pytest.raises(BenchServeError, match="w.jsonl:1: needs one of input_len"):
+    with pytest.raises(BenchServeError, match="w.jsonl:1: needs one of length, input_len"):
         make_workload(Workload.FILE, 0, 0, 8, file=path)
 
 

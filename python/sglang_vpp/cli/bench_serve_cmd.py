@@ -20,8 +20,10 @@ Workloads (defaults; every size can be overridden):
 - ``short``: 16 requests of 1024 input tokens, all concurrent.
 - ``mixed``: 32 requests, input lengths log-normal around --input-len (p90/median = 6.4, the
   shape of the VPP paper's mixed trace), clipped to [7, --max-input-len], concurrency 16.
-- ``file``: JSONL, one request per line: {"input_len": N} or {"input_ids": [...]} or
-  {"text": "..."}, each with an optional "output_len".
+- ``file``: JSONL, one request per line, the format ``sglang-vpp simulate --workload file`` reads:
+  {"length": N} (or "input_len" / "prompt_len"), an optional "arrival" (used by simulate; here
+  --request-rate paces the requests), blank and ``#`` lines skipped; bench-serve also takes
+  {"input_ids": [...]} or {"text": "..."} instead of a length, and an optional "output_len".
 
 Wall-clock numbers on a shared 2-vCPU machine do not show a pipeline speedup; see
 CONTRIBUTING.md rule 8.
@@ -177,6 +179,8 @@ class Summary:
 # ---------------------------------------------------------------------------- workloads
 
 
+#: The keys a workload file may give a prompt length under (shared with simulate's files).
+_LENGTH_KEYS = ("length", "input_len", "prompt_len")
 #: Random ids start here: below are the special tokens that tokenizers put first.
 _FIRST_TOKEN_ID = 10
 
@@ -191,7 +195,7 @@ def _read_workload_file(path: Path, output_len: int, vocab_size: int, seed: int)
     rng = random.Random(seed)
     requests = []
     for line_number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
+        if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
             entry = json.loads(line)
@@ -202,12 +206,13 @@ def _read_workload_file(path: Path, output_len: int, vocab_size: int, seed: int)
             requests.append(BenchRequest(len(requests), out_len, input_ids=tuple(entry["input_ids"])))
         elif "text" in entry:
             requests.append(BenchRequest(len(requests), out_len, text=str(entry["text"])))
-        elif "input_len" in entry:
-            ids = _random_ids(rng, int(entry["input_len"]), vocab_size)
+        elif (key := next((k for k in _LENGTH_KEYS if k in entry), None)) is not None:
+            ids = _random_ids(rng, int(entry[key]), vocab_size)
             requests.append(BenchRequest(len(requests), out_len, input_ids=ids))
         else:
             raise BenchServeError(
-                f"{path}:{line_number}: needs one of input_len, input_ids or text, got keys {sorted(entry)}"
+                f"{path}:{line_number}: needs one of {', '.join(_LENGTH_KEYS)}, input_ids or text, "
+                f"got keys {sorted(entry)}"
             )
     if not requests:
         raise BenchServeError(f"{path} holds no requests; write one JSON object per line")
