@@ -45,6 +45,8 @@ CASES = [
     (_BENCH + ["--pp", "1"], "--pp"),
     (_BENCH + ["--plot", "/dev/null/gantt.png"], "--plot"),
     (_BENCH + ["--json", "/dev/null/out.json"], "--json"),
+    (["simulate", "--costs", "NOT_JSON"], "is not readable JSON"),
+    (["simulate", "--costs", "NO_FORMAT"], 'has no "format" field'),
 ]
 
 
@@ -55,9 +57,16 @@ def _assert_one_line_error(result, fragment: str) -> None:
     assert fragment in lines[0], result.output
 
 
-@pytest.mark.parametrize("args, fragment", CASES, ids=[" ".join(a[2:] if a[0] == "bench-serve" else a[6:]) or a[0]
-                                                      for a, _ in CASES])
-def test_user_error_is_one_line_exit_2(args, fragment):
+def _case_id(args: list[str]) -> str:
+    return " ".join(args[{"bench-serve": 2, "bench": 6}.get(args[0], 1):]) or args[0]
+
+
+@pytest.mark.parametrize("args, fragment", CASES, ids=[_case_id(a) for a, _ in CASES])
+def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
+    files = {"NOT_JSON": "not json at all\n", "NO_FORMAT": '{"stages": {}}\n'}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    args = [str(tmp_path / a) if a in files else a for a in args]
     _assert_one_line_error(CliRunner().invoke(app, args), fragment)
 
 
