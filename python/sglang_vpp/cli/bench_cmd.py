@@ -127,7 +127,7 @@ def bench(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Run each mode on real rank processes with real layers; check against the reference; table."""
-    from ..runtime.bench import BenchConfig, check_platform, run_bench, write_outputs
+    from ..runtime.bench import BenchConfig, check_config, run_bench, write_outputs
     from ..runtime.errors import RankFailedError
     from ..runtime.spec import Device, FaultSpec, Timeouts
 
@@ -151,7 +151,7 @@ def bench(
         split=tuple(layer_split) if layer_split else None, timeouts=Timeouts(comm_s=timeout),
         fault=FaultSpec.from_env(),  # tests inject a failing rank through SGLANG_VPP_FAULT
     )
-    check_platform(config)  # an unknown or unavailable backend / device: exit 2 before any rank starts
+    check_config(config)  # modes, layouts, model, backend, device: exit 2 before any work starts
     total_tokens = config.seq_len * config.num_requests
     if total_tokens > LARGE_RUN_TOKENS and device_kind is Device.CPU:
         typer.echo(f"warning: {requests} x {config.seq_len} prompt tokens is a large CPU run (it may take "

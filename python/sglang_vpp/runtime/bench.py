@@ -53,7 +53,7 @@ __all__ = [
     "BenchReport",
     "ModeSummary",
     "RunMeasurement",
-    "check_platform",
+    "check_config",
     "run_bench",
 ]
 
@@ -242,14 +242,16 @@ def _per_rank(run: RunMeasurement) -> list[dict[str, float]]:
     return out
 
 
-def check_platform(config: BenchConfig) -> None:
-    """The model, the comm backend and the device, checked in this process before any rank starts:
-    a typo or a missing GPU is a user error with its fix, not a rank failure."""
+def check_config(config: BenchConfig) -> None:
+    """Modes, layouts, the model, the comm backend and the device, checked in this process before
+    anything starts: a typo or a missing GPU is a user error with its fix, not a rank failure."""
     from ..comm.registry import parse_backend_spec, probe_backend
     from .errors import RunConfigError
     from .spec import BACKEND_FOR_DEVICE
 
     resolve_model(config.model, config.seed, config.num_layers)
+    for policy in parse_policies(",".join(config.modes)):
+        check_spec(config.run_spec(str(policy.name)))
     spec = config.backend or BACKEND_FOR_DEVICE[config.device]
     name, double = parse_backend_spec(spec)
     if not double:  # the device test double runs on gloo anywhere
