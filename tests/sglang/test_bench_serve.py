@@ -136,7 +136,8 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
     done = _cli(
         "--launch", "cpp,vpp-pack", "--model-path", str(model), "--pp-size", "2", "--chunked-prefill-size", "64",
         "--workload", "long", "--num-requests", "1", "--input-len", "768", "--output-len", "2", "--repeats", "2",
-        "--work-dir", str(work), "--json", str(out), "--no-progress", "--port", str(first_port), timeout=900,
+        "--work-dir", str(work), "--json", str(out), "--no-progress", "--port", str(first_port),
+        "--output-file", str(tmp_path / "results.jsonl"), timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "prefill idle per rank" in done.stdout and "not a wall-clock measurement" in done.stdout
@@ -149,6 +150,10 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
     comparison = report["verdicts"][0]["comparisons"][0]
     assert (comparison["mode"], comparison["baseline"]) == ("vpp-pack", "cpp")
     assert comparison["outcome"] in ("faster", "slower", "no significant difference")
+    lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(x["tags"]["pp_mode"], x["tags"]["pp_size"], x["tags"]["chunked_prefill_size"]) for x in lines] == [
+        ("cpp", 2, 64), ("vpp-pack", 2, 64)]
+    assert all(x["tags"]["sglang_version"] and len(x["ttfts"]) == 2 for x in lines)
     for mode, num_stages in (("cpp", 2), ("vpp-pack", 4)):
         run = runs[mode]
         assert run["config"]["launch"]["mode"] == mode

@@ -392,7 +392,7 @@ def _server_info(url: str, timeout: float) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - not every server exposes /server_info
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
     args = info.get("server_args", info) if isinstance(info, dict) else {}
-    keys = ("model_path", "pp_size", "tp_size", "chunked_prefill_size", "enable_dynamic_chunking",
+    keys = ("model_path", "pp_mode", "pp_size", "tp_size", "chunked_prefill_size", "enable_dynamic_chunking",
             "max_prefill_tokens", "device", "attention_backend", "dtype")  # fmt: skip
     return {key: args.get(key) for key in keys if key in args}
 
@@ -617,6 +617,7 @@ def bench_serve(
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds one request may take."),
     label: Optional[str] = typer.Option(None, "--label", help="Name of this run in the table and JSON (e.g. the pp mode)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write config, server info, summary and per-request results."),
+    output_file: Optional[Path] = typer.Option(None, "--output-file", help="Append one JSON line per server run, tagged with its configuration (pp-mode, pp/tp size, chunk size, layer split, SGLang version, device)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Measure TTFT (streaming), end-to-end latency and throughput of SGLang servers.
@@ -638,6 +639,7 @@ def bench_serve(
     positive(timeout, "--timeout")
     positive(startup_timeout, "--startup-timeout")
     check_output_path(json_out, "--json")
+    check_output_path(output_file, "--output-file")
     sizes = {flag: parse_size_option(text, flag) for flag, text in (
         ("--input-len", input_len), ("--output-len", output_len), ("--max-input-len", max_input_len),
         ("--chunked-prefill-size", chunked_prefill_size))}  # fmt: skip
@@ -672,7 +674,7 @@ def bench_serve(
             chunked_prefill_size=sizes["--chunked-prefill-size"], device=device, server_args=tuple(server_arg or ()),
             startup_timeout=startup_timeout, work_dir=work_dir, first_port=port or 0,
         )  # fmt: skip
-        _bench_launched(modes, spec, plan, config, repeats, json_out)
+        _bench_launched(modes, spec, plan, config, repeats, json_out, output_file)
         return
     runs = []
     for name, target in _parse_targets(url, label):
@@ -689,6 +691,10 @@ def bench_serve(
     if json_out is not None:
         clean = [{k: v for k, v in run.items() if k != "summary_obj"} for run in runs]
         emit_json(clean[0] if len(clean) == 1 else {"runs": clean}, json_out)
+    if output_file is not None:
+        from sglang_vpp.serving.results import append_results, sglang_version
+
+        append_results(output_file, runs, [{**run["server"], "sglang_version": sglang_version()} for run in runs])
     if any(run["summary_obj"].num_failed for run in runs):
         raise typer.Exit(1)
 
@@ -709,7 +715,7 @@ def _launch_verdicts(launched: list) -> list:
 
 
 def _bench_launched(modes: list[str], spec, plan: RunPlan, config: dict[str, Any], repeats: int,
-                    json_out: Path | None) -> None:
+                    json_out: Path | None, output_file: Path | None = None) -> None:
     """--launch: one server per mode, measured in turn (bench_serve_launch.run_launched)."""
     from rich.console import Console
 
@@ -772,5 +778,10 @@ def _bench_launched(modes: list[str], spec, plan: RunPlan, config: dict[str, Any
     if json_out is not None:
         emit_json({"runs": [{k: v for k, v in r.items() if k != "summary_obj"} for r in runs],
                    "verdicts": [v.to_dict() for v in verdicts]}, json_out)
+    if output_file is not None:
+        from sglang_vpp.serving.results import append_results, launch_tags
+
+        append_results(output_file, runs, [launch_tags(run.mode, spec.pp_size, spec.chunked_prefill_size, spec.device,
+                                                       spec.server_args) for run in launched])
     if any(s.num_failed for run in launched for s in run.summaries):
         raise typer.Exit(1)
