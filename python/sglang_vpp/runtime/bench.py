@@ -317,7 +317,7 @@ def _replay_on_equal_costs(config: BenchConfig, runs: list[RunMeasurement]) -> l
     requests arrive as configured (not as measured), so every mode sees the same arrivals."""
 
     def costs(subset: list[RunMeasurement]) -> list[MeasuredRunCosts]:
-        return [MeasuredRunCosts(r.replay.schedule.layout, r.replay.samples) for r in subset]
+        return [MeasuredRunCosts(r.mode, r.replay.schedule.layout, r.replay.samples) for r in subset]
 
     everything = SharedCostModel.fit(costs(runs))
     arrivals = {i: i * config.arrival_interval_s for i in range(config.num_requests)}

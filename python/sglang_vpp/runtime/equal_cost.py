@@ -18,9 +18,12 @@ the per-layer part; all unknowns come from one least-squares solve on relative r
 (``fixed``, ``embed``, ``head`` kept >= 0). Positions only one layout ran (dcpp's chunks) get
 their per-layer cost from their own samples, given the shared fixed terms.
 
-Least disturbed: the solve sees, for every (layers, first, last, prefix, tokens) shape, the
-*minimum* over all modes and repeats. A neighbour process on the same cores stretches thread CPU
-time (shared caches, memory bandwidth) but never shortens it.
+Least disturbed: for every (layers, first, last, prefix, tokens) shape each mode contributes its
+*minimum* over its repeats (a neighbour process on the same cores stretches thread CPU time --
+shared caches, memory bandwidth -- but never shortens it), and the solve sees the median of those
+per-mode minima. Every mode's estimate rests on the same number of samples: a minimum over all
+samples would be lower for shapes that more modes ran (the three fold-back modes share theirs)
+and favour those modes.
 
 Transfers: per message size the least-contended measured hand-off over all modes; sizes only one
 mode produced (dcpp's chunks) use a line through those minima.
@@ -28,6 +31,7 @@ mode produced (dcpp's chunks) use a line through those minima.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,8 +52,9 @@ Shape = tuple[int, int]
 
 @dataclass(frozen=True)
 class MeasuredRunCosts:
-    """What one run contributes: its layout (to tell first and last stages) and its samples."""
+    """What one run contributes: its mode, its layout (to tell first and last stages), its samples."""
 
+    mode: str
     layout: Layout
     samples: Sequence[CostSample]
 
@@ -97,7 +102,7 @@ class SharedCostModel:
 
     @classmethod
     def fit(cls, runs: Sequence[MeasuredRunCosts], fallback: SharedCostModel | None = None) -> SharedCostModel:
-        least: dict[tuple[int, bool, bool, int, int], float] = {}
+        per_mode: dict[tuple[int, bool, bool, int, int], dict[str, float]] = {}
         transfers: dict[int, float] = {}
         for run in runs:
             last_stage = run.layout.num_stages - 1
@@ -107,8 +112,10 @@ class SharedCostModel:
                     continue
                 assert s.num_layers is not None, s
                 key = (s.num_layers, s.stage_index == 0, s.stage_index == last_stage, s.prefix_tokens, s.num_tokens)
-                least[key] = min(s.duration_s, least.get(key, float("inf")))
-        assert least, "no compute samples to fit"
+                minima = per_mode.setdefault(key, {})
+                minima[run.mode] = min(s.duration_s, minima.get(run.mode, float("inf")))
+        assert per_mode, "no compute samples to fit"
+        least = {key: statistics.median(minima.values()) for key, minima in per_mode.items()}
         shapes = sorted({(prefix, tokens) for (_, _, _, prefix, tokens) in least})
         column = {shape: len(_FIXED_TERMS) + i for i, shape in enumerate(shapes)}
         features = np.zeros((len(least), len(_FIXED_TERMS) + len(shapes)))
