@@ -48,9 +48,10 @@ def test_side_by_side(tmp_path, two_servers):
     out, lines = tmp_path / "runs.json", tmp_path / "results.jsonl"
     args = ["bench-serve", "--url", f"cpp={two_servers[0]}", "--url", f"vpp-pack={two_servers[1]}",
             "--workload", "short", "--num-requests", "4", "--input-len", "16", "--output-len", "4",
-            "--no-progress", "--json", str(out), "--output-file", str(lines)]
+            "--no-progress", "--json", str(out), "--output-file", str(lines), "--plot", str(tmp_path / "times.png")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
+    assert (tmp_path / "times.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert CliRunner().invoke(app, args).exit_code == 0  # appends
     records = [json.loads(line) for line in lines.read_text().splitlines()]
     assert [r["label"] for r in records] == ["cpp", "vpp-pack"] * 2

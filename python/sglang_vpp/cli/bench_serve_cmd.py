@@ -617,6 +617,7 @@ def bench_serve(
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds one request may take."),
     label: Optional[str] = typer.Option(None, "--label", help="Name of this run in the table and JSON (e.g. the pp mode)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write config, server info, summary and per-request results."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG of TTFT, latency and time per output token per server (one box per server, a dot per request)."),
     output_file: Optional[Path] = typer.Option(None, "--output-file", help="Append one JSON line per server run, tagged with its configuration (pp-mode, pp/tp size, chunk size, layer split, SGLang version, device)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
@@ -640,6 +641,7 @@ def bench_serve(
     positive(startup_timeout, "--startup-timeout")
     check_output_path(json_out, "--json")
     check_output_path(output_file, "--output-file")
+    check_output_path(plot, "--plot")
     sizes = {flag: parse_size_option(text, flag) for flag, text in (
         ("--input-len", input_len), ("--output-len", output_len), ("--max-input-len", max_input_len),
         ("--chunked-prefill-size", chunked_prefill_size))}  # fmt: skip
@@ -674,7 +676,7 @@ def bench_serve(
             chunked_prefill_size=sizes["--chunked-prefill-size"], device=device, server_args=tuple(server_arg or ()),
             startup_timeout=startup_timeout, work_dir=work_dir, first_port=port or 0,
         )  # fmt: skip
-        _bench_launched(modes, spec, plan, config, repeats, json_out, output_file)
+        _bench_launched(modes, spec, plan, config, repeats, json_out, output_file, plot)
         return
     runs = []
     for name, target in _parse_targets(url, label):
@@ -695,6 +697,8 @@ def bench_serve(
         from sglang_vpp.serving.results import append_results, sglang_version
 
         append_results(output_file, runs, [{**run["server"], "sglang_version": sglang_version()} for run in runs])
+    if plot is not None:
+        _write_plot(runs, plot)
     if any(run["summary_obj"].num_failed for run in runs):
         raise typer.Exit(1)
 
@@ -714,8 +718,28 @@ def _launch_verdicts(launched: list) -> list:
     return verdicts
 
 
+def _write_plot(runs: list[dict[str, Any]], path: Path) -> None:
+    """TTFT / latency / time-per-output-token distribution of every server run (``serving/plots.py``)."""
+    from sglang_vpp.serving.plots import write_distribution_plot
+
+    def values(run: dict[str, Any], key: str) -> list[float]:
+        return [r[key] for r in run["requests"] if r.get("ok") and r.get(key) is not None]
+
+    def per_token(run: dict[str, Any]) -> list[float]:
+        return [(r["latency"] - r["ttft"]) / (r["output_tokens"] - 1) for r in run["requests"]
+                if r.get("ok") and r.get("ttft") is not None and r.get("latency") is not None and r["output_tokens"] > 1]
+
+    labels = [str(run["label"] or run["url"]) for run in runs]
+    write_distribution_plot({
+        "TTFT": {label: values(run, "ttft") for label, run in zip(labels, runs)},
+        "end-to-end latency": {label: values(run, "latency") for label, run in zip(labels, runs)},
+        "time per output token": {label: per_token(run) for label, run in zip(labels, runs)},
+    }, path, title="bench-serve: per-request times (wall clock on this host)")
+    typer.echo(f"wrote {path}")
+
+
 def _bench_launched(modes: list[str], spec, plan: RunPlan, config: dict[str, Any], repeats: int,
-                    json_out: Path | None, output_file: Path | None = None) -> None:
+                    json_out: Path | None, output_file: Path | None = None, plot: Path | None = None) -> None:
     """--launch: one server per mode, measured in turn (bench_serve_launch.run_launched)."""
     from rich.console import Console
 
@@ -783,5 +807,7 @@ def _bench_launched(modes: list[str], spec, plan: RunPlan, config: dict[str, Any
 
         append_results(output_file, runs, [launch_tags(run.mode, spec.pp_size, spec.chunked_prefill_size, spec.device,
                                                        spec.server_args) for run in launched])
+    if plot is not None:
+        _write_plot(runs, plot)
     if any(s.num_failed for run in launched for s in run.summaries):
         raise typer.Exit(1)
