@@ -1,29 +1,11 @@
 """``sglang-vpp bench-serve``: TTFT, end-to-end latency and throughput of any SGLang server.
 
 Job: drive a running server (stock SGLang or SGLang with this plugin, any ``--pp-mode``) over
-HTTP with a workload, in the spirit of ``sglang.bench_serving``, so users compare modes side by
-side on their own hardware. Needs nothing but the standard library (and rich for the table).
-
-Data flow::
-
-    --workload {long,short,mixed,file} + sizes + seed
-        -> make_workload() -> [BenchRequest]          (random token ids; or from a JSONL file)
-        -> run_requests(): a thread pool of --concurrency workers, optional Poisson arrivals
-           (--request-rate), each POST /generate {"stream": true} read as server-sent events
-           -> RequestResult (TTFT = first streamed token, latency = last event, token counts)
-        -> summarize(): min / median / max / p90 of TTFT, latency and time per output token;
-           throughput = tokens / wall-clock of the measured requests
-        -> table on stdout, optional --json file with config, server info, summary, requests
-
-Workloads (defaults; every size can be overridden):
-- ``long``: one request at a time (concurrency 1), 4 requests of 8192 input tokens.
-- ``short``: 16 requests of 1024 input tokens, all concurrent.
-- ``mixed``: 32 requests, input lengths log-normal around --input-len (p90/median = 6.4, the
-  shape of the VPP paper's mixed trace), clipped to [7, --max-input-len], concurrency 16.
-- ``file``: JSONL, one request per line, the format ``sglang-vpp simulate --workload file`` reads:
-  {"length": N} (or "input_len" / "prompt_len"), an optional "arrival" (used by simulate; here
-  --request-rate paces the requests), blank and ``#`` lines skipped; bench-serve also takes
-  {"input_ids": [...]} or {"text": "..."} instead of a length, and an optional "output_len".
+HTTP with a workload, so users compare modes side by side on their own hardware; with
+``--launch`` start each mode's server in turn and add the replayed per-rank pipeline accounting
+and a verdict. The parts live in ``sglang_vpp.serving``: ``workload`` (the requests),
+``client`` (streaming HTTP, statistics), ``run_plan`` (warm-up and measured passes),
+``results`` (tagged JSON lines), ``plots``; this module parses options and prints tables.
 
 Wall-clock numbers on a shared 2-vCPU machine do not show a pipeline speedup; see
 CONTRIBUTING.md rule 8.
@@ -31,447 +13,38 @@ CONTRIBUTING.md rule 8.
 
 from __future__ import annotations
 
-import json
 import math
-import random
 import statistics
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Optional
-from urllib.parse import urlsplit
+from typing import Any, Optional
 
 import typer
+
+from sglang_vpp.serving.client import RequestResult, Stats, Summary, connection, run_requests, server_info, summarize
+from sglang_vpp.serving.run_plan import RunPlan
+from sglang_vpp.serving.workload import (
+    FIRST_TOKEN_ID,
+    WORKLOAD_DEFAULTS,
+    BenchRequest,
+    BenchServeError,
+    Workload,
+    make_workload,
+)
 
 from .common import at_least, check_output_path, emit_json, parse_size_option, positive, user_errors
 
 __all__ = [
     "BenchRequest",
+    "BenchServeError",
     "RequestResult",
+    "Stats",
     "Workload",
     "bench_serve",
     "make_workload",
     "run_requests",
     "summarize",
 ]
-
-
-class Workload(StrEnum):
-    LONG = "long"
-    SHORT = "short"
-    MIXED = "mixed"
-    FILE = "file"
-
-
-# Per workload: (num_requests, input_len, output_len, concurrency).
-_DEFAULTS: dict[Workload, tuple[int, int, int, int]] = {
-    Workload.LONG: (4, 8192, 16, 1),
-    Workload.SHORT: (16, 1024, 16, 16),
-    Workload.MIXED: (32, 1024, 16, 16),
-    Workload.FILE: (0, 0, 16, 16),
-}
-# Log-normal spread of the mixed workload: p90 / median = 6.4 -> sigma = ln(6.4) / z(0.9).
-_MIXED_SIGMA = math.log(6.4) / 1.2815515655446004
-
-
-class BenchServeError(ValueError):
-    """A bad bench-serve option or workload file; the message names the value and the fix."""
-
-
-@dataclass(frozen=True, slots=True)
-class BenchRequest:
-    """One request to send: token ids (preferred, tokenizer-free) or text."""
-
-    index: int
-    output_len: int
-    input_ids: tuple[int, ...] | None = None
-    text: str | None = None
-
-    @property
-    def input_len(self) -> int | None:
-        return len(self.input_ids) if self.input_ids is not None else None
-
-    def payload(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "sampling_params": {
-                "temperature": 0.0,
-                "max_new_tokens": self.output_len,
-                "ignore_eos": True,
-            },
-            "stream": True,
-        }
-        if self.input_ids is not None:
-            body["input_ids"] = list(self.input_ids)
-        else:
-            body["text"] = self.text
-        return body
-
-
-@dataclass(slots=True)
-class RequestResult:
-    """What one request measured. Times in seconds; ``start`` is relative to the run start."""
-
-    index: int
-    ok: bool = False
-    error: str | None = None
-    start: float = 0.0
-    ttft: float | None = None
-    latency: float | None = None
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-    @property
-    def time_per_output_token(self) -> float | None:
-        if not self.ok or self.ttft is None or self.latency is None or self.output_tokens < 2:
-            return None
-        return (self.latency - self.ttft) / (self.output_tokens - 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Stats:
-    """min / median / max / p90 (linear interpolation) and mean of a metric."""
-
-    min: float
-    median: float
-    max: float
-    p90: float
-    mean: float
-    count: int
-
-    @classmethod
-    def of(cls, values: list[float]) -> Optional["Stats"]:
-        if not values:
-            return None
-        ordered = sorted(values)
-        p90 = ordered[0] if len(ordered) == 1 else statistics.quantiles(ordered, n=10, method="inclusive")[8]
-        return cls(
-            min=ordered[0],
-            median=statistics.median(ordered),
-            max=ordered[-1],
-            p90=p90,
-            mean=statistics.fmean(ordered),
-            count=len(ordered),
-        )
-
-
-@dataclass
-class Summary:
-    """Aggregates of one run (the ``summary`` object of the JSON output)."""
-
-    num_requests: int
-    num_failed: int
-    wall_seconds: float
-    input_tokens: int
-    output_tokens: int
-    request_throughput: float
-    input_throughput: float
-    output_throughput: float
-    total_throughput: float
-    ttft: Stats | None = None
-    latency: Stats | None = None
-    time_per_output_token: Stats | None = None
-    errors: list[str] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------------------- workloads
-
-
-#: The keys a workload file may give a prompt length under (shared with simulate's files).
-_LENGTH_KEYS = ("length", "input_len", "prompt_len")
-#: Random ids start here: below are the special tokens that tokenizers put first.
-_FIRST_TOKEN_ID = 10
-
-
-def _random_ids(rng: random.Random, length: int, vocab_size: int) -> tuple[int, ...]:
-    return tuple(rng.randrange(_FIRST_TOKEN_ID, vocab_size) for _ in range(length))
-
-
-def _read_workload_file(path: Path, output_len: int, vocab_size: int, seed: int) -> list[BenchRequest]:
-    if not path.is_file():
-        raise BenchServeError(f"--workload file needs --file PATH to a JSONL file; {path} does not exist")
-    rng = random.Random(seed)
-    requests = []
-    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise BenchServeError(f"{path}:{line_number}: not JSON ({exc.msg}); one object per line") from None
-        out_len = int(entry.get("output_len", output_len))
-        if "input_ids" in entry:
-            requests.append(BenchRequest(len(requests), out_len, input_ids=tuple(entry["input_ids"])))
-        elif "text" in entry:
-            requests.append(BenchRequest(len(requests), out_len, text=str(entry["text"])))
-        elif (key := next((k for k in _LENGTH_KEYS if k in entry), None)) is not None:
-            ids = _random_ids(rng, int(entry[key]), vocab_size)
-            requests.append(BenchRequest(len(requests), out_len, input_ids=ids))
-        else:
-            raise BenchServeError(
-                f"{path}:{line_number}: needs one of {', '.join(_LENGTH_KEYS)}, input_ids or text, "
-                f"got keys {sorted(entry)}"
-            )
-    if not requests:
-        raise BenchServeError(f"{path} holds no requests; write one JSON object per line")
-    return requests
-
-
-def make_workload(
-    workload: Workload,
-    num_requests: int,
-    input_len: int,
-    output_len: int,
-    *,
-    seed: int = 0,
-    vocab_size: int = 10000,
-    max_input_len: int | None = None,
-    file: Path | None = None,
-) -> list[BenchRequest]:
-    """The requests of a workload (see module docstring); deterministic for a seed."""
-    if workload == Workload.FILE:
-        if file is None:
-            raise BenchServeError("--workload file needs --file PATH (a JSONL file, one request per line)")
-        return _read_workload_file(file, output_len, vocab_size, seed)
-    for name, value in (("--num-requests", num_requests), ("--input-len", input_len), ("--output-len", output_len)):
-        if value < 1:
-            raise BenchServeError(f"{name} must be >= 1, got {value}")
-    rng = random.Random(seed)
-    if workload == Workload.MIXED:
-        ceiling = max_input_len or 12 * input_len
-        lengths = [
-            min(ceiling, max(7, round(rng.lognormvariate(math.log(input_len), _MIXED_SIGMA))))
-            for _ in range(num_requests)
-        ]
-    else:
-        lengths = [input_len] * num_requests
-    return [
-        BenchRequest(index, output_len, input_ids=_random_ids(rng, length, vocab_size))
-        for index, length in enumerate(lengths)
-    ]
-
-
-# ---------------------------------------------------------------------------- HTTP client
-
-
-def _connection(url: str, timeout: float):
-    import http.client
-
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BenchServeError(f"--url {url!r} must look like http://127.0.0.1:30000")
-    try:
-        port = parts.port
-    except ValueError:
-        port = -1
-    if port is not None and not 0 < port < 65536:
-        raise BenchServeError(f"--url {url!r}: the port must be a number in 1..65535, e.g. http://127.0.0.1:30000")
-    conn_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    return conn_class(parts.hostname, port, timeout=timeout), parts.path.rstrip("/")
-
-
-def send_streaming(url: str, request: BenchRequest, timeout: float, run_start: float) -> RequestResult:
-    """POST /generate with streaming and time it. Never raises: failures land in the result."""
-    result = RequestResult(index=request.index, input_tokens=request.input_len or 0)
-    began = time.perf_counter()
-    result.start = began - run_start
-    try:
-        conn, prefix = _connection(url, timeout)
-        body = json.dumps(request.payload()).encode()
-        conn.request("POST", prefix + "/generate", body=body, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        if response.status != 200:
-            result.error = f"HTTP {response.status}: {response.read()[:300]!r}"
-            return result
-        last: dict[str, Any] | None = None
-        while True:
-            line = response.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            event = json.loads(data)
-            if "error" in event:
-                result.error = str(event["error"])[:300]
-                return result
-            meta = event.get("meta_info", {})
-            if result.ttft is None and (meta.get("completion_tokens", 1) >= 1):
-                result.ttft = time.perf_counter() - began
-            last = event
-        result.latency = time.perf_counter() - began
-        conn.close()
-        if last is None:
-            result.error = "the stream ended without any event"
-            return result
-        meta = last.get("meta_info", {})
-        result.output_tokens = int(meta.get("completion_tokens", 0))
-        result.input_tokens = int(meta.get("prompt_tokens", result.input_tokens))
-        result.ok = True
-    except Exception as exc:  # noqa: BLE001 - a benchmark reports failures, it does not crash
-        result.error = f"{type(exc).__name__}: {exc}"[:300]
-    return result
-
-
-def run_requests(
-    url: str,
-    requests: list[BenchRequest],
-    *,
-    concurrency: int,
-    request_rate: float = math.inf,
-    timeout: float = 600.0,
-    seed: int = 0,
-    on_done: Callable[[RequestResult], None] | None = None,
-) -> tuple[list[RequestResult], float]:
-    """Send ``requests`` with at most ``concurrency`` in flight; return (results, wall seconds).
-
-    With a finite ``request_rate`` (requests/s), arrivals follow a Poisson process (seeded).
-    """
-    if concurrency < 1:
-        raise BenchServeError(f"--concurrency must be >= 1, got {concurrency}")
-    rng = random.Random(seed + 1)
-    results: list[RequestResult] = []
-    lock = threading.Lock()
-    run_start = time.perf_counter()
-
-    def one(request: BenchRequest) -> None:
-        result = send_streaming(url, request, timeout, run_start)
-        with lock:
-            results.append(result)
-        if on_done is not None:
-            on_done(result)
-
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futures = []
-        for request in requests:
-            futures.append(pool.submit(one, request))
-            if math.isfinite(request_rate):
-                time.sleep(rng.expovariate(request_rate))
-        for future in futures:
-            future.result()
-    wall = time.perf_counter() - run_start
-    return sorted(results, key=lambda r: r.index), wall
-
-
-def summarize(results: list[RequestResult], wall: float) -> Summary:
-    ok = [r for r in results if r.ok]
-    input_tokens = sum(r.input_tokens for r in ok)
-    output_tokens = sum(r.output_tokens for r in ok)
-    wall = max(wall, 1e-9)
-    return Summary(
-        num_requests=len(results),
-        num_failed=len(results) - len(ok),
-        wall_seconds=wall,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        request_throughput=len(ok) / wall,
-        input_throughput=input_tokens / wall,
-        output_throughput=output_tokens / wall,
-        total_throughput=(input_tokens + output_tokens) / wall,
-        ttft=Stats.of([r.ttft for r in ok if r.ttft is not None]),
-        latency=Stats.of([r.latency for r in ok if r.latency is not None]),
-        time_per_output_token=Stats.of(
-            [t for r in ok if (t := r.time_per_output_token) is not None]
-        ),
-        errors=sorted({r.error for r in results if r.error})[:10],
-    )
-
-
-def _server_info(url: str, timeout: float) -> dict[str, Any]:
-    """The few server facts worth recording next to the numbers (best effort)."""
-    try:
-        conn, prefix = _connection(url, timeout)
-        conn.request("GET", prefix + "/server_info")
-        info = json.loads(conn.getresponse().read())
-        conn.close()
-    except Exception as exc:  # noqa: BLE001 - not every server exposes /server_info
-        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
-    args = info.get("server_args", info) if isinstance(info, dict) else {}
-    keys = ("model_path", "pp_mode", "pp_size", "tp_size", "chunked_prefill_size", "enable_dynamic_chunking",
-            "max_prefill_tokens", "device", "attention_backend", "dtype")  # fmt: skip
-    return {key: args.get(key) for key in keys if key in args}
-
-
-# ---------------------------------------------------------------------------- run plan
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """How to load a server: the workload (rebuilt per repeat) and the client's settings."""
-
-    workload: Workload
-    num_requests: int
-    input_len: int
-    output_len: int
-    concurrency: int
-    request_rate: float = math.inf
-    timeout: float = 600.0
-    seed: int = 0
-    warmup: int = 1
-    vocab_size: int = 10000
-    max_input_len: int | None = None
-    file: Path | None = None
-    progress: bool = True
-
-    def requests(self, repeat: int = 0) -> list[BenchRequest]:
-        """The measured requests. Each repeat draws fresh token ids (seed + repeat) so no repeat is
-        served from the radix cache of the one before; a file's explicit ids or texts repeat as given."""
-        requests = make_workload(
-            self.workload, self.num_requests, self.input_len, self.output_len, seed=self.seed + repeat,
-            vocab_size=self.vocab_size, max_input_len=self.max_input_len, file=self.file,
-        )  # fmt: skip
-        return requests[: self.num_requests] if self.workload == Workload.FILE and self.num_requests else requests
-
-    def warm_up(self, url: str) -> int:
-        """Send ``warmup`` requests (not measured) shaped like the first one but with their own token
-        ids, so the measured prompt is not already in the server's prefix cache. Returns how many."""
-        if self.warmup <= 0:
-            return 0
-        first = self.requests()[0]
-        warm = []
-        for i in range(self.warmup):
-            rng = random.Random(f"warmup-{self.seed}-{i}")
-            if first.input_ids is not None:
-                ids = _random_ids(rng, len(first.input_ids), self.vocab_size)
-                warm.append(BenchRequest(-1 - i, 2, input_ids=ids))
-            else:
-                warm.append(BenchRequest(-1 - i, 2, text=f"warm-up {i}: {first.text}"))
-        results, _ = run_requests(url, warm, concurrency=1, timeout=self.timeout)
-        failed = [r.error for r in results if not r.ok]
-        if failed:
-            raise BenchServeError(f"warm-up request to {url} failed: {failed[0]}; is the server up?")
-        return self.warmup
-
-    def run(self, url: str, repeat: int = 0) -> tuple["Summary", list[RequestResult]]:
-        """One measured pass of the workload against ``url``, with a progress bar."""
-        from rich.progress import Progress
-
-        requests = self.requests(repeat)
-        with Progress(disable=not self.progress, transient=False) as bar:
-            task = bar.add_task(f"bench-serve {self.workload} {url}", total=len(requests))
-            results, wall = run_requests(
-                url, requests, concurrency=self.concurrency, request_rate=self.request_rate,
-                timeout=self.timeout, seed=self.seed + repeat, on_done=lambda _r: bar.advance(task),
-            )  # fmt: skip
-        return summarize(results, wall), results
-
-    def describe(self) -> dict[str, Any]:
-        requests = self.requests()
-        return {
-            "workload": str(self.workload), "num_requests": len(requests), "concurrency": self.concurrency,
-            "request_rate": None if math.isinf(self.request_rate) else self.request_rate,
-            "seed": self.seed, "warmup": self.warmup,
-            "input_lens": [r.input_len for r in requests],
-            "output_len": requests[0].output_len if requests else None,
-        }  # fmt: skip
-
-
-# ---------------------------------------------------------------------------- command
 
 
 def _print_summary(summary: Summary, label: str | None) -> None:
@@ -514,7 +87,7 @@ def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
         name, sep, url = raw.partition("=")
         if not sep or "://" in name:
             name, url = (label or raw), raw
-        _connection(url, 1.0)  # validates the URL's shape before anything runs
+        connection(url, 1.0)  # validates the URL's shape before anything runs
         targets.append((name, url))
     names = [name for name, _ in targets]
     if len(set(names)) != len(names):
@@ -635,7 +208,7 @@ def bench_serve(
     at_least(warmup, 0, "--warmup")
     at_least(repeats, 1, "--repeats")
     at_least(pp_size, 1, "--pp-size")
-    at_least(vocab_size, _FIRST_TOKEN_ID + 1, "--vocab-size")
+    at_least(vocab_size, FIRST_TOKEN_ID + 1, "--vocab-size")
     positive(request_rate, "--request-rate")
     positive(timeout, "--timeout")
     positive(startup_timeout, "--startup-timeout")
@@ -645,7 +218,7 @@ def bench_serve(
     sizes = {flag: parse_size_option(text, flag) for flag, text in (
         ("--input-len", input_len), ("--output-len", output_len), ("--max-input-len", max_input_len),
         ("--chunked-prefill-size", chunked_prefill_size))}  # fmt: skip
-    default_num, default_in, default_out, default_conc = _DEFAULTS[workload]
+    default_num, default_in, default_out, default_conc = WORKLOAD_DEFAULTS[workload]
 
     def given(value: int | None, default: int) -> int:
         return default if value is None else value
@@ -685,7 +258,7 @@ def bench_serve(
         _print_summary(summary, name if (label is not None or len(url) > 1) else None)
         runs.append({
             "label": name if (label is not None or len(url) > 1) else label, "url": target, "config": config,
-            "server": _server_info(target, 10.0), "summary": asdict(summary),
+            "server": server_info(target, 10.0), "summary": asdict(summary),
             "requests": [asdict(r) for r in results], "summary_obj": summary,
         })  # fmt: skip
     if len(runs) > 1:

@@ -107,7 +107,7 @@ class LaunchedRun:
     log_path: str
     start_seconds: float
     summaries: list[Any] = field(default_factory=list)
-    """bench_serve_cmd.Summary per repeat."""
+    """``serving.client.Summary`` per repeat."""
     results: list[list[Any]] = field(default_factory=list)
     idle: list[PipelineIdle] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
