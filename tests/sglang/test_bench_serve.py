@@ -137,7 +137,7 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
         "--launch", "cpp,vpp-pack", "--model-path", str(model), "--pp-size", "2", "--chunked-prefill-size", "64",
         "--workload", "long", "--num-requests", "1", "--input-len", "768", "--output-len", "2", "--repeats", "2",
         "--work-dir", str(work), "--json", str(out), "--no-progress", "--port", str(first_port),
-        "--output-file", str(tmp_path / "results.jsonl"), timeout=900,
+        "--output-file", str(tmp_path / "results.jsonl"), "--plot", str(tmp_path / "times.png"), timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "prefill idle per rank" in done.stdout and "not a wall-clock measurement" in done.stdout
@@ -154,6 +154,7 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
     assert [(x["tags"]["pp_mode"], x["tags"]["pp_size"], x["tags"]["chunked_prefill_size"]) for x in lines] == [
         ("cpp", 2, 64), ("vpp-pack", 2, 64)]
     assert all(x["tags"]["sglang_version"] and len(x["ttfts"]) == 2 for x in lines)
+    assert (tmp_path / "times.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for mode, num_stages in (("cpp", 2), ("vpp-pack", 4)):
         run = runs[mode]
         assert run["config"]["launch"]["mode"] == mode
