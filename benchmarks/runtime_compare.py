@@ -163,6 +163,8 @@ def markdown(reports: dict[int, BenchReport], preds: dict[int, list[dict]], wall
                 f"{_median_span(m.bubble_ratio_runs, '{:.1%}')} | {m.compute_s:.2f} | "
                 f"{m.replay_exposed_comm_s:.3f} | {_median_span(m.replay_ttft_s)} |")
         lines += ["", *_verdicts(report), ""]
+        lines += ["Verdict on the equal-cost replay (every mode's order on one shared cost model; "
+                  "`docs/runtime.md`):", "", "```", *[line for v in report.verdicts() for line in v.lines()], "```", ""]
         lines += [f"Simulator predictions of the replayed makespan ({length // 1024}K): seconds, and error = "
                   "predicted / replayed - 1.", "",
                   "| mode | replayed s | fitted, other repeat | error | table, other repeat | error | "

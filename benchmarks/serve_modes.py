@@ -50,6 +50,11 @@ def render(report: dict, chunk: int, chunks: int) -> str:
             )
         for note in run.get("notes") or []:
             lines.append(f"| {run['label']} | note | {note} | | | | |")
+    for verdict in report.get("verdicts") or []:
+        lines += ["", f"{verdict['headline']}", ""]
+        lines += [f"- {c['mode']} vs {c['baseline']}: {c['relative_median']:+.1%} "
+                  f"[{c['relative_min']:+.1%} .. {c['relative_max']:+.1%}] -> {c['outcome']}"
+                  for c in verdict["comparisons"]]
     return "\n".join(lines) + "\n"
 
 

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY="${PYTHON:-python}"
+PY="${PYTHON:-python3}"
 
 # CPU torch first, so nothing below can pull a CUDA build (2.13.0 is what the project tests on).
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.') else 1)" 2>/dev/null; then

@@ -45,13 +45,17 @@ def two_servers():
 
 
 def test_side_by_side(tmp_path, two_servers):
-    out = tmp_path / "runs.json"
-    result = CliRunner().invoke(app, [
-        "bench-serve", "--url", f"cpp={two_servers[0]}", "--url", f"vpp-pack={two_servers[1]}",
-        "--workload", "short", "--num-requests", "4", "--input-len", "16", "--output-len", "4",
-        "--no-progress", "--json", str(out),
-    ])
+    out, lines = tmp_path / "runs.json", tmp_path / "results.jsonl"
+    args = ["bench-serve", "--url", f"cpp={two_servers[0]}", "--url", f"vpp-pack={two_servers[1]}",
+            "--workload", "short", "--num-requests", "4", "--input-len", "16", "--output-len", "4",
+            "--no-progress", "--json", str(out), "--output-file", str(lines), "--plot", str(tmp_path / "times.png")]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
+    assert (tmp_path / "times.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert CliRunner().invoke(app, args).exit_code == 0  # appends
+    records = [json.loads(line) for line in lines.read_text().splitlines()]
+    assert [r["label"] for r in records] == ["cpp", "vpp-pack"] * 2
+    assert all(len(r["ttfts"]) == 4 and "sglang_version" in r["tags"] for r in records)
     assert "side by side" in result.output and "vpp-pack" in result.output
     runs = json.loads(out.read_text())["runs"]
     assert [r["label"] for r in runs] == ["cpp", "vpp-pack"]
@@ -76,3 +80,12 @@ def test_bad_urls(urls, fragment):
     args = ["bench-serve", "--no-progress"] + [x for u in urls for x in ("--url", u)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and fragment in result.output
+
+
+def test_launch_tags_read_the_server_arguments():
+    from sglang_vpp.serving.results import launch_tags
+
+    tags = launch_tags("vpp-pack", 2, 64, "cpu", ("--tp-size", "2", "--vpp-layer-split=2,2,2,2"))
+    assert (tags["pp_mode"], tags["pp_size"], tags["tp_size"], tags["chunked_prefill_size"]) == ("vpp-pack", 2, 2, 64)
+    assert tags["layer_split"] == [2, 2, 2, 2] and tags["device"] == "cpu"
+    assert launch_tags("cpp", 2, 64, "cpu", ())["layer_split"] is None

@@ -43,6 +43,9 @@ def test_bench_runs_every_mode(tmp_path):
     for mode in ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack"):
         assert f"\n{mode} " in table
     assert "replay makespan s" in table and "dedicated-hardware" in table
+    assert "equal-cost makespan s" in table
+    assert "verdict (equal-cost makespan): " in table and "verdict (equal-cost TTFT): " in table
+    assert "vpp-pack vs cpp: " in table and "vpp-pack vs dcpp: " in table
 
     data = json.loads(out.read_text())
     results = data["results"]
@@ -50,11 +53,19 @@ def test_bench_runs_every_mode(tmp_path):
     for row in results:
         assert tuple(row)[: len(EXPECTED_FIELDS)] == EXPECTED_FIELDS
         assert row["max_abs_diff"] == 0.0
-        for name in ("wall_s", "replay_makespan_s", "ttft_s"):
+        for name in ("wall_s", "replay_makespan_s", "ttft_s", "equal_cost_makespan_s", "equal_cost_ttft_s"):
             assert len(row[name]) == 2 and all(v > 0 for v in row[name])
             assert row["stats"][name]["min"] <= row["stats"][name]["median"] <= row["stats"][name]["max"]
         assert 0.0 <= row["bubble_ratio"] < 1.0 and 0.0 <= row["replay_bubble_ratio"] < 1.0
         assert row["compute_s"] > 0 and row["exposed_comm_s"] >= 0
+    assert len(data["equal_cost_models"]) == 2  # one shared cost model per repeat
+    assert all(model["fixed_s"]["fixed"] >= 0 for model in data["equal_cost_models"])
+    verdicts = {v["metric"]: v for v in data["verdicts"]}
+    assert set(verdicts) == {"equal-cost makespan", "equal-cost TTFT"}
+    pairs = {(c["mode"], c["baseline"]) for c in verdicts["equal-cost makespan"]["comparisons"]}
+    assert ("vpp-pack", "cpp") in pairs and ("cpp", "dcpp") in pairs and len(pairs) == 8
+    assert all(c["outcome"] in ("faster", "slower", "no significant difference")
+               for v in verdicts.values() for c in v["comparisons"])
 
     trace = json.loads((tmp_path / "trace.json").read_text())
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}

@@ -51,13 +51,14 @@ def test_workloads_are_deterministic_and_shaped():
 
 def test_file_workload_reads_each_form(tmp_path: Path):
     path = tmp_path / "w.jsonl"
-    path.write_text('{"input_len": 5}\n{"input_ids": [11, 12, 13], "output_len": 2}\n\n{"text": "hi"}\n')
+    path.write_text('{"input_len": 5}\n{"input_ids": [11, 12, 13], "output_len": 2}\n\n{"text": "hi"}\n'
+                    '# the format simulate reads:\n{"length": 7, "arrival": 0.5}\n')
     requests = make_workload(Workload.FILE, 0, 0, 8, file=path)
-    assert [r.input_len for r in requests] == [5, 3, None]
-    assert [r.output_len for r in requests] == [8, 2, 8]
+    assert [r.input_len for r in requests] == [5, 3, None, 7]
+    assert [r.output_len for r in requests] == [8, 2, 8, 8]
     assert requests[2].payload()["text"] == "hi" and requests[2].payload()["stream"] is True
     path.write_text('{"tokens": 5}\n')
-    with pytest.raises(BenchServeError, match="w.jsonl:1: needs one of input_len"):
+    with pytest.raises(BenchServeError, match="w.jsonl:1: needs one of length, input_len"):
         make_workload(Workload.FILE, 0, 0, 8, file=path)
 
 
@@ -131,15 +132,29 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
     server_pool.close()  # bench-serve --launch starts its own servers, one at a time
     model = tiny_model(TinyModelSpec("qwen2-tiny", num_layers=8))
     out, work = tmp_path / "launch.json", tmp_path / "work"
+    first_port = free_port()
     done = _cli(
         "--launch", "cpp,vpp-pack", "--model-path", str(model), "--pp-size", "2", "--chunked-prefill-size", "64",
         "--workload", "long", "--num-requests", "1", "--input-len", "768", "--output-len", "2", "--repeats", "2",
-        "--work-dir", str(work), "--json", str(out), "--no-progress", timeout=900,
+        "--work-dir", str(work), "--json", str(out), "--no-progress", "--port", str(first_port),
+        "--output-file", str(tmp_path / "results.jsonl"), "--plot", str(tmp_path / "times.png"), timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "prefill idle per rank" in done.stdout and "not a wall-clock measurement" in done.stdout
-    runs = {run["label"]: run for run in json.loads(out.read_text())["runs"]}
+    assert "replayed makespan s" in done.stdout
+    assert "verdict (replayed prefill makespan): " in done.stdout and "vpp-pack vs cpp: " in done.stdout
+    report = json.loads(out.read_text())
+    runs = {run["label"]: run for run in report["runs"]}
     assert list(runs) == ["cpp", "vpp-pack"]
+    assert [runs[m]["url"] for m in runs] == [f"http://127.0.0.1:{first_port + i}" for i in range(2)]
+    comparison = report["verdicts"][0]["comparisons"][0]
+    assert (comparison["mode"], comparison["baseline"]) == ("vpp-pack", "cpp")
+    assert comparison["outcome"] in ("faster", "slower", "no significant difference")
+    lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(x["tags"]["pp_mode"], x["tags"]["pp_size"], x["tags"]["chunked_prefill_size"]) for x in lines] == [
+        ("cpp", 2, 64), ("vpp-pack", 2, 64)]
+    assert all(x["tags"]["sglang_version"] and len(x["ttfts"]) == 2 for x in lines)
+    assert (tmp_path / "times.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for mode, num_stages in (("cpp", 2), ("vpp-pack", 4)):
         run = runs[mode]
         assert run["config"]["launch"]["mode"] == mode
@@ -153,6 +168,8 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
             assert repeat["num_prefill_computes"] == 12 * num_stages, repeat
             for rank in repeat["ranks"]:
                 assert rank["busy_s"] > 0 and 0 <= rank["idle_s"] <= rank["makespan_s"]
+        makespans = run["pipeline"]["replayed_makespan_s"]
+        assert len(makespans) == 2 and all(m > 0 for m in makespans)
         min_cost = run["pipeline"]["min_cost"]  # same work in both repeats: comparable
         assert min_cost["num_prefill_computes"] == 12 * num_stages and "minimum" in min_cost["method"]
         spread = run["pipeline"]["idle_spread"]

@@ -57,3 +57,14 @@ def test_same_seed_same_weights_other_seed_other_weights(tmp_path):
     assert a.keys() == b.keys() == c.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
+
+
+def test_tiny_model_ships_a_chat_template(tmp_path):
+    """/v1/chat/completions renders the messages with the tokenizer's chat template."""
+    from transformers import AutoTokenizer
+
+    model_dir = build_tiny_model(tmp_path / "chat", TinyModelSpec("qwen2-tiny", num_layers=1))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False,
+                                         add_generation_prompt=True)
+    assert text == "<|user|>\nhello\n<|assistant|>\n"

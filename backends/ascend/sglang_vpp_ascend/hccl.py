@@ -1,6 +1,6 @@
 """The HCCL backend (Ascend 910B/910C, the primary target): payloads over ProcessGroupHCCL.
 
-HCCL facts it is built around (../../../../shared/docs/sglang-notes.md, SGLang PRs #30844 and
+HCCL facts it is built around (docs/comm.md, section 3; SGLang PRs #30844 and
 #38249, where pp=2 on NPU hung with both directions on one group):
 
 - single sends/receives must be issued in strict order and in pairs per communicator;

@@ -1,6 +1,6 @@
 """The NCCL backend: payloads over ProcessGroupNCCL, one group and one stream per direction.
 
-NCCL facts it is built around (../../../../shared/docs/sglang-notes.md):
+NCCL facts it is built around (docs/comm.md, section 3):
 - a send may block until its receive is posted, and two communicators carry no guarantee of
   independent progress unless operations are ordered consistently: every link issues one batch
   per message from its own channel thread, in issue order;

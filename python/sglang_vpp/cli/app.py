@@ -30,6 +30,30 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("doctor", "sglang_vpp.cli.doctor_cmd", "doctor"),
 ]
 
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from sglang_vpp import __version__
+
+        try:
+            sglang = version("sglang")
+        except PackageNotFoundError:
+            sglang = "not installed"
+        typer.echo(f"sglang-vpp {__version__} (SGLang {sglang})")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                      help="Print the version (and SGLang's) and exit."),
+) -> None:
+    """Virtual Pipeline Parallelism for chunked prefill: plan, check, simulate and benchmark."""
+
+
 for _name, _module, _attr in COMMANDS:
     app.command(_name)(getattr(importlib.import_module(_module), _attr))
 

@@ -15,10 +15,13 @@ from pathlib import Path
 
 import typer
 
-from .common import emit_json, parse_int_list, user_errors
+from .common import at_least, check_output_path, emit_json, parse_int_list, parse_size_option, positive, user_errors
 
 _ALL_MODES = "cpp,dcpp,vpp,vpp-async,vpp-pack"
 TOLERANCE = 1e-5
+#: Above this many prompt tokens in total a CPU run takes long (attention grows with the square of
+#: the prompt): say so before starting.
+LARGE_RUN_TOKENS = 128 * 1024
 
 
 class _RichProgress:
@@ -75,13 +78,14 @@ def format_table(report) -> str:
         median = f"{statistics.median(values):.3f}"
         return median if len(values) == 1 else f"{median} [{min(values):.3f}-{max(values):.3f}]"
 
-    header = ["mode", "max|diff|", "wall s", "replay makespan s", "compute s", "bubble wall",
-              "bubble replay", "exp comm s", "TTFT s", "replay TTFT s", "chunks"]
+    header = ["mode", "max|diff|", "wall s", "replay makespan s", "equal-cost makespan s", "compute s",
+              "bubble wall", "bubble replay", "exp comm s", "TTFT s", "replay TTFT s", "equal-cost TTFT s", "chunks"]
     rows = [header]
     for m in report.modes:
-        rows.append([m.mode, f"{m.max_abs_diff:.1e}", span(m.wall_s), span(m.replay_makespan_s), f"{m.compute_s:.3f}",
-                     f"{m.bubble_ratio:.1%}", f"{m.replay_bubble_ratio:.1%}", f"{m.exposed_comm_s:.4f}",
-                     span(m.ttft_s), span(m.replay_ttft_s), str(m.num_chunks)])
+        rows.append([m.mode, f"{m.max_abs_diff:.1e}", span(m.wall_s), span(m.replay_makespan_s),
+                     span(m.equal_cost_makespan_s), f"{m.compute_s:.3f}", f"{m.bubble_ratio:.1%}",
+                     f"{m.replay_bubble_ratio:.1%}", f"{m.exposed_comm_s:.4f}", span(m.ttft_s), span(m.replay_ttft_s),
+                     span(m.equal_cost_ttft_s), str(m.num_chunks)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
              for row in rows]
@@ -92,8 +96,12 @@ def format_table(report) -> str:
 _NOTES = (
     "wall: measured on this host (the ranks share its CPUs; not a speedup measurement).\n"
     "replay: the executed order re-timed with each action's measured cost (thread CPU time): the\n"
-    "  dedicated-hardware timeline. compute s: per rank, replayed. max|diff|: vs the single-process\n"
-    "  reference forward with the same chunk boundaries (final hidden states and last-token logits)."
+    "  dedicated-hardware timeline, with this mode's own measurement noise.\n"
+    "equal-cost: every mode's executed order re-timed on ONE cost model fitted on the least-disturbed\n"
+    "  costs of all modes (repeat j: fitted on the other repeats): only the schedules differ; the\n"
+    "  verdict compares these.\n"
+    "compute s: per rank, replayed. max|diff|: vs the single-process reference forward with the same\n"
+    "  chunk boundaries (final hidden states and last-token logits)."
 )
 
 
@@ -107,7 +115,7 @@ def bench(
     modes: str = typer.Option(_ALL_MODES, "--modes", help="Comma-separated modes."),
     requests: int = typer.Option(2, "--requests", help="Requests of --seq-len tokens."),
     arrival_interval: float = typer.Option(0.0, "--arrival-interval", help="Seconds between request arrivals (0: all queued at start)."),
-    repeat: int = typer.Option(1, "--repeat", help="Runs per mode."),
+    repeat: int = typer.Option(3, "--repeat", help="Runs per mode (>= 2 for a verdict: ranges over repeats)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or npu."),
     seed: int = typer.Option(0, "--seed", help="Weights and prompt seed."),
     split: str | None = typer.Option(None, "--split", help="Per-stage layer counts (P entries for cpp/dcpp, 2P for vpp modes)."),
@@ -119,25 +127,35 @@ def bench(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Run each mode on real rank processes with real layers; check against the reference; table."""
-    from ..runtime.bench import BenchConfig, run_bench, write_outputs
+    from ..runtime.bench import BenchConfig, check_config, run_bench, write_outputs
     from ..runtime.errors import RankFailedError
     from ..runtime.spec import Device, FaultSpec, Timeouts
-    from ..schedule import parse_size
 
     try:
         device_kind = Device(device)
     except ValueError:
         raise ValueError(f"--device must be cpu, cuda or npu, got {device!r}") from None
-    if timeout <= 0:
-        raise ValueError(f"--timeout must be > 0 seconds, got {timeout}")
+    positive(timeout, "--timeout")
+    at_least(pp, 2, "--pp")
+    at_least(requests, 1, "--requests")
+    at_least(repeat, 1, "--repeat")
+    at_least(arrival_interval, 0, "--arrival-interval")
+    for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot"), (costs, "--costs")):
+        check_output_path(path, flag)
     layer_split = parse_int_list(split, "--split")
     config = BenchConfig(
-        model=model, num_ranks=pp, seq_len=parse_size(seq_len), chunk_size=parse_size(chunk_size),
+        model=model, num_ranks=pp, seq_len=parse_size_option(seq_len, "--seq-len"),
+        chunk_size=parse_size_option(chunk_size, "--chunk-size"),
         modes=tuple(m.strip() for m in modes.split(",") if m.strip()), num_requests=requests,
         arrival_interval_s=arrival_interval, repeat=repeat, device=device_kind, backend=backend, seed=seed,
         split=tuple(layer_split) if layer_split else None, timeouts=Timeouts(comm_s=timeout),
         fault=FaultSpec.from_env(),  # tests inject a failing rank through SGLANG_VPP_FAULT
     )
+    check_config(config)  # modes, layouts, model, backend, device: exit 2 before any work starts
+    total_tokens = config.seq_len * config.num_requests
+    if total_tokens > LARGE_RUN_TOKENS and device_kind is Device.CPU:
+        typer.echo(f"warning: {requests} x {config.seq_len} prompt tokens is a large CPU run (it may take "
+                   "hours); try --seq-len 8k first", err=True)
     typer.echo(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk {config.chunk_size}, "
                f"{device_kind} / {backend or {'cpu': 'gloo', 'cuda': 'nccl', 'npu': 'hccl'}[device_kind]}, "
                f"repeat {repeat}", err=True)
@@ -150,6 +168,8 @@ def bench(
     json_to_stdout = json_out is not None and str(json_out) == "-"
     typer.echo(format_table(report), err=json_to_stdout)
     typer.echo(_NOTES, err=json_to_stdout)
+    for verdict in report.verdicts():
+        typer.echo("\n".join(verdict.lines()), err=json_to_stdout)
     for path in write_outputs(report, json_out, trace, plot, costs):
         typer.echo(f"wrote {path}", err=json_to_stdout)
     if json_to_stdout:

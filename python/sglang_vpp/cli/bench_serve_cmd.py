@@ -1,27 +1,11 @@
 """``sglang-vpp bench-serve``: TTFT, end-to-end latency and throughput of any SGLang server.
 
 Job: drive a running server (stock SGLang or SGLang with this plugin, any ``--pp-mode``) over
-HTTP with a workload, in the spirit of ``sglang.bench_serving``, so users compare modes side by
-side on their own hardware. Needs nothing but the standard library (and rich for the table).
-
-Data flow::
-
-    --workload {long,short,mixed,file} + sizes + seed
-        -> make_workload() -> [BenchRequest]          (random token ids; or from a JSONL file)
-        -> run_requests(): a thread pool of --concurrency workers, optional Poisson arrivals
-           (--request-rate), each POST /generate {"stream": true} read as server-sent events
-           -> RequestResult (TTFT = first streamed token, latency = last event, token counts)
-        -> summarize(): min / median / max / p90 of TTFT, latency and time per output token;
-           throughput = tokens / wall-clock of the measured requests
-        -> table on stdout, optional --json file with config, server info, summary, requests
-
-Workloads (defaults; every size can be overridden):
-- ``long``: one request at a time (concurrency 1), 4 requests of 8192 input tokens.
-- ``short``: 16 requests of 1024 input tokens, all concurrent.
-- ``mixed``: 32 requests, input lengths log-normal around --input-len (p90/median = 6.4, the
-  shape of the VPP paper's mixed trace), clipped to [7, --max-input-len], concurrency 16.
-- ``file``: JSONL, one request per line: {"input_len": N} or {"input_ids": [...]} or
-  {"text": "..."}, each with an optional "output_len".
+HTTP with a workload, so users compare modes side by side on their own hardware; with
+``--launch`` start each mode's server in turn and add the replayed per-rank pipeline accounting
+and a verdict. The parts live in ``sglang_vpp.serving``: ``workload`` (the requests),
+``client`` (streaming HTTP, statistics), ``run_plan`` (warm-up and measured passes),
+``results`` (tagged JSON lines), ``plots``; this module parses options and prints tables.
 
 Wall-clock numbers on a shared 2-vCPU machine do not show a pipeline speedup; see
 CONTRIBUTING.md rule 8.
@@ -29,435 +13,38 @@ CONTRIBUTING.md rule 8.
 
 from __future__ import annotations
 
-import json
 import math
-import random
 import statistics
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Optional
-from urllib.parse import urlsplit
+from typing import Any, Optional
 
 import typer
 
-from .common import emit_json, user_errors
+from sglang_vpp.serving.client import RequestResult, Stats, Summary, connection, run_requests, server_info, summarize
+from sglang_vpp.serving.run_plan import RunPlan
+from sglang_vpp.serving.workload import (
+    FIRST_TOKEN_ID,
+    WORKLOAD_DEFAULTS,
+    BenchRequest,
+    BenchServeError,
+    Workload,
+    make_workload,
+)
+
+from .common import at_least, check_output_path, emit_json, parse_size_option, positive, user_errors
 
 __all__ = [
     "BenchRequest",
+    "BenchServeError",
     "RequestResult",
+    "Stats",
     "Workload",
     "bench_serve",
     "make_workload",
     "run_requests",
     "summarize",
 ]
-
-
-class Workload(StrEnum):
-    LONG = "long"
-    SHORT = "short"
-    MIXED = "mixed"
-    FILE = "file"
-
-
-# Per workload: (num_requests, input_len, output_len, concurrency).
-_DEFAULTS: dict[Workload, tuple[int, int, int, int]] = {
-    Workload.LONG: (4, 8192, 16, 1),
-    Workload.SHORT: (16, 1024, 16, 16),
-    Workload.MIXED: (32, 1024, 16, 16),
-    Workload.FILE: (0, 0, 16, 16),
-}
-# Log-normal spread of the mixed workload: p90 / median = 6.4 -> sigma = ln(6.4) / z(0.9).
-_MIXED_SIGMA = math.log(6.4) / 1.2815515655446004
-
-
-class BenchServeError(ValueError):
-    """A bad bench-serve option or workload file; the message names the value and the fix."""
-
-
-@dataclass(frozen=True, slots=True)
-class BenchRequest:
-    """One request to send: token ids (preferred, tokenizer-free) or text."""
-
-    index: int
-    output_len: int
-    input_ids: tuple[int, ...] | None = None
-    text: str | None = None
-
-    @property
-    def input_len(self) -> int | None:
-        return len(self.input_ids) if self.input_ids is not None else None
-
-    def payload(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "sampling_params": {
-                "temperature": 0.0,
-                "max_new_tokens": self.output_len,
-                "ignore_eos": True,
-            },
-            "stream": True,
-        }
-        if self.input_ids is not None:
-            body["input_ids"] = list(self.input_ids)
-        else:
-            body["text"] = self.text
-        return body
-
-
-@dataclass(slots=True)
-class RequestResult:
-    """What one request measured. Times in seconds; ``start`` is relative to the run start."""
-
-    index: int
-    ok: bool = False
-    error: str | None = None
-    start: float = 0.0
-    ttft: float | None = None
-    latency: float | None = None
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-    @property
-    def time_per_output_token(self) -> float | None:
-        if not self.ok or self.ttft is None or self.latency is None or self.output_tokens < 2:
-            return None
-        return (self.latency - self.ttft) / (self.output_tokens - 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Stats:
-    """min / median / max / p90 (linear interpolation) and mean of a metric."""
-
-    min: float
-    median: float
-    max: float
-    p90: float
-    mean: float
-    count: int
-
-    @classmethod
-    def of(cls, values: list[float]) -> Optional["Stats"]:
-        if not values:
-            return None
-        ordered = sorted(values)
-        p90 = ordered[0] if len(ordered) == 1 else statistics.quantiles(ordered, n=10, method="inclusive")[8]
-        return cls(
-            min=ordered[0],
-            median=statistics.median(ordered),
-            max=ordered[-1],
-            p90=p90,
-            mean=statistics.fmean(ordered),
-            count=len(ordered),
-        )
-
-
-@dataclass
-class Summary:
-    """Aggregates of one run (the ``summary`` object of the JSON output)."""
-
-    num_requests: int
-    num_failed: int
-    wall_seconds: float
-    input_tokens: int
-    output_tokens: int
-    request_throughput: float
-    input_throughput: float
-    output_throughput: float
-    total_throughput: float
-    ttft: Stats | None = None
-    latency: Stats | None = None
-    time_per_output_token: Stats | None = None
-    errors: list[str] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------------------- workloads
-
-
-def _random_ids(rng: random.Random, length: int, vocab_size: int) -> tuple[int, ...]:
-    # Ids from 10 up: avoids the special tokens that tokenizers put first.
-    return tuple(rng.randrange(10, vocab_size) for _ in range(length))
-
-
-def _read_workload_file(path: Path, output_len: int, vocab_size: int, seed: int) -> list[BenchRequest]:
-    if not path.is_file():
-        raise BenchServeError(f"--workload file needs --file PATH to a JSONL file; {path} does not exist")
-    rng = random.Random(seed)
-    requests = []
-    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise BenchServeError(f"{path}:{line_number}: not JSON ({exc.msg}); one object per line") from None
-        out_len = int(entry.get("output_len", output_len))
-        if "input_ids" in entry:
-            requests.append(BenchRequest(len(requests), out_len, input_ids=tuple(entry["input_ids"])))
-        elif "text" in entry:
-            requests.append(BenchRequest(len(requests), out_len, text=str(entry["text"])))
-        elif "input_len" in entry:
-            ids = _random_ids(rng, int(entry["input_len"]), vocab_size)
-            requests.append(BenchRequest(len(requests), out_len, input_ids=ids))
-        else:
-            raise BenchServeError(
-                f"{path}:{line_number}: needs one of input_len, input_ids or text, got keys {sorted(entry)}"
-            )
-    if not requests:
-        raise BenchServeError(f"{path} holds no requests; write one JSON object per line")
-    return requests
-
-
-def make_workload(
-    workload: Workload,
-    num_requests: int,
-    input_len: int,
-    output_len: int,
-    *,
-    seed: int = 0,
-    vocab_size: int = 10000,
-    max_input_len: int | None = None,
-    file: Path | None = None,
-) -> list[BenchRequest]:
-    """The requests of a workload (see module docstring); deterministic for a seed."""
-    if workload == Workload.FILE:
-        if file is None:
-            raise BenchServeError("--workload file needs --file PATH (a JSONL file, one request per line)")
-        return _read_workload_file(file, output_len, vocab_size, seed)
-    for name, value in (("--num-requests", num_requests), ("--input-len", input_len), ("--output-len", output_len)):
-        if value < 1:
-            raise BenchServeError(f"{name} must be >= 1, got {value}")
-    rng = random.Random(seed)
-    if workload == Workload.MIXED:
-        ceiling = max_input_len or 12 * input_len
-        lengths = [
-            min(ceiling, max(7, round(rng.lognormvariate(math.log(input_len), _MIXED_SIGMA))))
-            for _ in range(num_requests)
-        ]
-    else:
-        lengths = [input_len] * num_requests
-    return [
-        BenchRequest(index, output_len, input_ids=_random_ids(rng, length, vocab_size))
-        for index, length in enumerate(lengths)
-    ]
-
-
-# ---------------------------------------------------------------------------- HTTP client
-
-
-def _connection(url: str, timeout: float):
-    import http.client
-
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BenchServeError(f"--url {url!r} must look like http://127.0.0.1:30000")
-    conn_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    return conn_class(parts.hostname, parts.port, timeout=timeout), parts.path.rstrip("/")
-
-
-def send_streaming(url: str, request: BenchRequest, timeout: float, run_start: float) -> RequestResult:
-    """POST /generate with streaming and time it. Never raises: failures land in the result."""
-    result = RequestResult(index=request.index, input_tokens=request.input_len or 0)
-    began = time.perf_counter()
-    result.start = began - run_start
-    try:
-        conn, prefix = _connection(url, timeout)
-        body = json.dumps(request.payload()).encode()
-        conn.request("POST", prefix + "/generate", body=body, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        if response.status != 200:
-            result.error = f"HTTP {response.status}: {response.read()[:300]!r}"
-            return result
-        last: dict[str, Any] | None = None
-        while True:
-            line = response.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            event = json.loads(data)
-            if "error" in event:
-                result.error = str(event["error"])[:300]
-                return result
-            meta = event.get("meta_info", {})
-            if result.ttft is None and (meta.get("completion_tokens", 1) >= 1):
-                result.ttft = time.perf_counter() - began
-            last = event
-        result.latency = time.perf_counter() - began
-        conn.close()
-        if last is None:
-            result.error = "the stream ended without any event"
-            return result
-        meta = last.get("meta_info", {})
-        result.output_tokens = int(meta.get("completion_tokens", 0))
-        result.input_tokens = int(meta.get("prompt_tokens", result.input_tokens))
-        result.ok = True
-    except Exception as exc:  # noqa: BLE001 - a benchmark reports failures, it does not crash
-        result.error = f"{type(exc).__name__}: {exc}"[:300]
-    return result
-
-
-def run_requests(
-    url: str,
-    requests: list[BenchRequest],
-    *,
-    concurrency: int,
-    request_rate: float = math.inf,
-    timeout: float = 600.0,
-    seed: int = 0,
-    on_done: Callable[[RequestResult], None] | None = None,
-) -> tuple[list[RequestResult], float]:
-    """Send ``requests`` with at most ``concurrency`` in flight; return (results, wall seconds).
-
-    With a finite ``request_rate`` (requests/s), arrivals follow a Poisson process (seeded).
-    """
-    if concurrency < 1:
-        raise BenchServeError(f"--concurrency must be >= 1, got {concurrency}")
-    rng = random.Random(seed + 1)
-    results: list[RequestResult] = []
-    lock = threading.Lock()
-    run_start = time.perf_counter()
-
-    def one(request: BenchRequest) -> None:
-        result = send_streaming(url, request, timeout, run_start)
-        with lock:
-            results.append(result)
-        if on_done is not None:
-            on_done(result)
-
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futures = []
-        for request in requests:
-            futures.append(pool.submit(one, request))
-            if math.isfinite(request_rate):
-                time.sleep(rng.expovariate(request_rate))
-        for future in futures:
-            future.result()
-    wall = time.perf_counter() - run_start
-    return sorted(results, key=lambda r: r.index), wall
-
-
-def summarize(results: list[RequestResult], wall: float) -> Summary:
-    ok = [r for r in results if r.ok]
-    input_tokens = sum(r.input_tokens for r in ok)
-    output_tokens = sum(r.output_tokens for r in ok)
-    wall = max(wall, 1e-9)
-    return Summary(
-        num_requests=len(results),
-        num_failed=len(results) - len(ok),
-        wall_seconds=wall,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        request_throughput=len(ok) / wall,
-        input_throughput=input_tokens / wall,
-        output_throughput=output_tokens / wall,
-        total_throughput=(input_tokens + output_tokens) / wall,
-        ttft=Stats.of([r.ttft for r in ok if r.ttft is not None]),
-        latency=Stats.of([r.latency for r in ok if r.latency is not None]),
-        time_per_output_token=Stats.of(
-            [t for r in ok if (t := r.time_per_output_token) is not None]
-        ),
-        errors=sorted({r.error for r in results if r.error})[:10],
-    )
-
-
-def _server_info(url: str, timeout: float) -> dict[str, Any]:
-    """The few server facts worth recording next to the numbers (best effort)."""
-    try:
-        conn, prefix = _connection(url, timeout)
-        conn.request("GET", prefix + "/server_info")
-        info = json.loads(conn.getresponse().read())
-        conn.close()
-    except Exception as exc:  # noqa: BLE001 - not every server exposes /server_info
-        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
-    args = info.get("server_args", info) if isinstance(info, dict) else {}
-    keys = ("model_path", "pp_size", "tp_size", "chunked_prefill_size", "enable_dynamic_chunking",
-            "max_prefill_tokens", "device", "attention_backend", "dtype")  # fmt: skip
-    return {key: args.get(key) for key in keys if key in args}
-
-
-# ---------------------------------------------------------------------------- run plan
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """How to load a server: the workload (rebuilt per repeat) and the client's settings."""
-
-    workload: Workload
-    num_requests: int
-    input_len: int
-    output_len: int
-    concurrency: int
-    request_rate: float = math.inf
-    timeout: float = 600.0
-    seed: int = 0
-    warmup: int = 1
-    vocab_size: int = 10000
-    max_input_len: int | None = None
-    file: Path | None = None
-    progress: bool = True
-
-    def requests(self, repeat: int = 0) -> list[BenchRequest]:
-        """The measured requests. Each repeat draws fresh token ids (seed + repeat) so no repeat is
-        served from the radix cache of the one before; a file's explicit ids or texts repeat as given."""
-        requests = make_workload(
-            self.workload, self.num_requests, self.input_len, self.output_len, seed=self.seed + repeat,
-            vocab_size=self.vocab_size, max_input_len=self.max_input_len, file=self.file,
-        )  # fmt: skip
-        return requests[: self.num_requests] if self.workload == Workload.FILE and self.num_requests else requests
-
-    def warm_up(self, url: str) -> int:
-        """Send ``warmup`` requests (not measured) shaped like the first one but with their own token
-        ids, so the measured prompt is not already in the server's prefix cache. Returns how many."""
-        if self.warmup <= 0:
-            return 0
-        first = self.requests()[0]
-        warm = []
-        for i in range(self.warmup):
-            rng = random.Random(f"warmup-{self.seed}-{i}")
-            if first.input_ids is not None:
-                ids = _random_ids(rng, len(first.input_ids), self.vocab_size)
-                warm.append(BenchRequest(-1 - i, 2, input_ids=ids))
-            else:
-                warm.append(BenchRequest(-1 - i, 2, text=f"warm-up {i}: {first.text}"))
-        results, _ = run_requests(url, warm, concurrency=1, timeout=self.timeout)
-        failed = [r.error for r in results if not r.ok]
-        if failed:
-            raise BenchServeError(f"warm-up request to {url} failed: {failed[0]}; is the server up?")
-        return self.warmup
-
-    def run(self, url: str, repeat: int = 0) -> tuple["Summary", list[RequestResult]]:
-        """One measured pass of the workload against ``url``, with a progress bar."""
-        from rich.progress import Progress
-
-        requests = self.requests(repeat)
-        with Progress(disable=not self.progress, transient=False) as bar:
-            task = bar.add_task(f"bench-serve {self.workload} {url}", total=len(requests))
-            results, wall = run_requests(
-                url, requests, concurrency=self.concurrency, request_rate=self.request_rate,
-                timeout=self.timeout, seed=self.seed + repeat, on_done=lambda _r: bar.advance(task),
-            )  # fmt: skip
-        return summarize(results, wall), results
-
-    def describe(self) -> dict[str, Any]:
-        requests = self.requests()
-        return {
-            "workload": str(self.workload), "num_requests": len(requests), "concurrency": self.concurrency,
-            "request_rate": None if math.isinf(self.request_rate) else self.request_rate,
-            "seed": self.seed, "warmup": self.warmup,
-            "input_lens": [r.input_len for r in requests],
-            "output_len": requests[0].output_len if requests else None,
-        }  # fmt: skip
-
-
-# ---------------------------------------------------------------------------- command
 
 
 def _print_summary(summary: Summary, label: str | None) -> None:
@@ -500,7 +87,7 @@ def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
         name, sep, url = raw.partition("=")
         if not sep or "://" in name:
             name, url = (label or raw), raw
-        _connection(url, 1.0)  # validates the URL's shape before anything runs
+        connection(url, 1.0)  # validates the URL's shape before anything runs
         targets.append((name, url))
     names = [name for name, _ in targets]
     if len(set(names)) != len(names):
@@ -519,6 +106,17 @@ def _idle_cell(run: dict[str, Any]) -> str:
     return " | ".join(cells) or "-"
 
 
+def _makespan_cell(run: dict[str, Any]) -> str:
+    """Replayed prefill makespan: median [min-max] over repeats, and the min-cost replay's."""
+    pipeline = run.get("pipeline") or {}
+    values = pipeline.get("replayed_makespan_s") or []
+    if not values:
+        return "-"
+    cell = f"{statistics.median(values):.3f}" + (f" [{min(values):.3f}-{max(values):.3f}]" if len(values) > 1 else "")
+    min_cost = pipeline.get("min_cost_makespan_s")
+    return cell + (f" (min-cost {min_cost:.3f})" if min_cost is not None else "")
+
+
 def _min_cost_cell(run: dict[str, Any]) -> str:
     """Per rank: idle (ms) of the min-cost replay, or - when repeats are not comparable."""
     min_cost = (run.get("pipeline") or {}).get("min_cost") or {}
@@ -534,7 +132,7 @@ def _print_side_by_side(runs: list[dict[str, Any]]) -> None:
     table = Table(title="bench-serve: servers side by side (same workload, run one after another)")
     columns = ["server", "ok", "TTFT median s", "TTFT p90 s", "latency median s", "total tok/s", "output tok/s"]
     if with_idle:
-        columns += ["prefill idle per rank (replayed, median)", "min-cost replay"]
+        columns += ["replayed makespan s", "prefill idle per rank (replayed, median)", "min-cost replay"]
     for column in columns:
         table.add_column(column, justify="left" if column == "server" or column.startswith(("prefill", "min-cost")) else "right")
     for run in runs:
@@ -549,7 +147,7 @@ def _print_side_by_side(runs: list[dict[str, Any]]) -> None:
             f"{summary.total_throughput:.1f}", f"{summary.output_throughput:.1f}",
         ]  # fmt: skip
         if with_idle:
-            row += [_idle_cell(run), _min_cost_cell(run)]
+            row += [_makespan_cell(run), _idle_cell(run), _min_cost_cell(run)]
         table.add_row(*row)
     console = Console()
     console.print(table)
@@ -571,17 +169,18 @@ def bench_serve(
     launch: Optional[str] = typer.Option(None, "--launch", help="Instead of --url: start one server per --pp-mode in turn (e.g. cpp,vpp-pack or all) and compare them, with per-rank prefill idle."),
     model_path: Optional[str] = typer.Option(None, "--model-path", help="--launch: the model (default: a tiny 8-layer Qwen2 built locally)."),
     pp_size: int = typer.Option(2, "--pp-size", help="--launch: pipeline ranks."),
-    chunked_prefill_size: int = typer.Option(64, "--chunked-prefill-size", help="--launch: the chunk size (dcpp: its base chunk)."),
+    chunked_prefill_size: str = typer.Option("64", "--chunked-prefill-size", help="--launch: the chunk size (dcpp: its base chunk); 64, 1k, ..."),
     device: str = typer.Option("cpu", "--device", help="--launch: SGLang --device (cpu adds torch_native attention and fp32)."),
     server_arg: Optional[list[str]] = typer.Option(None, "--server-arg", help="--launch: one more launch_server argument, repeatable (e.g. --server-arg=--max-total-tokens --server-arg=32768)."),
     repeats: int = typer.Option(1, "--repeats", help="--launch: measured runs of the workload per server (idle spread is over repeats)."),
     work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="--launch: where server logs and traces go (default: a new temporary directory)."),
     startup_timeout: float = typer.Option(600.0, "--startup-timeout", help="--launch: seconds a server may take to become healthy."),
+    port: Optional[int] = typer.Option(None, "--port", help="--launch: the first server's port; the next mode gets the next port (default: free ports)."),
     workload: Workload = typer.Option(Workload.SHORT, "--workload", help="long, short, mixed or file."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Requests to measure (workload default)."),
-    input_len: Optional[int] = typer.Option(None, "--input-len", help="Input tokens (median for mixed)."),
-    output_len: Optional[int] = typer.Option(None, "--output-len", help="Output tokens per request."),
-    max_input_len: Optional[int] = typer.Option(None, "--max-input-len", help="mixed: clip lengths (default 12x --input-len)."),
+    input_len: Optional[str] = typer.Option(None, "--input-len", help="Input tokens (median for mixed): 1024, 8k, ..."),
+    output_len: Optional[str] = typer.Option(None, "--output-len", help="Output tokens per request."),
+    max_input_len: Optional[str] = typer.Option(None, "--max-input-len", help="mixed: clip lengths (default 12x --input-len)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Requests in flight at most (workload default)."),
     request_rate: float = typer.Option(math.inf, "--request-rate", help="Poisson arrivals per second (default: all at once)."),
     file: Optional[Path] = typer.Option(None, "--file", help="JSONL workload for --workload file."),
@@ -591,6 +190,8 @@ def bench_serve(
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds one request may take."),
     label: Optional[str] = typer.Option(None, "--label", help="Name of this run in the table and JSON (e.g. the pp mode)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write config, server info, summary and per-request results."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG of TTFT, latency and time per output token per server (one box per server, a dot per request)."),
+    output_file: Optional[Path] = typer.Option(None, "--output-file", help="Append one JSON line per server run, tagged with its configuration (pp-mode, pp/tp size, chunk size, layer split, SGLang version, device)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Measure TTFT (streaming), end-to-end latency and throughput of SGLang servers.
@@ -602,26 +203,53 @@ def bench_serve(
     """
     if (url is None) == (launch is None):
         raise BenchServeError("give either --url (running servers) or --launch MODES (start them), not both or neither")
+    at_least(num_requests, 1, "--num-requests")
+    at_least(concurrency, 1, "--concurrency")
+    at_least(warmup, 0, "--warmup")
+    at_least(repeats, 1, "--repeats")
+    at_least(pp_size, 1, "--pp-size")
+    at_least(vocab_size, FIRST_TOKEN_ID + 1, "--vocab-size")
+    positive(request_rate, "--request-rate")
+    positive(timeout, "--timeout")
+    positive(startup_timeout, "--startup-timeout")
+    check_output_path(json_out, "--json")
+    check_output_path(output_file, "--output-file")
+    check_output_path(plot, "--plot")
+    sizes = {flag: parse_size_option(text, flag) for flag, text in (
+        ("--input-len", input_len), ("--output-len", output_len), ("--max-input-len", max_input_len),
+        ("--chunked-prefill-size", chunked_prefill_size))}  # fmt: skip
+    default_num, default_in, default_out, default_conc = WORKLOAD_DEFAULTS[workload]
 
-    default_num, default_in, default_out, default_conc = _DEFAULTS[workload]
+    def given(value: int | None, default: int) -> int:
+        return default if value is None else value
+
     plan = RunPlan(
-        workload=workload, num_requests=num_requests or default_num, input_len=input_len or default_in,
-        output_len=output_len or default_out, concurrency=concurrency or default_conc, request_rate=request_rate,
-        timeout=timeout, seed=seed, warmup=warmup, vocab_size=vocab_size, max_input_len=max_input_len,
-        file=file, progress=progress,
+        workload=workload, num_requests=given(num_requests, default_num),
+        input_len=given(sizes["--input-len"], default_in), output_len=given(sizes["--output-len"], default_out),
+        concurrency=given(concurrency, default_conc), request_rate=request_rate, timeout=timeout, seed=seed,
+        warmup=warmup, vocab_size=vocab_size, max_input_len=sizes["--max-input-len"], file=file, progress=progress,
     )  # fmt: skip
+    modes = None
+    if launch is not None:
+        from .bench_serve_launch import check_can_launch, parse_modes
+
+        modes = parse_modes(launch)
+        if port is not None and not 0 < port <= 65536 - len(modes):
+            raise BenchServeError(f"--port {port}: {len(modes)} server(s) need ports {port}..{port + len(modes) - 1}, "
+                                  "all in 1..65535")
+        check_can_launch()  # SGLang and transformers, before the default model is built
+    else:
+        _parse_targets(url, label)  # every --url checked before any request
     config = plan.describe()  # also validates the workload before anything runs
-    if plan.concurrency < 1:
-        raise BenchServeError(f"--concurrency must be >= 1, got {plan.concurrency}")
     if launch is not None:
         from .bench_serve_launch import LaunchSpec, default_model_dir
 
         spec = LaunchSpec(
             model_dir=model_path or default_model_dir(), pp_size=pp_size,
-            chunked_prefill_size=chunked_prefill_size, device=device, server_args=tuple(server_arg or ()),
-            startup_timeout=startup_timeout, work_dir=work_dir,
+            chunked_prefill_size=sizes["--chunked-prefill-size"], device=device, server_args=tuple(server_arg or ()),
+            startup_timeout=startup_timeout, work_dir=work_dir, first_port=port or 0,
         )  # fmt: skip
-        _bench_launched(launch, spec, plan, config, repeats, json_out)
+        _bench_launched(modes, spec, plan, config, repeats, json_out, output_file, plot)
         return
     runs = []
     for name, target in _parse_targets(url, label):
@@ -630,7 +258,7 @@ def bench_serve(
         _print_summary(summary, name if (label is not None or len(url) > 1) else None)
         runs.append({
             "label": name if (label is not None or len(url) > 1) else label, "url": target, "config": config,
-            "server": _server_info(target, 10.0), "summary": asdict(summary),
+            "server": server_info(target, 10.0), "summary": asdict(summary),
             "requests": [asdict(r) for r in results], "summary_obj": summary,
         })  # fmt: skip
     if len(runs) > 1:
@@ -638,30 +266,83 @@ def bench_serve(
     if json_out is not None:
         clean = [{k: v for k, v in run.items() if k != "summary_obj"} for run in runs]
         emit_json(clean[0] if len(clean) == 1 else {"runs": clean}, json_out)
+    if output_file is not None:
+        from sglang_vpp.serving.results import append_results, sglang_version
+
+        append_results(output_file, runs, [{**run["server"], "sglang_version": sglang_version()} for run in runs])
+    if plot is not None:
+        _write_plot(runs, plot)
     if any(run["summary_obj"].num_failed for run in runs):
         raise typer.Exit(1)
 
 
-def _bench_launched(launch: str, spec, plan: RunPlan, config: dict[str, Any], repeats: int,
-                    json_out: Path | None) -> None:
+def _launch_verdicts(launched: list) -> list:
+    """Each mode vs cpp and dcpp (when launched) on the replayed prefill makespan and the served
+    median TTFT, per repeat. Servers run one after another: unpaired, ranges must not overlap."""
+    from sglang_vpp.verdict import make_verdict
+
+    verdicts = []
+    makespans = {run.mode: run.replayed_makespans() for run in launched}
+    if all(makespans.values()):
+        verdicts.append(make_verdict(makespans, "replayed prefill makespan", paired=False))
+    ttfts = {run.mode: [s.ttft.median for s in run.summaries if s.ttft is not None] for run in launched}
+    if all(ttfts.values()):
+        verdicts.append(make_verdict(ttfts, "served TTFT median (wall clock, shared host)", paired=False))
+    return verdicts
+
+
+def _write_plot(runs: list[dict[str, Any]], path: Path) -> None:
+    """TTFT / latency / time-per-output-token distribution of every server run (``serving/plots.py``)."""
+    from sglang_vpp.serving.plots import write_distribution_plot
+
+    def values(run: dict[str, Any], key: str) -> list[float]:
+        return [r[key] for r in run["requests"] if r.get("ok") and r.get(key) is not None]
+
+    def per_token(run: dict[str, Any]) -> list[float]:
+        return [(r["latency"] - r["ttft"]) / (r["output_tokens"] - 1) for r in run["requests"]
+                if r.get("ok") and r.get("ttft") is not None and r.get("latency") is not None and r["output_tokens"] > 1]
+
+    labels = [str(run["label"] or run["url"]) for run in runs]
+    write_distribution_plot({
+        "TTFT": {label: values(run, "ttft") for label, run in zip(labels, runs)},
+        "end-to-end latency": {label: values(run, "latency") for label, run in zip(labels, runs)},
+        "time per output token": {label: per_token(run) for label, run in zip(labels, runs)},
+    }, path, title="bench-serve: per-request times (wall clock on this host)")
+    typer.echo(f"wrote {path}")
+
+
+def _bench_launched(modes: list[str], spec, plan: RunPlan, config: dict[str, Any], repeats: int,
+                    json_out: Path | None, output_file: Path | None = None, plot: Path | None = None) -> None:
     """--launch: one server per mode, measured in turn (bench_serve_launch.run_launched)."""
     from rich.console import Console
 
-    from .bench_serve_launch import parse_modes, run_launched
+    from .bench_serve_launch import run_launched
 
-    modes = parse_modes(launch)
     from sglang_vpp.serving.launcher import ServerStartError
     from sglang_vpp.serving.pipeline_report import TraceUnavailableError
 
     console = Console(stderr=True)
+    status = console.status("", spinner="dots")
+
+    def waiting(mode: str, elapsed: float, last_line: str) -> None:
+        status.update(f"--pp-mode {mode}: starting, {elapsed:.0f} s | {last_line[-100:]}")
+        if not plan.progress:
+            return
+        status.start()
+
+    def event(text: str) -> None:
+        status.stop()
+        console.print(f"[dim]{text}[/dim]")
+
     try:
         launched = run_launched(
-            spec, modes, repeats=repeats, warm_up=plan.warm_up, run_once=plan.run,
-            on_event=lambda text: console.print(f"[dim]{text}[/dim]"),
+            spec, modes, repeats=repeats, warm_up=plan.warm_up, run_once=plan.run, on_event=event, on_wait=waiting,
         )  # fmt: skip
     except (ServerStartError, TraceUnavailableError) as error:
+        status.stop()
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
+    status.stop()
     runs = []
     for run in launched:
         min_cost = run.min_cost_idle()
@@ -680,12 +361,26 @@ def _bench_launched(launch: str, spec, plan: RunPlan, config: dict[str, Any], re
             "repeats": [asdict(s) for s in run.summaries],
             "pipeline": {
                 "per_repeat": [idle.to_json() for idle in run.idle], "idle_spread": run.idle_spread(),
+                "replayed_makespan_s": run.replayed_makespans(),
                 "min_cost": min_cost.to_json() if min_cost is not None else None,
+                "min_cost_makespan_s": max((r.makespan_s for r in min_cost.ranks), default=None)
+                if min_cost is not None else None,
             },
             "notes": run.notes, "summary_obj": summary,
         })  # fmt: skip
     _print_side_by_side(runs)
+    verdicts = _launch_verdicts(launched)
+    for verdict in verdicts:
+        typer.echo("\n".join(verdict.lines()))
     if json_out is not None:
-        emit_json({"runs": [{k: v for k, v in r.items() if k != "summary_obj"} for r in runs]}, json_out)
+        emit_json({"runs": [{k: v for k, v in r.items() if k != "summary_obj"} for r in runs],
+                   "verdicts": [v.to_dict() for v in verdicts]}, json_out)
+    if output_file is not None:
+        from sglang_vpp.serving.results import append_results, launch_tags
+
+        append_results(output_file, runs, [launch_tags(run.mode, spec.pp_size, spec.chunked_prefill_size, spec.device,
+                                                       spec.server_args) for run in launched])
+    if plot is not None:
+        _write_plot(runs, plot)
     if any(s.num_failed for run in launched for s in run.summaries):
         raise typer.Exit(1)

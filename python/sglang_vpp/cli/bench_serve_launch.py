@@ -29,7 +29,7 @@ from typing import Any, Callable
 from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangServer
 from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
 
-__all__ = ["LaunchSpec", "LaunchedRun", "parse_modes", "run_launched", "default_model_dir"]
+__all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "parse_modes", "run_launched", "default_model_dir"]
 
 ALL_MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack")
 
@@ -49,6 +49,22 @@ def parse_modes(text: str) -> list[str]:
     return modes
 
 
+#: What --launch imports: SGLang to serve, transformers to build the default tiny model.
+LAUNCH_REQUIREMENTS = ("sglang", "transformers")
+
+
+def missing_requirements() -> list[str]:
+    return [name for name in LAUNCH_REQUIREMENTS if importlib.util.find_spec(name) is None]
+
+
+def check_can_launch() -> None:
+    """One line instead of an import error deep in the model build when SGLang is not installed."""
+    missing = missing_requirements()
+    if missing:
+        raise LaunchError(f"--launch needs {' and '.join(missing)} in this environment (not installed); "
+                          "run scripts/install_sglang_cpu.sh, or use --url with a running server")
+
+
 def default_model_dir() -> str:
     """The embedded default: a tiny 8-layer Qwen2 built locally (seeded weights, local tokenizer)."""
     from sglang_vpp.models.tiny_hf import TinyModelSpec, cached_tiny_model
@@ -66,6 +82,8 @@ class LaunchSpec:
     startup_timeout: float = 600.0
     work_dir: Path | None = None
     """Logs and traces go here (a fresh temporary directory when None)."""
+    first_port: int = 0
+    """Mode i listens on ``first_port + i``; 0: each server gets a free port."""
 
     def config(self, mode: str, trace_dir: Path) -> ServerConfig:
         if self.pp_size < 1:
@@ -89,10 +107,14 @@ class LaunchedRun:
     log_path: str
     start_seconds: float
     summaries: list[Any] = field(default_factory=list)
-    """bench_serve_cmd.Summary per repeat."""
+    """``serving.client.Summary`` per repeat."""
     results: list[list[Any]] = field(default_factory=list)
     idle: list[PipelineIdle] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    def replayed_makespans(self) -> list[float]:
+        """Per repeat: the replayed prefill makespan (the longest rank's replayed timeline)."""
+        return [max(rank.makespan_s for rank in idle.ranks) for idle in self.idle if idle.ranks]
 
     def min_cost_idle(self) -> PipelineIdle | None:
         """The replay of each compute's minimum CPU time over the repeats (None if not comparable)."""
@@ -130,22 +152,27 @@ def run_launched(
     warm_up: Callable[[str], int],
     run_once: Callable[[str, int], tuple[Any, list[Any]]],
     on_event: Callable[[str], None] = lambda _m: None,
+    on_wait: Callable[[str, float, str], None] | None = None,
 ) -> list[LaunchedRun]:
     """Start, measure and stop one server per mode (module docstring)."""
     if repeats < 1:
         raise LaunchError(f"--repeats must be >= 1, got {repeats}")
+    if spec.first_port and not 0 < spec.first_port <= 65535 - len(modes):
+        raise LaunchError(f"--port {spec.first_port}: the servers need ports {spec.first_port}.."
+                          f"{spec.first_port + len(modes) - 1}, all in 1..65535")
     for mode in modes:
         spec.config(mode, Path("."))  # option errors before any server starts
-    if importlib.util.find_spec("sglang") is None:
-        raise LaunchError("--launch needs SGLang in this environment: run scripts/install_sglang_cpu.sh")
+    check_can_launch()
     work_dir = spec.work_dir or Path(tempfile.mkdtemp(prefix="sglang-vpp-bench-serve-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     runs = []
-    for mode in modes:
+    for index, mode in enumerate(modes):
         trace_dir = work_dir / f"trace-{mode}"
-        server = SGLangServer(spec.config(mode, trace_dir), work_dir / f"server-{mode}.log")
+        port = spec.first_port + index if spec.first_port else 0
+        server = SGLangServer(spec.config(mode, trace_dir), work_dir / f"server-{mode}.log", port=port)
         on_event(f"starting --pp-mode {mode} (log {server.log_path})")
-        server.start(timeout=spec.startup_timeout)
+        waiting = None if on_wait is None else (lambda elapsed, line, mode=mode: on_wait(mode, elapsed, line))
+        server.start(timeout=spec.startup_timeout, on_wait=waiting)
         try:
             run = LaunchedRun(mode=mode, url=server.url, log_path=str(server.log_path), start_seconds=server.start_seconds)
             began = time.time()

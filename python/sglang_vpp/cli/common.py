@@ -1,16 +1,31 @@
-"""Shared CLI helpers: user errors to a clean message and exit code 2, size parsing, JSON out."""
+"""Shared CLI helpers: user errors to a clean message and exit code 2, one size syntax, range and
+output-path checks done before any work starts, JSON out."""
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import typer
 
-__all__ = ["user_errors", "emit_json", "parse_int_list"]
+__all__ = [
+    "CliInputError",
+    "at_least",
+    "check_output_path",
+    "emit_json",
+    "parse_int_list",
+    "parse_size_option",
+    "positive",
+    "user_errors",
+]
+
+
+class CliInputError(ValueError):
+    """A bad command-line value; the message names the flag, the value and the fix."""
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -44,3 +59,42 @@ def parse_int_list(text: str | None, what: str) -> list[int] | None:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise ValueError(f"{what} must be comma-separated integers like 3,3,3,3, got {text!r}") from None
+
+
+def parse_size_option(text: str | int | None, flag: str) -> int | None:
+    """The one size syntax of every token-count flag: ``512``, ``16k`` (16384), ``1m`` (1048576)."""
+    if text is None:
+        return None
+    from ..schedule import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise CliInputError(f"{flag} {text!r} is not a size >= 1; write e.g. 512, 16k or 1m") from None
+
+
+def at_least(value: float | int | None, minimum: float | int, flag: str) -> None:
+    """Reject ``value < minimum`` (None: the flag was not given)."""
+    if value is not None and not value >= minimum:
+        raise CliInputError(f"{flag} must be >= {minimum}, got {value}")
+
+
+def positive(value: float | None, flag: str) -> None:
+    """Reject ``value <= 0`` (and NaN)."""
+    if value is not None and not value > 0:
+        raise CliInputError(f"{flag} must be > 0, got {value}")
+
+
+def check_output_path(path: Path | None, flag: str) -> None:
+    """Fail before the work if an output file could not be written afterwards ('-' is stdout)."""
+    if path is None or str(path) == "-":
+        return
+    if path.is_dir():
+        raise CliInputError(f"{flag} {str(path)!r} is a directory; give a file name inside it")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CliInputError(f"{flag} {str(path)!r}: {str(parent)!r} is a file, not a directory")
+    if not os.access(parent, os.W_OK):
+        raise CliInputError(f"{flag} {str(path)!r}: cannot write in {str(parent)!r}; choose another path")

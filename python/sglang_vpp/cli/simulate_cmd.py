@@ -35,13 +35,18 @@ def _cost_model(model_spec, hardware_spec, tp: Optional[int], costs: Optional[Pa
 
     if not costs.exists():
         raise CostModelError(f"--costs file {str(costs)!r} does not exist")
-    data = json.loads(costs.read_text())
-    kind = data.get("format")
+    try:
+        data = json.loads(costs.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CostModelError(f"--costs {str(costs)!r} is not readable JSON ({error}); write one with "
+                             "sglang-vpp bench --costs FILE") from None
+    kind = data.get("format") if isinstance(data, dict) else None
     if kind == "sglang-vpp.fitted-cost":
         return FittedCostModel.from_json(data)
     if kind == "sglang-vpp.table-cost":
         return TableCostModel.from_json(data, fallback=analytic)
-    raise CostModelError(f"--costs {str(costs)!r} has format {kind!r}; expected sglang-vpp.fitted-cost or "
+    found = "has no \"format\" field" if kind is None else f"has format {kind!r}"
+    raise CostModelError(f"--costs {str(costs)!r} {found}; expected sglang-vpp.fitted-cost or "
                          "sglang-vpp.table-cost (see docs/calibration.md)")
 
 

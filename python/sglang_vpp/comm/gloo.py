@@ -5,7 +5,7 @@
 order keeps them in sequence). Device links (``device.py``) use a ``GlooWire`` for their headers
 only, as SGLang sends tensor-dict metadata over its CPU group.
 
-Measured gloo facts this relies on (../../../shared/docs/sglang-notes.md):
+Measured gloo facts this relies on (docs/comm.md, section 3):
 - a send completes only when the peer posts the receive, at every size: the channel thread, not
   the caller, waits for it;
 - ``Work.wait(timeout)`` honours the timeout, and a timeout closes the whole gloo context ("Application

@@ -66,6 +66,12 @@ EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 # Bump when the tokenizer recipe changes, so stale caches are not reused.
 _TOKENIZER_RECIPE_VERSION = 1
+# A minimal chat format, so /v1/chat/completions works on a tiny model (the words are noise; the
+# endpoint, its templating and streaming are what a test exercises). Part of the cache key.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 # About 4.7 MB of text on CPython 3.11: trains in seconds and yields >12k merges.
 _CORPUS_GLOB = "*.py"
 
@@ -136,6 +142,7 @@ class TinyModelSpec:
                 "kwargs": self.config_kwargs(),
                 "transformers": transformers.__version__,
                 "tokenizer": _tokenizer_key(self.vocab_size),
+                "chat_template": CHAT_TEMPLATE,
             },
             sort_keys=True,
             default=str,
@@ -242,6 +249,7 @@ def build_tiny_model(out_dir: str | os.PathLike[str], spec: TinyModelSpec | None
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
     )
+    tokenizer.chat_template = CHAT_TEMPLATE
     vocab_size = len(tokenizer)
     config = _make_config(spec, vocab_size, tokenizer.eos_token_id, tokenizer.pad_token_id)
 

@@ -7,7 +7,10 @@ Data flow::
                     -> max |pipelined - reference|   (final hidden states and last-token logits)
                     -> measure_run   (wall clock on this host: compute / exposed comm / idle, TTFT)
                     -> replay_run    (dedicated-hardware timeline from measured per-action costs)
+               -> equal_cost_replay (per repeat: every mode's executed order on ONE cost model
+                                     fitted on the least-disturbed samples of all modes)
                --> BenchReport: one ModeSummary per mode (lists hold one value per repeat),
+                   verdicts (equal-cost makespan and TTFT vs cpp and dcpp, paired per repeat),
                    traces and plots of the last repeat, measured costs for calibration
 
 Nothing here prints; ``BenchProgress`` callbacks let the CLI draw its progress bar.
@@ -16,6 +19,7 @@ Field definitions: docs/runtime.md.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 from collections.abc import Sequence
@@ -24,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..schedule import parse_policies
+from ..verdict import Verdict, make_verdict
+from .equal_cost import EQUAL_COST_LABEL, MeasuredRunCosts, SharedCostModel, equal_cost_replay
 from .launcher import LaunchResult, PoolSpec, RankPool, check_spec
 from .metrics import MeasuredRun, measure_run
 from .models import resolve_model
@@ -47,6 +53,7 @@ __all__ = [
     "BenchReport",
     "ModeSummary",
     "RunMeasurement",
+    "check_config",
     "run_bench",
 ]
 
@@ -55,7 +62,7 @@ DEFAULT_MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack")
 JSON_FIELDS = ("mode", "max_abs_diff", "wall_s", "replay_makespan_s", "compute_s", "bubble_ratio",
                "replay_bubble_ratio", "exposed_comm_s", "ttft_s")
 _LIST_FIELDS = ("wall_s", "replay_makespan_s", "ttft_s", "replay_ttft_s", "bubble_ratio_runs",
-                "replay_bubble_ratio_runs")
+                "replay_bubble_ratio_runs", "equal_cost_makespan_s", "equal_cost_ttft_s")
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,9 @@ class RunMeasurement:
     measured: MeasuredRun
     replay: ReplayResult
     launch: LaunchResult
+    equal_cost: Any = None
+    """``SimResult`` of this run's executed order on its repeat's shared cost model (fitted on
+    the other repeats)."""
 
 
 @dataclass
@@ -143,6 +153,9 @@ class ModeSummary:
     num_chunks: int
     bubble_ratio_runs: list[float]
     replay_bubble_ratio_runs: list[float]
+    equal_cost_makespan_s: list[float] = field(default_factory=list)
+    """Per repeat: the executed order on that repeat's shared cost model (``equal_cost.py``)."""
+    equal_cost_ttft_s: list[float] = field(default_factory=list)
     per_rank: list[dict[str, float]] = field(default_factory=list)
     """Last repeat, per rank: measured ``compute_s`` / ``bubble_s`` / ``exposed_comm_s`` (wall
     clock) and the same three on the replayed timeline (``replay_*``)."""
@@ -165,13 +178,22 @@ class BenchReport:
     modes: list[ModeSummary]
     runs: list[RunMeasurement]
     reference_cpu_s: float
+    shared_costs: list[SharedCostModel] = field(default_factory=list)
+    """One per repeat: fitted on the other repeats (``_replay_on_equal_costs``)."""
+
+    def verdicts(self) -> list[Verdict]:
+        """Equal-cost makespan and TTFT (paired per repeat), every mode vs cpp and dcpp."""
+        return [make_verdict({m.mode: m.equal_cost_makespan_s for m in self.modes}, "equal-cost makespan", paired=True),
+                make_verdict({m.mode: m.equal_cost_ttft_s for m in self.modes}, "equal-cost TTFT", paired=True)]
 
     def to_json(self) -> dict:
         return {
             "config": self.config.to_dict(),
-            "labels": {"wall": MEASURED_LABEL, "replay": REPLAY_LABEL},
+            "labels": {"wall": MEASURED_LABEL, "replay": REPLAY_LABEL, "equal_cost": EQUAL_COST_LABEL},
             "reference_cpu_s": self.reference_cpu_s,
             "results": [m.to_dict() for m in self.modes],
+            "equal_cost_models": [model.to_dict() for model in self.shared_costs],
+            "verdicts": [v.to_dict() for v in self.verdicts()],
         }
 
     def timelines(self) -> dict[str, Any]:
@@ -205,6 +227,8 @@ def _summarise(mode: str, runs: list[RunMeasurement]) -> ModeSummary:
         num_chunks=runs[-1].measured.num_chunks,
         bubble_ratio_runs=[r.measured.bubble_ratio for r in runs],
         replay_bubble_ratio_runs=[r.replay.result.bubble_ratio for r in runs],
+        equal_cost_makespan_s=[r.equal_cost.makespan_s for r in runs],
+        equal_cost_ttft_s=[r.equal_cost.ttft_s for r in runs],
         per_rank=_per_rank(runs[-1]),
     )
 
@@ -216,6 +240,34 @@ def _per_rank(run: RunMeasurement) -> list[dict[str, float]]:
                     "exposed_comm_s": measured.exposed_comm_s, "replay_compute_s": replayed.compute_s,
                     "replay_bubble_s": replayed.bubble_s, "replay_exposed_comm_s": replayed.exposed_comm_s})
     return out
+
+
+def check_config(config: BenchConfig) -> None:
+    """Modes, layouts, the model, the comm backend and the device, checked in this process before
+    anything starts: a typo or a missing GPU is a user error with its fix, not a rank failure."""
+    from ..comm.registry import parse_backend_spec, probe_backend
+    from .errors import RunConfigError
+    from .spec import BACKEND_FOR_DEVICE
+
+    resolve_model(config.model, config.seed, config.num_layers)
+    for policy in parse_policies(",".join(config.modes)):
+        check_spec(config.run_spec(str(policy.name)))
+    spec = config.backend or BACKEND_FOR_DEVICE[config.device]
+    name, double = parse_backend_spec(spec)
+    if not double:  # the device test double runs on gloo anywhere
+        status = probe_backend(name)
+        if not status.available:
+            raise RunConfigError(f"--backend {name} is not available here: {status.reason}. Fix: {status.fix}")
+    if config.device is Device.CUDA and not _cuda_available():
+        raise RunConfigError("--device cuda needs a CUDA build of torch and a visible GPU; use --device cpu here")
+    if config.device is Device.NPU and importlib.util.find_spec("torch_npu") is None:
+        raise RunConfigError("--device npu needs torch_npu (the Ascend stack); use --device cpu here")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> BenchReport:
@@ -249,8 +301,35 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> Ben
                 reference = references.get(launched.reports[0].chunks)
                 runs.append(_measure(mode, repeat, spec, launched, reference, source.config.num_hidden_layers))
                 progress.run_finished(mode, repeat, runs[-1])
+    progress.phase("equal-cost replay")
+    shared = _replay_on_equal_costs(config, runs)
     summaries = [_summarise(mode, [r for r in runs if r.mode == mode]) for mode in modes]
-    return BenchReport(config, summaries, runs, references.cpu_s)
+    return BenchReport(config, summaries, runs, references.cpu_s, shared)
+
+
+def _replay_on_equal_costs(config: BenchConfig, runs: list[RunMeasurement]) -> list[SharedCostModel]:
+    """Per repeat ``j``: every mode's executed order of repeat ``j`` on one shared cost model
+    fitted on the *other* repeats (leave one out; all repeats when there is only one).
+
+    Leaving one out makes each model the least-disturbed costs of several repeats, and the range
+    over ``j`` shows how much the comparison depends on which measurements built the model. A
+    chunk position the other repeats never ran falls back to the model of all repeats. The
+    requests arrive as configured (not as measured), so every mode sees the same arrivals."""
+
+    def costs(subset: list[RunMeasurement]) -> list[MeasuredRunCosts]:
+        return [MeasuredRunCosts(r.mode, r.replay.schedule.layout, r.replay.samples) for r in subset]
+
+    everything = SharedCostModel.fit(costs(runs))
+    arrivals = {i: i * config.arrival_interval_s for i in range(config.num_requests)}
+    models = []
+    for repeat in sorted({r.repeat for r in runs}):
+        others = [r for r in runs if r.repeat != repeat]
+        model = SharedCostModel.fit(costs(others), fallback=everything) if others else everything
+        for run in runs:
+            if run.repeat == repeat:
+                run.equal_cost = equal_cost_replay(run.replay.schedule, model, arrivals)
+        models.append(model)
+    return models
 
 
 class _References:

@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 __all__ = [
     "CPU_PLATFORM_ARGS",
@@ -143,8 +143,11 @@ class SGLangServer:
         except OSError:
             return "(no log)"
 
-    def start(self, timeout: float = 240.0) -> SGLangServer:
-        self.port = free_port()
+    def start(self, timeout: float = 240.0,
+              on_wait: Callable[[float, str], None] | None = None) -> SGLangServer:
+        """Start and wait until healthy. ``port`` 0 picks a free one; ``on_wait(elapsed_s,
+        last_log_line)`` is called about once a second while the server starts."""
+        self.port = self.port or free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child, closed below
         began = time.monotonic()
@@ -159,16 +162,20 @@ class SGLangServer:
         log.close()
         atexit.register(self.stop)
         try:
-            self._wait_healthy(began + timeout)
+            self._wait_healthy(began + timeout, on_wait)
         except BaseException:
             self.stop()
             raise
         self.start_seconds = time.monotonic() - began
         return self
 
-    def _wait_healthy(self, deadline: float) -> None:
+    def _wait_healthy(self, deadline: float, on_wait: Callable[[float, str], None] | None = None) -> None:
         assert self.process is not None
+        began = time.monotonic()
         while time.monotonic() < deadline:
+            if on_wait is not None:
+                lines = self.log_tail(2000).strip().splitlines()
+                on_wait(time.monotonic() - began, lines[-1] if lines else "")
             self._remember_descendants(self.process.pid)
             if self.process.poll() is not None:
                 raise ServerStartError(

@@ -68,6 +68,11 @@ def write_perfetto_trace(timelines: Timeline | Mapping[str, Timeline], path: str
     path.write_text(json.dumps({"traceEvents": perfetto_events(timelines), "displayTimeUnit": "ms"}))
 
 
+# Transfers: colours outside the tab20 palette the computes use, so a send never reads as a chunk.
+_SEND_FWD_COLOR = "black"
+_SEND_BWD_COLOR = "darkviolet"
+
+
 def write_gantt_png(timelines: Timeline | Mapping[str, Timeline], path: str | Path,
                     title: str | None = None, dpi: int = 130) -> None:
     """One panel per labelled timeline, one row per rank: stage computes coloured by chunk and
@@ -103,7 +108,7 @@ def write_gantt_png(timelines: Timeline | Mapping[str, Timeline], path: str | Pa
             elif s.kind is SliceKind.SEND:
                 offset = -0.38 if s.group != "bwd" else -0.44
                 ax.barh(y + offset, s.duration, left=s.start, height=0.05,
-                        color="tab:blue" if s.group != "bwd" else "tab:orange")
+                        color=_SEND_FWD_COLOR if s.group != "bwd" else _SEND_BWD_COLOR)
         ax.set_yticks(range(len(ranks)))
         ax.set_yticklabels([f"pp{r}" for r in reversed(ranks)])
         ax.set_ylim(-0.6, len(ranks) - 0.4)
@@ -112,7 +117,7 @@ def write_gantt_png(timelines: Timeline | Mapping[str, Timeline], path: str | Pa
     axes[-1, 0].set_xlabel("time (s)")
     axes[-1, 0].set_xlim(0, end * 1.01)
     handles = [Patch(facecolor="white", edgecolor="red", hatch="////", label="exposed comm"),
-               Patch(color="tab:blue", label="send fwd/pp"), Patch(color="tab:orange", label="send bwd")]
+               Patch(color=_SEND_FWD_COLOR, label="send fwd/pp"), Patch(color=_SEND_BWD_COLOR, label="send bwd")]
     fig.legend(handles=handles, loc="upper right", fontsize=7, ncol=3)
     if title:
         fig.suptitle(title, fontsize=10, x=0.01, ha="left")

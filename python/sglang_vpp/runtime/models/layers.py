@@ -14,6 +14,17 @@ A chunk of ``c`` tokens starting at prefix length ``L`` attends to keys ``0 .. L
 ``i`` sees key ``j`` iff ``j <= L + i``. ``is_causal=True`` in ``scaled_dot_product_attention``
 aligns the triangle top-left, which is wrong whenever ``L > 0`` (the chunk would not see most of
 its prefix); so the mask is built explicitly (``chunk_mask``) and passed as ``attn_mask``.
+
+Except for a request's first chunk (``L = 0``): there the pattern *is* the top-left triangle and
+``is_causal=True`` lets the CPU flash kernel skip the masked blocks. Measured on this CPU
+(``benchmarks/attention_mask.py``: fp32, one thread, 64-2048-token chunks, prefixes 0-14K):
+
+- ``L = 0``: ``is_causal`` took 0.37-0.73x the explicit mask's time, output bitwise equal;
+- ``L > 0``: ``torch.nn.attention.bias.causal_lower_right`` expresses the offset, but on CPU it
+  materializes a mask of its own and took 0.8-1.5x the explicit mask's time, so the explicit
+  mask stays. The explicit-mask kernel costs the same per query-key pair at every chunk size
+  (7-12 ns): a chunk pays for its whole ``c x (L + c)`` block, masked half of the diagonal
+  included, which GPU flash kernels skip.
 """
 
 from __future__ import annotations
@@ -85,9 +96,12 @@ def apply_rope_interleaved(x: torch.Tensor, rope: RopeTables) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def chunk_mask(start: int, num_tokens: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Boolean ``[c, start + c]``: True where query ``i`` may attend key ``j`` (see
+def chunk_mask(start: int, num_tokens: int, device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """Boolean ``[c, start + c]``: True where query ``i`` may attend key ``j``; None for a first
+    chunk (``start == 0``), which attention runs with ``is_causal=True`` (see
     [Note: chunk causal mask])."""
+    if start == 0:
+        return None
     keys = torch.arange(start + num_tokens, device=device)
     queries = start + torch.arange(num_tokens, device=device)
     return keys[None, :] <= queries[:, None]
@@ -111,7 +125,7 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scaling = d**-0.5
 
-    def forward(self, x: torch.Tensor, rope: RopeTables, cache: LayerKV, start: int, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeTables, cache: LayerKV, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         c = x.shape[0]
         q = self.q_proj(x).view(c, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(c, self.num_kv_heads, self.head_dim)
@@ -122,7 +136,7 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(0, 1), rope)
         keys, values = cache.append(start, k, v.transpose(0, 1))
         out = F.scaled_dot_product_attention(
-            q[None], keys[None], values[None], attn_mask=mask, scale=self.scaling,
+            q[None], keys[None], values[None], attn_mask=mask, is_causal=mask is None, scale=self.scaling,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         return self.o_proj(out[0].transpose(0, 1).reshape(c, self.num_heads * self.head_dim))
@@ -157,7 +171,7 @@ class LatentAttention(nn.Module):
         self.scaling = qk_head**-0.5
         self.has_q_lora = config.q_lora_rank is not None
 
-    def forward(self, x: torch.Tensor, rope: RopeTables, cache: LayerKV, start: int, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeTables, cache: LayerKV, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         c, h = x.shape[0], self.num_heads
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.has_q_lora else self.q_proj(x)
         q = q.view(c, h, self.nope + self.rope_dim).transpose(0, 1)
@@ -173,7 +187,8 @@ class LatentAttention(nn.Module):
         k_nope, values = torch.split(kv, [self.nope, self.v_dim], dim=-1)
         keys = torch.cat([k_nope, k_rots[None].expand(h, end, self.rope_dim)], dim=-1)
         query = torch.cat([q_pass, q_rot], dim=-1)
-        out = F.scaled_dot_product_attention(query[None], keys[None], values[None], attn_mask=mask, scale=self.scaling)
+        out = F.scaled_dot_product_attention(query[None], keys[None], values[None], attn_mask=mask,
+                                             is_causal=mask is None, scale=self.scaling)
         return self.o_proj(out[0].transpose(0, 1).reshape(c, h * self.v_dim))
 
 
@@ -279,6 +294,6 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = Qwen3MoeBlock(config)
 
-    def forward(self, x: torch.Tensor, rope: RopeTables, cache: LayerKV, start: int, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeTables, cache: LayerKV, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, cache, start, mask)
         return x + self.mlp(self.post_attention_layernorm(x))

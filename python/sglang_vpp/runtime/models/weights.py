@@ -80,7 +80,8 @@ def resolve_model(model: str, seed: int = 0, num_layers: int | None = None) -> M
         return ModelSource(model, config, path, seed)
     if path.exists() or "/" in model or model.startswith("."):
         raise ModelPathError(
-            f"--model {model}: not a directory (exists: {path.exists()}); pass a local Hugging Face "
+            f"--model {model}: not a directory ({'it is a file' if path.exists() else 'no such path'}); "
+            "pass a local Hugging Face "
             "model directory or a preset: " + ", ".join(PRESETS)
         )
     return ModelSource(model, preset_config(model, num_layers), None, seed)  # raises: unknown preset

@@ -1,0 +1,85 @@
+"""Every user error a newcomer hit: one line naming the bad value, exit code 2, before any work.
+
+Nothing here starts a server or a rank process: each case must fail in validation, which is
+what makes the test fast (an unreachable --url proves no request was sent first).
+"""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from sglang_vpp.cli import bench_serve_launch
+from sglang_vpp.cli.app import app
+
+_URL = ["bench-serve", "--url", "http://127.0.0.1:1", "--no-progress"]
+_BENCH = ["bench", "--quiet", "--seq-len", "512", "--requests", "1"]
+
+CASES = [
+    (_URL + ["--num-requests", "0"], "--num-requests"),
+    (_URL + ["--input-len", "0"], "--input-len"),
+    (_URL + ["--output-len", "0"], "--output-len"),
+    (_URL + ["--input-len", "12q"], "--input-len"),
+    (_URL + ["--concurrency", "0"], "--concurrency"),
+    (_URL + ["--warmup", "-1"], "--warmup"),
+    (_URL + ["--request-rate", "-1"], "--request-rate"),
+    (_URL + ["--vocab-size", "0"], "--vocab-size"),
+    (_URL + ["--timeout", "0"], "--timeout"),
+    (_URL + ["--json", "/dev/null/out.json"], "--json"),
+    (["bench-serve", "--url", "http://127.0.0.1:abc", "--no-progress"], "port"),
+    (["bench-serve", "--url", "http://127.0.0.1:99999", "--no-progress"], "port"),
+    (["bench-serve", "--launch", "nonsense", "--no-progress"], "nonsense"),
+    (["bench-serve", "--launch", "cpp", "--chunked-prefill-size", "0", "--no-progress"], "--chunked-prefill-size"),
+    (["bench-serve", "--launch", "cpp,vpp-pack", "--port", "65535", "--no-progress"], "--port 65535"),
+    (["bench-serve", "--launch", "cpp", "--port", "0", "--no-progress"], "--port 0"),
+    (_URL + ["--workload", "file", "--file", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
+    (_BENCH + ["--backend", "nope"], "nope"),
+    (_BENCH + ["--backend", "nccl"], "nccl"),
+    (_BENCH + ["--device", "cuda"], "cuda"),
+    (_BENCH + ["--device", "tpu"], "--device"),
+    (_BENCH + ["--model", "/nonexistent-model"], "no such path"),
+    (_BENCH + ["--seq-len", "0"], "--seq-len"),
+    (_BENCH + ["--chunk-size", "1x"], "--chunk-size"),
+    (_BENCH + ["--timeout", "0"], "--timeout"),
+    (_BENCH + ["--repeat", "0"], "--repeat"),
+    (_BENCH + ["--pp", "1"], "--pp"),
+    (_BENCH + ["--modes", ""], "no mode given"),
+    (_BENCH + ["--modes", "cpp,zigzag"], "zigzag"),
+    (_BENCH + ["--modes", "vpp", "--split", "1,1"], "layer split"),
+    (_BENCH + ["--arrival-interval", "-1"], "--arrival-interval"),
+    (_BENCH + ["--plot", "/dev/null/gantt.png"], "--plot"),
+    (_BENCH + ["--json", "/dev/null/out.json"], "--json"),
+    (["simulate", "--costs", "NOT_JSON"], "is not readable JSON"),
+    (["simulate", "--costs", "NO_FORMAT"], 'has no "format" field'),
+]
+
+
+def _assert_one_line_error(result, fragment: str) -> None:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert fragment in lines[0], result.output
+
+
+def _case_id(args: list[str]) -> str:
+    return " ".join(args[{"bench-serve": 2, "bench": 6}.get(args[0], 1):]) or args[0]
+
+
+@pytest.mark.parametrize("args, fragment", CASES, ids=[_case_id(a) for a, _ in CASES])
+def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
+    files = {"NOT_JSON": "not json at all\n", "NO_FORMAT": '{"stages": {}}\n'}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    args = [str(tmp_path / a) if a in files else a for a in args]
+    _assert_one_line_error(CliRunner().invoke(app, args), fragment)
+
+
+def test_launch_without_sglang_says_so(monkeypatch):
+    monkeypatch.setattr(bench_serve_launch, "missing_requirements", lambda: ["sglang", "transformers"])
+    result = CliRunner().invoke(app, ["bench-serve", "--launch", "cpp", "--no-progress"])
+    _assert_one_line_error(result, "not installed")
+
+
+def test_version():
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith("sglang-vpp ")

@@ -1,0 +1,35 @@
+"""The verdict: who wins, by how much, and "no significant difference" when the noise says so."""
+
+from sglang_vpp.verdict import compare, make_verdict
+
+
+def test_paired_agreement_is_significant_and_names_the_winner():
+    values = {"cpp": [2.0, 2.4, 2.2], "dcpp": [2.1, 2.5, 2.3], "vpp-pack": [1.8, 2.2, 2.0]}
+    verdict = make_verdict(values, "makespan", paired=True)
+    assert verdict.winner == "vpp-pack"
+    outcomes = {(c.mode, c.baseline): c.outcome for c in verdict.comparisons}
+    assert outcomes[("vpp-pack", "cpp")] == "faster" and outcomes[("cpp", "dcpp")] == "faster"
+    assert outcomes[("dcpp", "cpp")] == "slower"
+    assert "vpp-pack wins" in verdict.headline()
+
+
+def test_paired_sign_change_is_no_significant_difference():
+    values = {"cpp": [2.0, 2.0, 2.0], "vpp": [1.9, 2.1, 1.95]}
+    comparison = compare(values, "vpp", "cpp", paired=True)
+    assert comparison.outcome == "no significant difference" and not comparison.significant
+    assert make_verdict(values, "makespan", paired=True).winner is None
+
+
+def test_unpaired_overlapping_ranges_are_no_significant_difference():
+    # Every paired ratio is below 1, but the ranges overlap: unpaired measurements decide on overlap.
+    values = {"cpp": [2.0, 2.4], "vpp-pack": [1.9, 2.3]}
+    assert compare(values, "vpp-pack", "cpp", paired=True).outcome == "faster"
+    assert compare(values, "vpp-pack", "cpp", paired=False).outcome == "no significant difference"
+    assert compare({"cpp": [2.0, 2.1], "vpp": [1.5, 1.6]}, "vpp", "cpp", paired=False).outcome == "faster"
+
+
+def test_one_repeat_never_claims_a_winner():
+    verdict = make_verdict({"cpp": [2.0], "vpp-pack": [1.0]}, "makespan", paired=True)
+    assert verdict.winner is None and "--repeat" in verdict.headline()
+    assert all(c.outcome == "no significant difference" for c in verdict.comparisons)
+    assert "-50.0%" in verdict.comparisons[0].text()
