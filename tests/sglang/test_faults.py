@@ -1,6 +1,6 @@
 """A rank that dies or hangs takes the server down fast, says which rank and how, leaves nothing.
 
-Each case starts a fresh pp 2 server (the fault ends it), puts the pipeline in a phase with a
+Each case starts a fresh server (pp 2; one case pp 4) (the fault ends it), puts the pipeline in a phase with a
 streamed request, signals one rank and asserts: the launcher is gone within the bound, its log
 names the failed rank (pp rank, tp rank, node, pid, signal or state) in one line, and no process
 of the server is left. SIGSTOP cases run with ``--vpp-comm-timeout 5`` (bound: timeout + 10 s);
@@ -25,21 +25,22 @@ COMM_TIMEOUT_S = 5.0
 STOP_BOUND_S = COMM_TIMEOUT_S + 10.0
 KILL_BOUND_S = 15.0
 
-# (case id, mode, signal, pp rank, phase)
+# (case id, mode, pp size, signal, pp rank, phase)
 CASES = [
-    ("vpp-pack-sigstop-rank1-decode", "vpp-pack", signal.SIGSTOP, 1, "decode"),
-    ("cpp-sigstop-rank0-prefill", "cpp", signal.SIGSTOP, 0, "prefill"),
-    ("vpp-pack-kill-rank0-prefill", "vpp-pack", signal.SIGKILL, 0, "prefill"),
-    ("cpp-kill-rank1-idle", "cpp", signal.SIGKILL, 1, "idle"),
+    ("vpp-pack-sigstop-rank1-decode", "vpp-pack", 2, signal.SIGSTOP, 1, "decode"),
+    ("cpp-sigstop-rank0-prefill", "cpp", 2, signal.SIGSTOP, 0, "prefill"),
+    ("vpp-pack-kill-rank0-prefill", "vpp-pack", 2, signal.SIGKILL, 0, "prefill"),
+    ("cpp-kill-rank1-idle", "cpp", 2, signal.SIGKILL, 1, "idle"),
+    ("cpp-pp4-kill-rank2-decode", "cpp", 4, signal.SIGKILL, 2, "decode"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("name,mode,sig,rank,phase", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name,mode,pp_size,sig,rank,phase", CASES, ids=[c[0] for c in CASES])
 def test_rank_fault_ends_the_server_and_names_the_rank(
-    tiny_model_dir: Path, tmp_path: Path, name, mode, sig, rank, phase
+    tiny_model_dir: Path, tmp_path: Path, name, mode, pp_size, sig, rank, phase
 ):
     config = ServerConfig(
-        model_dir=str(tiny_model_dir), pp_size=2, pp_mode=mode, chunked_prefill_size=64,
+        model_dir=str(tiny_model_dir), pp_size=pp_size, pp_mode=mode, chunked_prefill_size=64,
         extra_args=("--vpp-comm-timeout", str(COMM_TIMEOUT_S)),
     )  # fmt: skip
     server = SGLangServer(config, tmp_path / f"{name}.log").start(timeout=400)
