@@ -20,7 +20,7 @@ from sglang_vpp.sglang_plugin.cli_args import check_pp_mode_name
 from sglang_vpp.sglang_plugin.errors import InputRejectedError, PpModeError
 from sglang_vpp.sglang_plugin.failure_report import RankRecord, describe_exit, parse_scheduler_title
 from sglang_vpp.sglang_plugin.input_guard import check_request_tokens, check_token_ids
-from sglang_vpp.sglang_plugin.stock_loop_watchdog import StockLoopWatchdog
+from sglang_vpp.sglang_plugin.stock_loop_watchdog import RankProcessState, StockLoopWatchdog
 
 
 @pytest.mark.parametrize(
@@ -89,16 +89,49 @@ def test_report_names_a_killed_child_without_collecting_it(caplog, monkeypatch):
             process.wait(5)
 
 
-def test_stock_watchdog_fires_once_after_the_timeout(monkeypatch):
+def _ranks(*states):
+    return lambda: [RankProcessState(pid, status, cpu) for pid, status, cpu in states]
+
+
+def test_stock_watchdog_fires_once_when_a_rank_is_stopped(monkeypatch):
     sent = []
     monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
-    watchdog = StockLoopWatchdog(timeout_s=0.2, describe_rank=lambda: "pp_rank=1 tp_rank=0")
+    clock = {"cpu": 0.0}
+    watchdog = StockLoopWatchdog(
+        timeout_s=0.2, describe_rank=lambda: "pp_rank=1 tp_rank=0",
+        ranks=lambda: [RankProcessState(1, "sleeping", clock["cpu"]), RankProcessState(2, "stopped", 3.0)],
+    )  # fmt: skip
     for _ in range(5):  # a loop that keeps coming round does not fire
         watchdog.beat()
         time.sleep(0.05)
     assert sent == []
-    time.sleep(0.6)  # then the loop blocks
+    time.sleep(0.6)  # then the loop blocks, a peer being stopped
     assert sent == [(os.getppid(), signal.SIGQUIT)]
+
+
+def test_stock_watchdog_waits_for_a_peer_that_computes():
+    cpu = {"s": 0.0}
+
+    def computing():
+        cpu["s"] += 0.5  # a peer busy in a long forward
+        return [RankProcessState(1, "sleeping", 0.0), RankProcessState(2, "running", cpu["s"])]
+
+    watchdog = StockLoopWatchdog(timeout_s=1.0, ranks=computing)
+    watchdog._last_beat = 0.0
+    assert all(watchdog.check(now) is None for now in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0))
+
+
+def test_stock_watchdog_fires_when_nobody_computes_or_a_rank_vanished():
+    idle = StockLoopWatchdog(timeout_s=1.0, ranks=_ranks((1, "sleeping", 2.0), (2, "sleeping", 2.0)))
+    idle._last_beat = 0.0
+    results = [idle.check(now) for now in (0.5, 1.0, 1.5, 2.0)]
+    assert results[:2] == [None, None] and "no rank process computed" in results[-1]
+    states = [[RankProcessState(1, "sleeping", 0.0), RankProcessState(2, "running", 0.0)],
+              [RankProcessState(1, "sleeping", 0.0)]]  # fmt: skip
+    reaped = StockLoopWatchdog(timeout_s=1.0, ranks=lambda: list(states.pop(0) if len(states) > 1 else states[0]))
+    reaped._last_beat = 0.0
+    assert reaped.check(0.5) is None
+    assert "pid=2 is gone" in reaped.check(1.5)
 
 
 def test_transport_errors_carry_our_words_and_keep_the_backend_text_as_cause():

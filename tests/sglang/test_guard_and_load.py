@@ -6,6 +6,7 @@ that mode (module-scoped fixture: pytest groups the tests per server).
 - Input guard: the three crashing inputs (empty text, id >= vocab, id -1) and their relatives
   on /generate, /v1/completions and /v1/chat/completions, single and batch; after each refusal
   the same server answers a valid request.
+- Abort and disconnect mid-prefill with three long prompts in flight (packing under vpp-pack).
 - Load: 64 requests (prompt 20-600 tokens) with 16 in flight, every 4th streamed, every 8th
   aborted through /abort_request; every request ends (answered or aborted, none hangs), the KV
   pool returns to idle, and a fixed greedy batch afterwards gives the same ids under vpp-pack
@@ -168,3 +169,41 @@ def test_load_all_end_kv_idle_and_greedy_equal_to_cpp(server):
     _samples[server.config.pp_mode] = [item["output_ids"] for item in out]
     if len(_samples) == len(MODES):
         assert _samples["vpp-pack"] == _samples["cpp"]
+
+
+def _disconnect_after(url: str, payload: dict[str, Any], seconds: float) -> None:
+    """Send a streamed request and close the connection after ``seconds`` (a client that leaves)."""
+    import http.client
+
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.request("POST", "/generate", json.dumps(payload), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    time.sleep(seconds)
+    response.close()
+    connection.close()
+
+
+def test_abort_and_disconnect_mid_prefill_while_packing(server):
+    """Three long prompts at once (vpp-pack packs the next one into the drain window): one is
+    aborted and one disconnected during prefill; the third completes, KV returns to idle."""
+    prompts = [[(31 * i + 11 * k) % 11000 + 2 for k in range(2500)] for i in range(3)]
+    params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
+    aborted = {"input_ids": prompts[0], "rid": "mid-prefill-abort", "sampling_params": params}
+    left = {"input_ids": prompts[1], "sampling_params": params, "stream": True}
+    kept = {"input_ids": prompts[2], "sampling_params": params}
+    with ThreadPoolExecutor(3) as pool:
+        abort_reply = pool.submit(_post, server.url + "/generate", aborted)
+        pool.submit(_disconnect_after, server.url, left, 0.5)
+        kept_reply = pool.submit(_post, server.url + "/generate", kept)
+        time.sleep(0.5)
+        _post(server.url + "/abort_request", {"rid": "mid-prefill-abort"})
+        status, body = abort_reply.result(timeout=300)
+        assert status == 200 and json.loads(body)["meta_info"]["finish_reason"]["type"] == "abort", body[:1000]
+        status, body = kept_reply.result(timeout=300)
+        assert status == 200 and len(json.loads(body)["output_ids"]) == 4, body[:1000]
+    deadline = time.monotonic() + 60
+    while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _kv_tokens_in_use(server) == 0
+    _assert_still_serving(server)
