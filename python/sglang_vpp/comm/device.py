@@ -222,15 +222,16 @@ class DeviceBackend(CommBackend):
 
     def classify_error(self, error: RuntimeError, timeout_s: float) -> CommError:
         """Map a device runtime error to ``PeerDeadError`` / ``CommTimeoutError`` / ``CommError``."""
-        text = str(error)
-        lowered = text.lower()
-        first = f"{self.name}: {text.splitlines()[0][:300] if text else repr(error)}"
+        # Our words only; the library's own text stays on the chain as ``__cause__``.
+        lowered = str(error).lower()
         if any(marker in lowered for marker in self.peer_gone_markers):
-            failure: CommError = PeerDeadError(detail=first)
+            failure: CommError = PeerDeadError(
+                detail=f"the peer process left the {self.name} communicator (it died or gave up)",
+                fix="the launcher's log names the rank that died first and how")
         elif any(marker in lowered for marker in self.timeout_markers):
-            failure = CommTimeoutError(timeout_s=timeout_s, detail=first)
+            failure = CommTimeoutError(timeout_s=timeout_s, detail=f"{self.name} gave up waiting")
         else:
-            failure = CommError(detail=first)
+            failure = CommError(detail=f"unexpected {self.name} failure (see the cause)")
         failure.__cause__ = error
         return failure
 

@@ -46,22 +46,22 @@ _TIMED_OUT = ("timed out", "timeout")
 
 def classify_gloo_error(error: BaseException, timeout_s: float | None) -> CommError:
     """Map a transport ``RuntimeError`` to ``PeerDeadError`` / ``CommTimeoutError`` / ``CommError``."""
-    text = str(error)
-    lowered = text.lower()
-    short = text.splitlines()[0][:300] if text else type(error).__name__
+    # Our words only: the backend's text (e.g. gloo's "[...pair.cc:...] Connection closed by
+    # peer [...]") stays on the exception chain as ``__cause__``, where a traceback shows it.
+    lowered = str(error).lower()
     if "application timeout caused pair closure" in lowered:
         failure: CommError = CommTimeoutError(
             timeout_s=timeout_s,
-            detail=f"this communicator was closed by an earlier timeout on this rank ({short})")
+            detail="this link was closed by an earlier timeout on this rank")
     elif any(marker in lowered for marker in _PEER_GONE):
         failure = PeerDeadError(
-            detail=("the peer closed the connection: it exited, crashed, or aborted this communicator "
-                    f"after a failure of its own ({short})"),
-            fix="read the peer rank's log for its first error")
+            detail="the peer process closed the link: it died (killed, crashed or exited) or gave up "
+                   "after a failure of its own",
+            fix="the launcher's log names the rank that died first and how")
     elif any(marker in lowered for marker in _TIMED_OUT):
-        failure = CommTimeoutError(timeout_s=timeout_s, detail=f"transport gave up ({short})")
+        failure = CommTimeoutError(timeout_s=timeout_s, detail="the transport gave up waiting")
     else:
-        failure = CommError(detail=f"{type(error).__name__}: {short}")
+        failure = CommError(detail=f"unexpected transport failure ({type(error).__name__}, see the cause)")
     failure.__cause__ = error
     return failure
 

@@ -17,7 +17,9 @@ Data flow::
     any process: import torch -> torch_autoload.autoload()       (entry point torch.backends)
 
 Modules: ``entry`` (registration), ``options`` (PipelineOptions, how they travel), ``cli_args``
-(flags), ``validate`` (refusals), ``process_hooks`` (scheduler set-up), ``vpp_bridge`` (the
+(flags), ``validate`` (refusals), ``process_hooks`` (scheduler set-up), ``input_guard`` (bad
+prompts -> 400), ``failure_report`` (which rank failed; fast exit on CPU),
+``stock_loop_watchdog`` (--vpp-comm-timeout for cpp/dcpp), ``hook_check``, ``vpp_bridge`` (the
 seam to ``vpp/``), ``cpu_compat`` (rotary embedding without vllm), ``torch_autoload``
 (CUDA torchvision on CPU torch), ``errors``, ``version``. The ``vpp/`` subpackage implements
 the fold-back pipeline itself. Documentation: docs/sglang-plugin.md, docs/sglang-cpu.md.

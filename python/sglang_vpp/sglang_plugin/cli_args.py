@@ -9,6 +9,10 @@ Data flow (launcher process)::
     ServerArgs.from_cli_args(namespace)    [AROUND hook: around_from_cli_args]
         -> dcpp sets enable_dynamic_chunking on the namespace first (it is a stock field)
         -> the ServerArgs is built by SGLang, then carries PipelineOptions as _sglang_vpp
+        -> on --device cpu, SGLang's GPU crash diagnostics default to off (failure_report.py)
+
+After parsing, the launcher refuses to start (one line, status 2) unless the plugin's
+launcher-side hooks took effect: the input guard and the failure report.
 
 ``python -m sglang.launch_server`` and ``sglang serve`` both go through
 ``prepare_server_args``, so both get the flags (``sglang serve --help`` prints before plugins
@@ -21,6 +25,14 @@ import argparse
 import functools
 from typing import Any
 
+from sglang_vpp.sglang_plugin.errors import PpModeError
+from sglang_vpp.sglang_plugin.failure_report import (
+    SIGQUIT_HANDLER_TARGET,
+    WATCHDOG_START_TARGET,
+    use_cpu_crash_defaults,
+)
+from sglang_vpp.sglang_plugin.hook_check import require_hook_applied
+from sglang_vpp.sglang_plugin.input_guard import verify_guard_installed
 from sglang_vpp.sglang_plugin.options import (
     PipelineOptions,
     PpMode,
@@ -29,7 +41,13 @@ from sglang_vpp.sglang_plugin.options import (
 )
 from sglang_vpp.sglang_plugin.validate import validate_pipeline_args
 
-__all__ = ["add_pipeline_args", "after_add_cli_args", "around_from_cli_args", "check_namespace"]
+__all__ = [
+    "add_pipeline_args",
+    "after_add_cli_args",
+    "around_from_cli_args",
+    "check_namespace",
+    "check_pp_mode_name",
+]
 
 _WRAPPED_MARK = "_sglang_vpp_parse_wrapped"
 
@@ -42,7 +60,9 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pp-mode",
         type=str,
-        choices=[mode.value for mode in SERVED_MODES],
+        # Checked in check_namespace rather than with choices=: argparse's own choice error
+        # prints the whole usage block (hundreds of lines) before the one line that matters.
+        metavar="{" + ",".join(mode.value for mode in SERVED_MODES) + "}",
         default=PpMode.CPP.value,
         help="Pipeline mode with --pp-size > 1: cpp = stock SGLang pipeline (default); "
         "dcpp = stock pipeline + --enable-dynamic-chunking; vpp = fold-back (V-shape) layer "
@@ -70,12 +90,24 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=300.0,
         metavar="SECONDS",
-        help="vpp modes: fail a pipeline send/receive that waits longer than this.",
+        help="vpp modes: fail a pipeline send/receive that waits longer than this. cpp/dcpp "
+        "with --pp-size > 1: stop the server when a rank's stock loop waits on its peers longer "
+        "than this (a stuck or dead rank).",
     )
+
+
+def check_pp_mode_name(name: str) -> None:
+    """Raise PpModeError naming the valid modes unless ``name`` is one."""
+    choices = [mode.value for mode in SERVED_MODES]
+    if str(name) not in choices:
+        raise PpModeError(
+            f"argument --pp-mode: invalid choice: {str(name)!r} (choose from {', '.join(choices)})"
+        )
 
 
 def check_namespace(args: argparse.Namespace) -> PipelineOptions:
     """Parse and validate the plugin's part of ``args``; raise a PluginError when refused."""
+    check_pp_mode_name(getattr(args, "pp_mode", PpMode.CPP.value))
     options = PipelineOptions.from_namespace(args)
     validate_pipeline_args(args, options)
     if options.is_vpp:
@@ -89,6 +121,9 @@ def _parse_and_check(parser: argparse.ArgumentParser, parse_args, *args: Any, **
     namespace = parse_args(*args, **kwargs)
     try:
         check_namespace(namespace)
+        verify_guard_installed()
+        for target in (WATCHDOG_START_TARGET, SIGQUIT_HANDLER_TARGET):
+            require_hook_applied(target)
     except ValueError as exc:  # PluginError, and the VPP package's own config errors
         # Same shape as argparse's own errors, without the 3,000-line usage block.
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
@@ -112,4 +147,5 @@ def around_from_cli_args(original, cls, args: argparse.Namespace):
         args.enable_dynamic_chunking = True
     server_args = original(cls, args)
     attach(server_args, options)
+    use_cpu_crash_defaults(getattr(server_args, "device", None) or getattr(args, "device", None))
     return server_args

@@ -4,13 +4,15 @@ SGLang's ``load_plugins()`` calls ``register()`` in the launcher (before argumen
 every scheduler process, in the detokenizer and in the DP controller, then applies all
 registered hooks. Hook targets, each a stable function of SGLang 0.5.23:
 
-=========================================================  ======  ==============================
-target                                                     type    job
-=========================================================  ======  ==============================
-``sglang.srt.server_args.ServerArgs.add_cli_args``         AFTER   add --pp-mode, --vpp-* flags
-``sglang.srt.server_args.ServerArgs.from_cli_args``        AROUND  dcpp switch; attach options
-``sglang.srt.runtime_context.publish``                     BEFORE  scheduler set-up, vpp.install
-=========================================================  ======  ==============================
+- ``sglang.srt.server_args.ServerArgs.add_cli_args`` (AFTER): add --pp-mode, --vpp-* flags
+- ``sglang.srt.server_args.ServerArgs.from_cli_args`` (AROUND): dcpp switch; attach options
+- ``sglang.srt.runtime_context.publish`` (BEFORE): scheduler set-up, vpp.install
+- ``sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request`` (BEFORE):
+  input guard, bad prompts answered 400 (``input_guard.py``; verified after parsing)
+- ``sglang.srt.utils.watchdog.SubprocessWatchdog.start`` (BEFORE): remember the rank processes
+- ``sglang.srt.managers.tokenizer_manager.SignalHandler.running_phase_sigquit_handler``
+  (AROUND): one log line per failed rank, pending clients answered 503, then SGLang kills
+  the tree (``failure_report.py``)
 
 A version other than 0.5.23 raises SGLangVersionError here; SGLang logs it ("Failed to execute
 general plugin") and continues as stock SGLang without ``--pp-mode``, so a vpp request then
@@ -35,7 +37,7 @@ def register() -> None:
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_vpp.sglang_plugin import cli_args, process_hooks
+    from sglang_vpp.sglang_plugin import cli_args, failure_report, input_guard, process_hooks
 
     HookRegistry.register(
         "sglang.srt.server_args.ServerArgs.add_cli_args",
@@ -48,4 +50,13 @@ def register() -> None:
         HookType.AROUND,
     )
     HookRegistry.register(process_hooks.PUBLISH_TARGET, process_hooks.before_publish, HookType.BEFORE)
+    HookRegistry.register(
+        input_guard.VALIDATE_REQUEST_TARGET, input_guard.check_request_tokens, HookType.BEFORE
+    )
+    HookRegistry.register(
+        failure_report.WATCHDOG_START_TARGET, failure_report.remember_ranks, HookType.BEFORE
+    )
+    HookRegistry.register(
+        failure_report.SIGQUIT_HANDLER_TARGET, failure_report.around_sigquit_handler, HookType.AROUND
+    )
     _registered = True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["PluginError", "PpModeError", "SGLangVersionError", "VppNotAvailableError"]
+__all__ = ["InputRejectedError", "PluginError", "PpModeError", "SGLangVersionError", "VppNotAvailableError"]
 
 
 class PluginError(ValueError):
@@ -19,3 +19,7 @@ class SGLangVersionError(PluginError):
 
 class VppNotAvailableError(PluginError):
     """A ``vpp*`` mode was requested but the VPP implementation is missing from this install."""
+
+
+class InputRejectedError(ValueError):
+    """A request the server refuses (HTTP 400) because it would crash the forward pass."""

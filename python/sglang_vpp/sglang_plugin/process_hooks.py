@@ -10,6 +10,8 @@ Data flow (each scheduler process, one per PP rank x TP rank)::
              vpp.install(server_args)                 (vpp* modes only; raises if missing)
              dcpp.install_dcpp_hooks()                (dcpp only: retry a rejected profile fit)
              stock_trace.install_stock_trace(dir)     (cpp / dcpp with --vpp-trace only)
+             install_stock_loop_watchdog(timeout)     (cpp / dcpp with --pp-size > 1:
+                                                       --vpp-comm-timeout on the stock loop)
              HookRegistry.apply_hooks()               (patches what was just registered)
       Scheduler(server_args, ...)                    (distributed groups, model, KV pools)
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sglang_vpp.sglang_plugin.hook_check import require_hook_applied
 from sglang_vpp.sglang_plugin.options import PpMode, options_of
 
 __all__ = ["PUBLISH_TARGET", "before_publish", "setup_scheduler_process"]
@@ -44,6 +47,7 @@ def setup_scheduler_process(server_args: Any) -> None:
 
     register_cpu_hooks()
     options = options_of(server_args)
+    required: list[str] = []  # hooks registered here that this process must not run without
     if options.is_vpp:
         from sglang_vpp.sglang_plugin.vpp_bridge import load_vpp_install
 
@@ -59,7 +63,18 @@ def setup_scheduler_process(server_args: Any) -> None:
             from sglang_vpp.sglang_plugin.stock_trace import install_stock_trace
 
             install_stock_trace(options.vpp_trace)
+        if int(getattr(server_args, "pp_size", 1)) > 1:
+            from sglang_vpp.sglang_plugin.stock_loop_watchdog import (
+                INGEST_TARGET,
+                install_stock_loop_watchdog,
+            )
+
+            install_stock_loop_watchdog(options.vpp_comm_timeout)
+            required.append(INGEST_TARGET)
     HookRegistry.apply_hooks()
+    for target in required:
+        require_hook_applied(target)
+
 
 
 def before_publish(server_args: Any, *args: Any, **kwargs: Any) -> None:

@@ -1,0 +1,94 @@
+"""Refuse requests that would crash a forward pass, before they reach a scheduler.
+
+Stock SGLang 0.5.23 sends two kinds of request to the model that kill the scheduler (and with
+it the whole server, every pipeline mode included): a prompt with no tokens (``"text": ""``:
+the attention reshape of zero elements fails) and token ids outside ``[0, vocab)`` (``-1`` or
+``vocab`` and above: the embedding lookup raises ``IndexError``). A token id that is not an
+integer fails the same way. The guard turns each into an ``InputRejectedError`` (a
+``ValueError``), which SGLang's HTTP and OpenAI-compatible handlers answer with status 400 and
+the message; the server keeps serving.
+
+Data flow (the HTTP server process, where the TokenizerManager lives)::
+
+    /generate, /v1/completions, /v1/chat/completions  (single or batch)
+      TokenizerManager._tokenize_one_request / _batch_tokenize_and_process
+        -> TokenizerManager._validate_one_request(obj, input_ids)
+             [BEFORE hook: check_request_tokens]  -> InputRejectedError -> HTTP 400
+      (a batch whose later item is refused: SGLang aborts the items already dispatched)
+
+Every ``--pp-mode`` gets the guard, the stock ones included: the hook is registered by
+``entry.register()`` in every process that loads the plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sglang_vpp.sglang_plugin.errors import InputRejectedError, PluginError
+
+__all__ = ["VALIDATE_REQUEST_TARGET", "check_request_tokens", "check_token_ids", "verify_guard_installed"]
+
+VALIDATE_REQUEST_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+
+_MAX_IDS_SHOWN = 3
+
+
+def check_token_ids(input_ids: Sequence[Any] | None, vocab_size: int) -> None:
+    """Raise InputRejectedError unless ``input_ids`` is a non-empty flat list of ids in range."""
+    if input_ids is None or len(input_ids) == 0:
+        raise InputRejectedError(
+            "the prompt has no tokens after tokenization (empty text or empty input_ids); "
+            "send at least one token"
+        )
+    not_ints = [value for value in input_ids if type(value) is not int]  # bool is not an id
+    if not_ints:
+        shown = ", ".join(repr(value) for value in not_ints[:_MAX_IDS_SHOWN])
+        raise InputRejectedError(
+            f"input_ids must be a flat list of integer token ids; got {shown} "
+            f"({len(not_ints)} non-integer entries); send one list of ints per prompt "
+            "(a list of lists is a batch)"
+        )
+    out_of_range = [value for value in input_ids if not 0 <= value < vocab_size]
+    if out_of_range:
+        shown = ", ".join(str(value) for value in out_of_range[:_MAX_IDS_SHOWN])
+        raise InputRejectedError(
+            f"token ids must lie in [0, {vocab_size}) for this model's vocabulary; got {shown} "
+            f"({len(out_of_range)} out of range)"
+        )
+
+
+def check_request_tokens(manager: Any, obj: Any, input_ids: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE hook on ``TokenizerManager._validate_one_request(self, obj, input_ids)``."""
+    if getattr(obj, "input_embeds", None) is not None:
+        return None  # embeddings replace the lookup; SGLang checks their shape itself
+    check_token_ids(input_ids, int(manager.model_config.vocab_size))
+    return None
+
+
+class _ProbeRequest:
+    input_embeds = None
+
+
+class _ProbeManager:
+    class model_config:  # noqa: N801 - mimics the attribute path TokenizerManager has
+        vocab_size = 1
+
+
+def verify_guard_installed() -> None:
+    """Raise PluginError unless the hook is in SGLang's request path (HookRegistry logs and
+    skips a target it cannot patch, which would leave the server open to crashing inputs)."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    try:
+        # An empty prompt is refused by the hook before SGLang's own code runs.
+        TokenizerManager._validate_one_request(_ProbeManager(), _ProbeRequest(), [])
+    except InputRejectedError:
+        return
+    except Exception:  # noqa: BLE001 - reached SGLang's own body: the hook is missing
+        pass
+    raise PluginError(
+        f"the input guard hook on {VALIDATE_REQUEST_TARGET} is not in place (SGLang logged "
+        "'Failed to apply hooks' above?); this SGLang build does not match the plugin: "
+        "install sglang==0.5.23"
+    )

@@ -1,0 +1,188 @@
+"""Unit checks of the guard, the failure report, the stock-loop watchdog and error wording.
+
+No server: SGLang's classes are not needed for these (the hooks take plain objects).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sglang_vpp.comm.errors import CommTimeoutError, PeerDeadError
+from sglang_vpp.comm.gloo import classify_gloo_error
+from sglang_vpp.sglang_plugin import failure_report
+from sglang_vpp.sglang_plugin.cli_args import check_pp_mode_name
+from sglang_vpp.sglang_plugin.errors import InputRejectedError, PpModeError
+from sglang_vpp.sglang_plugin.failure_report import RankRecord, describe_exit, parse_scheduler_title
+from sglang_vpp.sglang_plugin.input_guard import check_request_tokens, check_token_ids
+from sglang_vpp.sglang_plugin.stock_loop_watchdog import RankProcessState, StockLoopWatchdog
+
+
+@pytest.mark.parametrize(
+    "ids,message",
+    [([], "no tokens"), (None, "no tokens"), ([1, 10], "[0, 10)"), ([-1], "got -1"),
+     ([1, "2"], "integer token ids"), ([[1, 2]], "integer token ids"), ([True], "integer token ids")],
+)  # fmt: skip
+def test_guard_refuses(ids, message):
+    with pytest.raises(InputRejectedError) as info:
+        check_token_ids(ids, vocab_size=10)
+    assert message in str(info.value)
+    assert isinstance(info.value, ValueError)  # SGLang answers ValueError with HTTP 400
+
+
+def test_guard_accepts_the_vocabulary_bounds_and_skips_embeddings():
+    check_token_ids([0, 9], vocab_size=10)
+
+    class Embeds:
+        input_embeds = [[0.0]]
+
+    check_request_tokens(object(), Embeds(), None)  # no ids to check, and no vocab needed
+
+
+def test_unknown_pp_mode_is_one_line_listing_the_choices():
+    with pytest.raises(PpModeError) as info:
+        check_pp_mode_name("bogus")
+    text = str(info.value)
+    assert "'bogus'" in text and "cpp, dcpp, vpp, vpp-async, vpp-pack" in text and "\n" not in text
+    check_pp_mode_name("vpp-pack")
+
+
+@pytest.mark.parametrize(
+    "title,ranks",
+    [("sglang::scheduler_PP1", (1, 0)), ("sglang::scheduler_PP0_TP3", (0, 3)), ("sglang::scheduler", (0, 0)),
+     ("sglang::scheduler_DP0_PP2_ATTN_CP1_TP1", (2, 1)), ("sglang::detokenizer", None)],
+)  # fmt: skip
+def test_scheduler_title(title, ranks):
+    assert parse_scheduler_title(title) == ranks
+
+
+def test_exit_wording():
+    assert describe_exit(sig=9) == "killed by signal 9 (SIGKILL)"
+    assert describe_exit(code=1) == "exited with code 1"
+
+
+def test_report_names_a_killed_child_without_collecting_it(caplog, monkeypatch):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(child.pid, signal.SIGKILL)
+        os.kill(stopped.pid, signal.SIGSTOP)
+        time.sleep(0.5)
+        ranks = [RankRecord(1, 0, 0, child.pid), RankRecord(0, 0, 0, stopped.pid), RankRecord(0, 1, 0, alive.pid)]
+        monkeypatch.setattr(failure_report, "_ranks", ranks)
+        with caplog.at_level("ERROR"):
+            failure_report.report_failed_ranks()
+        lines = [r.getMessage() for r in caplog.records]
+        assert f"sglang-vpp: pipeline rank failed: pp_rank=1 tp_rank=0 node=0 pid={child.pid} killed by signal 9 (SIGKILL)" in lines
+        assert any(f"pid={stopped.pid} is stopped" in line for line in lines)
+        assert not any(f"pid={alive.pid}" in line for line in lines)
+        assert child.wait(5) == -9  # still collectable: the report peeked with WNOWAIT
+    finally:
+        for process in (child, stopped, alive):
+            process.kill()
+            process.wait(5)
+
+
+def _ranks(*states):
+    return lambda: [RankProcessState(pid, status, cpu) for pid, status, cpu in states]
+
+
+def test_stock_watchdog_fires_once_when_a_rank_is_stopped(monkeypatch):
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    clock = {"cpu": 0.0}
+    watchdog = StockLoopWatchdog(
+        timeout_s=0.2, describe_rank=lambda: "pp_rank=1 tp_rank=0",
+        ranks=lambda: [RankProcessState(1, "sleeping", clock["cpu"]), RankProcessState(2, "stopped", 3.0)],
+    )  # fmt: skip
+    for _ in range(5):  # a loop that keeps coming round does not fire
+        watchdog.beat()
+        time.sleep(0.05)
+    assert sent == []
+    time.sleep(0.6)  # then the loop blocks, a peer being stopped
+    assert sent == [(os.getppid(), signal.SIGQUIT)]
+
+
+def test_stock_watchdog_waits_for_a_peer_that_computes():
+    cpu = {"s": 0.0}
+
+    def computing():
+        cpu["s"] += 0.5  # a peer busy in a long forward
+        return [RankProcessState(1, "sleeping", 0.0), RankProcessState(2, "running", cpu["s"])]
+
+    watchdog = StockLoopWatchdog(timeout_s=1.0, ranks=computing)
+    watchdog._last_beat = 0.0
+    assert all(watchdog.check(now) is None for now in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0))
+
+
+def test_stock_watchdog_fires_when_nobody_computes_or_a_rank_vanished():
+    idle = StockLoopWatchdog(timeout_s=1.0, ranks=_ranks((1, "sleeping", 2.0), (2, "sleeping", 2.0)))
+    idle._last_beat = 0.0
+    results = [idle.check(now) for now in (0.5, 1.0, 1.5, 2.0)]
+    assert results[:2] == [None, None] and "no rank process computed" in results[-1]
+    states = [[RankProcessState(1, "sleeping", 0.0), RankProcessState(2, "running", 0.0)],
+              [RankProcessState(1, "sleeping", 0.0)]]  # fmt: skip
+    reaped = StockLoopWatchdog(timeout_s=1.0, ranks=lambda: list(states.pop(0) if len(states) > 1 else states[0]))
+    reaped._last_beat = 0.0
+    assert reaped.check(0.5) is None
+    assert "pid=2 is gone" in reaped.check(1.5)
+
+
+def test_transport_errors_carry_our_words_and_keep_the_backend_text_as_cause():
+    backend = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234 GLHF")
+    error = classify_gloo_error(backend, 5.0)
+    assert isinstance(error, PeerDeadError)
+    assert "GLHF" not in str(error) and "pair.cc" not in str(error)
+    assert "died" in str(error) and "read the peer" not in str(error)
+    assert error.__cause__ is backend
+    timeout = classify_gloo_error(RuntimeError("Timed out waiting 5000ms for recv operation to complete"), 5.0)
+    assert isinstance(timeout, CommTimeoutError) and "5000ms" not in str(timeout)
+
+
+def test_sigquit_answers_pending_clients_before_the_tree_is_killed(monkeypatch):
+    import asyncio
+    import threading
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    events: list[tuple[str, float]] = []
+
+    class Manager:
+        event_loop = loop
+        rid_to_state = {"r1": object()}
+
+    class Handler:
+        tokenizer_manager = Manager()
+
+    monkeypatch.setattr(failure_report, "_ranks", [])
+    monkeypatch.setattr(failure_report, "_stopping", False)
+    monkeypatch.setattr(failure_report, "PENDING_GRACE_S", 0.3)
+    monkeypatch.setattr(
+        failure_report, "_fail_pending_requests", lambda manager, message: events.append(("fail", time.monotonic()))
+    )
+    try:
+        began = time.monotonic()
+        kill = lambda handler, *a: events.append(("kill", time.monotonic()))  # noqa: E731
+        failure_report.around_sigquit_handler(kill, Handler(), signal.SIGQUIT, None)
+        failure_report.around_sigquit_handler(kill, Handler(), signal.SIGQUIT, None)  # once only
+        time.sleep(0.8)
+        assert [name for name, _ in events] == ["fail", "kill"]
+        assert events[1][1] - began >= 0.3
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+def test_sigquit_without_a_running_loop_kills_at_once(monkeypatch):
+    calls = []
+    monkeypatch.setattr(failure_report, "_ranks", [])
+    monkeypatch.setattr(failure_report, "_stopping", False)
+    failure_report.around_sigquit_handler(lambda handler, *a: calls.append(a), object(), signal.SIGQUIT, None)
+    assert calls == [(signal.SIGQUIT, None)]

@@ -1,0 +1,209 @@
+"""Bad inputs get a 400 and the server keeps serving; 64 mixed requests under load all end.
+
+One pp 2 server per mode (vpp-pack, stock cpp with the plugin loaded), shared by every test of
+that mode (module-scoped fixture: pytest groups the tests per server).
+
+- Input guard: the three crashing inputs (empty text, id >= vocab, id -1) and their relatives
+  on /generate, /v1/completions and /v1/chat/completions, single and batch; after each refusal
+  the same server answers a valid request.
+- Abort and disconnect mid-prefill with three long prompts in flight (packing under vpp-pack).
+- Load: 64 requests (prompt 20-600 tokens) with 16 in flight, every 4th streamed, every 8th
+  aborted through /abort_request; every request ends (answered or aborted, none hangs), the KV
+  pool returns to idle, and a fixed greedy batch afterwards gives the same ids under vpp-pack
+  as under cpp.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import urllib.error
+from concurrent.futures import ThreadPoolExecutor
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, post_json
+
+pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
+
+MODES = ("vpp-pack", "cpp")
+VOCAB = 12000  # TinyModelSpec's default vocabulary (checked against config.json below)
+
+# (case id, path, payload, text the 400 message must contain; None where SGLang's own request
+# validation refuses first, in its words)
+BAD_INPUTS = [
+    ("generate-empty-text", "/generate", {"text": ""}, "no tokens"),
+    ("generate-empty-ids", "/generate", {"input_ids": []}, None),
+    ("generate-id-vocab", "/generate", {"input_ids": [5, VOCAB]}, f"[0, {VOCAB})"),
+    ("generate-id-large", "/generate", {"input_ids": [20000]}, f"[0, {VOCAB})"),
+    ("generate-id-minus-one", "/generate", {"input_ids": [-1, 5]}, f"[0, {VOCAB})"),
+    ("generate-id-not-int", "/generate", {"input_ids": [5, "7"]}, None),
+    ("generate-batch-ids-one-bad", "/generate", {"input_ids": [[5, 6, 7], [8, VOCAB + 3]]}, f"[0, {VOCAB})"),
+    ("generate-batch-ids-one-empty", "/generate", {"input_ids": [[5, 6], []]}, "no tokens"),
+    ("generate-ids-nested-too-deep", "/generate", {"input_ids": [[[5, 6]]]}, None),
+    ("generate-batch-text-one-empty", "/generate", {"text": ["def f():", ""]}, "no tokens"),
+    ("generate-stream-empty-text", "/generate", {"text": "", "stream": True}, "no tokens"),
+    ("completions-empty", "/v1/completions", {"prompt": ""}, None),
+    ("completions-id-vocab", "/v1/completions", {"prompt": [VOCAB]}, f"[0, {VOCAB})"),
+    ("completions-id-minus-one", "/v1/completions", {"prompt": [-1]}, f"[0, {VOCAB})"),
+    ("completions-batch-one-bad", "/v1/completions", {"prompt": [[5, 6], [20000]]}, f"[0, {VOCAB})"),
+    ("completions-batch-text-one-empty", "/v1/completions", {"prompt": ["import os", ""]}, "no tokens"),
+    ("completions-stream-id-vocab", "/v1/completions", {"prompt": [VOCAB], "stream": True}, f"[0, {VOCAB})"),
+]  # fmt: skip
+
+GOOD_GENERATE = {"input_ids": [11, 12, 13, 14], "sampling_params": {"temperature": 0, "max_new_tokens": 4}}
+
+
+def _post(url: str, payload: dict[str, Any], timeout: float = 120.0) -> tuple[int, str]:
+    """(status, body) without raising on HTTP errors."""
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def _with_model_fields(path: str, payload: dict[str, Any]) -> dict[str, Any]:
+    payload = dict(payload)
+    if path.startswith("/v1/"):
+        payload.setdefault("model", "default")
+        payload.setdefault("max_tokens", 4)
+        payload.setdefault("temperature", 0)
+    else:
+        payload.setdefault("sampling_params", {"temperature": 0, "max_new_tokens": 4})
+    return payload
+
+
+@pytest.fixture(scope="module", params=MODES, ids=[f"pp2-{mode}" for mode in MODES])
+def server(request, server_pool, tiny_model_dir: Path) -> SGLangServer:
+    config_json = json.loads((tiny_model_dir / "config.json").read_text())
+    assert config_json["vocab_size"] == VOCAB
+    config = ServerConfig(model_dir=str(tiny_model_dir), pp_size=2, pp_mode=request.param, chunked_prefill_size=64)
+    return server_pool.get(config, timeout=400)
+
+
+def _assert_still_serving(server: SGLangServer) -> None:
+    assert server.process is not None and server.process.poll() is None, server.log_tail()
+    out = post_json(server.url + "/generate", GOOD_GENERATE, timeout=120)
+    assert len(out["output_ids"]) == 4
+
+
+@pytest.mark.parametrize("name,path,payload,message", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_is_refused_and_the_server_keeps_serving(server, name, path, payload, message):
+    status, body = _post(server.url + path, _with_model_fields(path, payload))
+    if payload.get("stream") and status == 200:
+        # Once streaming has begun SGLang reports a refusal as an SSE error event.
+        assert '"error"' in body and (message or "") in body, body[:2000]
+    else:
+        assert status == 400, f"{name}: {status} {body[:2000]}"
+        assert (message or "") in body, body[:2000]
+    _assert_still_serving(server)
+
+
+def test_chat_without_content_is_answered(server):
+    """An empty chat still has template tokens: served, or refused with 400, never a crash."""
+    for messages in ([{"role": "user", "content": ""}], []):
+        status, body = _post(
+            server.url + "/v1/chat/completions",
+            {"model": "default", "messages": messages, "max_tokens": 4, "temperature": 0},
+        )
+        assert status in (200, 400), f"{messages}: {status} {body[:2000]}"
+    _assert_still_serving(server)
+
+
+NUM_LOAD_REQUESTS = 64
+NUM_IN_FLIGHT = 16
+SAMPLE_PROMPTS = [[(13 * i + 7 * k) % 11000 + 2 for k in range(length)] for i, length in enumerate((30, 170, 333))]
+_samples: dict[str, list[list[int]]] = {}
+
+
+def _load_request(server: SGLangServer, index: int, prompt: list[int]) -> str:
+    """One request of the load; returns how it ended ('answered', 'aborted')."""
+    payload = {
+        "input_ids": prompt,
+        "rid": f"load-{index}",
+        "sampling_params": {"temperature": 0, "max_new_tokens": 8 + index % 9, "ignore_eos": True},
+        "stream": index % 4 == 0,
+    }
+    if index % 8 == 3:
+        timer = threading.Timer(0.2, _post, args=(server.url + "/abort_request", {"rid": f"load-{index}"}))
+        timer.start()
+    status, body = _post(server.url + "/generate", payload, timeout=300)
+    assert status == 200, f"request {index}: {status} {body[:1000]}"
+    last = [line for line in body.splitlines() if line.startswith("data: {")][-1][6:] if payload["stream"] else body
+    finish = json.loads(last)["meta_info"]["finish_reason"] or {}
+    if finish.get("type") == "abort":
+        assert index % 8 == 3, f"request {index} aborted without being asked: {finish}"
+        return "aborted"
+    assert finish.get("type") == "length", f"request {index}: {finish}"
+    return "answered"
+
+
+def _kv_tokens_in_use(server: SGLangServer) -> int:
+    with urllib.request.urlopen(server.url + "/v1/loads?include=core", timeout=30) as response:
+        loads = json.loads(response.read())["loads"]
+    return sum(int(load["num_used_tokens"]) for load in loads)
+
+
+def test_load_all_end_kv_idle_and_greedy_equal_to_cpp(server):
+    rng = random.Random(7)
+    prompts = [[rng.randrange(2, 11000) for _ in range(rng.randrange(20, 600))] for _ in range(NUM_LOAD_REQUESTS)]
+    with ThreadPoolExecutor(NUM_IN_FLIGHT) as pool:
+        outcomes = list(pool.map(lambda item: _load_request(server, *item), enumerate(prompts)))
+    assert outcomes.count("answered") >= NUM_LOAD_REQUESTS - NUM_LOAD_REQUESTS // 8, outcomes
+    deadline = time.monotonic() + 60
+    while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _kv_tokens_in_use(server) == 0
+    out = post_json(
+        server.url + "/generate",
+        {"input_ids": SAMPLE_PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}},
+    )
+    _samples[server.config.pp_mode] = [item["output_ids"] for item in out]
+    if len(_samples) == len(MODES):
+        assert _samples["vpp-pack"] == _samples["cpp"]
+
+
+def _disconnect_after(url: str, payload: dict[str, Any], seconds: float) -> None:
+    """Send a streamed request and close the connection after ``seconds`` (a client that leaves)."""
+    import http.client
+
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.request("POST", "/generate", json.dumps(payload), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    time.sleep(seconds)
+    response.close()
+    connection.close()
+
+
+def test_abort_and_disconnect_mid_prefill_while_packing(server):
+    """Three long prompts at once (vpp-pack packs the next one into the drain window): one is
+    aborted and one disconnected during prefill; the third completes, KV returns to idle."""
+    prompts = [[(31 * i + 11 * k) % 11000 + 2 for k in range(2500)] for i in range(3)]
+    params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
+    aborted = {"input_ids": prompts[0], "rid": "mid-prefill-abort", "sampling_params": params}
+    left = {"input_ids": prompts[1], "sampling_params": params, "stream": True}
+    kept = {"input_ids": prompts[2], "sampling_params": params}
+    with ThreadPoolExecutor(3) as pool:
+        abort_reply = pool.submit(_post, server.url + "/generate", aborted)
+        pool.submit(_disconnect_after, server.url, left, 0.5)
+        kept_reply = pool.submit(_post, server.url + "/generate", kept)
+        time.sleep(0.5)
+        _post(server.url + "/abort_request", {"rid": "mid-prefill-abort"})
+        status, body = abort_reply.result(timeout=300)
+        assert status == 200 and json.loads(body)["meta_info"]["finish_reason"]["type"] == "abort", body[:1000]
+        status, body = kept_reply.result(timeout=300)
+        assert status == 200 and len(json.loads(body)["output_ids"]) == 4, body[:1000]
+    deadline = time.monotonic() + 60
+    while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _kv_tokens_in_use(server) == 0
+    _assert_still_serving(server)
