@@ -1,7 +1,7 @@
 """The schedule core: pure Python, no torch.
 
-Data flow: ``RequestSpec`` -> chunker (``chunking``) -> ``Planner`` (policy rules from
-``policies``, durations estimated by a ``StageCostModel``) -> ``Schedule`` (per-rank ``Action``
+Data flow: ``RequestSpec`` -> chunker (``chunking``) -> ``Planner`` (drives the ``Controller``, which
+decides admission and order from the ``policies``, durations estimated by a ``StageCostModel``) -> ``Schedule`` (per-rank ``Action``
 streams on a ``Layout``) -> ``validate_schedule`` and ``check_deadlock`` -> executors
 (``sglang_vpp.sim``, ``sglang_vpp.runtime``, ``sglang_vpp.sglang_plugin``).
 """
@@ -15,6 +15,7 @@ from .chunking import (
     parse_size,
     split_request,
 )
+from .controller import Admission, Controller, ControllerLimits, MicroBatch, default_in_flight_limit
 from .cost import LinearAttentionCost, StageCostModel, attention_work
 from .deadlock import DeadlockReport, check_deadlock
 from .errors import ChunkingError, LayoutError, ParseError, PolicyError, ScheduleError
@@ -38,6 +39,7 @@ from .text import format_grid, parse_rank_lines, schedule_from_json, schedule_to
 from .validate import ValidationIssue, find_issues, validate_schedule
 
 __all__ = [
+    "Admission", "Controller", "ControllerLimits", "MicroBatch", "default_in_flight_limit",
     "Chunker", "DynamicChunker", "FixedChunker", "QuadraticCurve", "fit_quadratic", "parse_size",
     "split_request", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
     "check_deadlock", "ChunkingError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
