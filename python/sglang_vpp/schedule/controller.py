@@ -132,6 +132,10 @@ class Controller:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
+    @property
+    def in_flight_seqs(self) -> frozenset[int]:
+        return frozenset(self._in_flight)
+
     def admission(self, mb: MicroBatch) -> Admission:
         """The decision for ``mb`` in the current state; changes nothing."""
         if self.in_flight >= self.limits.slots:

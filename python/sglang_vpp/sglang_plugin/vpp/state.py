@@ -20,7 +20,16 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
-from sglang_vpp.schedule import Layout, LayoutError, PolicySpec, build_layout, get_policy
+from sglang_vpp.schedule import (
+    Controller,
+    LayoutError,
+    Layout,
+    LinearAttentionCost,
+    PolicySpec,
+    StageCostModel,
+    build_layout,
+    get_policy,
+)
 
 from .errors import VppConfigError
 
@@ -54,7 +63,7 @@ class VppConfig:
     trace_dir: str | None = None
     """Directory for a Perfetto (Chrome JSON) trace per rank, or None."""
     max_in_flight: int | None = None
-    """Micro-batches between stage 0 and the end of the last stage; None: the planner's 2P-1."""
+    """Micro-batches between stage 0 and the end of the last stage; None: the controller's 2P-1."""
 
     def __post_init__(self) -> None:
         if self.mode not in VPP_MODES:
@@ -72,10 +81,6 @@ class VppConfig:
     @property
     def policy(self) -> PolicySpec:
         return get_policy(self.mode)
-
-    @property
-    def in_flight_limit(self) -> int:
-        return self.max_in_flight if self.max_in_flight is not None else 2 * self.pp_size - 1
 
     @classmethod
     def from_env(cls, mode: str, pp_size: int, layer_split: tuple[int, ...] | None) -> "VppConfig":
@@ -122,6 +127,28 @@ class VppState:
                 "(MTP, encoder-decoder) are not supported with VPP; use --pp-mode cpp"
             )
         return self.layout
+
+    def cost_model(self) -> StageCostModel:
+        """The controller's estimate of stage costs (only ratios matter to its decisions)."""
+        return LinearAttentionCost()
+
+    def build_controller(self) -> Controller:
+        """This rank's controller; every rank builds an equal one."""
+        assert self.layout is not None
+        return Controller(self.config.policy, self.layout, self.cost_model(), self.config.max_in_flight)
+
+    def controller_inputs(self, controller: Controller) -> dict:
+        """What ``check --trace`` needs to rebuild ``controller`` offline."""
+        cost = controller.cost
+        assert isinstance(cost, LinearAttentionCost), cost
+        return {
+            "mode": self.config.mode,
+            "pp_size": self.config.pp_size,
+            "stage_layers": [stage.num_layers for stage in self.layout.stages],
+            "max_in_flight": self.config.max_in_flight,
+            "cost": {"kind": "linear-attention", "linear_per_token": cost.linear_per_token,
+                     "attention_per_pair": cost.attention_per_pair, "fixed_per_chunk": cost.fixed_per_chunk},
+        }
 
     def owned_stages(self) -> tuple[int, ...]:
         assert self.layout is not None and self.rank is not None
