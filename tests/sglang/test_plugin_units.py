@@ -183,3 +183,50 @@ def test_rank_accounting_rewrites_its_files_only_when_something_is_new(tmp_path)
     acct.finish(acct.start(), stage=1, seq=1, is_prefill=False, num_tokens=1)
     acct.write()
     assert path.stat().st_mtime > 0 and '"seq": 1' in path.read_text()
+
+
+# ----------------------------------------------------------------------------- hook safety
+@pytest.mark.sglang
+def test_every_hook_target_exists_in_the_installed_sglang():
+    pytest.importorskip("sglang.srt.plugins.hook_registry")
+    from sglang_vpp.sglang_plugin.hook_targets import HookScope, find_target_problems
+
+    assert find_target_problems(tuple(HookScope)) == []
+
+
+def test_every_hook_registration_goes_through_the_target_list():
+    """A hook registered any other way would escape the start-up checks."""
+    root = Path(__file__).resolve().parents[2] / "python" / "sglang_vpp"
+    direct = [str(path) for path in root.rglob("*.py")
+              if "HookRegistry.register(" in path.read_text() and path.name != "hook_targets.py"]
+    assert direct == []
+
+
+@pytest.mark.sglang
+def test_vpp_refuses_a_missing_hook_target_and_stock_modes_do_not(monkeypatch, model_dir):
+    utils = pytest.importorskip("sglang.srt.distributed.utils")
+    monkeypatch.delattr(utils, "get_pp_indices")
+    from sglang_vpp.sglang_plugin import vpp
+
+    with pytest.raises(ValueError, match=r"sglang\.srt\.distributed\.utils\.get_pp_indices is missing") as info:
+        vpp.check_args(_args(model_dir, pp_size=2, chunked_prefill_size=64), PipelineOptions(pp_mode="vpp-async"))
+    assert "--pp-mode vpp-async cannot hook this SGLang" in str(info.value) and "--pp-mode cpp" in str(info.value)
+    validate_pipeline_args(_args(model_dir, pp_size=2), PipelineOptions())  # cpp: no VPP check runs
+
+
+@pytest.mark.sglang
+def test_a_hook_sglang_did_not_apply_refuses_vpp(monkeypatch):
+    registry = pytest.importorskip("sglang.srt.plugins.hook_registry")
+    from collections import defaultdict
+
+    from sglang_vpp.sglang_plugin import hook_targets, process_hooks
+
+    monkeypatch.setattr(registry.HookRegistry, "_hooks", defaultdict(list))
+    monkeypatch.setattr(registry.HookRegistry, "_patched", set())
+    monkeypatch.setattr(hook_targets, "_registered", {})
+    target = "sglang.srt.managers.scheduler._dispatch_event_loop_once"
+    hook_targets.register_hook(target, lambda original, scheduler: None, registry.HookType.AROUND)
+    assert hook_targets.find_unapplied(tuple(hook_targets.HookScope)) == [target]  # registered, never applied
+    with pytest.raises(ValueError, match="did not apply the plugin's hook on " + target.replace(".", r"\.")):
+        process_hooks._check_hooks_applied(PipelineOptions(pp_mode="vpp"))
+    process_hooks._check_hooks_applied(PipelineOptions())  # stock modes only log it

@@ -33,19 +33,12 @@ def register() -> None:
 
     check_sglang_version()
 
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookType
 
     from sglang_vpp.sglang_plugin import cli_args, process_hooks
+    from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
-    HookRegistry.register(
-        "sglang.srt.server_args.ServerArgs.add_cli_args",
-        cli_args.after_add_cli_args,
-        HookType.AFTER,
-    )
-    HookRegistry.register(
-        "sglang.srt.server_args.ServerArgs.from_cli_args",
-        cli_args.around_from_cli_args,
-        HookType.AROUND,
-    )
-    HookRegistry.register(process_hooks.PUBLISH_TARGET, process_hooks.before_publish, HookType.BEFORE)
+    register_hook("sglang.srt.server_args.ServerArgs.add_cli_args", cli_args.after_add_cli_args, HookType.AFTER)
+    register_hook("sglang.srt.server_args.ServerArgs.from_cli_args", cli_args.around_from_cli_args, HookType.AROUND)
+    register_hook(process_hooks.PUBLISH_TARGET, process_hooks.before_publish, HookType.BEFORE)
     _registered = True

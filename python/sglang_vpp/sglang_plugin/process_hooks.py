@@ -11,6 +11,7 @@ Data flow (each scheduler process, one per PP rank x TP rank)::
              dcpp.install_dcpp_hooks()                (dcpp only: retry a rejected profile fit)
              stock_trace.install_stock_trace(dir)     (cpp / dcpp with --vpp-trace only)
              HookRegistry.apply_hooks()               (patches what was just registered)
+             hook_targets.find_unapplied()            (vpp*: refuse if a hook did not take)
       Scheduler(server_args, ...)                    (distributed groups, model, KV pools)
 
 ``publish`` is the first call in the scheduler process that receives ``server_args`` after the
@@ -60,6 +61,25 @@ def setup_scheduler_process(server_args: Any) -> None:
 
             install_stock_trace(options.vpp_trace)
     HookRegistry.apply_hooks()
+    _check_hooks_applied(options)
+
+
+def _check_hooks_applied(options: Any) -> None:
+    """SGLang only logs a hook it could not apply: VPP refuses to run half-patched."""
+    from sglang_vpp.sglang_plugin.hook_targets import HookScope, find_unapplied
+
+    missing = find_unapplied(tuple(HookScope))
+    if not missing:
+        return
+    if options.is_vpp:
+        from sglang_vpp.sglang_plugin.vpp.errors import VppConfigError
+
+        raise VppConfigError(
+            f"--pp-mode {options.pp_mode}: SGLang did not apply the plugin's hook on {', '.join(missing)} "
+            "(see the 'Failed to apply hooks' line above); install the SGLang version the plugin supports, "
+            "or use --pp-mode cpp"
+        )
+    logger.warning("sglang-vpp: SGLang did not apply the plugin's hook on %s", ", ".join(missing))
 
 
 def before_publish(server_args: Any, *args: Any, **kwargs: Any) -> None:

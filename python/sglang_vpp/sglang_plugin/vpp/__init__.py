@@ -65,18 +65,33 @@ def _refuse_unsupported(server_args: Any, mode: str) -> None:
             raise VppConfigError(f"--pp-mode {mode} does not support {what}; use {fix} (or --pp-mode cpp)")
 
 
+def _refuse_missing_hook_targets(mode: str) -> None:
+    """Every SGLang function the VPP mode hooks must exist with the parameters its hook uses."""
+    from sglang_vpp.sglang_plugin.hook_targets import HookScope, find_target_problems
+
+    problems = find_target_problems((HookScope.EVERY_MODE, HookScope.VPP))
+    if problems:
+        raise VppConfigError(
+            f"--pp-mode {mode} cannot hook this SGLang: {'; '.join(problems)}. "
+            "Install the SGLang version the plugin supports, or use --pp-mode cpp"
+        )
+
+
 def check_args(args: Any, options: Any) -> None:
     """Launcher-side checks before anything loads (called by the plugin's validation)."""
     mode = str(options.pp_mode)
     VppConfig(mode=mode, pp_size=int(getattr(args, "pp_size", 1)), layer_split=options.vpp_layer_split)
     _refuse_unsupported(args, mode)
+    _refuse_missing_hook_targets(mode)
 
 
 def install(server_args: Any) -> None:
     """Register the VPP hooks in this scheduler process (idempotent)."""
     if get_state() is not None:
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookType
+
+    from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
     from . import ownership as own
     from .event_loop import run_vpp_event_loop
@@ -86,6 +101,7 @@ def install(server_args: Any) -> None:
     if mode not in VPP_MODES:
         raise VppConfigError(f"install() called for --pp-mode {mode}; expected one of {VPP_MODES}")
     _refuse_unsupported(server_args, mode)
+    _refuse_missing_hook_targets(mode)
     config = VppConfig.from_env(mode, int(server_args.pp_size), split)
     overrides = {}
     if trace:
@@ -99,12 +115,9 @@ def install(server_args: Any) -> None:
     set_state(VppState(config=config))
 
     def around_dispatch(original, scheduler):
-        state = get_state()
-        if state is None:  # not reachable after install(); keeps the hook inert elsewhere
-            return original(scheduler)
-        return run_vpp_event_loop(scheduler, state)
+        return run_vpp_event_loop(scheduler, get_state())
 
-    register = HookRegistry.register
+    register = register_hook
     register(_P + "distributed.parallel_state.initialize_model_parallel", own.after_initialize_model_parallel, HookType.AFTER)
     register(_P + "distributed.utils.get_pp_indices", own.around_get_pp_indices, HookType.AROUND)
     register(_P + "utils.common.make_layers", own.around_make_layers, HookType.AROUND)
