@@ -71,8 +71,21 @@ def test_accounting_written_and_packing_exercised(server):
     stages1 = {r["stage"] for r in follower["records"]}
     assert stages0 == {0, 3} and stages1 == {1, 2}, (stages0, stages1)
     assert (server.trace_dir / "vpp_rank0.json").exists()
-    if server.config.pp_mode == "vpp-pack":
-        assert records["counters"].get("num_packed", 0) > 0, f"no micro-batch was packed: {records['counters']}"
+    admitted = [rec for rec in records["decisions"] if rec["kind"] == "admit"]
+    packed = [rec for rec in admitted if rec["decision"] == "packed"]
+    assert records["counters"].get("num_packed", 0) == len(packed)  # extra-slot admissions only
+    if not packing:
+        assert not packed, f"{server.config.pp_mode} packed micro-batches {packed}"
+        return
+    assert packed, f"no micro-batch was packed: {records['counters']}"
+    # A packed micro-batch enters stage 0 while an earlier request's micro-batch is still in flight.
+    first = packed[0]["seq"]
+    order = [(rec["kind"], rec["seq"]) for rec in records["decisions"] if rec["kind"] in ("admit", "left")]
+    position = order.index(("admit", first))
+    left_before = {seq for kind, seq in order[:position] if kind == "left"}
+    earlier_prefill = {rec["seq"] for rec in admitted if rec["prefill"] and rec["seq"] < first
+                       and not set(rec["requests"]) & set(packed[0]["requests"])}
+    assert earlier_prefill - left_before, "the packed micro-batch started after every earlier request had left"
 
 
 def test_server_decisions_replay_through_the_controller(server, tmp_path):

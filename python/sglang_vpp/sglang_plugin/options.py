@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_vpp.schedule import Policy
+from sglang_vpp.schedule import FOLDBACK_MODES, Policy
 from sglang_vpp.sglang_plugin.errors import PpModeError
 
 __all__ = [
@@ -37,12 +37,11 @@ OPTIONS_ATTR = "_sglang_vpp"
 
 # The mode names are the schedule core's policy names: one vocabulary from CLI to schedule.
 PpMode = Policy
-_VPP_MODES = frozenset({Policy.VPP, Policy.VPP_ASYNC, Policy.VPP_PACK})
 
 
 def is_vpp_mode(mode: str) -> bool:
     """True for the fold-back modes (vpp, vpp-async, vpp-pack)."""
-    return Policy(mode) in _VPP_MODES
+    return Policy(mode) in FOLDBACK_MODES
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """``--vpp-trace DIR`` for stock pipelines (``--pp-mode cpp`` / ``dcpp``): per-rank compute records.
 
-Why: the issue's comparison "idle of vpp-pack vs cpp" needs cpp's own measurements, taken the
+Why: comparing "idle of vpp-pack vs cpp" needs cpp's own measurements, taken the
 same way as the VPP loop's (``accounting.RankAccounting``: wall interval and thread CPU time per
 compute, files ``vpp_rank<r>.json`` / ``vpp_rank<r>.records.json``). Stock SGLang is not changed:
 two hooks only observe it, and only when the flag is given.

@@ -84,7 +84,7 @@ class ModeResult:
         return gap_to_bound(self.sim.makespan_s, self.lower_bound_s)
 
     def row(self) -> dict:
-        """The JSON fields of the issue, plus the bound, chunk counts and the per-rank split."""
+        """The mode's JSON fields (makespan, idle, TTFT), plus the bound, chunk counts and the per-rank split."""
         s = self.sim
         return {
             "mode": self.mode, "chunk_size": self.chunk_size, "ttft_s": s.ttft_s,

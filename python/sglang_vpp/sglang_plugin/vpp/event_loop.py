@@ -50,7 +50,7 @@ from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
 from .replica import Replica, batch_signature, outputs_to_cpu
 from .stage_runner import StageJob, run_stage
 from .state import VppState
-from .transport import Channel, Inbox, Message
+from .transport import MessageLink, Inbox, Message
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +110,8 @@ class _LoopBase:
         )
 
     # ------------------------------------------------------------------ plumbing
-    def _channel(self, direction: str, peer: int) -> Channel:
-        return Channel(
+    def _channel(self, direction: str, peer: int) -> MessageLink:
+        return MessageLink(
             comm=self.state.comm, direction=direction, rank=self.rank, peer=peer,
             peer_rank=self.state.pp_group.ranks[peer], timeout_s=self.config.comm_timeout_s,
         )

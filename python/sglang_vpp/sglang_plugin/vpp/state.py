@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from sglang_vpp.schedule import (
+    FOLDBACK_MODES,
     Controller,
     LayoutError,
     Layout,
@@ -43,7 +44,7 @@ __all__ = [
     "stage_context",
 ]
 
-VPP_MODES = ("vpp", "vpp-async", "vpp-pack")
+VPP_MODES: tuple[str, ...] = tuple(str(mode) for mode in FOLDBACK_MODES)
 
 
 @dataclass(frozen=True, slots=True)
