@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from sglang_vpp.schedule import Policy
-from sglang_vpp.sglang_plugin import vpp_bridge
-from sglang_vpp.sglang_plugin.errors import PluginError, PpModeError, SGLangVersionError, VppNotAvailableError
+from sglang_vpp.sglang_plugin.errors import PluginError, PpModeError, SGLangVersionError
 from sglang_vpp.sglang_plugin.options import (
     PipelineOptions,
     PpMode,
@@ -103,12 +102,6 @@ def test_model_num_layers_reads_nested_text_config(tmp_path):
     assert model_num_layers(str(tmp_path)) == 6
     assert model_num_layers(None) is None
     assert model_num_layers(str(tmp_path / "absent-model-id")) is None
-
-
-def test_missing_vpp_package_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(vpp_bridge, "VPP_MODULE", "sglang_vpp.sglang_plugin.no_such_vpp")
-    with pytest.raises(VppNotAvailableError, match="--pp-mode vpp-pack is not available in this install"):
-        vpp_bridge.load_vpp_install("vpp-pack")
 
 
 def test_version_pin():

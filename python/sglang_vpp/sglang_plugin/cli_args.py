@@ -78,9 +78,9 @@ def check_namespace(args: argparse.Namespace) -> PipelineOptions:
     options = PipelineOptions.from_namespace(args)
     validate_pipeline_args(args, options)
     if options.is_vpp:
-        from sglang_vpp.sglang_plugin.vpp_bridge import check_vpp_args
+        from sglang_vpp.sglang_plugin.vpp import check_args
 
-        check_vpp_args(args, options)
+        check_args(args, options)
     return options
 
 

@@ -46,9 +46,8 @@ def setup_scheduler_process(server_args: Any) -> None:
     register_cpu_hooks()
     options = options_of(server_args)
     if options.is_vpp:
-        from sglang_vpp.sglang_plugin.vpp_bridge import load_vpp_install
+        from sglang_vpp.sglang_plugin.vpp import install
 
-        install = load_vpp_install(str(options.pp_mode))
         install(server_args)
         logger.info("sglang-vpp: installed --pp-mode %s in this scheduler", options.pp_mode)
     else:
