@@ -44,7 +44,7 @@ from .ir import ChunkSpec
 from .layout import Layout, LayoutKind
 from .policies import PolicySpec, Priority
 
-__all__ = ["Admission", "MicroBatch", "ControllerLimits", "Controller", "default_in_flight_limit"]
+__all__ = ["Admission", "MicroBatch", "ControllerLimits", "Controller", "default_in_flight_limit", "slot_released_by"]
 
 
 class Admission(StrEnum):
@@ -92,6 +92,14 @@ def default_in_flight_limit(layout: Layout) -> int:
     chunk k+d with chunk k-d, d = P-1-r, so 2P-1 chunks overlap in steady state)."""
     p = layout.num_ranks
     return p if layout.kind is LayoutKind.CONTIGUOUS else 2 * p - 1
+
+
+def slot_released_by(seq: int, in_flight_limit: int) -> int | None:
+    """The micro-batch whose departure from the last stage lets ``seq`` enter stage 0 under the
+    in-flight limit alone (None: nothing), for executors that replay a fixed admission order.
+    Micro-batches leave the last stage in admission order, so the count rule of
+    ``Controller.admission`` is this slot rule."""
+    return seq - in_flight_limit if seq >= in_flight_limit else None
 
 
 @dataclass(slots=True)

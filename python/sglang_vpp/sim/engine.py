@@ -47,6 +47,7 @@ import itertools
 from typing import Mapping
 
 from ..schedule import ActionKind, ChunkSpec, CommSemantics, DeadlockReport, Schedule, StageCostModel, check_deadlock
+from ..schedule.controller import slot_released_by
 from .communicator import CommOp, Communicator
 from .config import SimConfig
 from .cost.base import StageTime, stage_time
@@ -264,12 +265,12 @@ class Engine:
         release = self._release_time(action.request_index, rank)
         if release is None or self.in_flight is None:
             return release
-        position = self.position[action.chunk_key]
-        if position < self.in_flight:
+        blocker = slot_released_by(self.position[action.chunk_key], self.in_flight)
+        if blocker is None:
             return release
-        done = self.chunk_done.get(position - self.in_flight)
+        done = self.chunk_done.get(blocker)
         if done is None:
-            self.waiters.setdefault(("chunk", position - self.in_flight), []).append(rank)
+            self.waiters.setdefault(("chunk", blocker), []).append(rank)
             return None
         return max(release, done)
 
