@@ -223,3 +223,12 @@ def test_a_hook_sglang_did_not_apply_refuses_vpp(monkeypatch):
     with pytest.raises(ValueError, match="did not apply the plugin's hook on " + target.replace(".", r"\.")):
         process_hooks._check_hooks_applied(PipelineOptions(pp_mode="vpp"))
     process_hooks._check_hooks_applied(PipelineOptions())  # stock modes only log it
+
+
+@pytest.mark.sglang
+def test_an_unreadable_cost_profile_is_refused_at_launch(model_dir, tmp_path):
+    from sglang_vpp.sglang_plugin import vpp
+
+    options = PipelineOptions(pp_mode="vpp-pack", vpp_cost_profile=str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="--vpp-cost-profile .*missing.json.* is not a readable fitted cost model"):
+        vpp.check_args(_args(model_dir, pp_size=2, chunked_prefill_size=64), options)

@@ -122,8 +122,12 @@ def _build_controller(inputs: dict, rank: int) -> Controller:
 
 
 def _cost_model(spec: dict) -> StageCostModel:
+    if spec.get("kind") == "fitted":
+        from ..sim.cost.fitted import FittedCostModel
+
+        return FittedCostModel.from_json(spec["model"])
     if spec.get("kind") != "linear-attention":
-        raise TraceError(f"unknown cost model {spec.get('kind')!r} in the trace; expected 'linear-attention'")
+        raise TraceError(f"unknown cost model {spec.get('kind')!r} in the trace; expected 'linear-attention' or 'fitted'")
     return LinearAttentionCost(float(spec["linear_per_token"]), float(spec["attention_per_pair"]),
                                float(spec["fixed_per_chunk"]))
 

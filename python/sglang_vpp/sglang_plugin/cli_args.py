@@ -71,6 +71,15 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="vpp modes: fail a pipeline send/receive that waits longer than this.",
     )
+    group.add_argument(
+        "--vpp-cost-profile",
+        type=str,
+        default=None,
+        metavar="FILE",
+        help="vpp modes: stage costs the controller estimates with (packing budget), a fitted cost "
+        "model written by 'sglang-vpp bench --costs FILE'. Default: the analytic linear + attention "
+        "estimate.",
+    )
 
 
 def check_namespace(args: argparse.Namespace) -> PipelineOptions:

@@ -56,6 +56,8 @@ class PipelineOptions:
     """Where the VPP code writes Perfetto/Chrome traces of the pipeline (``--vpp-trace``)."""
     vpp_comm_timeout: float = 300.0
     """Seconds any pipeline send/receive may wait before failing (``--vpp-comm-timeout``)."""
+    vpp_cost_profile: str | None = None
+    """A fitted cost model file for the VPP controller's estimates (``--vpp-cost-profile``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pp_mode", PpMode(self.pp_mode))
@@ -74,6 +76,7 @@ class PipelineOptions:
             vpp_layer_split=parse_layer_split(getattr(namespace, "vpp_layer_split", None)),
             vpp_trace=getattr(namespace, "vpp_trace", None),
             vpp_comm_timeout=float(getattr(namespace, "vpp_comm_timeout", 300.0)),
+            vpp_cost_profile=getattr(namespace, "vpp_cost_profile", None),
         )
 
 

@@ -24,7 +24,7 @@ import logging
 from typing import Any
 
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
-from .state import VPP_MODES, VppConfig, VppState, get_state, set_state
+from .state import VPP_MODES, VppConfig, VppState, get_state, load_cost_profile, set_state
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +40,12 @@ __all__ = [
 _P = "sglang.srt."
 
 
-def _options(server_args: Any) -> tuple[str, tuple[int, ...] | None, str | None, float | None]:
+def _options(server_args: Any) -> tuple[str, tuple[int, ...] | None, str | None, float | None, str | None]:
     from sglang_vpp.sglang_plugin.options import options_of
 
     options = options_of(server_args)
-    return str(options.pp_mode), options.vpp_layer_split, options.vpp_trace, options.vpp_comm_timeout
+    return (str(options.pp_mode), options.vpp_layer_split, options.vpp_trace, options.vpp_comm_timeout,
+            options.vpp_cost_profile)
 
 
 def _refuse_unsupported(server_args: Any, mode: str) -> None:
@@ -83,6 +84,8 @@ def check_args(args: Any, options: Any) -> None:
     VppConfig(mode=mode, pp_size=int(getattr(args, "pp_size", 1)), layer_split=options.vpp_layer_split)
     _refuse_unsupported(args, mode)
     _refuse_missing_hook_targets(mode)
+    if options.vpp_cost_profile:
+        load_cost_profile(options.vpp_cost_profile)  # unreadable: one-line refusal at launch
 
 
 def install(server_args: Any) -> None:
@@ -97,7 +100,7 @@ def install(server_args: Any) -> None:
     from .event_loop import run_vpp_event_loop
     from .stage_runner import around_forward_batch_init_new
 
-    mode, split, trace, timeout = _options(server_args)
+    mode, split, trace, timeout, cost_profile = _options(server_args)
     if mode not in VPP_MODES:
         raise VppConfigError(f"install() called for --pp-mode {mode}; expected one of {VPP_MODES}")
     _refuse_unsupported(server_args, mode)
@@ -108,6 +111,8 @@ def install(server_args: Any) -> None:
         overrides["trace_dir"] = trace
     if timeout:
         overrides["comm_timeout_s"] = float(timeout)
+    if cost_profile:
+        overrides["cost_profile"] = cost_profile
     if overrides:
         from dataclasses import replace
 

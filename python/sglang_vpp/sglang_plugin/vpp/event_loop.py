@@ -94,6 +94,7 @@ class _LoopBase:
         self.jobs: dict[int, StageJob] = {}
         self.acct = RankAccounting(self.rank, self.config.trace_dir)
         self.acct.controller = state.controller_inputs(self.controller)
+        logger.info("VPP controller: rank %d estimates stage costs with %s", self.rank, state.cost_source())
         self.inbox = Inbox(self.config.comm_timeout_s)
         self.fwd_items: deque[Message] = deque()
         self.bwd_items: deque[Message] = deque()
