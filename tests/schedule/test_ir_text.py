@@ -6,7 +6,6 @@ from sglang_vpp.schedule import (
     Action,
     ActionKind,
     ParseError,
-    Schedule,
     ScheduleError,
     build_schedule,
     compute,
