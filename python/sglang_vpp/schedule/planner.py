@@ -8,8 +8,9 @@ how SGLang-style replicated schedulers stay in step without exchanging decisions
 
 The planner is a driver of the ``Controller`` (``controller.py``) on the estimated clock: the
 controller decides admission (in-flight limit, request barrier, packing) and the order in which a
-rank runs its ready stages; the planner supplies arrivals and completion times and lowers each
-decision into actions:
+rank runs its ready stages; the planner supplies arrivals and completion times, decides when
+blocking hand-offs pair up, and passes each decision to ``Lowering`` (``lowering.py``), which
+writes the per-rank actions:
 
 - Every stage processes chunks in sequence order (request-major). Hence each communicator sees
   sends and receives in the same order on both ends, and a chunk's KV prefix on a stage is always
@@ -17,7 +18,7 @@ decision into actions:
 - Stage 0 offers a chunk to the controller once its request has arrived; a chunk leaves the
   controller's in-flight set when its last stage ends on the estimated clock.
 - ``async`` policies post a send right after the compute that produced it and receive right
-  before the compute that consumes it. ``blocking`` policies pair each hand-off on both ranks at
+  before the compute that consumes it (``Lowering.compute``). ``blocking`` policies pair each hand-off on both ranks at
   the same moment (a rendezvous); when two neighbours hold outputs for each other, the fold-back
   (higher-stage) one goes first. Because both ends of every pair are emitted at one point of a
   single global order, blocking streams can always be executed without deadlock.
@@ -34,18 +35,9 @@ from typing import Callable
 from .chunking import Chunker
 from .controller import Admission, Controller, MicroBatch, default_in_flight_limit
 from .cost import StageCostModel
-from .ir import (
-    GROUP_BACKWARD,
-    GROUP_FORWARD,
-    GROUP_SINGLE,
-    Action,
-    ChunkSpec,
-    RequestSpec,
-    compute,
-    recv,
-    send,
-)
+from .ir import Action, ChunkSpec, RequestSpec
 from .layout import Layout
+from .lowering import Lowering
 from .policies import CommSemantics, PolicySpec
 from .errors import PolicyError
 
@@ -111,7 +103,8 @@ class Planner:
         self._stage_rank = [s.rank for s in layout.stages]
         self._rank_stages = [layout.stages_of(r) for r in range(layout.num_ranks)]
         self._blocking = config.policy.comm_semantics is CommSemantics.BLOCKING
-        self._actions: list[list[Action]] = [[] for _ in range(self._num_ranks)]
+        self._lowering = Lowering(layout, self._blocking, config.groups)
+        self._actions = self._lowering.actions
         self._taken = [0] * self._num_ranks
         self.requests: list[RequestSpec] = []
         self.sequence: list[ChunkSpec] = []
@@ -242,11 +235,7 @@ class Planner:
         if stage == 0:
             micro_batch = self._micro_batch(position)
             self.controller.on_admitted(micro_batch, self.controller.admission(micro_batch))
-        if stage > 0 and not self._blocking:
-            producer = self._stage_rank[stage - 1]
-            if producer != rank:
-                self._actions[rank].append(recv(stage - 1, request, index, producer, self._group(producer, rank)))
-        self._actions[rank].append(compute(stage, request, index))
+        self._lowering.compute(rank, stage, chunk)
         end = now + self._stage_cost(stage, chunk)
         self.timeline.append(TimelineEntry(rank, stage, request, index, now, end))
         self._finish[stage][position] = end
@@ -262,7 +251,6 @@ class Planner:
         elif self._blocking:
             self._offer[rank] = (stage, position)
         else:
-            self._actions[rank].append(send(stage, request, index, consumer, self._group(rank, consumer)))
             self._ready_at[stage][position] = end + self._transfer_cost(stage, chunk)
 
     def _try_handoff(self, rank: int, now: float) -> bool:
@@ -289,9 +277,7 @@ class Planner:
     def _handoff(self, src: int, dst: int, offer: tuple[int, int], now: float) -> None:
         stage, position = offer
         chunk = self.sequence[position]
-        group = self._group(src, dst)
-        self._actions[src].append(send(stage, chunk.request_index, chunk.chunk_index, dst, group))
-        self._actions[dst].append(recv(stage, chunk.request_index, chunk.chunk_index, src, group))
+        self._lowering.handoff(src, dst, stage, chunk)
         end = now + self._transfer_cost(stage, chunk)
         self._rank_free[src] = max(self._rank_free[src], end)
         self._rank_free[dst] = max(self._rank_free[dst], end)
@@ -307,11 +293,6 @@ class Planner:
     # ----------------------------------------------------------------- helpers
     def _consumer_rank(self, stage: int) -> int | None:
         return None if stage == self._num_stages - 1 else self._stage_rank[stage + 1]
-
-    def _group(self, src: int, dst: int) -> str:
-        if self.config.groups == 1:
-            return GROUP_SINGLE
-        return GROUP_FORWARD if dst > src else GROUP_BACKWARD
 
     def _stage_cost(self, stage: int, chunk: ChunkSpec) -> float:
         return self.config.cost.stage_cost(self.config.layout.stages[stage], chunk)
