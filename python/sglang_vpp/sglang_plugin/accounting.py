@@ -82,7 +82,10 @@ class RankAccounting:
         )
 
     def decision(self, kind: str, **fields) -> None:
-        self.decisions.append({"kind": kind, **fields})
+        """Record one controller decision (only with a trace directory: a server without
+        ``--vpp-trace`` keeps no decision log)."""
+        if self.trace_dir:
+            self.decisions.append({"kind": kind, **fields})
 
     def summary(self, prefill_only: bool = True) -> dict:
         """Compute time and idle time inside the window from the first to the last compute."""
