@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from sglang_vpp.schedule import Policy
-from sglang_vpp.sglang_plugin import vpp_bridge
-from sglang_vpp.sglang_plugin.errors import PluginError, PpModeError, SGLangVersionError, VppNotAvailableError
+from sglang_vpp.sglang_plugin.errors import PluginError, PpModeError, SGLangVersionError
 from sglang_vpp.sglang_plugin.options import (
     PipelineOptions,
     PpMode,
@@ -108,12 +107,6 @@ def test_model_num_layers_reads_nested_text_config(tmp_path):
     assert model_num_layers(str(tmp_path / "absent-model-id")) is None
 
 
-def test_missing_vpp_package_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(vpp_bridge, "VPP_MODULE", "sglang_vpp.sglang_plugin.no_such_vpp")
-    with pytest.raises(VppNotAvailableError, match="--pp-mode vpp-pack is not available in this install"):
-        vpp_bridge.load_vpp_install("vpp-pack")
-
-
 def test_version_pin():
     assert check_sglang_version(SUPPORTED_SGLANG_VERSION) == "0.5.23"
     with pytest.raises(SGLangVersionError, match="supports SGLang 0.5.23 only, found 0.5.24"):
@@ -186,3 +179,59 @@ def test_rank_accounting_rewrites_its_files_only_when_something_is_new(tmp_path)
     acct.finish(acct.start(), stage=1, seq=1, is_prefill=False, num_tokens=1)
     acct.write()
     assert path.stat().st_mtime > 0 and '"seq": 1' in path.read_text()
+
+
+# ----------------------------------------------------------------------------- hook safety
+@pytest.mark.sglang
+def test_every_hook_target_exists_in_the_installed_sglang():
+    pytest.importorskip("sglang.srt.plugins.hook_registry")
+    from sglang_vpp.sglang_plugin.hook_targets import HookScope, find_target_problems
+
+    assert find_target_problems(tuple(HookScope)) == []
+
+
+def test_every_hook_registration_goes_through_the_target_list():
+    """A hook registered any other way would escape the start-up checks."""
+    root = Path(__file__).resolve().parents[2] / "python" / "sglang_vpp"
+    direct = [str(path) for path in root.rglob("*.py")
+              if "HookRegistry.register(" in path.read_text() and path.name != "hook_targets.py"]
+    assert direct == []
+
+
+@pytest.mark.sglang
+def test_vpp_refuses_a_missing_hook_target_and_stock_modes_do_not(monkeypatch, model_dir):
+    utils = pytest.importorskip("sglang.srt.distributed.utils")
+    monkeypatch.delattr(utils, "get_pp_indices")
+    from sglang_vpp.sglang_plugin import vpp
+
+    with pytest.raises(ValueError, match=r"sglang\.srt\.distributed\.utils\.get_pp_indices is missing") as info:
+        vpp.check_args(_args(model_dir, pp_size=2, chunked_prefill_size=64), PipelineOptions(pp_mode="vpp-async"))
+    assert "--pp-mode vpp-async cannot hook this SGLang" in str(info.value) and "--pp-mode cpp" in str(info.value)
+    validate_pipeline_args(_args(model_dir, pp_size=2), PipelineOptions())  # cpp: no VPP check runs
+
+
+@pytest.mark.sglang
+def test_a_hook_sglang_did_not_apply_refuses_vpp(monkeypatch):
+    registry = pytest.importorskip("sglang.srt.plugins.hook_registry")
+    from collections import defaultdict
+
+    from sglang_vpp.sglang_plugin import hook_targets, process_hooks
+
+    monkeypatch.setattr(registry.HookRegistry, "_hooks", defaultdict(list))
+    monkeypatch.setattr(registry.HookRegistry, "_patched", set())
+    monkeypatch.setattr(hook_targets, "_registered", {})
+    target = "sglang.srt.managers.scheduler._dispatch_event_loop_once"
+    hook_targets.register_hook(target, lambda original, scheduler: None, registry.HookType.AROUND)
+    assert hook_targets.find_unapplied(tuple(hook_targets.HookScope)) == [target]  # registered, never applied
+    with pytest.raises(ValueError, match="did not apply the plugin's hook on " + target.replace(".", r"\.")):
+        process_hooks._check_hooks_applied(PipelineOptions(pp_mode="vpp"))
+    process_hooks._check_hooks_applied(PipelineOptions())  # stock modes only log it
+
+
+@pytest.mark.sglang
+def test_an_unreadable_cost_profile_is_refused_at_launch(model_dir, tmp_path):
+    from sglang_vpp.sglang_plugin import vpp
+
+    options = PipelineOptions(pp_mode="vpp-pack", vpp_cost_profile=str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="--vpp-cost-profile .*missing.json.* is not a readable fitted cost model"):
+        vpp.check_args(_args(model_dir, pp_size=2, chunked_prefill_size=64), options)

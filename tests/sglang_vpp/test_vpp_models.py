@@ -1,5 +1,6 @@
 """VPP beyond the default case: equality with stock ``--pp-mode cpp``, a Qwen3-MoE model, and
-``--pp-size 4 --pp-mode vpp-async`` (4 gloo processes, 8 virtual stages of one layer).
+``--pp-size 4`` in every VPP mode (4 gloo processes, 8 virtual stages of one layer), whose
+recorded decisions must replay through the schedule core's controller (``check --trace``).
 
 Same prompts and oracle as test_vpp_server.py; the cpp case runs first and its tokens are the
 second oracle for the 8-layer Qwen2 cases.
@@ -9,6 +10,9 @@ from __future__ import annotations
 
 import pytest
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig
+from pathlib import Path
+
+from typer.testing import CliRunner
 from vpp_checks import (
     CHUNK,
     MIXED_LENGTHS,
@@ -17,14 +21,19 @@ from vpp_checks import (
     Reference,
     check_answer,
     generate_concurrently,
+    load_then_wait_for_decisions,
     make_prompts,
 )
+
+from sglang_vpp.cli.app import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
 
 CASES = {
     "cpp": (QWEN2_8L, 2, "cpp"),
+    "pp4-vpp": (QWEN2_8L, 4, "vpp"),
     "pp4-vpp-async": (QWEN2_8L, 4, "vpp-async"),
+    "pp4-vpp-pack": (QWEN2_8L, 4, "vpp-pack"),
     "qwen3-moe-vpp-pack": (QWEN3_MOE, 2, "vpp-pack"),
 }
 _CPP_TOKENS: list[list[int]] = []
@@ -36,10 +45,14 @@ def reference(tiny_model) -> Reference:
 
 
 @pytest.fixture(scope="module", params=list(CASES), ids=list(CASES))
-def case(request, server_pool, tiny_model):
+def case(request, server_pool, tiny_model, tmp_path_factory):
     spec, pp_size, mode = CASES[request.param]
-    config = ServerConfig(model_dir=str(tiny_model(spec)), pp_size=pp_size, pp_mode=mode, chunked_prefill_size=CHUNK)
-    return request.param, spec, server_pool.get(config, timeout=400)
+    trace_dir = tmp_path_factory.mktemp(f"trace-{request.param}")
+    config = ServerConfig(model_dir=str(tiny_model(spec)), pp_size=pp_size, pp_mode=mode, chunked_prefill_size=CHUNK,
+                          extra_args=("--vpp-trace", str(trace_dir)) if mode != "cpp" else ())
+    server = server_pool.get(config, timeout=400)
+    server.trace_dir = Path(trace_dir)
+    return request.param, spec, server
 
 
 def test_equal_transformers_and_stock_cpp(case, reference):
@@ -53,3 +66,12 @@ def test_equal_transformers_and_stock_cpp(case, reference):
         _CPP_TOKENS[:] = tokens
     elif spec == QWEN2_8L and _CPP_TOKENS:
         assert tokens == _CPP_TOKENS, "VPP tokens differ from stock --pp-mode cpp"
+
+
+def test_pp4_decisions_replay_through_the_controller(case):
+    name, _, server = case
+    if server.config.pp_size != 4:
+        pytest.skip("the pp 2 servers replay in test_vpp_server.py")
+    load_then_wait_for_decisions(server, num_ranks=4)
+    replay = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir)])
+    assert replay.exit_code == 0, replay.output

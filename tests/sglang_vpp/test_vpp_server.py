@@ -23,10 +23,15 @@ from vpp_checks import (
     check_answer,
     generate,
     generate_concurrently,
+    load_then_wait_for_decisions,
     make_prompts,
+    tamper_one_admission,
     used_tokens,
     wait_for_json,
 )
+from typer.testing import CliRunner
+
+from sglang_vpp.cli.app import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
 
@@ -66,8 +71,32 @@ def test_accounting_written_and_packing_exercised(server):
     stages1 = {r["stage"] for r in follower["records"]}
     assert stages0 == {0, 3} and stages1 == {1, 2}, (stages0, stages1)
     assert (server.trace_dir / "vpp_rank0.json").exists()
-    if server.config.pp_mode == "vpp-pack":
-        assert records["counters"].get("num_packed", 0) > 0, f"no micro-batch was packed: {records['counters']}"
+    admitted = [rec for rec in records["decisions"] if rec["kind"] == "admit"]
+    packed = [rec for rec in admitted if rec["decision"] == "packed"]
+    assert records["counters"].get("num_packed", 0) == len(packed)  # extra-slot admissions only
+    if not packing:
+        assert not packed, f"{server.config.pp_mode} packed micro-batches {packed}"
+        return
+    assert packed, f"no micro-batch was packed: {records['counters']}"
+    # A packed micro-batch enters stage 0 while an earlier request's micro-batch is still in flight.
+    first = packed[0]["seq"]
+    order = [(rec["kind"], rec["seq"]) for rec in records["decisions"] if rec["kind"] in ("admit", "left")]
+    position = order.index(("admit", first))
+    left_before = {seq for kind, seq in order[:position] if kind == "left"}
+    earlier_prefill = {rec["seq"] for rec in admitted if rec["prefill"] and rec["seq"] < first
+                       and not set(rec["requests"]) & set(packed[0]["requests"])}
+    assert earlier_prefill - left_before, "the packed micro-batch started after every earlier request had left"
+
+
+def test_server_decisions_replay_through_the_controller(server, tmp_path):
+    load_then_wait_for_decisions(server, num_ranks=2)
+    replay = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir)])
+    assert replay.exit_code == 0, replay.output
+    assert "the server followed the controller" in replay.output
+    tamper_one_admission(server.trace_dir, tmp_path / "tampered")
+    tampered = CliRunner().invoke(app, ["check", "--trace", str(tmp_path / "tampered")])
+    assert tampered.exit_code == 1, tampered.output
+    assert "DIVERGENCE at rank 0" in tampered.output and "expected admit, server did admit as packed" in tampered.output
 
 
 def test_abort_mid_prefill_frees_kv_on_every_rank(server):

@@ -1,5 +1,5 @@
 """The VPP loop's transport adapter over ``sglang_vpp.comm``: message dicts, backend choice, and a
-2-rank round trip on gloo through Channel / Inbox (no SGLang server)."""
+2-rank round trip on gloo through MessageLink / Inbox (no SGLang server)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from sglang_vpp.comm.launcher import run_ranks
-from sglang_vpp.sglang_plugin.vpp.transport import GROUPS, Channel, Inbox, Message, backend_for, open_communicator
+from sglang_vpp.sglang_plugin.vpp.transport import GROUPS, MessageLink, Inbox, Message, backend_for, open_communicator
 
 HERE = str(Path(__file__).resolve().parent)
 
@@ -36,8 +36,8 @@ def round_trip(rank: int, world_size: int) -> dict:
     comm = open_communicator("cpu", [0, 1], timeout_s=20.0)
     inbox = Inbox(20.0)
     if rank == 0:
-        out = Channel(comm=comm, direction="fwd", rank=0, peer=1, peer_rank=1, timeout_s=20.0)
-        Channel(comm=comm, direction="bwd", rank=0, peer=1, peer_rank=1, timeout_s=20.0).start_pump(inbox)
+        out = MessageLink(comm=comm, direction="fwd", rank=0, peer=1, peer_rank=1, timeout_s=20.0)
+        MessageLink(comm=comm, direction="bwd", rank=0, peer=1, peer_rank=1, timeout_s=20.0).start_pump(inbox)
         hidden = torch.arange(12, dtype=torch.float32).reshape(3, 4)
         out.send(Message(kind="step", seq=0, stage=0, events=[("reqs", {"a": (1, 2)})],
                          tensors={"hidden_states": hidden}), blocking=False)
@@ -51,8 +51,8 @@ def round_trip(rank: int, world_size: int) -> dict:
             if message.kind == "hidden":
                 assert torch.equal(message.tensors["hidden_states"], hidden * 2)
         return {"got": got}
-    out = Channel(comm=comm, direction="bwd", rank=1, peer=0, peer_rank=0, timeout_s=20.0)
-    Channel(comm=comm, direction="fwd", rank=1, peer=0, peer_rank=0, timeout_s=20.0).start_pump(inbox)
+    out = MessageLink(comm=comm, direction="bwd", rank=1, peer=0, peer_rank=0, timeout_s=20.0)
+    MessageLink(comm=comm, direction="fwd", rank=1, peer=0, peer_rank=0, timeout_s=20.0).start_pump(inbox)
     got = []
     for _ in range(2):
         direction, handle = inbox.queue.get(timeout=20.0)
@@ -84,7 +84,7 @@ def dead_peer(rank: int, world_size: int) -> dict:
     if rank == 1:
         os._exit(0)
     inbox = Inbox(20.0)
-    Channel(comm=comm, direction="bwd", rank=0, peer=1, peer_rank=1, timeout_s=20.0).start_pump(inbox)
+    MessageLink(comm=comm, direction="bwd", rank=0, peer=1, peer_rank=1, timeout_s=20.0).start_pump(inbox)
     direction, handle = inbox.queue.get(timeout=20.0)
     try:
         inbox.take(handle)

@@ -69,3 +69,30 @@ def test_replay_reproduces_the_balance_argument():
     # chunk k+1 with chunk k-1: less total idle for the same work.
     assert sum(t.idle_s for t in vpp) < sum(t.idle_s for t in cpp)
     assert vpp[0].makespan_s < cpp[0].makespan_s
+
+
+def test_cost_profile_drives_the_controller_and_travels_with_the_trace(tmp_path):
+    from sglang_vpp.schedule import LinearAttentionCost
+    from sglang_vpp.serving.decision_replay import _build_controller
+    from sglang_vpp.sim.cost.fitted import Coefficients, FittedCostModel
+
+    analytic = VppState(config=VppConfig(mode="vpp-pack", pp_size=2), rank=0)
+    analytic.ensure_layout(8)
+    assert isinstance(analytic.build_controller().cost, LinearAttentionCost)
+    assert "no --vpp-cost-profile" in analytic.cost_source()
+    path = tmp_path / "costs.json"
+    FittedCostModel({}, Coefficients(2e-9, 3e-7, 1e-4)).save(path)
+    state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, cost_profile=str(path)), rank=0)
+    state.ensure_layout(8)
+    controller = state.build_controller()
+    assert isinstance(controller.cost, FittedCostModel) and str(path) in state.cost_source()
+    rebuilt = _build_controller(state.controller_inputs(controller), rank=0)  # what check --trace does
+    stage = state.layout.stages[1]
+    from sglang_vpp.schedule import ChunkSpec
+
+    chunk = ChunkSpec(0, 3, 192, 64)
+    assert rebuilt.cost.stage_cost(stage, chunk) == controller.cost.stage_cost(stage, chunk) > 0
+    (tmp_path / "bad.json").write_text("{}")
+    broken = VppState(config=VppConfig(mode="vpp", pp_size=2, cost_profile=str(tmp_path / "bad.json")), rank=0)
+    with pytest.raises(VppConfigError, match="--vpp-cost-profile .* is not a readable fitted cost model"):
+        broken.cost_model()

@@ -128,3 +128,41 @@ def wait_for_json(path: Path, timeout: float = 30.0, until=None) -> dict:
     if data is not None:
         return data
     raise AssertionError(f"{path} was not written (the VPP loop writes it when it goes idle)")
+
+
+def load_then_wait_for_decisions(server: SGLangServer, num_ranks: int) -> None:
+    """Concurrent prompts of different lengths (some chunked, some not), then a long prompt with a
+    short one sent while the long one prefills; returns once every rank's records hold all of it."""
+    prompts = make_prompts((300, 37, 520, 128), seed=21)
+    assert all(len(answer["output_ids"]) == NUM_NEW_TOKENS for answer in generate_concurrently(server, prompts))
+    long_ids, short_ids = make_prompts((760, 90), seed=22)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(answer=generate(server, long_ids, 2, rid="replay-long")))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while used_tokens(server) == 0 and time.monotonic() < deadline:  # the long prefill has started
+        time.sleep(0.01)
+    generate(server, short_ids, 2, rid="replay-short")
+    thread.join(timeout=300)
+    assert len(result["answer"]["output_ids"]) == 2
+
+    def holds_short(data: dict) -> bool:
+        return any("replay-short" in rec.get("requests", ()) for rec in data.get("decisions", ()))
+
+    leader = wait_for_json(server.trace_dir / "vpp_rank0.records.json", timeout=60, until=holds_short)
+    last_seq = max(rec["seq"] for rec in leader["decisions"] if rec["kind"] == "admit")
+    for rank in range(1, num_ranks):
+        wait_for_json(server.trace_dir / f"vpp_rank{rank}.records.json", timeout=60,
+                      until=lambda data: max((r["seq"] for r in data["records"]), default=-1) >= last_seq)
+
+
+def tamper_one_admission(trace_dir: Path, out_dir: Path) -> None:
+    """A copy of ``trace_dir`` whose rank 0 claims one ordinary admission was a packed one."""
+    import shutil
+
+    shutil.copytree(trace_dir, out_dir)
+    path = out_dir / "vpp_rank0.records.json"
+    data = json.loads(path.read_text())
+    record = next(rec for rec in data["decisions"] if rec["kind"] == "admit" and rec["decision"] == "yes")
+    record["decision"] = "packed"
+    path.write_text(json.dumps(data))

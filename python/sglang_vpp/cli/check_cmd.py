@@ -1,4 +1,9 @@
-"""``sglang-vpp check``: validate a plan and dry-run it for deadlocks; exit 1 if either fails."""
+"""``sglang-vpp check``: validate a plan and dry-run it for deadlocks; exit 1 if either fails.
+
+With ``--trace DIR`` instead: replay a VPP server's recorded decisions (``--vpp-trace DIR``)
+through the schedule core's controller; exit 0 when the server followed it, 1 at the first
+divergence, 2 for input that cannot be read.
+"""
 
 from __future__ import annotations
 
@@ -12,18 +17,27 @@ from .schedule_cmd import plan_from_options
 
 @user_errors
 def check(
-    mode: str = typer.Option(..., "--mode", help="cpp, dcpp, vpp, vpp-async or vpp-pack."),
-    pp: int = typer.Option(..., "--pp", help="Number of pipeline ranks P."),
-    seq_len: str = typer.Option(..., "--seq-len", help="Prompt length per request (16k, 1m, ...)."),
-    chunk_size: str = typer.Option(..., "--chunk-size", help="Chunk size (base size for dcpp)."),
+    mode: Optional[str] = typer.Option(None, "--mode", help="cpp, dcpp, vpp, vpp-async or vpp-pack (required without --trace)."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Number of pipeline ranks P (required without --trace)."),
+    seq_len: Optional[str] = typer.Option(None, "--seq-len", help="Prompt length per request (16k, 1m, ...; required without --trace)."),
+    chunk_size: Optional[str] = typer.Option(None, "--chunk-size", help="Chunk size (base size for dcpp; required without --trace)."),
     requests: int = typer.Option(1, "--requests", help="Number of requests of --seq-len tokens."),
     groups: Optional[int] = typer.Option(None, "--groups", help="Override the mode's group count (1 or 2); 1 with vpp-async is the deadlock negative control."),
     layers: int = typer.Option(48, "--layers", help="Decoder layers to split among stages."),
     split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    trace: Optional[str] = typer.Option(None, "--trace", help="Replay the decisions of a VPP server's --vpp-trace DIR through the controller instead."),
 ) -> None:
     """Check that every action's inputs exist, sends pair with receives, and nothing deadlocks
-    under rendezvous semantics (a send waits for its receive; one in-order queue per group)."""
+    under rendezvous semantics (a send waits for its receive; one in-order queue per group).
+    With --trace DIR: check that a VPP server decided as the schedule core's controller does."""
+    if trace is not None:
+        _check_trace(trace, as_json)
+    missing = [flag for flag, value in (("--mode", mode), ("--pp", pp), ("--seq-len", seq_len),
+                                        ("--chunk-size", chunk_size)) if value is None]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}; give --mode, --pp, --seq-len and --chunk-size, "
+                         "or --trace DIR to replay a server's decisions")
     from ..schedule import check_deadlock, find_issues
 
     plan = plan_from_options(mode, pp, seq_len, chunk_size, requests, layers, None if split is None else split, groups)
@@ -47,3 +61,25 @@ def check(
             typer.echo(f"  rank {issue.rank} step {issue.step}: {issue.message}")
         typer.echo(report.describe(plan.rank_actions))
     raise typer.Exit(0 if ok else 1)
+
+
+def _check_trace(trace: str, as_json: bool) -> None:
+    from ..serving.decision_replay import replay_trace
+
+    result = replay_trace(trace)
+    divergence = result.divergence
+    if as_json:
+        emit_json({
+            "mode": result.mode, "ranks": result.num_ranks, "decisions": result.num_decisions,
+            "admitted": result.num_admitted, "packed": result.num_packed, "ok": result.ok,
+            "divergence": None if divergence is None else {
+                "rank": divergence.rank, "index": divergence.index, "micro_batch": divergence.seq,
+                "expected": divergence.expected, "observed": divergence.observed,
+            },
+        })
+    else:
+        typer.echo(f"{result.mode} trace: {result.num_ranks} ranks, {result.num_decisions} decisions, "
+                   f"{result.num_admitted} micro-batches admitted ({result.num_packed} packed)")
+        typer.echo("the server followed the controller" if divergence is None
+                   else f"DIVERGENCE at {divergence.describe()}")
+    raise typer.Exit(0 if divergence is None else 1)

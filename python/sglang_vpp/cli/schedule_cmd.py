@@ -35,12 +35,12 @@ def schedule(
     fmt: str = typer.Option("text", "--format", help="text or json."),
 ) -> None:
     """Print each rank's ordered actions (text: 3F1.0 = stage 3 computes request 1 chunk 0)."""
-    from ..schedule import schedule_to_text
+    from ..schedule import schedule_to_json, schedule_to_text
 
     if fmt not in ("text", "json"):
         raise ValueError(f"--format must be text or json, got {fmt!r}")
     plan = plan_from_options(mode, pp, seq_len, chunk_size, requests, layers, split)
     if fmt == "json":
-        emit_json(plan.to_json())
+        emit_json(schedule_to_json(plan))
     else:
         typer.echo(schedule_to_text(plan))

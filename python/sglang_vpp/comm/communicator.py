@@ -30,7 +30,7 @@ import torch.distributed as dist
 from .base import CommBackend, CommHandle, Link, LinkSpec, OpKind, PipelineCommunicator, TensorDict
 from .channel import Channel, OpHandle
 from .config import CommConfig
-from .errors import CommConfigError, CommError, CommTimeoutError, CommunicatorAliasError
+from .errors import CommConfigError, CommTimeoutError, CommunicatorAliasError
 
 __all__ = ["Communicator", "create_communicator"]
 
@@ -100,10 +100,6 @@ class Communicator(PipelineCommunicator):
     def links(self) -> dict[tuple[str, int], Link]:
         """``(group, peer) -> Link`` of this rank (for diagnostics and backend-specific checks)."""
         return dict(self._links)
-
-    def broken_links(self) -> dict[tuple[str, int], CommError]:
-        """Links whose stream broke, with the first error of each."""
-        return {key: ch.broken for key, ch in self._channels.items() if ch.broken is not None}
 
     # ------------------------------------------------------------------ lifecycle
     def warm_up(self) -> None:

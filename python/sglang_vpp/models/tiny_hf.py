@@ -56,7 +56,6 @@ __all__ = [
     "build_tiny_model",
     "cache_dir",
     "cached_tiny_model",
-    "load_presets",
     "load_transformers_model",
     "train_tokenizer",
 ]
@@ -84,11 +83,6 @@ def _load_preset_table() -> dict[str, dict[str, Any]]:
     text = resources.files("sglang_vpp.models").joinpath("tiny_presets.json").read_text()
     table = json.loads(text)
     return {name: entry for name, entry in table.items() if not name.startswith("_")}
-
-
-def load_presets() -> dict[str, dict[str, Any]]:
-    """The preset table: name -> {"config_class": str, "kwargs": dict} (a fresh copy)."""
-    return json.loads(json.dumps(_load_preset_table()))
 
 
 PRESETS: tuple[str, ...] = tuple(_load_preset_table())

@@ -1,7 +1,7 @@
 """The schedule core: pure Python, no torch.
 
-Data flow: ``RequestSpec`` -> chunker (``chunking``) -> ``Planner`` (policy rules from
-``policies``, durations estimated by a ``StageCostModel``) -> ``Schedule`` (per-rank ``Action``
+Data flow: ``RequestSpec`` -> chunker (``chunking``) -> ``Planner`` (drives the ``Controller``, which
+decides admission and order from the ``policies``, durations estimated by a ``StageCostModel``) -> ``Schedule`` (per-rank ``Action``
 streams on a ``Layout``) -> ``validate_schedule`` and ``check_deadlock`` -> executors
 (``sglang_vpp.sim``, ``sglang_vpp.runtime``, ``sglang_vpp.sglang_plugin``).
 """
@@ -17,6 +17,7 @@ from .chunking import (
     parse_size,
     split_request,
 )
+from .controller import Admission, Controller, ControllerLimits, MicroBatch, default_in_flight_limit
 from .cost import LinearAttentionCost, StageCostModel, attention_work
 from .deadlock import DeadlockReport, check_deadlock
 from .errors import ChunkingError, LayoutError, ParseError, PolicyError, ScheduleError
@@ -34,18 +35,19 @@ from .ir import (
 )
 from .layout import Layout, LayoutKind, StageSpec, build_layout, even_split
 from .planner import Planner, PlannerConfig, TimelineEntry
-from .policies import POLICIES, CommSemantics, Policy, PolicySpec, Priority, get_policy, parse_policies
+from .policies import FOLDBACK_MODES, POLICIES, CommSemantics, Policy, PolicySpec, Priority, get_policy, parse_policies
 from .schedule import Schedule, build_schedule, default_chunker, schedule_from_planner
 from .text import format_grid, parse_rank_lines, schedule_from_json, schedule_to_json, schedule_to_text
 from .validate import ValidationIssue, find_issues, validate_schedule
 
 __all__ = [
+    "Admission", "Controller", "ControllerLimits", "MicroBatch", "default_in_flight_limit",
     "BALANCE_MODES", "balance_split", "estimated_makespan", "Chunker", "DynamicChunker", "FixedChunker", "QuadraticCurve", "TaperedChunker", "fit_quadratic", "parse_size",
     "split_request", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
     "check_deadlock", "ChunkingError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
     "GROUP_BACKWARD", "GROUP_FORWARD", "GROUP_SINGLE", "Action", "ActionKind", "ChunkSpec",
     "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout",
-    "even_split", "Planner", "PlannerConfig", "TimelineEntry", "POLICIES", "CommSemantics", "Policy",
+    "even_split", "FOLDBACK_MODES", "Planner", "PlannerConfig", "TimelineEntry", "POLICIES", "CommSemantics", "Policy",
     "PolicySpec", "Priority", "get_policy", "parse_policies", "Schedule", "build_schedule",
     "default_chunker", "schedule_from_planner", "format_grid", "parse_rank_lines",
     "schedule_from_json", "schedule_to_json", "schedule_to_text", "ValidationIssue", "find_issues",

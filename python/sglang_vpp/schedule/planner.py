@@ -6,19 +6,19 @@ clock (the ``StageCostModel`` given in ``PlannerConfig``) and appends actions to
 stream. Every rank that calls the same methods in the same order gets the same streams, which is
 how SGLang-style replicated schedulers stay in step without exchanging decisions.
 
-Rules the planner follows (each policy is a ``PolicySpec``; see ``policies/``):
+The planner is a driver of the ``Controller`` (``controller.py``) on the estimated clock: the
+controller decides admission (in-flight limit, request barrier, packing) and the order in which a
+rank runs its ready stages; the planner supplies arrivals and completion times, decides when
+blocking hand-offs pair up, and passes each decision to ``Lowering`` (``lowering.py``), which
+writes the per-rank actions:
 
 - Every stage processes chunks in sequence order (request-major). Hence each communicator sees
   sends and receives in the same order on both ends, and a chunk's KV prefix on a stage is always
   built before the chunk needs it.
-- Stage 0 admits a chunk when its request has arrived and fewer than ``max_in_flight`` chunks are
-  between stage 0 and the end of the last stage. Fold-back policies run requests one V at a
-  time (``request_barrier``): the next request enters stage 0 once the previous one has left the
-  last stage, which leaves the drain bubble of method section 3.4; ``vpp-pack`` starts the next
-  chunks inside that window while their estimated stage-0 cost fits (``_drain_budget``).
-- A rank that holds several ready stages picks by the policy's ``Priority``.
+- Stage 0 offers a chunk to the controller once its request has arrived; a chunk leaves the
+  controller's in-flight set when its last stage ends on the estimated clock.
 - ``async`` policies post a send right after the compute that produced it and receive right
-  before the compute that consumes it. ``blocking`` policies pair each hand-off on both ranks at
+  before the compute that consumes it (``Lowering.compute``). ``blocking`` policies pair each hand-off on both ranks at
   the same moment (a rendezvous); when two neighbours hold outputs for each other, the fold-back
   (higher-stage) one goes first. Because both ends of every pair are emitted at one point of a
   single global order, blocking streams can always be executed without deadlock.
@@ -29,24 +29,16 @@ The estimated clock only orders work; executors (simulator, runtime, SGLang) kee
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from .chunking import Chunker
+from .controller import Admission, Controller, MicroBatch, default_in_flight_limit
 from .cost import StageCostModel
-from .ir import (
-    GROUP_BACKWARD,
-    GROUP_FORWARD,
-    GROUP_SINGLE,
-    Action,
-    ChunkSpec,
-    RequestSpec,
-    compute,
-    recv,
-    send,
-)
-from .layout import Layout, LayoutKind
-from .policies import CommSemantics, PolicySpec, Priority
+from .ir import Action, ChunkSpec, RequestSpec
+from .layout import Layout
+from .lowering import Lowering
+from .policies import CommSemantics, PolicySpec
 from .errors import PolicyError
 
 __all__ = ["PlannerConfig", "Planner", "TimelineEntry"]
@@ -59,9 +51,8 @@ class PlannerConfig:
     chunker: Chunker
     cost: StageCostModel
     max_in_flight: int | None = None
-    """Chunks allowed between entering stage 0 and leaving the last stage. Default: P for the
-    contiguous layout (one per stage, SGLang's micro-batch count) and 2P-1 for fold-back (rank r
-    pairs chunk k+d with chunk k-d, d = P-1-r, so 2P-1 chunks overlap in steady state)."""
+    """Chunks allowed between entering stage 0 and leaving the last stage; None: the
+    controller's default (``default_in_flight_limit``)."""
     num_groups: int | None = None
     """Override the policy's group count (1 or 2); the negative control uses 1 with async sends."""
 
@@ -77,10 +68,7 @@ class PlannerConfig:
 
     @property
     def in_flight_limit(self) -> int:
-        if self.max_in_flight is not None:
-            return self.max_in_flight
-        p = self.layout.num_ranks
-        return p if self.layout.kind is LayoutKind.CONTIGUOUS else 2 * p - 1
+        return self.max_in_flight if self.max_in_flight is not None else default_in_flight_limit(self.layout)
 
     @property
     def groups(self) -> int:
@@ -99,12 +87,6 @@ class TimelineEntry:
     end: float
 
 
-@dataclass
-class _PackState:
-    request_index: int
-    budget: float
-
-
 class Planner:
     """Online list scheduler; see the module docstring."""
 
@@ -121,7 +103,8 @@ class Planner:
         self._stage_rank = [s.rank for s in layout.stages]
         self._rank_stages = [layout.stages_of(r) for r in range(layout.num_ranks)]
         self._blocking = config.policy.comm_semantics is CommSemantics.BLOCKING
-        self._actions: list[list[Action]] = [[] for _ in range(self._num_ranks)]
+        self._lowering = Lowering(layout, self._blocking, config.groups)
+        self._actions = self._lowering.actions
         self._taken = [0] * self._num_ranks
         self.requests: list[RequestSpec] = []
         self.sequence: list[ChunkSpec] = []
@@ -131,10 +114,8 @@ class Planner:
         self._next_position = [0] * self._num_stages
         self._rank_free = [0.0] * self._num_ranks
         self._offer: list[tuple[int, int] | None] = [None] * self._num_ranks
-        self._completions: list[float] = []
-        self._completed = 0
-        self._pack: _PackState | None = None
-        self._oldest = 0
+        self._completions: list[tuple[float, int]] = []
+        self.controller = Controller(config.policy, layout, config.cost, config.max_in_flight)
         self.request_finish: dict[int, float] = {}
         self.timeline: list[TimelineEntry] = []
         self.now = 0.0
@@ -194,7 +175,7 @@ class Planner:
     def next_event_time(self) -> float | None:
         """Estimated time of the next planning decision after ``now`` (None: nothing pending)."""
         times = [t for t in self._rank_free if t > self.now]
-        times += [t for t in self._completions if t > self.now]
+        times += [t for t, _ in self._completions if t > self.now]
         for stage in range(self._num_stages):
             position = self._next_position[stage]
             if position < len(self.sequence):
@@ -221,10 +202,7 @@ class Planner:
         candidates = [c for c in (self._candidate(stage, now) for stage in self._rank_stages[rank]) if c]
         if not candidates:
             return False
-        if self.config.policy.priority is Priority.FEED_PEER_FIRST:
-            stage, position = min(candidates, key=lambda c: (not self._feeds_peer(rank, c[0]), c[1], -c[0]))
-        else:
-            stage, position = min(candidates, key=lambda c: (c[1], -c[0]))
+        stage, position = self.controller.pick(rank, candidates)
         self._run(rank, stage, position, now)
         return True
 
@@ -241,45 +219,23 @@ class Planner:
         chunk = self.sequence[position]
         if self.requests[chunk.request_index].arrival > now:
             return False
-        while self._completions and self._completions[0] <= now:
-            heapq.heappop(self._completions)
-            self._completed += 1
-        within_limit = self._next_position[0] - self._completed < self.config.in_flight_limit
-        if not self.config.policy.request_barrier:
-            return within_limit
-        oldest = self._oldest_incomplete(now)
-        if oldest is None or chunk.request_index <= oldest:
-            return within_limit
-        # An earlier request is still draining: only packing may start this chunk now.
-        if not self.config.policy.pack:
-            return False
-        pack = self._pack
-        if pack is None or pack.request_index != oldest:
-            pack = self._pack = _PackState(oldest, self._drain_budget(self._last_position[oldest], now))
-        cost = self._stage_cost(0, chunk)
-        if cost > pack.budget:
-            return False
-        pack.budget -= cost
-        return True
+        while self._completions and self._completions[0][0] <= now:
+            self.controller.on_left(heapq.heappop(self._completions)[1])
+        return self.controller.admission(self._micro_batch(position)) is not Admission.NO
 
-    def _oldest_incomplete(self, now: float) -> int | None:
-        """The first request not finished by ``now`` (finish times are known once planned)."""
-        while self._oldest < len(self.requests):
-            finish = self.request_finish.get(self._oldest)
-            if finish is None or finish > now:
-                return self._oldest
-            self._oldest += 1
-        return None
+    def _micro_batch(self, position: int) -> MicroBatch:
+        chunk = self.sequence[position]
+        return MicroBatch(position, frozenset((chunk.request_index,)), chunk.start, chunk.num_tokens, chunk.is_last,
+                          chunk_index=chunk.chunk_index)
 
     # ----------------------------------------------------------------- emitting work
     def _run(self, rank: int, stage: int, position: int, now: float) -> None:
         chunk = self.sequence[position]
         request, index = chunk.request_index, chunk.chunk_index
-        if stage > 0 and not self._blocking:
-            producer = self._stage_rank[stage - 1]
-            if producer != rank:
-                self._actions[rank].append(recv(stage - 1, request, index, producer, self._group(producer, rank)))
-        self._actions[rank].append(compute(stage, request, index))
+        if stage == 0:
+            micro_batch = self._micro_batch(position)
+            self.controller.on_admitted(micro_batch, self.controller.admission(micro_batch))
+        self._lowering.compute(rank, stage, chunk)
         end = now + self._stage_cost(stage, chunk)
         self.timeline.append(TimelineEntry(rank, stage, request, index, now, end))
         self._finish[stage][position] = end
@@ -287,7 +243,7 @@ class Planner:
         self._rank_free[rank] = end
         consumer = self._consumer_rank(stage)
         if consumer is None:
-            heapq.heappush(self._completions, end)
+            heapq.heappush(self._completions, (end, position))
             if chunk.is_last:
                 self._complete_request(request, end)
         elif consumer == rank:  # [Note: fold point has no comm]
@@ -295,7 +251,6 @@ class Planner:
         elif self._blocking:
             self._offer[rank] = (stage, position)
         else:
-            self._actions[rank].append(send(stage, request, index, consumer, self._group(rank, consumer)))
             self._ready_at[stage][position] = end + self._transfer_cost(stage, chunk)
 
     def _try_handoff(self, rank: int, now: float) -> bool:
@@ -322,9 +277,7 @@ class Planner:
     def _handoff(self, src: int, dst: int, offer: tuple[int, int], now: float) -> None:
         stage, position = offer
         chunk = self.sequence[position]
-        group = self._group(src, dst)
-        self._actions[src].append(send(stage, chunk.request_index, chunk.chunk_index, dst, group))
-        self._actions[dst].append(recv(stage, chunk.request_index, chunk.chunk_index, src, group))
+        self._lowering.handoff(src, dst, stage, chunk)
         end = now + self._transfer_cost(stage, chunk)
         self._rank_free[src] = max(self._rank_free[src], end)
         self._rank_free[dst] = max(self._rank_free[dst], end)
@@ -337,60 +290,9 @@ class Planner:
             for new in self._on_complete(request_index, end):
                 self.submit(new)
 
-    # ----------------------------------------------------------------- packing estimate
-    def _drain_budget(self, last_position: int, now: float) -> float:
-        """Idle time rank 0 is predicted to have before the fold-back stage of the request's
-        last chunk can start, projecting the chunks in flight with no new admissions.
-
-        The projection runs each in-flight chunk's remaining stages in chunk order on the
-        estimated costs (a rank's own ordering and queueing are approximated), so it is an
-        estimate, not a bound.
-        """
-        last_stage = self._num_stages - 1
-        free = list(self._rank_free)
-        free[0] = max(free[0], now)
-        ready: dict[tuple[int, int], float] = {}
-
-        def ready_time(stage: int, position: int) -> float:
-            if stage < 0 or position < 0:
-                return 0.0
-            known = ready.get((stage, position))
-            if known is not None:
-                return known
-            finish = self._finish[stage][position]
-            assert finish is not None, (stage, position)
-            return finish  # started before the projection: its output is (nearly) ready then
-
-        # Chunks whose last stage has started are fully placed; project from the first that is not.
-        for position in range(self._next_position[last_stage], last_position + 1):
-            chunk = self.sequence[position]
-            for stage in range(self._num_stages):
-                rank = self._stage_rank[stage]
-                finish = self._finish[stage][position]
-                if finish is None:
-                    input_ready = ready_time(stage - 1, position)
-                    if position == last_position and stage == last_stage:
-                        return max(0.0, input_ready - free[0])
-                    start = max(free[rank], input_ready, ready_time(stage, position - 1))
-                    finish = start + self._stage_cost(stage, chunk)
-                    free[rank] = finish
-                consumer = self._consumer_rank(stage)
-                remote = consumer is not None and consumer != rank
-                ready[(stage, position)] = finish + (self._transfer_cost(stage, chunk) if remote else 0.0)
-        return 0.0
-
     # ----------------------------------------------------------------- helpers
-    def _feeds_peer(self, rank: int, stage: int) -> bool:
-        consumer = self._consumer_rank(stage)
-        return consumer is not None and consumer != rank
-
     def _consumer_rank(self, stage: int) -> int | None:
         return None if stage == self._num_stages - 1 else self._stage_rank[stage + 1]
-
-    def _group(self, src: int, dst: int) -> str:
-        if self.config.groups == 1:
-            return GROUP_SINGLE
-        return GROUP_FORWARD if dst > src else GROUP_BACKWARD
 
     def _stage_cost(self, stage: int, chunk: ChunkSpec) -> float:
         return self.config.cost.stage_cost(self.config.layout.stages[stage], chunk)

@@ -53,17 +53,6 @@ class Schedule:
             object.__setattr__(self, "_chunks_by_key", cache)
         return cache
 
-    def to_json(self) -> dict:
-        from .text import schedule_to_json
-
-        return schedule_to_json(self)
-
-    @staticmethod
-    def from_json(data: dict) -> "Schedule":
-        from .text import schedule_from_json
-
-        return schedule_from_json(data)
-
 
 def default_chunker(
     policy: PolicySpec,

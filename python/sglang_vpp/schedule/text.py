@@ -13,6 +13,7 @@ from .errors import ParseError
 from .ir import Action, ChunkSpec, RequestSpec
 from .layout import Layout
 from .policies import CommSemantics, Policy
+from .schedule import Schedule
 
 __all__ = ["schedule_to_text", "schedule_to_json", "schedule_from_json", "parse_rank_lines", "format_grid"]
 
@@ -37,7 +38,7 @@ def parse_rank_lines(lines: Sequence[str]) -> list[list[Action]]:
     return ranks
 
 
-def schedule_to_json(schedule) -> dict:
+def schedule_to_json(schedule: Schedule) -> dict:
     return {
         "policy": str(schedule.policy),
         "comm_semantics": str(schedule.comm_semantics),
@@ -53,9 +54,7 @@ def schedule_to_json(schedule) -> dict:
     }
 
 
-def schedule_from_json(data: dict):
-    from .schedule import Schedule
-
+def schedule_from_json(data: dict) -> Schedule:
     try:
         return Schedule(
             policy=Policy(data["policy"]),

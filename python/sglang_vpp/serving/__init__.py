@@ -2,6 +2,8 @@
 
 - ``launcher``: ``ServerConfig`` / ``SGLangServer`` / ``ServerPool`` (start, health, kill the tree).
 - ``pipeline_report``: per-rank prefill idle from the plugin's ``--vpp-trace`` files.
+- ``decision_replay``: ``check --trace``: replays a VPP server's recorded decisions through the
+  schedule core's controller and reports the first divergence.
 - ``timeline``: the dedicated-hardware replay of measured per-stage CPU times (pure Python).
 
 Used by ``sglang-vpp bench-serve`` and by the tests under tests/sglang and tests/sglang_vpp.

@@ -12,7 +12,7 @@ Data flow::
     min_cost_idle(repeats)                   one replay of each compute's minimum CPU time over
                                              repeats of the same work (least disturbed estimate)
 
-Only prefill computes count (the issue's accounting is for prefill); decode steps are left out.
+Only prefill computes count (the comparison is about chunked prefill); decode steps are left out.
 """
 
 from __future__ import annotations

@@ -12,15 +12,16 @@ Data flow::
     scheduler:  (spawned, server_args unpickled with the options)
                 runtime_context.publish(role="scheduler") [BEFORE] process_hooks:
                     cpu_compat.register_cpu_hooks()   generic CPU platform only
-                    vpp.install(server_args)          vpp* modes only (vpp_bridge.py)
+                    vpp.install(server_args)          vpp* modes only
                     HookRegistry.apply_hooks()
     any process: import torch -> torch_autoload.autoload()       (entry point torch.backends)
 
 Modules: ``entry`` (registration), ``options`` (PipelineOptions, how they travel), ``cli_args``
-(flags), ``validate`` (refusals), ``process_hooks`` (scheduler set-up), ``input_guard`` (bad
+(flags), ``validate`` (refusals), ``process_hooks`` (scheduler set-up), ``hook_targets``
+(every hooked SGLang function and the checks that it exists and took), ``input_guard`` (bad
 prompts -> 400), ``failure_report`` (which rank failed; fast exit on CPU),
-``stock_loop_watchdog`` (--vpp-comm-timeout for cpp/dcpp), ``hook_check``, ``vpp_bridge`` (the
-seam to ``vpp/``), ``cpu_compat`` (rotary embedding without vllm), ``torch_autoload``
+``stock_loop_watchdog`` (--vpp-comm-timeout for cpp/dcpp), ``cpu_compat`` (rotary embedding
+without vllm), ``torch_autoload``
 (CUDA torchvision on CPU torch), ``errors``, ``version``. The ``vpp/`` subpackage implements
 the fold-back pipeline itself. Documentation: docs/sglang-plugin.md, docs/sglang-cpu.md.
 

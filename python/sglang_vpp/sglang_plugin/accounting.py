@@ -11,6 +11,11 @@ Trace format: Chrome JSON trace events (open in https://ui.perfetto.dev), pid = 
 tid = 0 for compute; one "X" event per stage compute named like the action IR (``3F12``:
 stage 3 of micro-batch 12). Written to ``<trace_dir>/vpp_rank<r>.json`` with the raw records
 in ``<trace_dir>/vpp_rank<r>.records.json`` whenever the loop goes idle (atomic replace).
+
+The records file also carries the controller's inputs and decisions, in the order the rank made
+them, so ``sglang-vpp check --trace`` can replay them offline (``serving/decision_replay.py``):
+``controller`` (mode, layout, limits, cost model) and ``decisions``, a list of
+``{"kind": "admit" | "hold" | "left" | "pick", ...}``.
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ class RankAccounting:
     origin: float = field(default_factory=time.perf_counter)
     counters: dict[str, int] = field(default_factory=dict)
     """Loop counters written with the records (e.g. ``num_packed`` micro-batches on rank 0)."""
+    controller: dict = field(default_factory=dict)
+    """What the controller was built from (empty for the stock modes, which have none)."""
+    decisions: list[dict] = field(default_factory=list)
+    """The controller's decisions on this rank, in order (see the module doc)."""
     _written: tuple | None = field(default=None, init=False, repr=False)
     """What the files on disk hold (record count, counters); ``write`` skips when unchanged."""
 
@@ -72,6 +81,12 @@ class RankAccounting:
             )
         )
 
+    def decision(self, kind: str, **fields) -> None:
+        """Record one controller decision (only with a trace directory: a server without
+        ``--vpp-trace`` keeps no decision log)."""
+        if self.trace_dir:
+            self.decisions.append({"kind": kind, **fields})
+
     def summary(self, prefill_only: bool = True) -> dict:
         """Compute time and idle time inside the window from the first to the last compute."""
         records = [r for r in self.records if r.is_prefill or not prefill_only]
@@ -91,7 +106,7 @@ class RankAccounting:
     def write(self) -> None:
         """Rewrite the trace files, unless they already hold everything recorded (callers write on
         every idle moment, which can come many times without new work)."""
-        state = (len(self.records), tuple(sorted(self.counters.items())))
+        state = (len(self.records), len(self.decisions), tuple(sorted(self.counters.items())))
         if not self.trace_dir or not self.records or state == self._written:
             return
         os.makedirs(self.trace_dir, exist_ok=True)
@@ -110,7 +125,8 @@ class RankAccounting:
         self._atomic_write(f"vpp_rank{self.rank}.json", {"traceEvents": events, "displayTimeUnit": "ms"})
         self._atomic_write(
             f"vpp_rank{self.rank}.records.json",
-            {"summary": self.summary(), "counters": dict(self.counters), "records": [asdict(r) for r in self.records]},
+            {"summary": self.summary(), "counters": dict(self.counters), "records": [asdict(r) for r in self.records],
+             "controller": self.controller, "decisions": self.decisions},
         )
         self._written = state
 

@@ -31,8 +31,8 @@ from sglang_vpp.sglang_plugin.failure_report import (
     WATCHDOG_START_TARGET,
     use_cpu_crash_defaults,
 )
-from sglang_vpp.sglang_plugin.hook_check import require_hook_applied
 from sglang_vpp.sglang_plugin.input_guard import verify_guard_installed
+from sglang_vpp.sglang_plugin.hook_targets import require_applied
 from sglang_vpp.sglang_plugin.options import (
     PipelineOptions,
     PpMode,
@@ -94,6 +94,15 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
         "with --pp-size > 1: stop the server when a rank's stock loop waits on its peers longer "
         "than this (a stuck or dead rank).",
     )
+    group.add_argument(
+        "--vpp-cost-profile",
+        type=str,
+        default=None,
+        metavar="FILE",
+        help="vpp modes: stage costs the controller estimates with (packing budget), a fitted cost "
+        "model written by 'sglang-vpp bench --costs FILE'. Default: the analytic linear + attention "
+        "estimate.",
+    )
 
 
 def check_pp_mode_name(name: str) -> None:
@@ -111,9 +120,9 @@ def check_namespace(args: argparse.Namespace) -> PipelineOptions:
     options = PipelineOptions.from_namespace(args)
     validate_pipeline_args(args, options)
     if options.is_vpp:
-        from sglang_vpp.sglang_plugin.vpp_bridge import check_vpp_args
+        from sglang_vpp.sglang_plugin.vpp import check_args
 
-        check_vpp_args(args, options)
+        check_args(args, options)
     return options
 
 
@@ -122,8 +131,7 @@ def _parse_and_check(parser: argparse.ArgumentParser, parse_args, *args: Any, **
     try:
         check_namespace(namespace)
         verify_guard_installed()
-        for target in (WATCHDOG_START_TARGET, SIGQUIT_HANDLER_TARGET):
-            require_hook_applied(target)
+        require_applied(WATCHDOG_START_TARGET, SIGQUIT_HANDLER_TARGET)
     except ValueError as exc:  # PluginError, and the VPP package's own config errors
         # Same shape as argparse's own errors, without the 3,000-line usage block.
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

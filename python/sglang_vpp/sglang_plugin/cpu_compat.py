@@ -53,8 +53,10 @@ def register_cpu_hooks() -> bool:
         return True
     if not is_generic_cpu_platform():
         return False
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookType
 
-    HookRegistry.register(ROTARY_INIT_TARGET, _rotary_init_without_vllm, HookType.AROUND)
+    from sglang_vpp.sglang_plugin.hook_targets import register_hook
+
+    register_hook(ROTARY_INIT_TARGET, _rotary_init_without_vllm, HookType.AROUND)
     _registered = True
     return True

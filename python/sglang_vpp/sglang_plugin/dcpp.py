@@ -61,7 +61,9 @@ def around_profile_and_fit(original: Callable[..., bool], sizer: Any, *args: Any
 
 def install_dcpp_hooks() -> None:
     """Register the retry hook in this scheduler process (the caller applies hooks)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookType
+
+    from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
     profile_attempts()  # a bad value fails at start-up, not at the first retry
-    HookRegistry.register(_TARGET, around_profile_and_fit, HookType.AROUND)
+    register_hook(_TARGET, around_profile_and_fit, HookType.AROUND)

@@ -35,28 +35,15 @@ def register() -> None:
 
     check_sglang_version()
 
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookType
 
     from sglang_vpp.sglang_plugin import cli_args, failure_report, input_guard, process_hooks
+    from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
-    HookRegistry.register(
-        "sglang.srt.server_args.ServerArgs.add_cli_args",
-        cli_args.after_add_cli_args,
-        HookType.AFTER,
-    )
-    HookRegistry.register(
-        "sglang.srt.server_args.ServerArgs.from_cli_args",
-        cli_args.around_from_cli_args,
-        HookType.AROUND,
-    )
-    HookRegistry.register(process_hooks.PUBLISH_TARGET, process_hooks.before_publish, HookType.BEFORE)
-    HookRegistry.register(
-        input_guard.VALIDATE_REQUEST_TARGET, input_guard.check_request_tokens, HookType.BEFORE
-    )
-    HookRegistry.register(
-        failure_report.WATCHDOG_START_TARGET, failure_report.remember_ranks, HookType.BEFORE
-    )
-    HookRegistry.register(
-        failure_report.SIGQUIT_HANDLER_TARGET, failure_report.around_sigquit_handler, HookType.AROUND
-    )
+    register_hook("sglang.srt.server_args.ServerArgs.add_cli_args", cli_args.after_add_cli_args, HookType.AFTER)
+    register_hook("sglang.srt.server_args.ServerArgs.from_cli_args", cli_args.around_from_cli_args, HookType.AROUND)
+    register_hook(process_hooks.PUBLISH_TARGET, process_hooks.before_publish, HookType.BEFORE)
+    register_hook(input_guard.VALIDATE_REQUEST_TARGET, input_guard.check_request_tokens, HookType.BEFORE)
+    register_hook(failure_report.WATCHDOG_START_TARGET, failure_report.remember_ranks, HookType.BEFORE)
+    register_hook(failure_report.SIGQUIT_HANDLER_TARGET, failure_report.around_sigquit_handler, HookType.AROUND)
     _registered = True

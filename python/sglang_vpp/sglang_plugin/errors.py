@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["InputRejectedError", "PluginError", "PpModeError", "SGLangVersionError", "VppNotAvailableError"]
+__all__ = ["InputRejectedError", "PluginError", "PpModeError", "SGLangVersionError"]
 
 
 class PluginError(ValueError):
@@ -15,10 +15,6 @@ class PpModeError(PluginError):
 
 class SGLangVersionError(PluginError):
     """The installed SGLang is not the version this plugin hooks into."""
-
-
-class VppNotAvailableError(PluginError):
-    """A ``vpp*`` mode was requested but the VPP implementation is missing from this install."""
 
 
 class InputRejectedError(ValueError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_vpp.schedule import Policy
+from sglang_vpp.schedule import FOLDBACK_MODES, Policy
 from sglang_vpp.sglang_plugin.errors import PpModeError
 
 __all__ = [
@@ -37,14 +37,13 @@ OPTIONS_ATTR = "_sglang_vpp"
 
 # The mode names are the schedule core's policy names: one vocabulary from CLI to schedule.
 PpMode = Policy
-_VPP_MODES = frozenset({Policy.VPP, Policy.VPP_ASYNC, Policy.VPP_PACK})
 SERVED_MODES = (Policy.CPP, Policy.DCPP, Policy.VPP, Policy.VPP_ASYNC, Policy.VPP_PACK)
 """The modes the plugin serves; vpp-taper (tapered chunk sizes) is planned and simulated only."""
 
 
 def is_vpp_mode(mode: str) -> bool:
     """True for the fold-back modes (vpp, vpp-async, vpp-pack)."""
-    return Policy(mode) in _VPP_MODES
+    return Policy(mode) in FOLDBACK_MODES
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +58,8 @@ class PipelineOptions:
     """Where the VPP code writes Perfetto/Chrome traces of the pipeline (``--vpp-trace``)."""
     vpp_comm_timeout: float = 300.0
     """Seconds any pipeline send/receive may wait before failing (``--vpp-comm-timeout``)."""
+    vpp_cost_profile: str | None = None
+    """A fitted cost model file for the VPP controller's estimates (``--vpp-cost-profile``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pp_mode", PpMode(self.pp_mode))
@@ -77,6 +78,7 @@ class PipelineOptions:
             vpp_layer_split=parse_layer_split(getattr(namespace, "vpp_layer_split", None)),
             vpp_trace=getattr(namespace, "vpp_trace", None),
             vpp_comm_timeout=float(getattr(namespace, "vpp_comm_timeout", 300.0)),
+            vpp_cost_profile=getattr(namespace, "vpp_cost_profile", None),
         )
 
 

@@ -13,6 +13,7 @@ Data flow (each scheduler process, one per PP rank x TP rank)::
              install_stock_loop_watchdog(timeout)     (cpp / dcpp with --pp-size > 1:
                                                        --vpp-comm-timeout on the stock loop)
              HookRegistry.apply_hooks()               (patches what was just registered)
+             hook_targets.find_unapplied()            (vpp*: refuse if a hook did not take)
       Scheduler(server_args, ...)                    (distributed groups, model, KV pools)
 
 ``publish`` is the first call in the scheduler process that receives ``server_args`` after the
@@ -25,7 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_vpp.sglang_plugin.hook_check import require_hook_applied
+from sglang_vpp.sglang_plugin.hook_targets import require_applied
 from sglang_vpp.sglang_plugin.options import PpMode, options_of
 
 __all__ = ["PUBLISH_TARGET", "before_publish", "setup_scheduler_process"]
@@ -49,9 +50,8 @@ def setup_scheduler_process(server_args: Any) -> None:
     options = options_of(server_args)
     required: list[str] = []  # hooks registered here that this process must not run without
     if options.is_vpp:
-        from sglang_vpp.sglang_plugin.vpp_bridge import load_vpp_install
+        from sglang_vpp.sglang_plugin.vpp import install
 
-        install = load_vpp_install(str(options.pp_mode))
         install(server_args)
         logger.info("sglang-vpp: installed --pp-mode %s in this scheduler", options.pp_mode)
     else:
@@ -72,9 +72,26 @@ def setup_scheduler_process(server_args: Any) -> None:
             install_stock_loop_watchdog(options.vpp_comm_timeout)
             required.append(INGEST_TARGET)
     HookRegistry.apply_hooks()
-    for target in required:
-        require_hook_applied(target)
+    _check_hooks_applied(options)
+    require_applied(*required)
 
+
+def _check_hooks_applied(options: Any) -> None:
+    """SGLang only logs a hook it could not apply: VPP refuses to run half-patched."""
+    from sglang_vpp.sglang_plugin.hook_targets import HookScope, find_unapplied
+
+    missing = find_unapplied(tuple(HookScope))
+    if not missing:
+        return
+    if options.is_vpp:
+        from sglang_vpp.sglang_plugin.vpp.errors import VppConfigError
+
+        raise VppConfigError(
+            f"--pp-mode {options.pp_mode}: SGLang did not apply the plugin's hook on {', '.join(missing)} "
+            "(see the 'Failed to apply hooks' line above); install the SGLang version the plugin supports, "
+            "or use --pp-mode cpp"
+        )
+    logger.warning("sglang-vpp: SGLang did not apply the plugin's hook on %s", ", ".join(missing))
 
 
 def before_publish(server_args: Any, *args: Any, **kwargs: Any) -> None:

@@ -173,8 +173,10 @@ def _rank_describer(scheduler: Any):
 
 def install_stock_loop_watchdog(timeout_s: float) -> StockLoopWatchdog:
     """Register the BEFORE hook (this scheduler process); HookRegistry.apply_hooks() follows."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookType
+
+    from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
     watchdog = StockLoopWatchdog(timeout_s=float(timeout_s))
-    HookRegistry.register(INGEST_TARGET, watchdog.beat, HookType.BEFORE)
+    register_hook(INGEST_TARGET, watchdog.beat, HookType.BEFORE)
     return watchdog

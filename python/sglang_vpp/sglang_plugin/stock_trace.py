@@ -1,6 +1,6 @@
 """``--vpp-trace DIR`` for stock pipelines (``--pp-mode cpp`` / ``dcpp``): per-rank compute records.
 
-Why: the issue's comparison "idle of vpp-pack vs cpp" needs cpp's own measurements, taken the
+Why: comparing "idle of vpp-pack vs cpp" needs cpp's own measurements, taken the
 same way as the VPP loop's (``accounting.RankAccounting``: wall interval and thread CPU time per
 compute, files ``vpp_rank<r>.json`` / ``vpp_rank<r>.records.json``). Stock SGLang is not changed:
 two hooks only observe it, and only when the flag is given.
@@ -46,7 +46,9 @@ def _num_tokens(batch: Any) -> int:
 
 def install_stock_trace(trace_dir: str) -> None:
     """Register the two observing hooks in this scheduler process (the caller applies them)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookType
+
+    from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
     def around_run_batch(original, scheduler, batch, *args, **kwargs):
         acct = _rank_accounting(scheduler, trace_dir)
@@ -66,6 +68,6 @@ def install_stock_trace(trace_dir: str) -> None:
             _accounting.write()  # a no-op when nothing new was recorded
         return result
 
-    HookRegistry.register(_P + "run_batch", around_run_batch, HookType.AROUND)
-    HookRegistry.register(_P + "on_idle", after_on_idle, HookType.AFTER)
+    register_hook(_P + "run_batch", around_run_batch, HookType.AROUND)
+    register_hook(_P + "on_idle", after_on_idle, HookType.AFTER)
     logger.info("sglang-vpp: stock pipeline trace to %s", trace_dir)

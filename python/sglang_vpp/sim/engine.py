@@ -17,8 +17,11 @@ Execution model (also the fidelity limits; see docs/simulator.md):
   sequence position i only after position i - limit has left the last stage. This models
   SGLang's micro-batch loop, where rank 0 reuses a micro-batch slot only once the last rank has
   returned that slot's output; the action streams do not carry that return message.
-  ``runner.run_mode`` turns it on (limit P) for the contiguous layouts; with fold-back the last
-  stage is on rank 0 and the stream order already encodes it.
+  ``runner.run_mode`` turns it on, with the limit the schedule core's ``Controller`` admitted
+  with (``default_in_flight_limit``), for the contiguous layouts; with fold-back the last stage is
+  on rank 0 and the stream order already encodes it. The engine decides nothing here: the
+  controller's count-based limit and this slot wait are the same rule, because chunks leave the
+  last stage in sequence order.
 - Comm: a communicator (group, rank pair) is one in-order stream; its i-th operations on the two
   ends pair up. Transfer i starts when both ends are posted and transfer i-1 has ended, and takes
   ``cost.transfer_cost``. Different communicators (e.g. ``fwd`` and ``bwd``) run concurrently:
@@ -47,6 +50,7 @@ import itertools
 from typing import Mapping
 
 from ..schedule import ActionKind, ChunkSpec, CommSemantics, DeadlockReport, Schedule, StageCostModel, check_deadlock
+from ..schedule.controller import slot_released_by
 from .communicator import CommOp, Communicator
 from .config import SimConfig
 from .cost.base import StageTime, stage_time
@@ -269,12 +273,12 @@ class Engine:
         release = self._release_time(action.request_index, rank)
         if release is None or self.in_flight is None:
             return release
-        position = self.position[action.chunk_key]
-        if position < self.in_flight:
+        blocker = slot_released_by(self.position[action.chunk_key], self.in_flight)
+        if blocker is None:
             return release
-        done = self.chunk_done.get(position - self.in_flight)
+        done = self.chunk_done.get(blocker)
         if done is None:
-            self.waiters.setdefault(("chunk", position - self.in_flight), []).append(rank)
+            self.waiters.setdefault(("chunk", blocker), []).append(rank)
             return None
         return max(release, done)
 

@@ -12,8 +12,8 @@ pipeline behind it. For rank r:
 
 Every stage processes chunks in one global order (the schedule core's contract), so the first and
 last chunks of the sequence are first and last on every stage and the bound is valid for that
-schedule's chunking and layout. (The issue's form is ``work + fill``; adding the drain keeps it a
-bound and makes it tighter.)
+schedule's chunking and layout. (``work + fill`` alone is also a bound; adding the drain keeps it
+a bound and makes it tighter.)
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from ..schedule import (
     build_layout,
     ChunkSpec,
     default_chunker,
+    default_in_flight_limit,
     get_policy,
     schedule_from_planner,
 )
@@ -83,7 +84,7 @@ class ModeResult:
         return gap_to_bound(self.sim.makespan_s, self.lower_bound_s)
 
     def row(self) -> dict:
-        """The JSON fields of the issue, plus the bound, chunk counts and the per-rank split."""
+        """The mode's JSON fields (makespan, idle, TTFT), plus the bound, chunk counts and the per-rank split."""
         s = self.sim
         return {
             "mode": self.mode, "chunk_size": self.chunk_size, "ttft_s": s.ttft_s,
@@ -148,8 +149,8 @@ def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunCon
     sim_config = config.sim
     layout = planned.schedule.layout
     if sim_config.max_in_flight is None and layout.stages[-1].rank != layout.stages[0].rank:
-        # SGLang's micro-batch slots: the same window the planner admitted with.
-        sim_config = dataclasses.replace(sim_config, max_in_flight=config.max_in_flight or layout.num_ranks)
+        # SGLang's micro-batch slots: the window the controller admitted with.
+        sim_config = dataclasses.replace(sim_config, max_in_flight=config.max_in_flight or default_in_flight_limit(layout))
     sim = simulate_schedule(planned.schedule, cost, sim_config, arrivals=planned.arrivals,
                             release_after=planned.release_after)
     bound = lower_bound(planned.schedule, cost, sim) if sim.ok else 0.0

@@ -3,12 +3,18 @@
 from . import cpp, dcpp, vpp, vpp_async, vpp_pack, vpp_taper
 from .spec import CommSemantics, Policy, PolicySpec, Priority
 from ..errors import PolicyError
+from ..layout import LayoutKind
 
-__all__ = ["Policy", "PolicySpec", "CommSemantics", "Priority", "POLICIES", "get_policy", "parse_policies"]
+__all__ = ["Policy", "PolicySpec", "CommSemantics", "Priority", "POLICIES", "FOLDBACK_MODES", "get_policy",
+           "parse_policies"]
 
 POLICIES: dict[Policy, PolicySpec] = {
     module.SPEC.name: module.SPEC for module in (cpp, dcpp, vpp, vpp_async, vpp_pack, vpp_taper)
 }
+FOLDBACK_MODES: tuple[Policy, ...] = tuple(
+    name for name, spec in POLICIES.items() if spec.layout_kind is LayoutKind.FOLDBACK
+)
+"""The VPP modes (``--pp-mode vpp | vpp-async | vpp-pack``)."""
 
 
 def get_policy(name: str | Policy) -> PolicySpec:

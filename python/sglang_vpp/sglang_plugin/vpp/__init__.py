@@ -24,7 +24,7 @@ import logging
 from typing import Any
 
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
-from .state import VPP_MODES, VppConfig, VppState, get_state, set_state
+from .state import VPP_MODES, VppConfig, VppState, get_state, load_cost_profile, set_state
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +40,12 @@ __all__ = [
 _P = "sglang.srt."
 
 
-def _options(server_args: Any) -> tuple[str, tuple[int, ...] | None, str | None, float | None]:
+def _options(server_args: Any) -> tuple[str, tuple[int, ...] | None, str | None, float | None, str | None]:
     from sglang_vpp.sglang_plugin.options import options_of
 
     options = options_of(server_args)
-    return str(options.pp_mode), options.vpp_layer_split, options.vpp_trace, options.vpp_comm_timeout
+    return (str(options.pp_mode), options.vpp_layer_split, options.vpp_trace, options.vpp_comm_timeout,
+            options.vpp_cost_profile)
 
 
 def _refuse_unsupported(server_args: Any, mode: str) -> None:
@@ -65,33 +66,53 @@ def _refuse_unsupported(server_args: Any, mode: str) -> None:
             raise VppConfigError(f"--pp-mode {mode} does not support {what}; use {fix} (or --pp-mode cpp)")
 
 
+def _refuse_missing_hook_targets(mode: str) -> None:
+    """Every SGLang function the VPP mode hooks must exist with the parameters its hook uses."""
+    from sglang_vpp.sglang_plugin.hook_targets import HookScope, find_target_problems
+
+    problems = find_target_problems((HookScope.EVERY_MODE, HookScope.VPP))
+    if problems:
+        raise VppConfigError(
+            f"--pp-mode {mode} cannot hook this SGLang: {'; '.join(problems)}. "
+            "Install the SGLang version the plugin supports, or use --pp-mode cpp"
+        )
+
+
 def check_args(args: Any, options: Any) -> None:
     """Launcher-side checks before anything loads (called by the plugin's validation)."""
     mode = str(options.pp_mode)
     VppConfig(mode=mode, pp_size=int(getattr(args, "pp_size", 1)), layer_split=options.vpp_layer_split)
     _refuse_unsupported(args, mode)
+    _refuse_missing_hook_targets(mode)
+    if options.vpp_cost_profile:
+        load_cost_profile(options.vpp_cost_profile)  # unreadable: one-line refusal at launch
 
 
 def install(server_args: Any) -> None:
     """Register the VPP hooks in this scheduler process (idempotent)."""
     if get_state() is not None:
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookType
+
+    from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
     from . import ownership as own
     from .event_loop import run_vpp_event_loop
     from .stage_runner import around_forward_batch_init_new
 
-    mode, split, trace, timeout = _options(server_args)
+    mode, split, trace, timeout, cost_profile = _options(server_args)
     if mode not in VPP_MODES:
         raise VppConfigError(f"install() called for --pp-mode {mode}; expected one of {VPP_MODES}")
     _refuse_unsupported(server_args, mode)
+    _refuse_missing_hook_targets(mode)
     config = VppConfig.from_env(mode, int(server_args.pp_size), split)
     overrides = {}
     if trace:
         overrides["trace_dir"] = trace
     if timeout:
         overrides["comm_timeout_s"] = float(timeout)
+    if cost_profile:
+        overrides["cost_profile"] = cost_profile
     if overrides:
         from dataclasses import replace
 
@@ -99,12 +120,9 @@ def install(server_args: Any) -> None:
     set_state(VppState(config=config))
 
     def around_dispatch(original, scheduler):
-        state = get_state()
-        if state is None:  # not reachable after install(); keeps the hook inert elsewhere
-            return original(scheduler)
-        return run_vpp_event_loop(scheduler, state)
+        return run_vpp_event_loop(scheduler, get_state())
 
-    register = HookRegistry.register
+    register = register_hook
     register(_P + "distributed.parallel_state.initialize_model_parallel", own.after_initialize_model_parallel, HookType.AFTER)
     register(_P + "distributed.utils.get_pp_indices", own.around_get_pp_indices, HookType.AROUND)
     register(_P + "utils.common.make_layers", own.around_make_layers, HookType.AROUND)

@@ -10,17 +10,21 @@ Data flow of one micro-batch (P = 2):
             -> SEND hidden --bwd--> rank 0
     rank 0: s3 + sampling (Scheduler.run_batch) -> process outputs -> log ("result", ...)
 
-Decisions follow the schedule core's policy (``sglang_vpp.schedule.get_policy(mode)``):
+SGLang chooses which requests form the next micro-batch; the schedule core's ``Controller``
+(``sglang_vpp.schedule.controller``, the one the planner and hence the simulator and the runtime
+use) decides everything else:
 
-- order: ``FEED_PEER_FIRST`` (vpp-async, vpp-pack) admits and runs s0 of the next micro-batch
-  before the fold-back stage of a returned one, so the transfer overlaps the peer's compute;
-  ``OLDEST_FIRST`` (vpp) drains returned micro-batches first;
+- admission: rank 0 builds the next micro-batch, asks ``Controller.admission`` and holds the
+  batch until the answer is yes or packed (in-flight limit, request barrier, packing window);
+- order: every rank with two ready items (rank 0: stage 0 of the held batch and the fold-back
+  stage of a returned one; a middle rank: its forward and its fold-back stage) runs
+  ``Controller.pick``'s choice first;
 - communication: ``BLOCKING`` (vpp) waits for each send to complete; ``ASYNC`` posts sends.
   Every mode moves its messages over the ``sglang_vpp.comm`` communicator's two direction groups
-  ("fwd", "bwd"), through the ``transport.py`` adapter;
-- admission: at most ``in_flight_limit`` micro-batches (the planner's 2P-1) between stage 0
-  and the end of the last stage; ``pack`` (vpp-pack) lets the next request's leading chunks
-  into extra slots during a request's drain window (``packing.py``).
+  ("fwd", "bwd"), through the ``transport.py`` adapter.
+
+Every decision is recorded with ``--vpp-trace`` (``accounting.py``) so ``sglang-vpp check
+--trace`` can replay the controller offline and compare.
 
 Every stage processes micro-batches in admission order, so a chunk's KV prefix on a stage is
 always written before a later chunk reads it, and each channel is FIFO.
@@ -39,15 +43,14 @@ from typing import Any
 
 import torch
 
-from sglang_vpp.schedule import CommSemantics, Priority
+from sglang_vpp.schedule import Admission, CommSemantics, MicroBatch
 
 from sglang_vpp.sglang_plugin.accounting import RankAccounting
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
-from .packing import PackGate
 from .replica import Replica, batch_signature, outputs_to_cpu
 from .stage_runner import StageJob, run_stage
 from .state import VppState
-from .transport import Channel, Inbox, Message
+from .transport import MessageLink, Inbox, Message
 
 logger = logging.getLogger(__name__)
 
@@ -84,12 +87,14 @@ class _LoopBase:
         self.num_ranks = state.layout.num_ranks
         self.last_stage = state.layout.last_stage
         self.blocking = self.policy.comm_semantics is CommSemantics.BLOCKING
-        self.pack = PackGate(state, scheduler) if self.policy.pack else None
-        num_slots = self.config.in_flight_limit + (self.pack.extra_slots if self.pack else 0)
+        self.controller = state.build_controller()
+        num_slots = self.controller.limits.slots
         self.replica = Replica(scheduler, num_slots, self.rank)
         self.num_slots = num_slots
         self.jobs: dict[int, StageJob] = {}
         self.acct = RankAccounting(self.rank, self.config.trace_dir)
+        self.acct.controller = state.controller_inputs(self.controller)
+        logger.info("VPP controller: rank %d estimates stage costs with %s", self.rank, state.cost_source())
         self.inbox = Inbox(self.config.comm_timeout_s)
         self.fwd_items: deque[Message] = deque()
         self.bwd_items: deque[Message] = deque()
@@ -106,8 +111,8 @@ class _LoopBase:
         )
 
     # ------------------------------------------------------------------ plumbing
-    def _channel(self, direction: str, peer: int) -> Channel:
-        return Channel(
+    def _channel(self, direction: str, peer: int) -> MessageLink:
+        return MessageLink(
             comm=self.state.comm, direction=direction, rank=self.rank, peer=peer,
             peer_rank=self.state.pp_group.ranks[peer], timeout_s=self.config.comm_timeout_s,
         )
@@ -150,6 +155,14 @@ class _LoopBase:
         with self.acct.timed(stage, job.seq, job.is_prefill, job.num_tokens):
             return run_stage(self.s, job, stage, tensors)
 
+    def _pick(self, ready: list[tuple[int, int]]) -> tuple[int, int]:
+        """The controller's choice among this rank's ready ``(stage, seq)`` items (recorded)."""
+        if len(ready) == 1:
+            return ready[0]
+        chosen = self.controller.pick(self.rank, ready)
+        self.acct.decision("pick", ready=[list(item) for item in ready], chosen=list(chosen))
+        return chosen
+
     def _flush_channels(self) -> None:
         for channel in (self.fwd_out, self.bwd_out):
             if channel is not None:
@@ -162,8 +175,33 @@ def _new_job(seq: int, slot: int, batch: Any) -> StageJob:
     return StageJob(seq=seq, slot=slot, batch=batch, is_prefill=is_prefill, num_tokens=num_tokens)
 
 
+class _Held:
+    """A micro-batch SGLang built that waits for the controller's admission."""
+
+    def __init__(self, slot: int, batch: Any, micro_batch: MicroBatch) -> None:
+        self.slot, self.batch, self.micro_batch = slot, batch, micro_batch
+        self.hold_recorded = False
+
+
+def micro_batch_of(seq: int, batch: Any, chunked_req: Any) -> MicroBatch:
+    """The controller's view of an SGLang batch, right after ``get_next_batch_to_run`` built it."""
+    rids = frozenset(req.rid for req in batch.reqs)
+    if not batch.forward_mode.is_extend():
+        return MicroBatch(seq, rids, start=0, num_tokens=len(batch.reqs), ends_request=True, is_prefill=False)
+    prefix = max((int(x) for x in (batch.prefix_lens or [0])), default=0)
+    continues = chunked_req is not None and chunked_req.rid in rids
+    return MicroBatch(seq, rids, start=prefix, num_tokens=max(1, int(batch.extend_num_tokens or 0)),
+                      ends_request=not continues)
+
+
+def micro_batch_record(mb: MicroBatch) -> dict:
+    return {"seq": mb.seq, "requests": sorted(str(r) for r in mb.requests), "start": mb.start,
+            "tokens": mb.num_tokens, "ends_request": mb.ends_request, "prefill": mb.is_prefill}
+
+
 class LeaderLoop(_LoopBase):
-    """Rank 0: reads requests, decides, runs the first and the last virtual stage, samples."""
+    """Rank 0: reads requests, runs the first and the last virtual stage, samples; the controller
+    decides admission and order."""
 
     def __init__(self, scheduler: Any, state: VppState) -> None:
         super().__init__(scheduler, state)
@@ -172,6 +210,7 @@ class LeaderLoop(_LoopBase):
         self.cursor = 0
         self.next_seq = 0
         self.idle = True
+        self.held: _Held | None = None
         self.last_fwd_send = time.monotonic()
 
     def run(self) -> None:
@@ -184,15 +223,28 @@ class LeaderLoop(_LoopBase):
                 self._poll(block=True, action=f"the fold-back hidden states of micro-batch {oldest}")
                 continue
             self._idle_poll()
+        self.held = None  # built but never admitted: the server is exiting
         self._send_control()
         self._flush_channels()
 
     def _step(self) -> bool:
         self._poll(block=False, action="")
         self._drop_heartbeats()
-        if self.policy.priority is Priority.FEED_PEER_FIRST:
-            return self._try_admit() or self._try_finish()
-        return self._try_finish() or self._try_admit()
+        self._ingest()
+        ready = []
+        if self.bwd_items:
+            ready.append((self.last_stage, self.bwd_items[0].seq))
+        held = self._admissible()
+        if held is not None:
+            ready.append((0, held.micro_batch.seq))
+        if not ready:
+            return False
+        stage, _ = self._pick(ready)
+        if stage == 0:
+            self._launch()
+        else:
+            self._finish()
+        return True
 
     # ------------------------------------------------------------------ admission
     def _ingest(self) -> None:
@@ -202,39 +254,47 @@ class LeaderLoop(_LoopBase):
             self.replica.num_events += 1
             self.idle = False
 
-    def _try_admit(self) -> bool:
-        self._ingest()
-        if self.idle or self.s._engine_paused or self.s.gracefully_exit:
-            return False
+    def _admissible(self) -> _Held | None:
+        """The held micro-batch (built first if none is) when the controller admits it now."""
+        if self.s._engine_paused or self.s.gracefully_exit:
+            return None
+        held = self.held or self._build()
+        if held is None:
+            return None
+        if self.controller.admission(held.micro_batch) is Admission.NO:
+            if not held.hold_recorded:
+                self.acct.decision("hold", **micro_batch_record(held.micro_batch))
+                held.hold_recorded = True
+            return None
+        return held
+
+    def _build(self) -> _Held | None:
+        """Let SGLang build the next micro-batch in the next free slot (stock PP's slot order)."""
+        if self.idle:
+            return None
         for _ in range(self.num_slots):
             slot = self.cursor
             if self.slot_seq[slot] is not None:
-                return False  # the oldest slot is still in flight: stock PP's slot discipline
-            if not self._slot_allowed(slot):
-                return False
+                return None  # the oldest slot is still in flight
             batch = self.replica.schedule(slot)
             self.events.append(("sched", slot, batch_signature(batch)))
             self.cursor = (slot + 1) % self.num_slots
             if batch is not None:
-                self._launch(slot, batch)
-                return True
+                self.held = _Held(slot, batch, micro_batch_of(self.next_seq, batch, self.s.chunked_req))
+                return self.held
         if not self.jobs:
             self._enter_idle()
-        return False
+        return None
 
-    def _slot_allowed(self, slot: int) -> bool:
-        """Slots beyond the in-flight limit are packing slots, open only in a drain window."""
-        in_flight = sum(seq is not None for seq in self.slot_seq)
-        if in_flight < self.config.in_flight_limit:
-            return True
-        return self.pack is not None and self.pack.admit_extra(self.jobs)
-
-    def _launch(self, slot: int, batch: Any) -> None:
+    def _launch(self) -> None:
+        held, self.held = self.held, None
+        assert held is not None
+        decision = self.controller.admission(held.micro_batch)
+        self.controller.on_admitted(held.micro_batch, decision)
+        self.acct.decision("admit", decision=str(decision), **micro_batch_record(held.micro_batch))
         seq = self.next_seq
         self.next_seq += 1
-        job = _new_job(seq, slot, batch)
-        if self.pack is not None:
-            self.pack.on_admit(job)
+        job = _new_job(seq, held.slot, held.batch)
         result = self._compute(job, 0, None)
         tensors = result.pp_hidden_states_proxy_tensors.tensors
         message = Message(kind="step", seq=seq, stage=0, events=self.events, tensors=tensors)
@@ -242,12 +302,10 @@ class LeaderLoop(_LoopBase):
         self.fwd_out.send(message, blocking=self.blocking)
         self.last_fwd_send = time.monotonic()
         self.jobs[seq] = job
-        self.slot_seq[slot] = seq
+        self.slot_seq[held.slot] = seq
 
     # ------------------------------------------------------------------ the last stage
-    def _try_finish(self) -> bool:
-        if not self.bwd_items:
-            return False
+    def _finish(self) -> None:
         message = self.bwd_items.popleft()
         oldest = min(self.jobs)
         if message.seq != oldest or message.stage != self.last_stage - 1:
@@ -261,9 +319,8 @@ class LeaderLoop(_LoopBase):
         self.replica.apply_result(job.slot, outputs)
         self.events.append(("result", job.slot, outputs))
         self.slot_seq[job.slot] = None
-        if self.pack is not None:
-            self.pack.on_finish(job)
-        return True
+        self.controller.on_left(job.seq)
+        self.acct.decision("left", seq=job.seq)
 
     def _drop_heartbeats(self) -> None:
         while self.bwd_items and self.bwd_items[0].kind == "heartbeat":
@@ -277,8 +334,7 @@ class LeaderLoop(_LoopBase):
         self.events.append(("idle",))
         self._send_control()
         self.acct.counters["num_micro_batches"] = self.next_seq
-        if self.pack is not None:
-            self.acct.counters["num_packed"] = self.pack.num_packed
+        self.acct.counters["num_packed"] = self.controller.num_packed
         self.acct.write()
 
     def _idle_poll(self) -> None:
@@ -292,7 +348,9 @@ class LeaderLoop(_LoopBase):
             time.sleep(0.002)
 
     def _send_control(self) -> None:
-        if self.events:
+        # A held batch's "sched" event travels with its hidden states (followers launch the batch
+        # of the last "sched" event of that message), so control messages wait for it.
+        if self.events and self.held is None:
             self.fwd_out.send(Message(kind="step", events=self.events), blocking=self.blocking)
             self.events = []
             self.last_fwd_send = time.monotonic()
@@ -311,11 +369,24 @@ class FollowerLoop(_LoopBase):
         s = self.s
         while not s.gracefully_exit:
             self._poll(block=not (self.fwd_items or self.bwd_items), action="the next message from rank 0's side")
-            # Oldest first: a fold-back item always belongs to an older micro-batch than a
-            # forward-sweep item, and both feed a peer.
-            if self.bwd_items:
+            # Heartbeats and control-only messages carry no stage work: pass them on first.
+            if self.bwd_items and self.bwd_items[0].kind == "heartbeat":
                 self._on_backward(self.bwd_items.popleft())
-            elif self.fwd_items:
+                continue
+            if self.fwd_items and (self.fwd_items[0].kind == "heartbeat" or self.fwd_items[0].seq < 0):
+                self._on_forward(self.fwd_items.popleft())
+                continue
+            ready = []
+            if self.bwd_items:
+                ready.append((self.up_stage, self.bwd_items[0].seq))
+            if self.fwd_items:
+                ready.append((self.down_stage, self.fwd_items[0].seq))
+            if not ready:
+                continue
+            stage, _seq = self._pick(ready)
+            if stage == self.up_stage:
+                self._on_backward(self.bwd_items.popleft())
+            else:
                 self._on_forward(self.fwd_items.popleft())
         self._flush_channels()
 

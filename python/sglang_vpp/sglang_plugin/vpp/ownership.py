@@ -2,7 +2,7 @@
 
 Job: make SGLang's model runner build, load, and cache only the layers of this rank's two
 virtual stages, and run one virtual stage per forward. Every change is a hook on SGLang
-(registered in ``hooks.py``); no SGLang code is copied.
+(registered by ``vpp.install``, listed in ``hook_targets.py``); no SGLang code is copied.
 
 Data flow at start-up (all in the scheduler process of each PP rank):
 

@@ -20,7 +20,17 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
-from sglang_vpp.schedule import Layout, LayoutError, PolicySpec, build_layout, get_policy
+from sglang_vpp.schedule import (
+    FOLDBACK_MODES,
+    Controller,
+    LayoutError,
+    Layout,
+    LinearAttentionCost,
+    PolicySpec,
+    StageCostModel,
+    build_layout,
+    get_policy,
+)
 
 from .errors import VppConfigError
 
@@ -32,9 +42,10 @@ __all__ = [
     "set_state",
     "current_stage",
     "stage_context",
+    "load_cost_profile",
 ]
 
-VPP_MODES = ("vpp", "vpp-async", "vpp-pack")
+VPP_MODES: tuple[str, ...] = tuple(str(mode) for mode in FOLDBACK_MODES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +65,9 @@ class VppConfig:
     trace_dir: str | None = None
     """Directory for a Perfetto (Chrome JSON) trace per rank, or None."""
     max_in_flight: int | None = None
-    """Micro-batches between stage 0 and the end of the last stage; None: the planner's 2P-1."""
+    """Micro-batches between stage 0 and the end of the last stage; None: the controller's 2P-1."""
+    cost_profile: str | None = None
+    """Fitted cost model file for the controller's estimates (``--vpp-cost-profile``); None: analytic."""
 
     def __post_init__(self) -> None:
         if self.mode not in VPP_MODES:
@@ -72,10 +85,6 @@ class VppConfig:
     @property
     def policy(self) -> PolicySpec:
         return get_policy(self.mode)
-
-    @property
-    def in_flight_limit(self) -> int:
-        return self.max_in_flight if self.max_in_flight is not None else 2 * self.pp_size - 1
 
     @classmethod
     def from_env(cls, mode: str, pp_size: int, layer_split: tuple[int, ...] | None) -> "VppConfig":
@@ -123,6 +132,39 @@ class VppState:
             )
         return self.layout
 
+    def cost_model(self) -> StageCostModel:
+        """The controller's estimate of stage costs (only ratios matter to its decisions)."""
+        if self.config.cost_profile:
+            return load_cost_profile(self.config.cost_profile)
+        return LinearAttentionCost()
+
+    def cost_source(self) -> str:
+        """Where the controller's estimates come from, for the start-up log."""
+        if self.config.cost_profile:
+            return f"fitted cost model from --vpp-cost-profile {self.config.cost_profile}"
+        return "the analytic linear + attention estimate (no --vpp-cost-profile)"
+
+    def build_controller(self) -> Controller:
+        """This rank's controller; every rank builds an equal one."""
+        assert self.layout is not None
+        return Controller(self.config.policy, self.layout, self.cost_model(), self.config.max_in_flight)
+
+    def controller_inputs(self, controller: Controller) -> dict:
+        """What ``check --trace`` needs to rebuild ``controller`` offline."""
+        cost = controller.cost
+        if isinstance(cost, LinearAttentionCost):
+            cost_record = {"kind": "linear-attention", "linear_per_token": cost.linear_per_token,
+                           "attention_per_pair": cost.attention_per_pair, "fixed_per_chunk": cost.fixed_per_chunk}
+        else:
+            cost_record = {"kind": "fitted", "model": cost.to_json()}
+        return {
+            "mode": self.config.mode,
+            "pp_size": self.config.pp_size,
+            "stage_layers": [stage.num_layers for stage in self.layout.stages],
+            "max_in_flight": self.config.max_in_flight,
+            "cost": cost_record,
+        }
+
     def owned_stages(self) -> tuple[int, ...]:
         assert self.layout is not None and self.rank is not None
         return self.layout.stages_of(self.rank)
@@ -139,6 +181,19 @@ class VppState:
         """First owned layer .. last owned layer + 1: what SGLang sees as this rank's range."""
         stages = [self.layout.stages[s] for s in self.owned_stages()]
         return min(s.layer_start for s in stages), max(s.layer_end for s in stages)
+
+
+def load_cost_profile(path: str) -> StageCostModel:
+    """The fitted cost model ``sglang-vpp bench --costs FILE`` wrote; VppConfigError if unreadable."""
+    from sglang_vpp.sim.cost.fitted import FittedCostModel
+
+    try:
+        return FittedCostModel.load(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise VppConfigError(
+            f"--vpp-cost-profile {path!r} is not a readable fitted cost model ({exc}); "
+            "write one with 'sglang-vpp bench --costs FILE' or leave the flag out"
+        ) from None
 
 
 _STATE: VppState | None = None

@@ -40,7 +40,7 @@ import torch
 
 from sglang_vpp.comm import CommConfig, CommHandle, Communicator, create_communicator
 
-__all__ = ["Message", "Channel", "Inbox", "GROUPS", "backend_for", "open_communicator"]
+__all__ = ["Message", "MessageLink", "Inbox", "GROUPS", "backend_for", "open_communicator"]
 
 GROUPS = ("fwd", "bwd")
 _TENSOR_PREFIX = "t."
@@ -106,7 +106,7 @@ class Inbox:
         return Message.from_dict(data)
 
 
-class Channel:
+class MessageLink:
     """One direction to or from one neighbour on the communicator's group of that direction."""
 
     def __init__(self, *, comm: Communicator, direction: str, rank: int, peer: int, peer_rank: int,

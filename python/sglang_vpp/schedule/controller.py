@@ -1,0 +1,238 @@
+"""The online controller: the one place where admission, packing and per-rank order are decided.
+
+Every executor asks the same object the same questions: the planner (on its estimated clock,
+hence the simulator and the reference runtime) and the SGLang loops (leader and followers).
+
+- ``admission(mb)``: may micro-batch ``mb`` enter stage 0 now? ``NO``, ``YES`` or ``PACKED``.
+- ``on_admitted(mb, decision)`` / ``on_left(seq)``: what entered stage 0 and what left the last
+  stage, in the order the executor saw it.
+- ``pick(rank, ready)``: which of a rank's ready ``(stage, seq)`` items runs first.
+
+Decisions depend only on the order of these calls and on the estimated costs of the micro-batches,
+never on a clock, so a recorded sequence of calls replays exactly (``check --trace``).
+
+Rules (the meaning of each mode, also in docs/method.md):
+
+- In-flight limit: at most ``limits.in_flight`` micro-batches between entering stage 0 and leaving
+  the last stage (P for the contiguous layout, 2P-1 for fold-back). Packed micro-batches do not
+  count against it.
+- Request barrier (policies with ``request_barrier``): prefill micro-batches form *groups*; a
+  micro-batch that shares a request with the newest admitted prefill micro-batch continues its
+  group, any other starts the next one. A micro-batch of a later group enters only after every
+  prefill micro-batch of earlier groups left the last stage (one V at a time). Decode
+  micro-batches are outside the barrier and only obey the in-flight limit.
+- Packing (``pack``): while the oldest in-flight group drains (its last micro-batch admitted),
+  micro-batches of the next group may enter as ``PACKED`` while their estimated stage-0 cost fits
+  the window's budget, at most ``limits.pack_cap`` (2P-1, the slots SGLang reserves for them) per
+  window. The budget, fixed when the window opens, follows the balanced steady state of method
+  section 3.2: the draining group's last micro-batch C_n spends the estimated time of stages
+  1 .. 2P-2 away from rank 0, and during it rank 0 still owes the last stage of the group's
+  in-flight micro-batches C_{n-2P+3} .. C_{n-1} (rank 0 pairs stage 0 of C_n with the last stage
+  of C_{n-2P+2}). For P = 2 and tau_k = (k+1) t this is the method's (N + 1) t.
+- Order: ``OLDEST_FIRST`` runs the oldest micro-batch first (ties: the higher stage);
+  ``FEED_PEER_FIRST`` first runs a stage whose output another rank waits for, then the oldest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .cost import StageCostModel
+from .ir import ChunkSpec
+from .layout import Layout, LayoutKind
+from .policies import PolicySpec, Priority
+
+__all__ = ["Admission", "MicroBatch", "ControllerLimits", "Controller", "default_in_flight_limit", "slot_released_by"]
+
+
+class Admission(StrEnum):
+    NO = "no"
+    YES = "yes"
+    PACKED = "packed"
+
+
+@dataclass(frozen=True, slots=True)
+class MicroBatch:
+    """What the controller needs to know about one micro-batch (SGLang decides its contents)."""
+
+    seq: int
+    """Admission order, from 0."""
+    requests: frozenset[Hashable]
+    """Requests whose tokens the micro-batch carries."""
+    start: int
+    """KV prefix of the chunk (the longest when several requests share the micro-batch)."""
+    num_tokens: int
+    ends_request: bool
+    """It carries the last prefill chunk of a request (or, for decode, nothing to drain)."""
+    is_prefill: bool = True
+    chunk_index: int = 0
+    """Index of the chunk in its request, for cost models that read it (the planner's synthetic
+    ones); models of real hardware read ``start`` and ``num_tokens`` only."""
+
+    def chunk(self) -> ChunkSpec:
+        return ChunkSpec(request_index=0, chunk_index=self.chunk_index, start=self.start,
+                         num_tokens=max(1, self.num_tokens), is_last=self.ends_request)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerLimits:
+    in_flight: int
+    pack_cap: int
+
+    @property
+    def slots(self) -> int:
+        """Micro-batches that can be between stage 0 and the last stage at once."""
+        return self.in_flight + self.pack_cap
+
+
+def default_in_flight_limit(layout: Layout) -> int:
+    """P for the contiguous layout (SGLang's micro-batch count); 2P-1 for fold-back (rank r pairs
+    chunk k+d with chunk k-d, d = P-1-r, so 2P-1 chunks overlap in steady state)."""
+    p = layout.num_ranks
+    return p if layout.kind is LayoutKind.CONTIGUOUS else 2 * p - 1
+
+
+def slot_released_by(seq: int, in_flight_limit: int) -> int | None:
+    """The micro-batch whose departure from the last stage lets ``seq`` enter stage 0 under the
+    in-flight limit alone (None: nothing), for executors that replay a fixed admission order.
+    Micro-batches leave the last stage in admission order, so the count rule of
+    ``Controller.admission`` is this slot rule."""
+    return seq - in_flight_limit if seq >= in_flight_limit else None
+
+
+@dataclass(slots=True)
+class _InFlight:
+    mb: MicroBatch
+    group: int | None
+    packed: bool
+
+
+@dataclass(slots=True)
+class _Window:
+    group: int
+    budget: float
+    packed: int = 0
+
+
+class Controller:
+    """Decides for one rank; every rank of a pipeline builds an equal one (see the module doc)."""
+
+    def __init__(self, policy: PolicySpec, layout: Layout, cost: StageCostModel,
+                 max_in_flight: int | None = None) -> None:
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.policy = policy
+        self.layout = layout
+        self.cost = cost
+        in_flight = max_in_flight if max_in_flight is not None else default_in_flight_limit(layout)
+        self.limits = ControllerLimits(in_flight, in_flight if policy.pack else 0)
+        self._in_flight: dict[int, _InFlight] = {}
+        self._newest_prefill: _InFlight | None = None
+        self._next_group = 0
+        self._window: _Window | None = None
+        self.num_packed = 0
+        self.num_admitted = 0
+
+    # ----------------------------------------------------------------- admission
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def in_flight_seqs(self) -> frozenset[int]:
+        return frozenset(self._in_flight)
+
+    def admission(self, mb: MicroBatch) -> Admission:
+        """The decision for ``mb`` in the current state; changes nothing."""
+        if self.in_flight >= self.limits.slots:
+            return Admission.NO
+        normal = sum(not entry.packed for entry in self._in_flight.values())
+        within_limit = normal < self.limits.in_flight
+        if not mb.is_prefill or not self.policy.request_barrier:
+            return Admission.YES if within_limit else Admission.NO
+        group = self._group_of(mb)
+        oldest = self._oldest_prefill_group()
+        if oldest is None or group <= oldest:
+            return Admission.YES if within_limit else Admission.NO
+        # An earlier group still drains: only packing may start this micro-batch now.
+        if not self.policy.pack or group != oldest + 1:
+            return Admission.NO
+        window = self._current_window(oldest)
+        if window is None or window.packed >= self.limits.pack_cap:
+            return Admission.NO
+        return Admission.PACKED if self._stage_cost(0, mb) <= window.budget else Admission.NO
+
+    def on_admitted(self, mb: MicroBatch, decision: Admission) -> None:
+        assert decision is not Admission.NO, mb
+        assert mb.seq not in self._in_flight, mb
+        group = self._group_of(mb) if mb.is_prefill else None
+        entry = _InFlight(mb, group, decision is Admission.PACKED)
+        if decision is Admission.PACKED:
+            oldest = self._oldest_prefill_group()
+            assert oldest is not None
+            window = self._current_window(oldest)
+            assert window is not None
+            self._window = window
+            window.budget -= self._stage_cost(0, mb)
+            window.packed += 1
+            self.num_packed += 1
+        if mb.is_prefill:
+            self._newest_prefill = entry
+            if group == self._next_group:
+                self._next_group += 1
+        self._in_flight[mb.seq] = entry
+        self.num_admitted += 1
+
+    def on_left(self, seq: int) -> None:
+        """Micro-batch ``seq`` finished the last stage."""
+        entry = self._in_flight.pop(seq)
+        if self._window is not None and entry.group == self._window.group:
+            if not any(e.group == self._window.group for e in self._in_flight.values()):
+                self._window = None
+
+    # ----------------------------------------------------------------- order
+    def pick(self, rank: int, ready: Sequence[tuple[int, int]]) -> tuple[int, int]:
+        """The ``(stage, seq)`` that ``rank`` runs first among ``ready``."""
+        assert ready, "pick needs at least one ready item"
+        if self.policy.priority is Priority.FEED_PEER_FIRST:
+            return min(ready, key=lambda item: (not self._feeds_peer(rank, item[0]), item[1], -item[0]))
+        return min(ready, key=lambda item: (item[1], -item[0]))
+
+    # ----------------------------------------------------------------- helpers
+    def _group_of(self, mb: MicroBatch) -> int:
+        newest = self._newest_prefill
+        if newest is not None and newest.mb.requests & mb.requests:
+            assert newest.group is not None
+            return newest.group
+        return self._next_group
+
+    def _oldest_prefill_group(self) -> int | None:
+        groups = [e.group for e in self._in_flight.values() if e.group is not None]
+        return min(groups) if groups else None
+
+    def _current_window(self, group: int) -> _Window | None:
+        """The drain window of ``group``: open once its last micro-batch is admitted."""
+        if self._window is not None and self._window.group == group:
+            return self._window
+        members = sorted((e.mb.seq, e) for e in self._in_flight.values() if e.group == group)
+        last = members[-1][1]
+        if not last.mb.ends_request or self._newest_group() != group:
+            return None
+        last_stage = self.layout.num_stages - 1
+        middle = sum(self._stage_cost(stage, last.mb) for stage in range(1, last_stage))
+        paired_with_rank0 = 2 * self.layout.num_ranks - 2
+        owed = sum(self._stage_cost(last_stage, e.mb) for _, e in members[-paired_with_rank0:-1])
+        return _Window(group, middle - owed)
+
+    def _newest_group(self) -> int | None:
+        return None if self._newest_prefill is None else self._newest_prefill.group
+
+    def _feeds_peer(self, rank: int, stage: int) -> bool:
+        if stage == self.layout.num_stages - 1:
+            return False
+        return self.layout.stages[stage + 1].rank != rank
+
+    def _stage_cost(self, stage: int, mb: MicroBatch) -> float:
+        return self.cost.stage_cost(self.layout.stages[stage], mb.chunk())

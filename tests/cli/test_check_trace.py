@@ -1,0 +1,73 @@
+"""``sglang-vpp check --trace DIR`` on hand-written traces: exit 0 / 1 / 2 (the server replay is in
+tests/sglang_vpp)."""
+
+import json
+
+from typer.testing import CliRunner
+
+from sglang_vpp.cli.app import app
+
+CONTROLLER = {
+    "mode": "vpp", "pp_size": 2, "stage_layers": [2, 2, 2, 2], "max_in_flight": None,
+    "cost": {"kind": "linear-attention", "linear_per_token": 1e-6, "attention_per_pair": 1e-6 / 2048,
+             "fixed_per_chunk": 0.0},
+}
+
+
+def _mb(seq, request, start, ends, **extra):
+    return {"seq": seq, "requests": [request], "start": start, "tokens": 64, "ends_request": ends, "prefill": True,
+            **extra}
+
+
+LEADER = [
+    {"kind": "admit", "decision": "yes", **_mb(0, "a", 0, False)},
+    {"kind": "admit", "decision": "yes", **_mb(1, "a", 64, True)},
+    {"kind": "hold", **_mb(2, "b", 0, True)},  # the barrier: a is still in flight
+    {"kind": "pick", "ready": [[3, 0], [0, 2]], "chosen": [3, 0]},
+    {"kind": "left", "seq": 0},
+    {"kind": "left", "seq": 1},
+    {"kind": "admit", "decision": "yes", **_mb(2, "b", 0, True)},
+]
+FOLLOWER = [{"kind": "pick", "ready": [[2, 0], [1, 1]], "chosen": [2, 0]}]
+
+
+def _write(tmp_path, leader=LEADER, controller=CONTROLLER):
+    for rank, decisions in ((0, leader), (1, FOLLOWER)):
+        (tmp_path / f"vpp_rank{rank}.records.json").write_text(json.dumps(
+            {"records": [], "counters": {}, "controller": controller, "decisions": decisions}))
+    return str(tmp_path)
+
+
+def test_a_trace_that_follows_the_controller_exits_0(tmp_path):
+    result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "vpp trace: 2 ranks, 8 decisions, 3 micro-batches admitted (0 packed)" in result.output
+
+
+def test_one_broken_decision_exits_1_naming_it(tmp_path):
+    early = [dict(record) for record in LEADER]
+    early[2] = {"kind": "admit", "decision": "yes", **_mb(2, "b", 0, True)}  # ignores the barrier
+    result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path, early)])
+    assert result.exit_code == 1
+    assert "rank 0, decision 2, micro-batch 2: controller expected hold (no admission), server did admit" in result.output
+    wrong_order = [dict(record) for record in LEADER]
+    wrong_order[3] = {"kind": "pick", "ready": [[3, 0], [0, 2]], "chosen": [0, 2]}  # vpp drains first
+    result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path, wrong_order), "--json"])
+    assert result.exit_code == 1
+    assert json.loads(result.output)["divergence"]["index"] == 3
+
+
+def test_unreadable_or_stock_traces_exit_2_with_one_line(tmp_path):
+    missing = CliRunner().invoke(app, ["check", "--trace", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "is not a directory" in missing.output
+    stock = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path, controller={})])
+    assert stock.exit_code == 2 and "stock --pp-mode cpp / dcpp" in stock.output
+    (tmp_path / "vpp_rank0.records.json").write_text("{not json")
+    broken = CliRunner().invoke(app, ["check", "--trace", str(tmp_path)])
+    assert broken.exit_code == 2 and "not a readable records file" in broken.output
+    assert "Traceback" not in missing.output + stock.output + broken.output
+
+
+def test_plan_check_still_needs_its_options():
+    result = CliRunner().invoke(app, ["check", "--mode", "vpp"])
+    assert result.exit_code == 2 and "missing --pp, --seq-len, --chunk-size" in result.output
