@@ -25,6 +25,10 @@ Decisions follow the schedule core's policy (``sglang_vpp.schedule.get_policy(mo
 Every stage processes micro-batches in admission order, so a chunk's KV prefix on a stage is
 always written before a later chunk reads it, and each channel is FIFO.
 
+TP (``--tp-size > 1``): one such pipeline per TP index; before each choice the TP ranks of a
+stage agree on how many messages every one of them holds (``tp_agreement.py``), so they run
+the same stages in the same order. Heartbeats never enter that count: ``_poll`` handles them.
+
 Liveness: every wait has the comm timeout. An idle rank 0 sends a heartbeat down the pipeline
 every ``heartbeat_s``; the last rank echoes it back up, so no channel is silent for long.
 """
@@ -47,6 +51,7 @@ from .packing import PackGate
 from .replica import Replica, batch_signature, outputs_to_cpu
 from .stage_runner import StageJob, run_stage
 from .state import VppState
+from .tp_agreement import SOLO
 from .transport import Channel, Inbox, Message
 
 logger = logging.getLogger(__name__)
@@ -93,6 +98,7 @@ class _LoopBase:
         self.inbox = Inbox(self.config.comm_timeout_s)
         self.fwd_items: deque[Message] = deque()
         self.bwd_items: deque[Message] = deque()
+        self.tp = state.tp_agreement or SOLO
         self._check_replicas_agree()
         self.fwd_out = self._channel("fwd", self.rank + 1) if self.rank + 1 < self.num_ranks else None
         self.bwd_out = self._channel("bwd", self.rank - 1) if self.rank > 0 else None
@@ -143,8 +149,20 @@ class _LoopBase:
                     peer = self.rank + 1 if self.jobs else self.rank - 1
                     raise inbox_timeout(self.rank, peer, action, self.config.comm_timeout_s) from None
                 return
-            (self.fwd_items if direction == "fwd" else self.bwd_items).append(self.inbox.take(item))
+            message = self.inbox.take(item)
+            if message.kind == "heartbeat":
+                self._on_heartbeat(direction, message)
+            else:
+                (self.fwd_items if direction == "fwd" else self.bwd_items).append(message)
             block = False
+
+    def _on_heartbeat(self, direction: str, message: Message) -> None:
+        """Heartbeats keep links alive; they carry no work, so no TP agreement counts them."""
+
+    def _agreed_ready(self, action: str) -> tuple[int, int]:
+        """(fold-back, forward-sweep) messages held by every TP rank of this stage."""
+        bwd, fwd = self.tp.ready([len(self.bwd_items), len(self.fwd_items)], action)
+        return bwd, fwd
 
     def _compute(self, job: StageJob, stage: int, tensors: dict | None) -> Any:
         with self.acct.timed(stage, job.seq, job.is_prefill, job.num_tokens):
@@ -173,6 +191,7 @@ class LeaderLoop(_LoopBase):
         self.next_seq = 0
         self.idle = True
         self.last_fwd_send = time.monotonic()
+        self.ready_bwd = 0
 
     def run(self) -> None:
         s = self.s
@@ -181,7 +200,8 @@ class LeaderLoop(_LoopBase):
                 continue
             if self.jobs:
                 oldest = min(self.jobs)
-                self._poll(block=True, action=f"the fold-back hidden states of micro-batch {oldest}")
+                # A message held here but not yet by a TP peer: go round again (no new one may come).
+                self._poll(block=not self.bwd_items, action=f"the fold-back hidden states of micro-batch {oldest}")
                 continue
             self._idle_poll()
         self._send_control()
@@ -189,7 +209,7 @@ class LeaderLoop(_LoopBase):
 
     def _step(self) -> bool:
         self._poll(block=False, action="")
-        self._drop_heartbeats()
+        self.ready_bwd, _ = self._agreed_ready("the leader's next choice")
         if self.policy.priority is Priority.FEED_PEER_FIRST:
             return self._try_admit() or self._try_finish()
         return self._try_finish() or self._try_admit()
@@ -246,8 +266,9 @@ class LeaderLoop(_LoopBase):
 
     # ------------------------------------------------------------------ the last stage
     def _try_finish(self) -> bool:
-        if not self.bwd_items:
+        if self.ready_bwd <= 0:
             return False
+        self.ready_bwd -= 1
         message = self.bwd_items.popleft()
         oldest = min(self.jobs)
         if message.seq != oldest or message.stage != self.last_stage - 1:
@@ -265,9 +286,8 @@ class LeaderLoop(_LoopBase):
             self.pack.on_finish(job)
         return True
 
-    def _drop_heartbeats(self) -> None:
-        while self.bwd_items and self.bwd_items[0].kind == "heartbeat":
-            self.bwd_items.popleft()
+    def _on_heartbeat(self, direction: str, message: Message) -> None:
+        """The pipeline's echo of rank 0's own heartbeat: nothing to do."""
 
     # ------------------------------------------------------------------ idle
     def _enter_idle(self) -> None:
@@ -311,19 +331,24 @@ class FollowerLoop(_LoopBase):
         s = self.s
         while not s.gracefully_exit:
             self._poll(block=not (self.fwd_items or self.bwd_items), action="the next message from rank 0's side")
+            ready_bwd, ready_fwd = self._agreed_ready("the follower's next message")
             # Oldest first: a fold-back item always belongs to an older micro-batch than a
             # forward-sweep item, and both feed a peer.
-            if self.bwd_items:
+            if ready_bwd:
                 self._on_backward(self.bwd_items.popleft())
-            elif self.fwd_items:
+            elif ready_fwd:
                 self._on_forward(self.fwd_items.popleft())
         self._flush_channels()
 
-    def _on_forward(self, message: Message) -> None:
-        if message.kind == "heartbeat":
+    def _on_heartbeat(self, direction: str, message: Message) -> None:
+        """Pass rank 0's heartbeat down the pipeline; the last rank echoes it back up."""
+        if direction == "fwd":
             target = self.fwd_out if self.fwd_out is not None else self.bwd_out
-            target.send(Message(kind="heartbeat"), blocking=self.blocking)
-            return
+        else:
+            target = self.bwd_out
+        target.send(Message(kind="heartbeat"), blocking=self.blocking)
+
+    def _on_forward(self, message: Message) -> None:
         batch, slot = None, None
         for event in message.events:
             result = self.replica.replay(event)
@@ -350,9 +375,6 @@ class FollowerLoop(_LoopBase):
         self.fwd_out.send(forward, blocking=self.blocking)
 
     def _on_backward(self, message: Message) -> None:
-        if message.kind == "heartbeat":
-            self.bwd_out.send(message, blocking=self.blocking)
-            return
         job = self.jobs.pop(message.seq, None)
         if job is None or message.stage != self.up_stage - 1:
             raise SchedulerDivergenceError(

@@ -41,6 +41,7 @@ __all__ = [
     "around_get_all_weights",
     "around_compute_cell_size",
     "around_create_buffers_normal",
+    "around_create_mla_buffers",
     "after_load_model",
     "forward_range",
     "layer_holder",
@@ -119,9 +120,16 @@ def after_initialize_model_parallel(result: Any, *args: Any, **kwargs: Any) -> N
     # [Note: direction groups] the loop's point-to-point traffic goes through sglang_vpp.comm: one
     # communicator with a "fwd" and a "bwd" group per neighbour pair (distinct communicators, so
     # a fold-back transfer never queues behind a forward-sweep transfer), backend from the device.
+    # [Note: TP pipelines] with --tp-size T there are T pipelines, one per TP index; both the
+    # communicator's links and the TP agreement groups are created collectively over the world.
+    from .tp_agreement import SOLO, all_pp_pairs, open_tp_agreement
     from .transport import open_communicator
 
-    state.comm = open_communicator(pp.device, list(pp.ranks), state.config.comm_timeout_s)
+    world = ps.get_world_group().cpu_group
+    timeout = state.config.comm_timeout_s
+    state.comm = open_communicator(pp.device, list(pp.ranks), timeout, all_pairs=all_pp_pairs(world, pp.ranks))
+    tp = ps.get_tp_group()
+    state.tp_agreement = open_tp_agreement(world, tp.ranks, timeout) if tp.world_size > 1 else SOLO
     return None
 
 
@@ -160,9 +168,10 @@ def around_make_layers(original, num_hidden_layers, layer_fn, pp_rank=None, pp_s
             modules[index] = built[index]
     hull_start, hull_end = state.hull()
     logger.info(
-        "VPP rank %d builds stages %s (layers %s of %d); hull [%d, %d)",
-        state.rank, state.owned_stages(), sorted(state.owned_layers()), num_hidden_layers, hull_start, hull_end,
-    )
+        "VPP node %s holds virtual stages %s: pp rank %d (global rank %d) builds layers %s of %d; hull [%d, %d)",
+        state.node_rank, state.owned_stages(), state.rank, torch.distributed.get_rank(),
+        sorted(state.owned_layers()), num_hidden_layers, hull_start, hull_end,
+    )  # fmt: skip
     return torch.nn.ModuleList(modules), hull_start, hull_end
 
 
@@ -203,7 +212,9 @@ def around_create_buffers_normal(original, self):
     hull_layers = list(range(self.start_layer, self.start_layer + self.layer_num))
     keep = [layer in owned for layer in hull_layers]
     if all(keep):
-        return original(self)
+        original(self)
+        _log_kv_allocation(state, self, sum(t.numel() * t.element_size() for t in (*self.k_buffer, *self.v_buffer)))
+        return None
     if getattr(self, "kv_cache_layout", "nhd") != "nhd":
         raise VppConfigError(
             f"--pp-mode {state.config.mode} supports the NHD KV layout only, got {self.kv_cache_layout!r}; "
@@ -225,7 +236,49 @@ def around_create_buffers_normal(original, self):
             k_out.append(torch.empty((0, *self.k_buffer[0].shape[1:]), dtype=self.store_dtype, device=self.device))
             v_out.append(torch.empty((0, *self.v_buffer[0].shape[1:]), dtype=self.store_dtype, device=self.device))
     self.k_buffer, self.v_buffer = k_out, v_out
+    _log_kv_allocation(state, self, sum(t.numel() * t.element_size() for t in (*k_out, *v_out)))
     return None
+
+
+def around_create_mla_buffers(original, self):
+    """MLA (DeepSeek) pools hold one latent buffer per layer: the same owned-only allocation."""
+    state = get_state()
+    if state is None or state.layout is None or state.rank is None:
+        return original(self)
+    owned = state.owned_layers()
+    keep = [layer in owned for layer in range(self.start_layer, self.start_layer + self.layer_num)]
+    if all(keep):
+        original(self)
+    else:
+        full = self.layer_num
+        self.layer_num = sum(keep)
+        try:
+            original(self)
+        finally:
+            self.layer_num = full
+        real = iter(self.kv_buffer)
+        empty = (0, *self.kv_buffer[0].shape[1:])
+        self.kv_buffer = [
+            next(real) if kept else torch.empty(empty, dtype=self.store_dtype, device=self.device) for kept in keep
+        ]
+    _log_kv_allocation(state, self, sum(t.numel() * t.element_size() for t in self.kv_buffer))
+    return None
+
+
+def _log_kv_allocation(state: Any, pool: Any, num_bytes: int) -> None:
+    """Per rank: owned layers and KV token capacity, next to what stock PP's split would hold."""
+    from sglang_vpp.schedule import build_layout
+
+    layout = state.layout
+    owned = sorted(state.owned_layers())
+    stock = build_layout(layout.num_ranks, layout.num_layers, "contiguous").stages[state.rank]
+    per_layer = num_bytes / max(1, len(owned))
+    logger.info(
+        "VPP KV rank %d (node %s): layers %s (%d of %d), %d token slots, %.2f MiB; stock PP on this rank: "
+        "layers [%d, %d) (%d), %.2f MiB for the same slots",
+        state.rank, state.node_rank, owned, len(owned), layout.num_layers, pool.size, num_bytes / 2**20,
+        stock.layer_start, stock.layer_end, stock.num_layers, per_layer * stock.num_layers / 2**20,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- model checks and forward range
