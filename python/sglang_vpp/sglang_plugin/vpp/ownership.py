@@ -54,6 +54,9 @@ SUPPORTED_MODEL_CLASSES = frozenset(
         "LlamaForCausalLM",
         "Qwen2MoeForCausalLM",
         "Qwen3MoeForCausalLM",
+        "DeepseekV2ForCausalLM",
+        "DeepseekV3ForCausalLM",
+        "Glm4MoeForCausalLM",
     }
 )
 """Classes whose forward loops ``range(self.model.start_layer, self.model.end_layer)`` and whose
