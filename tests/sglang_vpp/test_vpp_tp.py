@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig
-from vpp_checks import CHUNK, QWEN2_8L, Reference, check_answer, generate_concurrently, make_prompts
+from vpp_checks import CHUNK, QWEN2_8L, Reference, greedy_tokens_checked
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
 
@@ -37,11 +37,7 @@ def server(request, server_pool, tiny_model):
 
 
 def test_tp2_pp2_equal_stock_cpp_and_transformers(server, reference):
-    prompts = make_prompts(LENGTHS, seed=23)
-    answers = generate_concurrently(server, prompts)
-    for ids, answer in zip(prompts, answers):
-        check_answer(answer, ids, reference(QWEN2_8L, ids), server)
-    tokens = [answer["output_ids"] for answer in answers]
+    tokens = greedy_tokens_checked(server, QWEN2_8L, reference, LENGTHS, seed=23)
     if server.config.pp_mode == "cpp":
         _CPP_TOKENS[:] = tokens
     else:

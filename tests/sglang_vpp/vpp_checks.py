@@ -128,3 +128,12 @@ def wait_for_json(path: Path, timeout: float = 30.0, until=None) -> dict:
     if data is not None:
         return data
     raise AssertionError(f"{path} was not written (the VPP loop writes it when it goes idle)")
+
+
+def greedy_tokens_checked(server: SGLangServer, spec: TinyModelSpec, reference: Reference, lengths, seed: int) -> list:
+    """Send prompts of ``lengths`` concurrently, check each against transformers, return the tokens."""
+    prompts = make_prompts(lengths, seed=seed)
+    answers = generate_concurrently(server, prompts)
+    for ids, answer in zip(prompts, answers):
+        check_answer(answer, ids, reference(spec, ids), server)
+    return [answer["output_ids"] for answer in answers]

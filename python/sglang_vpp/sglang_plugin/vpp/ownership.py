@@ -205,71 +205,60 @@ def around_compute_cell_size(original, self, kvc, num_layers, *args, **kwargs):
     return original(self, kvc, num_layers, *args, **kwargs)
 
 
+def _allocate_owned(original, pool: Any, buffer_names: tuple[str, ...]) -> None:
+    """Run the pool's own allocation for the owned layers only, then put zero-row placeholders
+    (never read or written) where the hull's unowned layers sit, so SGLang's
+    ``layer_id - start_layer`` indexing stays valid; log what this rank holds."""
+    state = get_state()
+    assert state is not None
+    owned = state.owned_layers()
+    keep = [layer in owned for layer in range(pool.start_layer, pool.start_layer + pool.layer_num)]
+    if all(keep):
+        original(pool)
+    else:
+        full = pool.layer_num
+        pool.layer_num = sum(keep)
+        try:
+            original(pool)
+        finally:
+            pool.layer_num = full
+        for name in buffer_names:
+            real = iter(getattr(pool, name))
+            empty = (0, *getattr(pool, name)[0].shape[1:])
+            setattr(pool, name, [
+                next(real) if kept else torch.empty(empty, dtype=pool.store_dtype, device=pool.device) for kept in keep
+            ])  # fmt: skip
+    num_bytes = sum(t.numel() * t.element_size() for name in buffer_names for t in getattr(pool, name))
+    _log_kv_allocation(state, pool, num_bytes)
+
+
 def around_create_buffers_normal(original, self):
-    """Allocate K/V for owned layers only; zero-row placeholders keep ``layer_id - start_layer``
-    indexing valid for the unowned layers of the hull (never read or written)."""
+    """MHA pools: K and V for owned layers only (``_allocate_owned``)."""
     state = get_state()
     if state is None or state.layout is None or state.rank is None:
         return original(self)
-    owned = state.owned_layers()
-    hull_layers = list(range(self.start_layer, self.start_layer + self.layer_num))
-    keep = [layer in owned for layer in hull_layers]
-    if all(keep):
-        original(self)
-        _log_kv_allocation(state, self, sum(t.numel() * t.element_size() for t in (*self.k_buffer, *self.v_buffer)))
-        return None
     if getattr(self, "kv_cache_layout", "nhd") != "nhd":
         raise VppConfigError(
             f"--pp-mode {state.config.mode} supports the NHD KV layout only, got {self.kv_cache_layout!r}; "
             "unset SGLANG_USE_HND_KVCACHE / the AITER layout"
         )
-    full = self.layer_num
-    self.layer_num = sum(keep)
-    try:
-        original(self)
-    finally:
-        self.layer_num = full
-    real_k, real_v = iter(self.k_buffer), iter(self.v_buffer)
-    k_out, v_out = [], []
-    for kept in keep:
-        if kept:
-            k_out.append(next(real_k))
-            v_out.append(next(real_v))
-        else:
-            k_out.append(torch.empty((0, *self.k_buffer[0].shape[1:]), dtype=self.store_dtype, device=self.device))
-            v_out.append(torch.empty((0, *self.v_buffer[0].shape[1:]), dtype=self.store_dtype, device=self.device))
-    self.k_buffer, self.v_buffer = k_out, v_out
-    _log_kv_allocation(state, self, sum(t.numel() * t.element_size() for t in (*k_out, *v_out)))
+    _allocate_owned(original, self, ("k_buffer", "v_buffer"))
     return None
 
 
 def around_create_mla_buffers(original, self):
-    """MLA (DeepSeek) pools hold one latent buffer per layer: the same owned-only allocation."""
+    """MLA (DeepSeek) pools: one latent buffer per layer, for owned layers only."""
     state = get_state()
     if state is None or state.layout is None or state.rank is None:
         return original(self)
-    owned = state.owned_layers()
-    keep = [layer in owned for layer in range(self.start_layer, self.start_layer + self.layer_num)]
-    if all(keep):
-        original(self)
-    else:
-        full = self.layer_num
-        self.layer_num = sum(keep)
-        try:
-            original(self)
-        finally:
-            self.layer_num = full
-        real = iter(self.kv_buffer)
-        empty = (0, *self.kv_buffer[0].shape[1:])
-        self.kv_buffer = [
-            next(real) if kept else torch.empty(empty, dtype=self.store_dtype, device=self.device) for kept in keep
-        ]
-    _log_kv_allocation(state, self, sum(t.numel() * t.element_size() for t in self.kv_buffer))
+    _allocate_owned(original, self, ("kv_buffer",))
     return None
 
 
 def _log_kv_allocation(state: Any, pool: Any, num_bytes: int) -> None:
-    """Per rank: owned layers and KV token capacity, next to what stock PP's split would hold."""
+    """Per rank: owned layers and KV token capacity, next to what a contiguous split would hold
+    (the schedule core's even contiguous layout; SGLang's own split may place a remainder layer
+    on another rank)."""
     from sglang_vpp.schedule import build_layout
 
     layout = state.layout
@@ -277,8 +266,8 @@ def _log_kv_allocation(state: Any, pool: Any, num_bytes: int) -> None:
     stock = build_layout(layout.num_ranks, layout.num_layers, "contiguous").stages[state.rank]
     per_layer = num_bytes / max(1, len(owned))
     logger.info(
-        "VPP KV rank %d (node %s): layers %s (%d of %d), %d token slots, %.2f MiB; stock PP on this rank: "
-        "layers [%d, %d) (%d), %.2f MiB for the same slots",
+        "VPP KV rank %d (node %s): layers %s (%d of %d), %d token slots, %.2f MiB; a contiguous PP split "
+        "(stock PP's layout) on this rank: layers [%d, %d) (%d), %.2f MiB for the same slots",
         state.rank, state.node_rank, owned, len(owned), layout.num_layers, pool.size, num_bytes / 2**20,
         stock.layer_start, stock.layer_end, stock.num_layers, per_layer * stock.num_layers / 2**20,
     )  # fmt: skip
