@@ -26,7 +26,7 @@ CASES = [
     ("dcpp-ok", ["--pp-mode", "dcpp", "--pp-size", "2", "--chunked-prefill-size", "128"], 0, None),
     ("vpp-pp1", ["--pp-mode", "vpp"], 2, "--pp-size is 1"),
     ("vpp-config-error-is-one-line", ["--pp-mode", "vpp", "--pp-size", "2", "--chunked-prefill-size", "64",
-                                      "--tp-size", "2"], 2, "--pp-mode vpp"),
+                                      "--dp-size", "2"], 2, "does not support --dp-size"),
     ("dcpp-pp1", ["--pp-mode", "dcpp"], 2, "--pp-size is 1"),
     ("vpp-no-chunking", ["--pp-mode", "vpp-async", "--pp-size", "2", "--chunked-prefill-size", "-1"],
      2, "chunked prefill is disabled"),

@@ -96,3 +96,27 @@ def test_cost_profile_drives_the_controller_and_travels_with_the_trace(tmp_path)
     broken = VppState(config=VppConfig(mode="vpp", pp_size=2, cost_profile=str(tmp_path / "bad.json")), rank=0)
     with pytest.raises(VppConfigError, match="--vpp-cost-profile .* is not a readable fitted cost model"):
         broken.cost_model()
+
+
+def _on(refusal):
+    """A value that turns the refused feature on."""
+    probe = {"speculative_algorithm": "EAGLE", "disaggregation_mode": "prefill"}
+    return probe.get(refusal.attr, 2 if refusal.attr.endswith("size") else True)
+
+
+def test_one_refusal_list_for_the_launcher_and_the_scheduler_process():
+    import argparse
+
+    from sglang_vpp.sglang_plugin.errors import PpModeError
+    from sglang_vpp.sglang_plugin.validate import VPP_REFUSALS, check_vpp_features
+    from sglang_vpp.sglang_plugin.vpp import _refuse_unsupported
+
+    base = dict(pp_size=2, tp_size=2, chunked_prefill_size=64)
+    check_vpp_features(argparse.Namespace(**base), "vpp")  # TP inside the stages is served
+    _refuse_unsupported(argparse.Namespace(**base), "vpp-pack")
+    assert len({r.flag for r in VPP_REFUSALS}) == len(VPP_REFUSALS)
+    for refusal in VPP_REFUSALS:
+        args = argparse.Namespace(**base, **{refusal.attr: _on(refusal)})
+        for check in (check_vpp_features, _refuse_unsupported):
+            with pytest.raises(PpModeError, match=f"does not support {refusal.flag} .*{refusal.reason}"):
+                check(args, "vpp-async")

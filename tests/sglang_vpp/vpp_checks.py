@@ -166,3 +166,12 @@ def tamper_one_admission(trace_dir: Path, out_dir: Path) -> None:
     record = next(rec for rec in data["decisions"] if rec["kind"] == "admit" and rec["decision"] == "yes")
     record["decision"] = "packed"
     path.write_text(json.dumps(data))
+
+
+def greedy_tokens_checked(server: SGLangServer, spec: TinyModelSpec, reference: Reference, lengths, seed: int) -> list:
+    """Send prompts of ``lengths`` concurrently, check each against transformers, return the tokens."""
+    prompts = make_prompts(lengths, seed=seed)
+    answers = generate_concurrently(server, prompts)
+    for ids, answer in zip(prompts, answers):
+        check_answer(answer, ids, reference(spec, ids), server)
+    return [answer["output_ids"] for answer in answers]

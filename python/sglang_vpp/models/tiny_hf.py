@@ -14,7 +14,11 @@ Data flow::
 Public API (all keyword arguments after the first are optional):
 
 - ``PRESETS``: the preset names (``qwen2-tiny``, ``qwen3-tiny``, ``llama-tiny``,
-  ``qwen3-moe-tiny``); their configs live as data in ``tiny_presets.json``.
+  ``qwen3-moe-tiny``, and the deployment shapes ``deepseek-v3-tiny`` (MLA with q_lora_rank,
+  MoE with a dense first layer and a shared expert, yarn rope, ``moe_layer_freq`` as real
+  DeepSeek configs carry it), ``deepseek-v2-tiny`` (the same without q_lora_rank) and
+  ``glm4-moe-tiny`` (GQA with partial rotary, MoE, dense first layer)); their configs live as
+  data in ``tiny_presets.json``.
 - ``TinyModelSpec(preset, num_layers=None, seed=0, vocab_size=12000, overrides={})``: what to
   build; ``overrides`` are extra transformers config keyword arguments
   (e.g. ``{"hidden_size": 512}``).

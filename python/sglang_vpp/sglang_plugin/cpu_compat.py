@@ -2,25 +2,41 @@
 
 SGLang 0.5.23 on a machine without an accelerator and without its CPU engine
 (``SGLANG_USE_CPU_ENGINE`` unset: that engine needs a CPU ``sgl_kernel`` build PyPI does not
-have) resolves to the base ``SRTPlatform``. On that platform one thing breaks:
+have) resolves to the base ``SRTPlatform``. On that platform two things break:
 
 - ``RotaryEmbedding.__init__`` picks a fallback kernel from ``vllm._custom_ops``, which does
   not exist without vllm. SGLang's own pure-torch ``forward_native`` is what the generic
   platform dispatches to anyway (``BaseFusedOp`` has no platform key there), so the hook makes
   the constructor take its CPU branch (no fallback kernel) and the forward stays pure torch.
 
+- MLA models (DeepSeek-V2/V3) with ``--attention-backend torch_native``: the DeepSeek attention
+  picks its forward method from a per-backend table that has no ``torch_native`` entry, so it
+  falls back to the Triton rule, which runs a chunk without cached prefix through the
+  "MHA" method (full-width K/V computed in the layer, ``save_kv_cache=False``). The torch_native
+  backend ignores the K/V it is handed and reads the pool, which for MLA holds the compressed
+  latent (kv_lora_rank + rope columns, one head): the shapes disagree and the forward fails.
+  The hook keeps the absorbed "MLA" method for every forward on torch_native, whose K is the
+  latent and whose V is its first kv_lora_rank columns, exactly what the pool returns. It
+  changes the method only when the backend is torch_native; any other backend keeps
+  SGLang's choice.
+
 Data flow: scheduler process -> ``process_hooks.setup_scheduler_process`` ->
-``register_cpu_hooks()`` (only on the generic platform) -> HookRegistry AROUND hook on
-``RotaryEmbedding.__init__``. Other platforms (CUDA, NPU, SGLang's CPU engine) are untouched.
+``register_cpu_hooks()`` (only on the generic platform) -> HookRegistry AROUND hooks on
+``RotaryEmbedding.__init__`` and ``DeepseekV2AttentionMLA.dispatch_attn_forward_method``
+(``CPU_HOOK_TARGETS``). Other platforms (CUDA, NPU, SGLang's CPU engine) are untouched. Every
+``--pp-mode`` gets the same hooks, so stock cpp and the VPP modes compute alike.
 """
 
 from __future__ import annotations
 
 import sys
 
-__all__ = ["ROTARY_INIT_TARGET", "is_generic_cpu_platform", "register_cpu_hooks"]
+__all__ = ["CPU_HOOK_TARGETS", "MLA_DISPATCH_TARGET", "ROTARY_INIT_TARGET", "is_generic_cpu_platform",
+           "register_cpu_hooks"]
 
 ROTARY_INIT_TARGET = "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__"
+MLA_DISPATCH_TARGET = "sglang.srt.models.deepseek_v2.DeepseekV2AttentionMLA.dispatch_attn_forward_method"
+_TORCH_NATIVE = "torch_native"
 _ROTARY_MODULE = "sglang.srt.layers.rotary_embedding.base"
 _registered = False
 
@@ -46,6 +62,22 @@ def _rotary_init_without_vllm(original, self, *args, **kwargs):
         module._is_cpu = saved
 
 
+def _mla_dispatch_on_torch_native(original, self, forward_batch):
+    method = original(self, forward_batch)
+    if getattr(self, "current_attention_backend", None) != _TORCH_NATIVE:
+        return method
+    from sglang.srt.models.deepseek_common.attention_backend_handler import _dispatch_mla_subtype
+
+    return _dispatch_mla_subtype(self, forward_batch)
+
+
+CPU_HOOK_TARGETS: tuple[tuple[str, object], ...] = (
+    (ROTARY_INIT_TARGET, _rotary_init_without_vllm),
+    (MLA_DISPATCH_TARGET, _mla_dispatch_on_torch_native),
+)
+"""Every generic-CPU hook, (target, AROUND function): the one list registered below."""
+
+
 def register_cpu_hooks() -> bool:
     """Register the generic-CPU hooks once; return whether this process needed them."""
     global _registered
@@ -57,6 +89,7 @@ def register_cpu_hooks() -> bool:
 
     from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
-    register_hook(ROTARY_INIT_TARGET, _rotary_init_without_vllm, HookType.AROUND)
+    for target, hook in CPU_HOOK_TARGETS:
+        register_hook(target, hook, HookType.AROUND)
     _registered = True
     return True

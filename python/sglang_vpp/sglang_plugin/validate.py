@@ -6,10 +6,9 @@ value and the fix, or returns. It reads the model's ``config.json`` only to coun
 ``--vpp-layer-split``; nothing else touches disk. ``cli_args`` turns the error into one line on
 stderr and exit status 2, like argparse itself.
 
-The checks implement the refusals listed in docs/sglang-plugin.md: VPP needs a pipeline
-(pp size >= 2), fixed-size chunked prefill, and none of the features whose code paths would
-touch the layers a rank does not own (speculative decoding, LoRA, attention DP, PD
-disaggregation, hierarchical KV cache).
+The checks implement the refusals listed in docs/sglang-vpp.md: VPP needs a pipeline
+(pp size >= 2), fixed-size chunked prefill, and none of the features in ``VPP_REFUSALS``
+(the one list; ``vpp.install`` checks it again in each scheduler process).
 """
 
 from __future__ import annotations
@@ -17,12 +16,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.options import PipelineOptions, PpMode, is_vpp_mode
 
-__all__ = ["model_num_layers", "validate_pipeline_args"]
+__all__ = ["VPP_REFUSALS", "Refusal", "check_vpp_features", "model_num_layers", "validate_pipeline_args"]
 
 
 def _get(args: Any, name: str, default: Any = None) -> Any:
@@ -56,25 +56,63 @@ def model_num_layers(model_path: str | None, trust_remote_code: bool = False) ->
     return None
 
 
-def _check_vpp_compatible_features(args: Any, mode: str) -> None:
-    refusals = [
-        ("speculative_algorithm", lambda v: bool(v), "--speculative-algorithm"),
-        ("enable_lora", lambda v: bool(v), "--enable-lora"),
-        ("lora_paths", lambda v: bool(v), "--lora-paths"),
-        ("attn_dp_size", lambda v: int(v) > 1, "--attn-dp-size"),
-        ("enable_dp_attention", lambda v: bool(v), "--enable-dp-attention"),
-        ("disaggregation_mode", lambda v: v not in ("null", None), "--disaggregation-mode"),
-        ("enable_hierarchical_cache", lambda v: bool(v), "--enable-hierarchical-cache"),
-        ("enable_dynamic_chunking", lambda v: bool(v), "--enable-dynamic-chunking"),
-    ]
-    for name, is_on, flag in refusals:
-        value = getattr(args, name, None)
-        if value is not None and is_on(value):
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """One SGLang feature the VPP modes refuse, and why (listed in docs/sglang-vpp.md)."""
+
+    attr: str
+    """``ServerArgs`` attribute."""
+    flag: str
+    """The flag the user passed, as named in the message."""
+    is_on: Callable[[Any], bool]
+    reason: str
+
+
+def _truthy(value: Any) -> bool:
+    return bool(value)
+
+
+def _above_one(value: Any) -> bool:
+    return int(value) > 1
+
+
+_PLACEHOLDERS = "its code paths touch the layers a rank does not own under fold-back placement"
+VPP_REFUSALS: tuple[Refusal, ...] = (
+    Refusal("speculative_algorithm", "--speculative-algorithm", _truthy,
+            "the draft model and the verify step would need their own fold-back stages"),
+    Refusal("enable_lora", "--enable-lora", _truthy, _PLACEHOLDERS),
+    Refusal("lora_paths", "--lora-paths", _truthy, _PLACEHOLDERS),
+    Refusal("dp_size", "--dp-size", _above_one,
+            "data-parallel replicas each need their own replicated VPP schedulers"),
+    Refusal("attn_dp_size", "--attn-dp-size", _above_one,
+            "attention DP splits the batch inside a stage; the VPP loop hands one batch per micro-batch"),
+    Refusal("enable_dp_attention", "--enable-dp-attention", _truthy,
+            "attention DP splits the batch inside a stage; the VPP loop hands one batch per micro-batch"),
+    Refusal("disaggregation_mode", "--disaggregation-mode", lambda v: v not in ("null", None),
+            "PD disaggregation registers the KV of every layer of the hull, placeholders included"),
+    Refusal("enable_hierarchical_cache", "--enable-hierarchical-cache", _truthy, _PLACEHOLDERS),
+    Refusal("enable_pdmux", "--enable-pdmux", _truthy,
+            "PD multiplexing runs its own scheduling loop, not the VPP loop"),
+    Refusal("enable_dynamic_chunking", "--enable-dynamic-chunking", _truthy,
+            "VPP chunks are fixed-size; --pp-mode dcpp is the dynamic-chunk mode"),
+)  # fmt: skip
+"""Every feature refused with ``--pp-mode vpp*``: the one list, checked by the launcher
+(``validate_pipeline_args``) and again in each scheduler process (``vpp.install``)."""
+
+
+def check_vpp_features(args: Any, mode: str) -> None:
+    """Raise PpModeError for the first refused feature that ``args`` turns on."""
+    for refusal in VPP_REFUSALS:
+        value = getattr(args, refusal.attr, None)
+        if value is not None and refusal.is_on(value):
             raise PpModeError(
-                f"--pp-mode {mode} does not support {flag} (got {value!r}): its code paths touch "
-                f"the layers a rank does not own under fold-back placement. Drop {flag}, or use "
-                "--pp-mode cpp / dcpp"
+                f"--pp-mode {mode} does not support {refusal.flag} (got {value!r}): {refusal.reason}. "
+                f"Drop {refusal.flag}, or use --pp-mode cpp / dcpp"
             )
+
+
+def _check_vpp_compatible_features(args: Any, mode: str) -> None:
+    check_vpp_features(args, mode)
     if os.environ.get("SGLANG_PP_LAYER_PARTITION"):
         raise PpModeError(
             f"--pp-mode {mode} takes its layer split from --vpp-layer-split, but "

@@ -11,6 +11,7 @@ copied: every change is a hook on one of these targets (paths under ``sglang.srt
     model_loader.loader.DefaultModelLoader._get_all_weights AROUND drop unowned layers' weights
     model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size AROUND owned count
     mem_cache.memory_pool.MHATokenToKVPool._create_buffers_normal AROUND K/V for owned layers
+    mem_cache.memory_pool.MLATokenToKVPool._create_buffers AROUND MLA latent for owned layers
     model_executor.model_runner.ModelRunner.load_model    AFTER   refuse unsupported models
     model_executor.forward_batch_info.ForwardBatch.init_new AROUND reuse a batch's ForwardBatch
     managers.scheduler._dispatch_event_loop_once          AROUND  the VPP event loop
@@ -49,21 +50,15 @@ def _options(server_args: Any) -> tuple[str, tuple[int, ...] | None, str | None,
 
 
 def _refuse_unsupported(server_args: Any, mode: str) -> None:
-    """Paths that would touch unowned (placeholder) layers or need a contiguous range."""
-    checks = [
-        (getattr(server_args, "tp_size", 1) != 1, "--tp-size > 1", "--tp-size 1"),
-        (getattr(server_args, "dp_size", 1) != 1, "--dp-size > 1", "--dp-size 1"),
-        (getattr(server_args, "speculative_algorithm", None) is not None, "speculative decoding", "no --speculative-*"),
-        (getattr(server_args, "enable_lora", False), "LoRA", "no --enable-lora"),
-        (getattr(server_args, "enable_hierarchical_cache", False), "hierarchical cache", "no --enable-hierarchical-cache"),
-        (getattr(server_args, "disaggregation_mode", "null") not in (None, "null"), "PD disaggregation", "--disaggregation-mode null"),
-        (getattr(server_args, "enable_dynamic_chunking", False), "--enable-dynamic-chunking", "--pp-mode dcpp for dynamic chunks"),
-        (getattr(server_args, "enable_pdmux", False), "PD multiplexing", "no --enable-pdmux"),
-        ((getattr(server_args, "chunked_prefill_size", 0) or 0) <= 0, "chunked prefill disabled", "--chunked-prefill-size > 0"),
-    ]
-    for bad, what, fix in checks:
-        if bad:
-            raise VppConfigError(f"--pp-mode {mode} does not support {what}; use {fix} (or --pp-mode cpp)")
+    """The plugin's one refusal list (``validate.VPP_REFUSALS``) plus what needs chunked prefill."""
+    from sglang_vpp.sglang_plugin.validate import check_vpp_features
+
+    check_vpp_features(server_args, mode)
+    if (getattr(server_args, "chunked_prefill_size", 0) or 0) <= 0:
+        raise VppConfigError(
+            f"--pp-mode {mode} pipelines prefill chunks but chunked prefill is disabled; "
+            "pass a positive --chunked-prefill-size (or --pp-mode cpp)"
+        )
 
 
 def _refuse_missing_hook_targets(mode: str) -> None:
@@ -117,7 +112,7 @@ def install(server_args: Any) -> None:
         from dataclasses import replace
 
         config = replace(config, **overrides)
-    set_state(VppState(config=config))
+    set_state(VppState(config=config, node_rank=int(getattr(server_args, "node_rank", 0) or 0)))
 
     def around_dispatch(original, scheduler):
         return run_vpp_event_loop(scheduler, get_state())
@@ -135,6 +130,7 @@ def install(server_args: Any) -> None:
         _P + "mem_cache.memory_pool.MHATokenToKVPool._create_buffers_normal",
         own.around_create_buffers_normal, HookType.AROUND,
     )
+    register(_P + "mem_cache.memory_pool.MLATokenToKVPool._create_buffers", own.around_create_mla_buffers, HookType.AROUND)
     register(_P + "model_executor.model_runner.ModelRunner.load_model", own.after_load_model, HookType.AFTER)
     register(
         _P + "model_executor.forward_batch_info.ForwardBatch.init_new",

@@ -29,6 +29,10 @@ Every decision is recorded with ``--vpp-trace`` (``accounting.py``) so ``sglang-
 Every stage processes micro-batches in admission order, so a chunk's KV prefix on a stage is
 always written before a later chunk reads it, and each channel is FIFO.
 
+TP (``--tp-size > 1``): one such pipeline per TP index; before each choice the TP ranks of a
+stage agree on how many messages every one of them holds (``tp_agreement.py``), so they run
+the same stages in the same order. Heartbeats never enter that count: ``_poll`` handles them.
+
 Liveness: every wait has the comm timeout. An idle rank 0 sends a heartbeat down the pipeline
 every ``heartbeat_s``; the last rank echoes it back up, so no channel is silent for long.
 """
@@ -50,6 +54,7 @@ from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
 from .replica import Replica, batch_signature, outputs_to_cpu
 from .stage_runner import StageJob, run_stage
 from .state import VppState
+from .tp_agreement import SOLO
 from .transport import MessageLink, Inbox, Message
 
 logger = logging.getLogger(__name__)
@@ -98,6 +103,7 @@ class _LoopBase:
         self.inbox = Inbox(self.config.comm_timeout_s)
         self.fwd_items: deque[Message] = deque()
         self.bwd_items: deque[Message] = deque()
+        self.tp = state.tp_agreement or SOLO
         self._check_replicas_agree()
         self.fwd_out = self._channel("fwd", self.rank + 1) if self.rank + 1 < self.num_ranks else None
         self.bwd_out = self._channel("bwd", self.rank - 1) if self.rank > 0 else None
@@ -148,8 +154,20 @@ class _LoopBase:
                     peer = self.rank + 1 if self.jobs else self.rank - 1
                     raise inbox_timeout(self.rank, peer, action, self.config.comm_timeout_s) from None
                 return
-            (self.fwd_items if direction == "fwd" else self.bwd_items).append(self.inbox.take(item))
+            message = self.inbox.take(item)
+            if message.kind == "heartbeat":
+                self._on_heartbeat(direction, message)
+            else:
+                (self.fwd_items if direction == "fwd" else self.bwd_items).append(message)
             block = False
+
+    def _on_heartbeat(self, direction: str, message: Message) -> None:
+        """Heartbeats keep links alive; they carry no work, so no TP agreement counts them."""
+
+    def _agreed_ready(self, action: str) -> tuple[int, int]:
+        """(fold-back, forward-sweep) messages held by every TP rank of this stage."""
+        bwd, fwd = self.tp.ready([len(self.bwd_items), len(self.fwd_items)], action)
+        return bwd, fwd
 
     def _compute(self, job: StageJob, stage: int, tensors: dict | None) -> Any:
         with self.acct.timed(stage, job.seq, job.is_prefill, job.num_tokens):
@@ -220,7 +238,8 @@ class LeaderLoop(_LoopBase):
                 continue
             if self.jobs:
                 oldest = min(self.jobs)
-                self._poll(block=True, action=f"the fold-back hidden states of micro-batch {oldest}")
+                # A message held here but not yet by a TP peer: go round again (no new one may come).
+                self._poll(block=not self.bwd_items, action=f"the fold-back hidden states of micro-batch {oldest}")
                 continue
             self._idle_poll()
         self.held = None  # built but never admitted: the server is exiting
@@ -229,10 +248,10 @@ class LeaderLoop(_LoopBase):
 
     def _step(self) -> bool:
         self._poll(block=False, action="")
-        self._drop_heartbeats()
+        ready_bwd, _ = self._agreed_ready("the leader's next choice")
         self._ingest()
         ready = []
-        if self.bwd_items:
+        if ready_bwd:
             ready.append((self.last_stage, self.bwd_items[0].seq))
         held = self._admissible()
         if held is not None:
@@ -322,9 +341,8 @@ class LeaderLoop(_LoopBase):
         self.controller.on_left(job.seq)
         self.acct.decision("left", seq=job.seq)
 
-    def _drop_heartbeats(self) -> None:
-        while self.bwd_items and self.bwd_items[0].kind == "heartbeat":
-            self.bwd_items.popleft()
+    def _on_heartbeat(self, direction: str, message: Message) -> None:
+        """The pipeline's echo of rank 0's own heartbeat: nothing to do."""
 
     # ------------------------------------------------------------------ idle
     def _enter_idle(self) -> None:
@@ -369,17 +387,15 @@ class FollowerLoop(_LoopBase):
         s = self.s
         while not s.gracefully_exit:
             self._poll(block=not (self.fwd_items or self.bwd_items), action="the next message from rank 0's side")
-            # Heartbeats and control-only messages carry no stage work: pass them on first.
-            if self.bwd_items and self.bwd_items[0].kind == "heartbeat":
-                self._on_backward(self.bwd_items.popleft())
-                continue
-            if self.fwd_items and (self.fwd_items[0].kind == "heartbeat" or self.fwd_items[0].seq < 0):
+            ready_bwd, ready_fwd = self._agreed_ready("the follower's next message")
+            # Control-only messages carry no stage work: pass them on first.
+            if ready_fwd and self.fwd_items[0].seq < 0:
                 self._on_forward(self.fwd_items.popleft())
                 continue
             ready = []
-            if self.bwd_items:
+            if ready_bwd:
                 ready.append((self.up_stage, self.bwd_items[0].seq))
-            if self.fwd_items:
+            if ready_fwd:
                 ready.append((self.down_stage, self.fwd_items[0].seq))
             if not ready:
                 continue
@@ -390,11 +406,15 @@ class FollowerLoop(_LoopBase):
                 self._on_forward(self.fwd_items.popleft())
         self._flush_channels()
 
-    def _on_forward(self, message: Message) -> None:
-        if message.kind == "heartbeat":
+    def _on_heartbeat(self, direction: str, message: Message) -> None:
+        """Pass rank 0's heartbeat down the pipeline; the last rank echoes it back up."""
+        if direction == "fwd":
             target = self.fwd_out if self.fwd_out is not None else self.bwd_out
-            target.send(Message(kind="heartbeat"), blocking=self.blocking)
-            return
+        else:
+            target = self.bwd_out
+        target.send(Message(kind="heartbeat"), blocking=self.blocking)
+
+    def _on_forward(self, message: Message) -> None:
         batch, slot = None, None
         for event in message.events:
             result = self.replica.replay(event)
@@ -421,9 +441,6 @@ class FollowerLoop(_LoopBase):
         self.fwd_out.send(forward, blocking=self.blocking)
 
     def _on_backward(self, message: Message) -> None:
-        if message.kind == "heartbeat":
-            self.bwd_out.send(message, blocking=self.blocking)
-            return
         job = self.jobs.pop(message.seq, None)
         if job is None or message.stage != self.up_stage - 1:
             raise SchedulerDivergenceError(

@@ -41,6 +41,7 @@ __all__ = [
     "around_get_all_weights",
     "around_compute_cell_size",
     "around_create_buffers_normal",
+    "around_create_mla_buffers",
     "after_load_model",
     "forward_range",
     "layer_holder",
@@ -53,6 +54,9 @@ SUPPORTED_MODEL_CLASSES = frozenset(
         "LlamaForCausalLM",
         "Qwen2MoeForCausalLM",
         "Qwen3MoeForCausalLM",
+        "DeepseekV2ForCausalLM",
+        "DeepseekV3ForCausalLM",
+        "Glm4MoeForCausalLM",
     }
 )
 """Classes whose forward loops ``range(self.model.start_layer, self.model.end_layer)`` and whose
@@ -119,9 +123,16 @@ def after_initialize_model_parallel(result: Any, *args: Any, **kwargs: Any) -> N
     # [Note: direction groups] the loop's point-to-point traffic goes through sglang_vpp.comm: one
     # communicator with a "fwd" and a "bwd" group per neighbour pair (distinct communicators, so
     # a fold-back transfer never queues behind a forward-sweep transfer), backend from the device.
+    # [Note: TP pipelines] with --tp-size T there are T pipelines, one per TP index; both the
+    # communicator's links and the TP agreement groups are created collectively over the world.
+    from .tp_agreement import SOLO, all_pp_pairs, open_tp_agreement
     from .transport import open_communicator
 
-    state.comm = open_communicator(pp.device, list(pp.ranks), state.config.comm_timeout_s)
+    world = ps.get_world_group().cpu_group
+    timeout = state.config.comm_timeout_s
+    state.comm = open_communicator(pp.device, list(pp.ranks), timeout, all_pairs=all_pp_pairs(world, pp.ranks))
+    tp = ps.get_tp_group()
+    state.tp_agreement = open_tp_agreement(world, tp.ranks, timeout) if tp.world_size > 1 else SOLO
     return None
 
 
@@ -160,9 +171,10 @@ def around_make_layers(original, num_hidden_layers, layer_fn, pp_rank=None, pp_s
             modules[index] = built[index]
     hull_start, hull_end = state.hull()
     logger.info(
-        "VPP rank %d builds stages %s (layers %s of %d); hull [%d, %d)",
-        state.rank, state.owned_stages(), sorted(state.owned_layers()), num_hidden_layers, hull_start, hull_end,
-    )
+        "VPP node %s holds virtual stages %s: pp rank %d (global rank %d) builds layers %s of %d; hull [%d, %d)",
+        state.node_rank, state.owned_stages(), state.rank, torch.distributed.get_rank(),
+        sorted(state.owned_layers()), num_hidden_layers, hull_start, hull_end,
+    )  # fmt: skip
     return torch.nn.ModuleList(modules), hull_start, hull_end
 
 
@@ -193,39 +205,72 @@ def around_compute_cell_size(original, self, kvc, num_layers, *args, **kwargs):
     return original(self, kvc, num_layers, *args, **kwargs)
 
 
+def _allocate_owned(original, pool: Any, buffer_names: tuple[str, ...]) -> None:
+    """Run the pool's own allocation for the owned layers only, then put zero-row placeholders
+    (never read or written) where the hull's unowned layers sit, so SGLang's
+    ``layer_id - start_layer`` indexing stays valid; log what this rank holds."""
+    state = get_state()
+    assert state is not None
+    owned = state.owned_layers()
+    keep = [layer in owned for layer in range(pool.start_layer, pool.start_layer + pool.layer_num)]
+    if all(keep):
+        original(pool)
+    else:
+        full = pool.layer_num
+        pool.layer_num = sum(keep)
+        try:
+            original(pool)
+        finally:
+            pool.layer_num = full
+        for name in buffer_names:
+            real = iter(getattr(pool, name))
+            empty = (0, *getattr(pool, name)[0].shape[1:])
+            setattr(pool, name, [
+                next(real) if kept else torch.empty(empty, dtype=pool.store_dtype, device=pool.device) for kept in keep
+            ])  # fmt: skip
+    num_bytes = sum(t.numel() * t.element_size() for name in buffer_names for t in getattr(pool, name))
+    _log_kv_allocation(state, pool, num_bytes)
+
+
 def around_create_buffers_normal(original, self):
-    """Allocate K/V for owned layers only; zero-row placeholders keep ``layer_id - start_layer``
-    indexing valid for the unowned layers of the hull (never read or written)."""
+    """MHA pools: K and V for owned layers only (``_allocate_owned``)."""
     state = get_state()
     if state is None or state.layout is None or state.rank is None:
-        return original(self)
-    owned = state.owned_layers()
-    hull_layers = list(range(self.start_layer, self.start_layer + self.layer_num))
-    keep = [layer in owned for layer in hull_layers]
-    if all(keep):
         return original(self)
     if getattr(self, "kv_cache_layout", "nhd") != "nhd":
         raise VppConfigError(
             f"--pp-mode {state.config.mode} supports the NHD KV layout only, got {self.kv_cache_layout!r}; "
             "unset SGLANG_USE_HND_KVCACHE / the AITER layout"
         )
-    full = self.layer_num
-    self.layer_num = sum(keep)
-    try:
-        original(self)
-    finally:
-        self.layer_num = full
-    real_k, real_v = iter(self.k_buffer), iter(self.v_buffer)
-    k_out, v_out = [], []
-    for kept in keep:
-        if kept:
-            k_out.append(next(real_k))
-            v_out.append(next(real_v))
-        else:
-            k_out.append(torch.empty((0, *self.k_buffer[0].shape[1:]), dtype=self.store_dtype, device=self.device))
-            v_out.append(torch.empty((0, *self.v_buffer[0].shape[1:]), dtype=self.store_dtype, device=self.device))
-    self.k_buffer, self.v_buffer = k_out, v_out
+    _allocate_owned(original, self, ("k_buffer", "v_buffer"))
     return None
+
+
+def around_create_mla_buffers(original, self):
+    """MLA (DeepSeek) pools: one latent buffer per layer, for owned layers only."""
+    state = get_state()
+    if state is None or state.layout is None or state.rank is None:
+        return original(self)
+    _allocate_owned(original, self, ("kv_buffer",))
+    return None
+
+
+def _log_kv_allocation(state: Any, pool: Any, num_bytes: int) -> None:
+    """Per rank: owned layers and KV token capacity, next to what a contiguous split would hold
+    (the schedule core's even contiguous layout; SGLang's own split may place a remainder layer
+    on another rank)."""
+    from sglang_vpp.schedule import build_layout
+
+    layout = state.layout
+    owned = sorted(state.owned_layers())
+    stock = build_layout(layout.num_ranks, layout.num_layers, "contiguous").stages[state.rank]
+    per_layer = num_bytes / max(1, len(owned))
+    logger.info(
+        "VPP KV rank %d (node %s): layers %s (%d of %d), %d token slots, %.2f MiB; a contiguous PP split "
+        "(stock PP's layout) on this rank: layers [%d, %d) (%d), %.2f MiB for the same slots",
+        state.rank, state.node_rank, owned, len(owned), layout.num_layers, pool.size, num_bytes / 2**20,
+        stock.layer_start, stock.layer_end, stock.num_layers, per_layer * stock.num_layers / 2**20,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- model checks and forward range

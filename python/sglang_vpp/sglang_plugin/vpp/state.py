@@ -113,6 +113,10 @@ class VppState:
     """SGLang's PP GroupCoordinator (start-up checks)."""
     comm: object | None = None
     """This rank's ``sglang_vpp.comm`` communicator ("fwd" and "bwd" groups to each neighbour)."""
+    node_rank: int = 0
+    """``--node-rank`` of this process (start-up logs say which node holds which stages)."""
+    tp_agreement: object | None = None
+    """``tp_agreement.TpAgreement`` of this stage's TP ranks (``SOLO`` at --tp-size 1)."""
 
     def ensure_layout(self, num_layers: int) -> Layout:
         """Build the fold-back layout the first time the layer count is known; check it after."""

@@ -84,11 +84,17 @@ def backend_for(device: Any) -> str:
     return {"cuda": "nccl", "npu": "hccl"}.get(kind, "gloo")
 
 
-def open_communicator(device: Any, pp_ranks: list[int], timeout_s: float) -> Communicator:
+def open_communicator(device: Any, pp_ranks: list[int], timeout_s: float,
+                      all_pairs: list[tuple[int, int]] | None = None) -> Communicator:
     """Create this rank's communicator over the PP ranks (global ranks, pipeline order).
 
-    Collective over the whole torch world (``new_group``): every rank calls it at the same point."""
+    Collective over the whole torch world (``new_group``): every rank calls it at the same point
+    with the same ``all_pairs``, the neighbour pairs of every pipeline in the world (with
+    ``--tp-size > 1`` there is one pipeline per TP index); None: this pipeline is the world's only one."""
     pairs = tuple(itertools.pairwise(pp_ranks))
+    if all_pairs is not None:
+        assert set(pairs) <= set(all_pairs), (pairs, all_pairs)
+        pairs = tuple(all_pairs)
     return create_communicator(backend_for(device), CommConfig(group_names=GROUPS, timeout_s=timeout_s, pairs=pairs))
 
 
