@@ -18,20 +18,9 @@ from sglang_vpp.runtime.models import (
     save_checkpoint,
 )
 from sglang_vpp.runtime.models.layers import chunk_mask
-from sglang_vpp.runtime.reference import max_abs_diff, prompt_tokens, reference_forward
+from sglang_vpp.runtime.reference import max_abs_diff, prompt_tokens, reference_forward, within_fp32_rounding
 from sglang_vpp.schedule import ChunkSpec, build_layout
 
-# Bound on fp32 differences between two correct computations with different reduction orders
-# (chunked vs whole prompt, ours vs transformers), relative to the outputs' scale (|x| ~ 5 here):
-# the matmul shapes differ, so the CPU kernels block and accumulate differently, and how much
-# that moves the result depends on the instruction set (AVX2 vs AVX-512 give 1e-6 vs 1.5e-5
-# absolute on the same logits). About 100 fp32 ulps of the largest output.
-REL_TOL = 1e-5
-
-
-def within_fp32_noise(diff: float, *outputs: torch.Tensor) -> bool:
-    scale = max(1.0, *(t.abs().max().item() for t in outputs))
-    return diff <= REL_TOL * scale
 RUNTIME_PRESETS = ["tiny-qwen3", "tiny-llama", "tiny-qwen3-moe", "tiny-deepseek"]
 
 
@@ -55,7 +44,7 @@ def test_chunked_equals_whole_prompt(preset, length, chunk):
     whole = reference_forward(source, [length, length // 2], None).outputs
     chunked = reference_forward(source, [length, length // 2], chunk).outputs
     diff = max_abs_diff(chunked, whole)
-    assert within_fp32_noise(diff, *(t for o in whole for t in (o.hidden, o.logits))), diff
+    assert within_fp32_rounding(diff, *(t for o in whole for t in (o.hidden, o.logits))), diff
 
 
 def test_wrong_mask_would_be_caught():
@@ -96,8 +85,8 @@ def test_reference_matches_transformers(preset, tmp_path):
     with torch.no_grad():
         hidden = hf.model(tokens[None]).last_hidden_state[0]
         logits = hf.lm_head(hidden)[-1]
-    assert within_fp32_noise((hidden - ours.hidden).abs().max().item(), hidden)
-    assert within_fp32_noise((logits - ours.logits).abs().max().item(), logits)
+    assert within_fp32_rounding((hidden - ours.hidden).abs().max().item(), hidden)
+    assert within_fp32_rounding((logits - ours.logits).abs().max().item(), logits)
     # And the directory loads back into the runtime with the same result (HF weight names).
     again = reference_forward(resolve_model(str(tmp_path)), [120], 40).outputs
     assert max_abs_diff(again, [ours]) == 0.0
@@ -113,7 +102,7 @@ def test_tiny_hf_directory_matches_transformers():
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     with torch.no_grad():
         hidden = hf.model(prompt_tokens(0, 70, source.config.vocab_size)[None]).last_hidden_state[0]
-    assert within_fp32_noise((hidden - ours.hidden).abs().max().item(), hidden)
+    assert within_fp32_rounding((hidden - ours.hidden).abs().max().item(), hidden)
 
 
 @pytest.mark.parametrize("kind,ranks", [("contiguous", 2), ("foldback", 2), ("foldback", 4)])
