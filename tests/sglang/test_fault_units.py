@@ -186,3 +186,32 @@ def test_sigquit_without_a_running_loop_kills_at_once(monkeypatch):
     monkeypatch.setattr(failure_report, "_stopping", False)
     failure_report.around_sigquit_handler(lambda handler, *a: calls.append(a), object(), signal.SIGQUIT, None)
     assert calls == [(signal.SIGQUIT, None)]
+
+
+def test_report_waits_for_a_rank_whose_death_is_not_yet_visible(monkeypatch, caplog):
+    """A survivor can report its dead peer before the killed process's exit status exists."""
+    import threading
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        monkeypatch.setattr(failure_report, "_ranks", [RankRecord(0, 0, 0, child.pid)])
+        threading.Timer(0.3, os.kill, args=(child.pid, signal.SIGKILL)).start()
+        with caplog.at_level("ERROR"):
+            described = failure_report.report_failed_ranks(settle_s=5.0)
+        assert described == [f"pp_rank=0 tp_rank=0 node=0 pid={child.pid} killed by signal 9 (SIGKILL)"]
+        assert not any("still running" in r.getMessage() for r in caplog.records)
+    finally:
+        child.kill()
+        child.wait(5)
+
+
+def test_report_says_every_rank_still_runs_after_the_settle_time(monkeypatch, caplog):
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        monkeypatch.setattr(failure_report, "_ranks", [RankRecord(1, 0, 0, alive.pid)])
+        with caplog.at_level("ERROR"):
+            assert failure_report.report_failed_ranks(settle_s=0.2) == []
+        assert any("every pipeline rank process is still running" in r.getMessage() for r in caplog.records)
+    finally:
+        alive.kill()
+        alive.wait(5)

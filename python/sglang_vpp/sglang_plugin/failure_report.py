@@ -34,6 +34,7 @@ import os
 import re
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,10 +157,24 @@ def _failure_of(rank: RankRecord) -> str | None:
     return None
 
 
-def report_failed_ranks() -> list[str]:
+FAILURE_SETTLE_S = 2.0
+"""How long to look for the failed rank when a survivor reported first: a killed process closes
+its sockets (which the survivor sees as a dead peer) a moment before its exit status exists."""
+
+
+def _failed_ranks(settle_s: float) -> list[tuple[RankRecord, str]]:
+    deadline = time.monotonic() + settle_s
+    while True:
+        failed = [(rank, _failure_of(rank)) for rank in _ranks]
+        failed = [(rank, how) for rank, how in failed if how is not None]
+        if failed or not _ranks or time.monotonic() >= deadline:
+            return failed
+        time.sleep(0.05)
+
+
+def report_failed_ranks(settle_s: float = FAILURE_SETTLE_S) -> list[str]:
     """One log line per failed rank; returns the lines' rank descriptions."""
-    failed = [(rank, _failure_of(rank)) for rank in _ranks]
-    failed = [(rank, how) for rank, how in failed if how is not None]
+    failed = _failed_ranks(settle_s)
     for rank, how in failed:
         logger.error("sglang-vpp: pipeline rank failed: %s %s", rank.label(), how)
     if _ranks and not failed:
