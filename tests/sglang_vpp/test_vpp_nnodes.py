@@ -30,7 +30,7 @@ class NodeLaunch(SGLangServer):
     """A launch with ``--node-rank >= 1``: it runs scheduler processes only and serves no HTTP,
     so "started" means "still running"; the node-0 launch's health covers both."""
 
-    def _wait_healthy(self, deadline: float) -> None:
+    def _wait_healthy(self, deadline: float, on_wait=None) -> None:
         assert self.process is not None
         time.sleep(2.0)
         self._remember_descendants(self.process.pid)
