@@ -130,6 +130,8 @@ class RankExecutor:
     def _compute(self, action: Action) -> None:
         stage = self.layout.stages[action.stage_index]
         chunk = self.feed.chunks[action.chunk_key]
+        # make_planner plans without a token budget: the reference model runs one sequence per forward.
+        assert not chunk.batch, f"rank {self.rank}: {action} is a batched forward; the runtime runs one request"
         is_first, is_last = stage.stage_index == 0, stage.stage_index == self.layout.last_stage
         if is_first:
             inputs = self._request_tokens(chunk.request_index)[chunk.start : chunk.end]

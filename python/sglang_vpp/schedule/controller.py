@@ -29,6 +29,10 @@ Rules (the meaning of each mode, also in docs/method.md):
   1 .. 2P-2 away from rank 0, and during it rank 0 still owes the last stage of the group's
   in-flight micro-batches C_{n-2P+3} .. C_{n-1} (rank 0 pairs stage 0 of C_n with the last stage
   of C_{n-2P+2}). For P = 2 and tau_k = (k+1) t this is the method's (N + 1) t.
+- Batching (``token_budget``, SGLang's chunked-prefill size): a prefill micro-batch that ends its
+  request may take further whole requests into the same forward while their tokens fit the budget
+  (``joins_batch``), as SGLang's prefill adder fills a batch; a request that does not fit whole
+  waits for the next micro-batch. The batch is one micro-batch for every rule above.
 - Order: ``OLDEST_FIRST`` runs the oldest micro-batch first (ties: the higher stage);
   ``FEED_PEER_FIRST`` first runs a stage whose output another rank waits for, then the oldest.
 """
@@ -64,16 +68,21 @@ class MicroBatch:
     start: int
     """KV prefix of the chunk (the longest when several requests share the micro-batch)."""
     num_tokens: int
+    """Tokens of the whole forward (every request's in a batch)."""
     ends_request: bool
     """It carries the last prefill chunk of a request (or, for decode, nothing to drain)."""
     is_prefill: bool = True
     chunk_index: int = 0
     """Index of the chunk in its request, for cost models that read it (the planner's synthetic
     ones); models of real hardware read ``start`` and ``num_tokens`` only."""
+    batch: tuple[ChunkSpec, ...] = ()
+    """Requests batched behind the first one, when the planner knows them (``ChunkSpec.batch``);
+    their tokens are part of ``num_tokens``."""
 
     def chunk(self) -> ChunkSpec:
+        lead = self.num_tokens - sum(part.num_tokens for part in self.batch)
         return ChunkSpec(request_index=0, chunk_index=self.chunk_index, start=self.start,
-                         num_tokens=max(1, self.num_tokens), is_last=self.ends_request)
+                         num_tokens=max(1, lead), is_last=self.ends_request, batch=self.batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,14 +129,18 @@ class Controller:
     """Decides for one rank; every rank of a pipeline builds an equal one (see the module doc)."""
 
     def __init__(self, policy: PolicySpec, layout: Layout, cost: StageCostModel,
-                 max_in_flight: int | None = None) -> None:
+                 max_in_flight: int | None = None, token_budget: int | None = None) -> None:
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if token_budget is not None and token_budget < 1:
+            raise ValueError(f"token_budget must be >= 1 token, got {token_budget}")
         self.policy = policy
         self.layout = layout
         self.cost = cost
         in_flight = max_in_flight if max_in_flight is not None else default_in_flight_limit(layout)
         self.limits = ControllerLimits(in_flight, in_flight if policy.pack else 0)
+        self.token_budget = token_budget
+        """Tokens one prefill forward may carry when requests are batched; None: no batching."""
         self._in_flight: dict[int, _InFlight] = {}
         self._newest_prefill: _InFlight | None = None
         self._next_group = 0
@@ -191,6 +204,15 @@ class Controller:
         if self._window is not None and entry.group == self._window.group:
             if not any(e.group == self._window.group for e in self._in_flight.values()):
                 self._window = None
+
+    def joins_batch(self, batch: MicroBatch, candidate: MicroBatch) -> bool:
+        """May ``candidate`` (a request's whole prompt) ride in the forward of ``batch``, not yet
+        admitted? Only behind a micro-batch that ends its request, and only while the tokens fit
+        ``token_budget``; the caller then asks ``admission`` about the grown batch."""
+        return (self.token_budget is not None and batch.is_prefill and candidate.is_prefill
+                and batch.ends_request and candidate.ends_request and candidate.chunk_index == 0
+                and not candidate.requests & batch.requests
+                and batch.num_tokens + candidate.num_tokens <= self.token_budget)
 
     # ----------------------------------------------------------------- order
     def pick(self, rank: int, ready: Sequence[tuple[int, int]]) -> tuple[int, int]:

@@ -18,9 +18,9 @@ __all__ = ["StageCostModel", "LinearAttentionCost", "attention_work"]
 
 
 def attention_work(chunk: ChunkSpec) -> float:
-    """Query-key pairs of causal attention for a chunk after its prefix: ``c (L + (c + 1) / 2)``."""
-    c = chunk.num_tokens
-    return c * (chunk.start + (c + 1) / 2)
+    """Query-key pairs of causal attention for a chunk after its prefix: ``c (L + (c + 1) / 2)``,
+    summed over the requests of a batched forward (each attends over its own prefix)."""
+    return sum(part.num_tokens * (part.start + (part.num_tokens + 1) / 2) for part in chunk.parts)
 
 
 class StageCostModel(ABC):
@@ -37,7 +37,8 @@ class StageCostModel(ABC):
 
 @dataclass(frozen=True, slots=True)
 class LinearAttentionCost(StageCostModel):
-    """``layers * (linear * c + attention * c (L + c/2)) + fixed`` per stage and chunk.
+    """``layers * (linear * c + attention * c (L + c/2)) + fixed`` per stage and forward (a batched
+    forward: ``c`` is its total, the attention term a sum over its requests, ``fixed`` once).
 
     With ``attention`` dominant this is the method's law ``tau_k = (k + 1) t`` for equal chunks.
     The defaults (attention equal to the linear part at a 2K-token prefix) are the planner's
@@ -50,8 +51,8 @@ class LinearAttentionCost(StageCostModel):
     transfer_per_token: float = 0.0
 
     def stage_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
-        per_layer = self.linear_per_token * chunk.num_tokens + self.attention_per_pair * attention_work(chunk)
+        per_layer = self.linear_per_token * chunk.total_tokens + self.attention_per_pair * attention_work(chunk)
         return stage.num_layers * per_layer + self.fixed_per_chunk
 
     def transfer_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
-        return self.transfer_per_token * chunk.num_tokens
+        return self.transfer_per_token * chunk.total_tokens

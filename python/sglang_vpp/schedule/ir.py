@@ -150,16 +150,38 @@ class RequestSpec:
 
 @dataclass(frozen=True, slots=True)
 class ChunkSpec:
-    """Tokens ``[start, start + num_tokens)`` of request ``request_index``; ``start`` is the prefix."""
+    """Tokens ``[start, start + num_tokens)`` of request ``request_index``; ``start`` is the prefix.
+
+    A micro-batch that carries several requests (short prompts batched into one forward, see
+    ``Controller.joins_batch``) is written as its first request's chunk (the *lead*, which names
+    the micro-batch in actions) with the others' whole prompts in ``batch``. One forward runs
+    ``total_tokens`` tokens; each part attends over its own prefix only.
+    """
 
     request_index: int
     chunk_index: int
     start: int
     num_tokens: int
     is_last: bool = False
+    batch: tuple["ChunkSpec", ...] = ()
+    """Other requests' chunks in the same forward (each the last chunk of its request)."""
 
     def __post_init__(self) -> None:
         assert self.num_tokens >= 1 and self.start >= 0, self
+        assert all(part.is_last and not part.batch for part in self.batch), self
+
+    @property
+    def parts(self) -> tuple["ChunkSpec", ...]:
+        """Every request's chunk in the forward, the lead first (the lead without ``batch``)."""
+        if not self.batch:
+            return (self,)
+        return (ChunkSpec(self.request_index, self.chunk_index, self.start, self.num_tokens, self.is_last),
+                *self.batch)
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens of the whole forward (the lead's plus the batched requests')."""
+        return self.num_tokens + sum(part.num_tokens for part in self.batch)
 
     @property
     def key(self) -> tuple[int, int]:

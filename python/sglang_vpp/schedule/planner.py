@@ -17,6 +17,10 @@ writes the per-rank actions:
   built before the chunk needs it.
 - Stage 0 offers a chunk to the controller once its request has arrived; a chunk leaves the
   controller's in-flight set when its last stage ends on the estimated clock.
+- With a token budget (``PlannerConfig.token_budget``), a chunk that stage 0 starts takes the
+  following whole requests that have arrived into its forward while the controller lets them join
+  (``Controller.joins_batch``) and still admits the grown micro-batch; their chunks leave the
+  sequence and ride in the lead's ``ChunkSpec.batch``.
 - ``async`` policies post a send right after the compute that produced it and receive right
   before the compute that consumes it (``Lowering.compute``). ``blocking`` policies pair each hand-off on both ranks at
   the same moment (a rendezvous); when two neighbours hold outputs for each other, the fold-back
@@ -28,6 +32,7 @@ The estimated clock only orders work; executors (simulator, runtime, SGLang) kee
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass
 from typing import Callable
@@ -55,6 +60,9 @@ class PlannerConfig:
     controller's default (``default_in_flight_limit``)."""
     num_groups: int | None = None
     """Override the policy's group count (1 or 2); the negative control uses 1 with async sends."""
+    token_budget: int | None = None
+    """Tokens one prefill forward may carry when short requests are batched (SGLang's
+    chunked-prefill size); None: one request per forward."""
 
     def __post_init__(self) -> None:
         if self.layout.kind is not self.policy.layout_kind:
@@ -65,6 +73,8 @@ class PlannerConfig:
             raise PolicyError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
         if self.num_groups not in (None, 1, 2):
             raise PolicyError(f"groups must be 1 or 2, got {self.num_groups}")
+        if self.token_budget is not None and self.token_budget < 1:
+            raise PolicyError(f"token budget must be >= 1 token, got {self.token_budget}")
 
     @property
     def in_flight_limit(self) -> int:
@@ -108,14 +118,14 @@ class Planner:
         self._taken = [0] * self._num_ranks
         self.requests: list[RequestSpec] = []
         self.sequence: list[ChunkSpec] = []
-        self._last_position: list[int] = []
         self._ready_at: list[list[float | None]] = [[] for _ in range(self._num_stages)]
         self._finish: list[list[float | None]] = [[] for _ in range(self._num_stages)]
         self._next_position = [0] * self._num_stages
         self._rank_free = [0.0] * self._num_ranks
         self._offer: list[tuple[int, int] | None] = [None] * self._num_ranks
         self._completions: list[tuple[float, int]] = []
-        self.controller = Controller(config.policy, layout, config.cost, config.max_in_flight)
+        self.controller = Controller(config.policy, layout, config.cost, config.max_in_flight,
+                                     config.token_budget)
         self.request_finish: dict[int, float] = {}
         self.timeline: list[TimelineEntry] = []
         self.now = 0.0
@@ -137,7 +147,6 @@ class Planner:
                 self._finish[stage].append(None)
             start += size
             chunk_index += 1
-        self._last_position.append(len(self.sequence) - 1)
         return index
 
     def advance(self, until: float | None = None) -> None:
@@ -225,11 +234,42 @@ class Planner:
 
     def _micro_batch(self, position: int) -> MicroBatch:
         chunk = self.sequence[position]
-        return MicroBatch(position, frozenset((chunk.request_index,)), chunk.start, chunk.num_tokens, chunk.is_last,
-                          chunk_index=chunk.chunk_index)
+        return MicroBatch(position, frozenset(part.request_index for part in chunk.parts), chunk.start,
+                          chunk.total_tokens, chunk.is_last, chunk_index=chunk.chunk_index, batch=chunk.batch)
+
+    def _form_batch(self, position: int, now: float) -> None:
+        """Grow the micro-batch at ``position`` (about to enter stage 0) by the whole requests
+        after it that have arrived, while the controller lets them join and admits the result."""
+        if self.controller.token_budget is None:
+            return
+        batch = self._micro_batch(position)
+        end = position + 1
+        while end < len(self.sequence):
+            chunk = self.sequence[end]
+            if self.requests[chunk.request_index].arrival > now:
+                break
+            candidate = self._micro_batch(end)
+            if not self.controller.joins_batch(batch, candidate):
+                break
+            grown = MicroBatch(position, batch.requests | candidate.requests, batch.start,
+                               batch.num_tokens + candidate.num_tokens, True, chunk_index=batch.chunk_index,
+                               batch=batch.batch + (chunk,))
+            if self.controller.admission(grown) is Admission.NO:
+                break
+            batch, end = grown, end + 1
+        if not batch.batch:
+            return
+        # The joined chunks have not entered any stage (every stage runs the sequence in order).
+        self.sequence[position] = dataclasses.replace(self.sequence[position], batch=batch.batch)
+        del self.sequence[position + 1 : end]
+        for stage in range(self._num_stages):
+            del self._ready_at[stage][position + 1 : end]
+            del self._finish[stage][position + 1 : end]
 
     # ----------------------------------------------------------------- emitting work
     def _run(self, rank: int, stage: int, position: int, now: float) -> None:
+        if stage == 0:
+            self._form_batch(position, now)
         chunk = self.sequence[position]
         request, index = chunk.request_index, chunk.chunk_index
         if stage == 0:
@@ -245,7 +285,8 @@ class Planner:
         if consumer is None:
             heapq.heappush(self._completions, (end, position))
             if chunk.is_last:
-                self._complete_request(request, end)
+                for part in chunk.parts:
+                    self._complete_request(part.request_index, end)
         elif consumer == rank:  # [Note: fold point has no comm]
             self._ready_at[stage][position] = end
         elif self._blocking:

@@ -38,17 +38,26 @@ def parse_rank_lines(lines: Sequence[str]) -> list[list[Action]]:
     return ranks
 
 
+def _chunk_to_json(chunk: ChunkSpec) -> dict:
+    out = {"request": chunk.request_index, "chunk": chunk.chunk_index, "start": chunk.start,
+           "tokens": chunk.num_tokens, "last": chunk.is_last}
+    if chunk.batch:
+        out["batch"] = [_chunk_to_json(part) for part in chunk.batch]
+    return out
+
+
+def _chunk_from_json(data: dict) -> ChunkSpec:
+    return ChunkSpec(data["request"], data["chunk"], data["start"], data["tokens"], data.get("last", False),
+                     tuple(_chunk_from_json(part) for part in data.get("batch", ())))
+
+
 def schedule_to_json(schedule: Schedule) -> dict:
     return {
         "policy": str(schedule.policy),
         "comm_semantics": str(schedule.comm_semantics),
         "groups": list(schedule.groups),
         "layout": schedule.layout.to_dict(),
-        "chunks": [
-            {"request": c.request_index, "chunk": c.chunk_index, "start": c.start,
-             "tokens": c.num_tokens, "last": c.is_last}
-            for c in schedule.chunks
-        ],
+        "chunks": [_chunk_to_json(c) for c in schedule.chunks],
         "requests": [{"length": r.length, "arrival": r.arrival} for r in schedule.requests],
         "ranks": [[str(a) for a in actions] for actions in schedule.rank_actions],
     }
@@ -59,10 +68,7 @@ def schedule_from_json(data: dict) -> Schedule:
         return Schedule(
             policy=Policy(data["policy"]),
             layout=Layout.from_dict(data["layout"]),
-            chunks=tuple(
-                ChunkSpec(c["request"], c["chunk"], c["start"], c["tokens"], c.get("last", False))
-                for c in data["chunks"]
-            ),
+            chunks=tuple(_chunk_from_json(c) for c in data["chunks"]),
             rank_actions=tuple(tuple(Action.parse(a) for a in actions) for actions in data["ranks"]),
             comm_semantics=CommSemantics(data["comm_semantics"]),
             groups=tuple(data["groups"]),

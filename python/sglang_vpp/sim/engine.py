@@ -11,7 +11,8 @@ Execution model (also the fidelity limits; see docs/simulator.md):
   (math + exposed TP collectives + host overhead, see ``cost.base.StageTime``).
 - A stage-0 compute of a request waits for the request's release: its arrival time, and for
   closed-loop workloads the completion (in this simulation) of the request whose completion sent
-  it (``release_after``).
+  it (``release_after``). A batched forward (``ChunkSpec.batch``) waits for every request in it,
+  and completes them all when it leaves the last stage.
 - Optional admission backpressure (``SimConfig.max_in_flight``, off by default: the engine
   executes exactly the streams it is given, as the runtime does): stage 0 starts the chunk at
   sequence position i only after position i - limit has left the last stage. This models
@@ -255,23 +256,31 @@ class Engine:
                 rank, str(action), SliceKind.COMPUTE, now, end, None, action.stage_index,
                 action.request_index, action.chunk_index,
                 {"compute_s": parts.compute_s, "tp_comm_s": parts.tp_comm_s, "overhead_s": parts.overhead_s,
-                 "tokens": chunk.num_tokens, "prefix": chunk.start}))
+                 "tokens": chunk.total_tokens, "prefix": chunk.start,
+                 "requests": [part.request_index for part in chunk.parts]}))
         if action.stage_index == self.last_stage:
             position = self.position[chunk.key]
             self.chunk_done[position] = end
             self._wake(("chunk", position), end)
             if chunk.is_last:
-                self.completion[chunk.request_index] = end
-                self._wake(("request", chunk.request_index), end)
+                for part in chunk.parts:
+                    self.completion[part.request_index] = end
+                    self._wake(("request", part.request_index), end)
         return end
 
     def _in_flight_limit(self) -> int | None:
         return self.config.max_in_flight or None
 
     def _admission_time(self, action, rank: int) -> float | None:
-        """When stage 0 may start ``action``'s chunk: request release and the admission window."""
-        release = self._release_time(action.request_index, rank)
-        if release is None or self.in_flight is None:
+        """When stage 0 may start ``action``'s chunk: the release of every request in its forward
+        and the admission window."""
+        release = 0.0
+        for part in self.chunks[action.chunk_key].parts:
+            part_release = self._release_time(part.request_index, rank)
+            if part_release is None:
+                return None
+            release = max(release, part_release)
+        if self.in_flight is None:
             return release
         blocker = slot_released_by(self.position[action.chunk_key], self.in_flight)
         if blocker is None:
@@ -285,7 +294,9 @@ class Engine:
     def _admission_cause(self, action, release: float | None) -> IdleCause:
         """Why stage 0 cannot start ``action`` now: its request is not released yet, or no
         micro-batch slot is free."""
-        known = self.release.get(action.request_index)
+        parts = self.chunks[action.chunk_key].parts
+        releases = [self.release.get(part.request_index) for part in parts]
+        known = None if None in releases else max(releases)
         if known is None or (release is not None and known >= release):
             return IdleCause.RELEASE
         return IdleCause.ADMISSION
@@ -367,7 +378,7 @@ class Engine:
             steps=self.stats[0].num_computes,
             num_chunks=len(self.schedule.chunks),
             num_transfers=self.num_transfers,
-            num_tokens=sum(c.num_tokens for c in self.schedule.chunks),
+            num_tokens=sum(c.total_tokens for c in self.schedule.chunks),
             stage_totals_s=tuple(self.stage_totals),
             timeline=sorted(self.timeline, key=lambda s: (s.start, s.rank)),
             deadlock=deadlock,

@@ -52,6 +52,10 @@ class RunConfig:
     is 0.75)."""
     max_in_flight: int | None = None
     """Override the planner's in-flight chunk limit (default: P contiguous, 2P-1 fold-back)."""
+    batch_requests: bool = True
+    """Batch short requests into one forward up to ``chunk_size`` tokens, as SGLang's prefill adder
+    does with its chunked-prefill budget (``Controller.joins_batch``); False: one request per
+    forward."""
     sim: SimConfig = field(default_factory=SimConfig)
 
     def __post_init__(self) -> None:
@@ -132,7 +136,9 @@ def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: R
         arrivals.append(request.arrival)
         return [RequestSpec(request.length, max(request.arrival, end))]
 
-    planner = Planner(PlannerConfig(spec, layout, chunker, cost, config.max_in_flight), on_complete=on_complete)
+    budget = config.chunk_size if config.batch_requests else None
+    planner = Planner(PlannerConfig(spec, layout, chunker, cost, config.max_in_flight, token_budget=budget),
+                      on_complete=on_complete)
     for request in first:
         planner.submit(request)
     planner.advance()

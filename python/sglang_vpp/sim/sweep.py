@@ -34,11 +34,13 @@ class SweepRow:
 def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, modes: str | Sequence[str],
                     chunk_sizes: Sequence[int], num_ranks: int, split: Sequence[int] | None = None,
                     sim: SimConfig | None = None, seq_len: int | None = None,
-                    keep_schedules: bool = False, balance: str = "even") -> list[SweepRow]:
+                    keep_schedules: bool = False, balance: str = "even",
+                    batch_requests: bool = True) -> list[SweepRow]:
     """Every mode at every chunk size on one workload (the planner's estimate is ``cost``).
 
     ``balance="auto"``: each (mode, chunk size) runs on the layer split ``balance_split``
     chooses for this cost model from the workload's first requests (up to 8).
+    ``batch_requests``: see ``RunConfig.batch_requests``.
     """
     if balance not in BALANCE_MODES:
         raise SimError(f"--balance must be one of {', '.join(BALANCE_MODES)}, got {balance!r}")
@@ -52,7 +54,7 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
             chosen = tuple(split) if split else None
             if balance == "auto":
                 chosen = balance_split(spec, num_ranks, num_layers, probe, chunk_size, cost)
-            config = RunConfig(num_ranks, chunk_size, chosen, sim=sim or SimConfig())
+            config = RunConfig(num_ranks, chunk_size, chosen, batch_requests=batch_requests, sim=sim or SimConfig())
             rows.append(SweepRow(workload.name, seq_len,
                                  run_mode(str(spec.name), workload, cost, config, num_layers, keep_schedules)))
     return rows

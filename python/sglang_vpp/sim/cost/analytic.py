@@ -101,7 +101,8 @@ class AnalyticCostModel(BreakdownCostModel):
 
     def stage_breakdown(self, stage: StageSpec, chunk: ChunkSpec) -> StageTime:
         # The planner (estimate) and the engine ask the same questions: memoise them.
-        key = (stage.layer_start, stage.layer_end, chunk.num_tokens, chunk.start)
+        key = (stage.layer_start, stage.layer_end, chunk.num_tokens, chunk.start,
+               tuple((part.num_tokens, part.start) for part in chunk.batch))
         cached = self._cache.get(key)
         if cached is None:
             if len(self._cache) > 500_000:
@@ -112,7 +113,9 @@ class AnalyticCostModel(BreakdownCostModel):
     def _breakdown(self, stage: StageSpec, chunk: ChunkSpec) -> StageTime:
         m, hw, tp = self.model, self.hardware, self.tp
         sums = self._sums(stage)
-        c, prefix = chunk.num_tokens, chunk.start
+        # A batched forward runs its linear layers, weight streaming and TP collectives once on
+        # the total tokens; attention (and the DSA indexer) per request over its own prefix.
+        c = chunk.total_tokens
         flops_per_s = hw.peak_flops * tp
         scale = c / (c + hw.half_efficiency_tokens)
         # Linear part: compute bound unless the weights a chunk touches take longer to stream.
@@ -121,12 +124,12 @@ class AnalyticCostModel(BreakdownCostModel):
         if sums.moe_layers:
             weight_bytes += sums.moe_layers * m.weight_bytes_per_chunk(m.num_layers - 1, c)
         linear = max(linear_math, weight_bytes / (hw.hbm_bytes_per_s * tp))
+        dense_pairs = sum(causal_pairs(part.num_tokens, part.start) for part in chunk.parts)
         if m.sparse_top_k:
-            pairs = sparse_pairs(c, prefix, m.sparse_top_k)
-            indexer = causal_pairs(c, prefix) * sums.indexer_flops_per_pair / (
-                flops_per_s * hw.indexer_efficiency * scale)
+            pairs = sum(sparse_pairs(part.num_tokens, part.start, m.sparse_top_k) for part in chunk.parts)
+            indexer = dense_pairs * sums.indexer_flops_per_pair / (flops_per_s * hw.indexer_efficiency * scale)
         else:
-            pairs, indexer = causal_pairs(c, prefix), 0.0
+            pairs, indexer = dense_pairs, 0.0
         attention = pairs * sums.attention_flops_per_pair / (flops_per_s * hw.attention_efficiency * scale)
         compute = linear + attention + indexer + sums.num_layers * hw.layer_overhead_s
         tp_comm = 0.0
@@ -142,7 +145,7 @@ class AnalyticCostModel(BreakdownCostModel):
 
     def transfer_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
         hw = self.hardware
-        size = hw.pp_tensors * chunk.num_tokens * self.model.hidden_bytes_per_token()
+        size = hw.pp_tensors * chunk.total_tokens * self.model.hidden_bytes_per_token()
         return hw.pp_latency_s + size / hw.pp_bytes_per_s
 
     def describe(self) -> str:

@@ -154,10 +154,13 @@ class FittedCostModel(StageCostModel):
             "measured layout")
 
     def stage_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
-        return self._coefficients(stage)(chunk.num_tokens, chunk.start)
+        coefficients = self._coefficients(stage)
+        # A batched forward: the per-forward constant once, the token terms per request.
+        return coefficients.d + sum(coefficients(part.num_tokens, part.start) - coefficients.d
+                                    for part in chunk.parts)
 
     def transfer_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
-        return self.transfer(chunk.num_tokens) if self.transfer is not None else 0.0
+        return self.transfer(chunk.total_tokens) if self.transfer is not None else 0.0
 
     @classmethod
     def fit(cls, samples: Iterable[CostSample], meta: dict | None = None) -> "FittedCostModel":
