@@ -26,7 +26,7 @@ from sglang_vpp.sim.idle import IDLE_CAUSES
 from sglang_vpp.sim.preset_loader import load_hardware, load_model
 from sglang_vpp.sim.priors import PRIORS
 from sglang_vpp.sim.sweep import simulate_matrix, size_label
-from sglang_vpp.sim.workloads import long_workload
+from sglang_vpp.sim.workloads import long_workload, mixed_workload, short_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = {"calibration": ROOT / "docs" / "calibration.md", "simulator": ROOT / "docs" / "simulator.md"}
@@ -149,6 +149,27 @@ def short_prompt_chunks(model, cost) -> str:
     return "\n".join(lines)
 
 
+def batching(model, cost) -> str:
+    """Short workloads (8K chunks) and the mixed workload (24K chunks) at P = 2: one request per
+    forward against SGLang's batching of whole requests up to the chunk size."""
+    modes = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack", "vpp-taper")
+    workloads = [(short_workload(1024, 100), 8192), (short_workload(4096, 100), 8192), (mixed_workload(), 24576)]
+    lines = ["| workload | chunk | mode | forwards apart / batched | makespan s apart / batched "
+             "| mean TTFT s apart / batched |", "|---|---|---|---|---|---|"]
+    for workload, chunk in workloads:
+        runs = {batch: {r.result.mode: r.result.sim for r in simulate_matrix(
+            workload, cost, model.num_layers, ",".join(modes), [chunk], 2, sim=SimConfig(record_timeline=False),
+            batch_requests=batch)} for batch in (False, True)}
+        for mode in modes:
+            apart, together = runs[False][mode], runs[True][mode]
+            lines.append(f"| {workload.description} | {size_label(chunk)} | {mode} | "
+                         f"{apart.num_chunks} / {together.num_chunks} | "
+                         f"{apart.makespan_s:.1f} / {together.makespan_s:.1f} "
+                         f"({100 * (together.makespan_s / apart.makespan_s - 1):+.1f} %) | "
+                         f"{apart.ttft_s:.2f} / {together.ttft_s:.2f} |")
+    return "\n".join(lines)
+
+
 def sparse_balance(cost_by_model: dict) -> str:
     """tau_k / tau_0 of one 10-layer stage (24K chunks), and vpp-pack with the even layer split
     against ``--balance auto`` at P = 4, 512K, 24K chunks."""
@@ -185,6 +206,7 @@ def compute_blocks() -> dict[str, tuple[str, str]]:
         "idle-by-cause": ("simulator", idle_at_calibration_point(model, cost)),
         "deep-pipeline": ("simulator", deep_pipeline(model, cost)),
         "chunk-size-64k": ("simulator", short_prompt_chunks(model, cost)),
+        "batching": ("simulator", batching(model, cost)),
         "sparse-balance": ("simulator", sparse_balance({"deepseek-v3.1": (model, cost),
                                                         "glm-5.2": (glm, AnalyticCostModel(glm, hardware))})),
     }

@@ -1,0 +1,109 @@
+"""Short requests batched into one forward up to the token budget (``Controller.joins_batch``)."""
+
+import pytest
+
+from sglang_vpp.schedule import (
+    ChunkSpec,
+    Controller,
+    LinearAttentionCost,
+    MicroBatch,
+    Planner,
+    PlannerConfig,
+    RequestSpec,
+    build_layout,
+    check_deadlock,
+    default_chunker,
+    get_policy,
+    schedule_from_planner,
+    validate_schedule,
+)
+from sglang_vpp.schedule.errors import PolicyError
+from sglang_vpp.schedule.text import schedule_from_json, schedule_to_json
+
+MODES = ["cpp", "dcpp", "vpp", "vpp-async", "vpp-pack", "vpp-taper"]
+LENGTHS = [100, 300, 200, 700, 50, 400, 1500, 90, 60]
+
+
+def _plan(mode, lengths, budget, num_ranks=2, arrivals=None):
+    spec = get_policy(mode)
+    layout = build_layout(num_ranks, 4 * num_ranks, spec.layout_kind)
+    cost = LinearAttentionCost()
+    chunker = default_chunker(spec, 512, layout, cost, max(lengths))
+    planner = Planner(PlannerConfig(spec, layout, chunker, cost, token_budget=budget))
+    for i, length in enumerate(lengths):
+        planner.submit(RequestSpec(length, arrivals[i] if arrivals else 0.0))
+    planner.advance()
+    return planner, schedule_from_planner(planner)
+
+
+def _mb(seq, request, tokens, last=True, index=0, start=0):
+    return MicroBatch(seq, frozenset((request,)), start, tokens, last, chunk_index=index)
+
+
+def test_joins_batch_rules():
+    layout = build_layout(2, 8, "contiguous")
+    controller = Controller(get_policy("cpp"), layout, LinearAttentionCost(), token_budget=512)
+    lead = _mb(0, "a", 200, start=512, index=1)
+    assert controller.joins_batch(lead, _mb(1, "b", 312))
+    assert not controller.joins_batch(lead, _mb(1, "b", 313)), "over the budget"
+    assert not controller.joins_batch(_mb(0, "a", 200, last=False), _mb(1, "b", 100)), "lead continues its request"
+    assert not controller.joins_batch(lead, _mb(1, "b", 100, last=False)), "candidate not whole"
+    assert not controller.joins_batch(lead, _mb(1, "b", 100, index=1, start=64)), "candidate not from its start"
+    plain = Controller(get_policy("cpp"), layout, LinearAttentionCost())
+    assert not plain.joins_batch(lead, _mb(1, "b", 10)), "no budget, no batching"
+    with pytest.raises(ValueError, match="token_budget"):
+        Controller(get_policy("cpp"), layout, LinearAttentionCost(), token_budget=0)
+    with pytest.raises(PolicyError, match="token budget"):
+        PlannerConfig(get_policy("cpp"), layout, default_chunker(get_policy("cpp"), 64, layout, LinearAttentionCost(), 64),
+                      LinearAttentionCost(), token_budget=0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_batched_plans_are_valid_and_complete_every_request(mode):
+    planner, plan = _plan(mode, LENGTHS, 512)
+    validate_schedule(plan)
+    assert not check_deadlock(plan).deadlock
+    assert set(planner.request_finish) == set(range(len(LENGTHS)))
+    assert sum(c.total_tokens for c in plan.chunks) == sum(LENGTHS)
+    assert all(c.total_tokens <= 512 for c in plan.chunks if c.batch)
+    carried = [p.request_index for c in plan.chunks for p in c.parts if p.chunk_index == 0]
+    assert sorted(carried) == list(range(len(LENGTHS))), "every request starts exactly once"
+    # the batch lead ends its request; what joins is a whole request
+    for c in plan.chunks:
+        for part in c.batch:
+            assert c.is_last and part.start == 0 and part.num_tokens == LENGTHS[part.request_index]
+    assert any(c.batch for c in plan.chunks)
+
+
+def test_batching_fills_the_budget_with_whole_requests_in_order():
+    _, plan = _plan("cpp", LENGTHS, 512)
+    forwards = [[p.request_index for p in c.parts] for c in plan.chunks]
+    # 100+300 fit, 200 would make 600; 200 alone, 700 is chunked, its 188-token tail takes 50, 60 not next
+    assert forwards[:2] == [[0, 1], [2]]
+    assert [p.request_index for p in plan.chunks[3].parts] == [3, 4]
+    _, unbatched = _plan("cpp", LENGTHS, None)
+    assert not any(c.batch for c in unbatched.chunks) and len(unbatched.chunks) > len(plan.chunks)
+
+
+def test_a_request_that_has_not_arrived_does_not_join():
+    arrivals = [0.0, 10.0, 10.0]
+    _, plan = _plan("cpp", [100, 100, 100], 512, arrivals=arrivals)
+    assert [[p.request_index for p in c.parts] for c in plan.chunks] == [[0], [1, 2]]
+
+
+def test_batched_forward_costs_one_forward_with_each_requests_prefix():
+    cost = LinearAttentionCost(linear_per_token=1.0, attention_per_pair=0.01, fixed_per_chunk=5.0)
+    stage = build_layout(1, 2, "contiguous").stages[0]
+    a, b = ChunkSpec(0, 1, 300, 100, True), ChunkSpec(1, 0, 0, 200, True)
+    batch = ChunkSpec(0, 1, 300, 100, True, (b,))
+    separate = cost.stage_cost(stage, a) + cost.stage_cost(stage, b)
+    assert cost.stage_cost(stage, batch) == pytest.approx(separate - 5.0), "the per-forward cost is paid once"
+    whole = ChunkSpec(0, 1, 300, 300, True)
+    assert cost.stage_cost(stage, batch) < cost.stage_cost(stage, whole), "b does not attend over a's prefix"
+    assert batch.total_tokens == 300 and [p.request_index for p in batch.parts] == [0, 1]
+
+
+def test_json_round_trip_keeps_the_batch():
+    _, plan = _plan("vpp-pack", LENGTHS, 512)
+    again = schedule_from_json(schedule_to_json(plan))
+    assert again.chunks == plan.chunks
