@@ -42,9 +42,8 @@ def model_dir(tmp_path: Path) -> Path:
 
 def test_modes_are_the_schedule_policies():
     assert PpMode is Policy
-    assert [is_vpp_mode(m) for m in SERVED_MODES] == [False, False, True, True, True]
-    # vpp-taper is planned and simulated; the server does not cut chunks that way.
-    assert set(Policy) - set(SERVED_MODES) == {Policy.VPP_TAPER}
+    assert [is_vpp_mode(m) for m in SERVED_MODES] == [False, False, True, True, True, True]
+    assert set(SERVED_MODES) == set(Policy)
 
 
 def test_layer_split_parsing():

@@ -120,3 +120,48 @@ def test_one_refusal_list_for_the_launcher_and_the_scheduler_process():
         for check in (check_vpp_features, _refuse_unsupported):
             with pytest.raises(PpModeError, match=f"does not support {refusal.flag} .*{refusal.reason}"):
                 check(args, "vpp-async")
+
+
+def test_vpp_taper_server_cuts_the_chunks_the_planner_cuts(monkeypatch):
+    """The server's chunk sizes (first chunk through the adder hook, later ones through SGLang's
+    dynamic-chunking slot) are ``split_request`` of the schedule core's chunker."""
+    from types import SimpleNamespace
+
+    from sglang_vpp.schedule import default_chunker, split_request
+    from sglang_vpp.sglang_plugin.vpp import chunk_sizing, state as vpp_state
+
+    state = VppState(config=VppConfig(mode="vpp-taper", pp_size=2), rank=0)
+    state.ensure_layout(8)
+    monkeypatch.setattr(vpp_state, "_STATE", state)
+    monkeypatch.setattr(chunk_sizing, "_sizer", None)
+    scheduler = SimpleNamespace(chunked_prefill_size=128, chunked_req=None, dynamic_chunk_sizer=None)
+    chunk_sizing.after_init_chunk_sizer(None, scheduler)
+    sizer = scheduler.dynamic_chunk_sizer
+    assert sizer is chunk_sizing._sizer
+    length = 600
+    req = SimpleNamespace(prefix_len=0, origin_input_ids=[1] * length, output_ids=[])
+
+    def admit(adder, request, *args, **kwargs):  # SGLang cuts a chunk at the budget it sees
+        remaining = len(request.origin_input_ids) - request.prefix_len
+        take = min(adder.rem_chunk_tokens, remaining)
+        adder.rem_chunk_tokens -= take
+        adder.new_chunked_req = request if take < remaining else None
+        adder.taken = take
+
+    adder = SimpleNamespace(rem_chunk_tokens=128, new_chunked_req=None)
+    chunk_sizing.around_add_one_req(admit, adder, req, has_chunked_req=False, truncation_align_size=None)
+    cut = [adder.taken]
+    scheduler.chunked_req = req
+    while sum(cut) < length:
+        req.prefix_len = sum(cut)
+        cut.append(min(sizer.predict(req.prefix_len), length - req.prefix_len))
+    planned = [size for _, size in split_request(default_chunker(state.config.policy, 128, state.layout, None, 128), length)]
+    assert cut == planned and planned[0] < 128 < length and max(planned) == 128, planned
+    # A short request is left whole, and a refused one gives its budget back.
+    short = SimpleNamespace(prefix_len=0, origin_input_ids=[1] * 100, output_ids=[])
+    adder = SimpleNamespace(rem_chunk_tokens=128, new_chunked_req=None)
+    chunk_sizing.around_add_one_req(admit, adder, short)
+    assert adder.taken == 100 and adder.rem_chunk_tokens == 28
+    adder = SimpleNamespace(rem_chunk_tokens=128, new_chunked_req=None)
+    chunk_sizing.around_add_one_req(lambda *a, **k: None, adder, req)
+    assert adder.rem_chunk_tokens == 128

@@ -88,7 +88,7 @@ def load_trace(trace_dir: str | Path) -> dict[int, dict]:
     if not all(data.get("controller") for data in ranks.values()):
         raise TraceError(
             f"{str(root)!r} holds no controller decisions: stock --pp-mode cpp / dcpp run SGLang's own loop, "
-            "which the controller does not drive; use --pp-mode vpp, vpp-async or vpp-pack"
+            "which the controller does not drive; use --pp-mode vpp, vpp-async, vpp-pack or vpp-taper"
         )
     return ranks
 

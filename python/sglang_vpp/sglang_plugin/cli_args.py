@@ -67,7 +67,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
         help="Pipeline mode with --pp-size > 1: cpp = stock SGLang pipeline (default); "
         "dcpp = stock pipeline + --enable-dynamic-chunking; vpp = fold-back (V-shape) layer "
         "placement; vpp-async = vpp with one communication group per direction; vpp-pack = "
-        "vpp-async + cross-request packing.",
+        "vpp-async + cross-request packing; vpp-taper = vpp-pack with chunks ramped at both ends "
+        "of a request (--chunked-prefill-size is then the largest chunk).",
     )
     group.add_argument(
         "--vpp-layer-split",

@@ -37,12 +37,12 @@ OPTIONS_ATTR = "_sglang_vpp"
 
 # The mode names are the schedule core's policy names: one vocabulary from CLI to schedule.
 PpMode = Policy
-SERVED_MODES = (Policy.CPP, Policy.DCPP, Policy.VPP, Policy.VPP_ASYNC, Policy.VPP_PACK)
-"""The modes the plugin serves; vpp-taper (tapered chunk sizes) is planned and simulated only."""
+SERVED_MODES = (Policy.CPP, Policy.DCPP, Policy.VPP, Policy.VPP_ASYNC, Policy.VPP_PACK, Policy.VPP_TAPER)
+"""The modes the plugin serves: every schedule-core policy."""
 
 
 def is_vpp_mode(mode: str) -> bool:
-    """True for the fold-back modes (vpp, vpp-async, vpp-pack)."""
+    """True for the fold-back modes (vpp, vpp-async, vpp-pack, vpp-taper)."""
     return Policy(mode) in FOLDBACK_MODES
 
 

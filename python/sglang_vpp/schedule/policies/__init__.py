@@ -14,7 +14,7 @@ POLICIES: dict[Policy, PolicySpec] = {
 FOLDBACK_MODES: tuple[Policy, ...] = tuple(
     name for name, spec in POLICIES.items() if spec.layout_kind is LayoutKind.FOLDBACK
 )
-"""The VPP modes (``--pp-mode vpp | vpp-async | vpp-pack``)."""
+"""The VPP modes (``--pp-mode vpp | vpp-async | vpp-pack | vpp-taper``)."""
 
 
 def get_policy(name: str | Policy) -> PolicySpec:

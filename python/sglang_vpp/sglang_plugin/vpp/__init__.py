@@ -1,4 +1,4 @@
-"""VPP inside SGLang: ``--pp-mode vpp | vpp-async | vpp-pack`` with fold-back layer ownership.
+"""VPP inside SGLang: ``--pp-mode vpp | vpp-async | vpp-pack | vpp-taper`` with fold-back layer ownership.
 
 ``install(server_args)`` is called by the plugin (``process_hooks.setup_scheduler_process``) in
 each scheduler process before the distributed groups and the model exist; it registers the
@@ -15,6 +15,8 @@ copied: every change is a hook on one of these targets (paths under ``sglang.srt
     model_executor.model_runner.ModelRunner.load_model    AFTER   refuse unsupported models
     model_executor.forward_batch_info.ForwardBatch.init_new AROUND reuse a batch's ForwardBatch
     managers.scheduler._dispatch_event_loop_once          AROUND  the VPP event loop
+    managers.scheduler.Scheduler.maybe_init_dynamic_chunk_sizer AFTER  vpp-taper: chunk sizes
+    managers.schedule_policy.PrefillAdder.add_one_req     AROUND  from the schedule core (chunk_sizing.py)
 
 See docs/sglang-vpp.md for the design and its limits.
 """
@@ -137,4 +139,9 @@ def install(server_args: Any) -> None:
         around_forward_batch_init_new, HookType.AROUND,
     )
     register(_P + "managers.scheduler._dispatch_event_loop_once", around_dispatch, HookType.AROUND)
+    if config.policy.tapered_chunks:
+        from . import chunk_sizing
+
+        register(chunk_sizing.MAYBE_INIT, chunk_sizing.after_init_chunk_sizer, HookType.AFTER)
+        register(chunk_sizing.ADD_ONE_REQ, chunk_sizing.around_add_one_req, HookType.AROUND)
     logger.info("sglang-vpp: %s hooks registered (pp=%d)", mode, config.pp_size)
