@@ -1,8 +1,10 @@
-"""``--pp-mode vpp | vpp-async | vpp-pack`` at --pp-size 2 serve real requests like stock SGLang.
+"""``--pp-mode vpp | vpp-async | vpp-pack | vpp-taper`` at --pp-size 2 serve real requests like stock SGLang.
 
 One server per mode (module-scoped, parametrised; the pool holds one at a time). An 8-layer tiny
 Qwen2 gives 4 virtual stages of 2 layers. Chunk size 64; 8 concurrent prompts of 1 to 12 chunks,
 lengths that divide the chunk size and lengths that do not (``vpp_checks.MIXED_LENGTHS``).
+vpp-taper runs with chunk size 128, the smallest at which its ramps cut chunks (64 tokens, its
+alignment) that differ from the body size.
 Oracle: transformers' greedy ``generate`` and prompt logprobs (tokens equal, logprobs within
 1e-4). Stock ``--pp-mode cpp`` equality, Qwen3-MoE and --pp-size 4: test_vpp_models.py.
 """
@@ -13,10 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
-from sglang_harness import SKIP_NO_SGLANG, ServerConfig
+from sglang_harness import SKIP_NO_SGLANG, ServerConfig, post_json
 from vpp_checks import (
     CHUNK,
     MIXED_LENGTHS,
+    NUM_NEW_TOKENS,
     QWEN2_8L,
     Reference,
     abort_mid_prefill,
@@ -35,7 +38,8 @@ from sglang_vpp.cli.app import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
 
-MODES = ("vpp", "vpp-async", "vpp-pack")
+MODES = ("vpp", "vpp-async", "vpp-pack", "vpp-taper")
+TAPER_CHUNK = 2 * CHUNK
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +52,7 @@ def server(request, server_pool, tiny_model, tmp_path_factory):
     trace_dir = tmp_path_factory.mktemp(f"trace-{request.param}")
     config = ServerConfig(
         model_dir=str(tiny_model(QWEN2_8L)), pp_size=2, pp_mode=request.param,
-        chunked_prefill_size=CHUNK, extra_args=("--vpp-trace", str(trace_dir)),
+        chunked_prefill_size=TAPER_CHUNK if request.param == "vpp-taper" else CHUNK, extra_args=("--vpp-trace", str(trace_dir)),
     )
     server = server_pool.get(config, timeout=300)
     server.trace_dir = Path(trace_dir)
@@ -62,7 +66,7 @@ def test_concurrent_mixed_prompts_equal_transformers(server, reference):
 
 
 def test_accounting_written_and_packing_exercised(server):
-    packing = server.config.pp_mode == "vpp-pack"
+    packing = server.config.pp_mode in ("vpp-pack", "vpp-taper")
     records = wait_for_json(server.trace_dir / "vpp_rank0.records.json",
                             until=lambda d: not packing or d["counters"].get("num_packed", 0) > 0)
     follower = wait_for_json(server.trace_dir / "vpp_rank1.records.json")
@@ -112,3 +116,33 @@ def test_abort_mid_prefill_frees_kv_on_every_rank(server):
     # server on any rank with leaked KV, so it must still be alive and answering.
     assert len(generate(server, make_prompts((100,), seed=5)[0], 2)["output_ids"]) == 2
     assert server.process is not None and server.process.poll() is None
+
+
+def test_vpp_taper_serves_the_planned_chunks_through_the_openai_api(server, reference):
+    """Greedy tokens through /v1/completions equal transformers' (hence stock cpp's, which
+    test_vpp_models.py checks), and the server cut the prompt as the schedule core plans it."""
+    if server.config.pp_mode != "vpp-taper":
+        pytest.skip("the chunk plan is vpp-taper's")
+    from sglang_vpp.schedule import build_layout, default_chunker, get_policy, split_request
+
+    length = 600  # no other prompt of the module has this length
+    ids = make_prompts((length,), seed=23)[0]
+    body = {"model": "default", "prompt": ids, "max_tokens": NUM_NEW_TOKENS, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    choice = post_json(server.url + "/v1/completions", body, timeout=600)["choices"][0]
+    assert choice["token_ids"] == reference(QWEN2_8L, ids)["tokens"], server.log_tail(3000)
+    policy = get_policy("vpp-taper")
+    chunker = default_chunker(policy, TAPER_CHUNK, build_layout(2, 8, policy.layout_kind), None, TAPER_CHUNK)
+    planned = [size for _, size in split_request(chunker, length)]
+    assert planned[0] < TAPER_CHUNK == max(planned)  # the ramps are exercised
+
+    def cut(records: dict) -> dict[str, list[int]]:
+        chunks: dict[str, list[int]] = {}
+        for rec in records["decisions"]:
+            if rec["kind"] == "admit" and rec["prefill"] and len(rec["requests"]) == 1:
+                chunks.setdefault(rec["requests"][0], []).append(rec["tokens"])
+        return chunks
+
+    records = wait_for_json(server.trace_dir / "vpp_rank0.records.json",
+                            until=lambda d: any(sum(c) == length for c in cut(d).values()))
+    assert planned in cut(records).values(), (planned, cut(records))

@@ -31,7 +31,7 @@ from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_i
 
 __all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "parse_modes", "run_launched", "default_model_dir"]
 
-ALL_MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack")
+ALL_MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack", "vpp-taper")
 
 
 class LaunchError(ValueError):
