@@ -95,7 +95,7 @@ class RunSpec:
     model: str
     """A preset name (``tiny-qwen3``) or a local Hugging Face directory."""
     mode: str
-    """cpp, dcpp, vpp, vpp-async or vpp-pack."""
+    """cpp, dcpp, vpp, vpp-async, vpp-pack or vpp-taper."""
     num_ranks: int
     requests: tuple[RequestArrival, ...]
     chunk_size: int
