@@ -44,7 +44,7 @@ CASES = [
      2, "needs at least 8 layers"),
     ("vpp-speculative", ["--pp-mode", "vpp", "--pp-size", "2", "--speculative-algorithm", "EAGLE"],
      2, "does not support --speculative-algorithm"),
-    ("unknown-mode", ["--pp-mode", "zigzag"], 2, "invalid choice: 'zigzag' (choose from cpp, dcpp, vpp, vpp-async, vpp-pack)"),
+    ("unknown-mode", ["--pp-mode", "zigzag"], 2, "invalid choice: 'zigzag' (choose from cpp, dcpp, vpp, vpp-async, vpp-pack, vpp-taper)"),
 ]  # fmt: skip
 
 _SCRIPT = textwrap.dedent(
@@ -117,7 +117,7 @@ def test_launch_server_help_lists_the_flags():
         [sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0
-    for flag in ("--pp-mode {cpp,dcpp,vpp,vpp-async,vpp-pack}", "--vpp-layer-split", "--vpp-trace"):
+    for flag in ("--pp-mode {cpp,dcpp,vpp,vpp-async,vpp-pack,vpp-taper}", "--vpp-layer-split", "--vpp-trace"):
         assert flag in done.stdout
 
 
