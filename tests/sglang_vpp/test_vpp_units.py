@@ -78,13 +78,13 @@ def test_cost_profile_drives_the_controller_and_travels_with_the_trace(tmp_path)
 
     analytic = VppState(config=VppConfig(mode="vpp-pack", pp_size=2), rank=0)
     analytic.ensure_layout(8)
-    assert isinstance(analytic.build_controller().cost, LinearAttentionCost)
+    assert isinstance(analytic.build_controller(64).cost, LinearAttentionCost)
     assert "no --vpp-cost-profile" in analytic.cost_source()
     path = tmp_path / "costs.json"
     FittedCostModel({}, Coefficients(2e-9, 3e-7, 1e-4)).save(path)
     state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, cost_profile=str(path)), rank=0)
     state.ensure_layout(8)
-    controller = state.build_controller()
+    controller = state.build_controller(64)
     assert isinstance(controller.cost, FittedCostModel) and str(path) in state.cost_source()
     rebuilt = _build_controller(state.controller_inputs(controller), rank=0)  # what check --trace does
     stage = state.layout.stages[1]

@@ -12,6 +12,16 @@ inputs (mode, layout, limits, cost model) -> the rank's recorded calls replayed 
   controller must choose the recorded one.
 
 The first mismatch is a ``Divergence`` naming the rank, the micro-batch and both decisions.
+
+The same records compare a server with the planner (hence the simulator and the reference
+runtime, which execute the planner's streams): ``server_workload`` rebuilds the prefill work and
+the cost table from a trace, ``DecisionRecorder`` writes a planner's controller calls in the same
+records, and ``compare_decisions`` walks the two lists of a rank side by side. The two executors
+keep different clocks, so the *events* (a micro-batch built, one leaving the last stage, which
+items are ready) may come in another order; what must be equal is every *decision* taken after
+the same events: same micro-batch -> same admission, same ready items -> same choice. The walk
+stops at the first event that differs (``OrderComparison.event_difference``); a decision that
+differs before it is a ``Divergence``.
 """
 
 from __future__ import annotations
@@ -19,18 +29,23 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from ..schedule import (
     Admission,
     Controller,
+    FixedChunker,
+    Layout,
     LinearAttentionCost,
     MicroBatch,
     StageCostModel,
     build_layout,
     get_policy,
+    split_request,
 )
 
-__all__ = ["TraceError", "Divergence", "ReplayResult", "replay_trace", "load_trace"]
+__all__ = ["TraceError", "Divergence", "ReplayResult", "replay_trace", "load_trace", "ServerWorkload",
+           "server_workload", "DecisionRecorder", "OrderComparison", "compare_decisions"]
 
 
 class TraceError(ValueError):
@@ -180,3 +195,159 @@ def _item_text(item: tuple[int, int]) -> str:
 
 def _items_text(items: list[tuple[int, int]]) -> str:
     return "[" + ", ".join(_item_text(item) for item in items) + "]"
+
+
+# --------------------------------------------------------------------- server vs planner
+@dataclass(frozen=True, slots=True)
+class ServerWorkload:
+    """The prefill work of a traced server, in the order it admitted it, and its controller inputs."""
+
+    inputs: dict
+    request_ids: tuple[str, ...]
+    chunk_sizes: tuple[tuple[int, ...], ...]
+    """Per request, the tokens of each of its micro-batches (SGLang's chunks)."""
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return tuple(sum(sizes) for sizes in self.chunk_sizes)
+
+    @property
+    def chunk_size(self) -> int:
+        return max(size for sizes in self.chunk_sizes for size in sizes)
+
+    @property
+    def mode(self) -> str:
+        return str(self.inputs["mode"])
+
+    @property
+    def stage_layers(self) -> tuple[int, ...]:
+        return tuple(int(n) for n in self.inputs["stage_layers"])
+
+    def layout(self) -> Layout:
+        policy = get_policy(self.mode)
+        return build_layout(int(self.inputs["pp_size"]), sum(self.stage_layers), policy.layout_kind,
+                            list(self.stage_layers))
+
+    def cost_model(self) -> StageCostModel:
+        return _cost_model(self.inputs["cost"])
+
+
+def server_workload(trace_dir: str | Path) -> ServerWorkload:
+    """Rank 0's admitted prefill micro-batches as requests with chunk sizes (``TraceError`` when the
+    planner cannot express them: a micro-batch of several requests, decode, or chunks that a fixed
+    chunk size does not reproduce)."""
+    inputs = load_trace(trace_dir)[0]
+    chunks: dict[str, list[int]] = {}
+    for record in inputs.get("decisions") or []:
+        if record.get("kind") != "admit":
+            continue
+        if not record["prefill"] or len(record["requests"]) != 1:
+            raise TraceError(f"micro-batch {record['seq']} carries {'prefill' if record['prefill'] else 'decode'} "
+                             f"of requests {record['requests']}: the planner plans one request's prefill chunk per "
+                             "micro-batch; trace a load of one-token answers whose lengths divide the chunk size")
+        chunks.setdefault(record["requests"][0], []).append(int(record["tokens"]))
+    if not chunks:
+        raise TraceError(f"{str(trace_dir)!r} holds no admitted prefill micro-batch")
+    workload = ServerWorkload(inputs["controller"], tuple(chunks), tuple(tuple(sizes) for sizes in chunks.values()))
+    fixed = FixedChunker(workload.chunk_size)
+    for rid, sizes in zip(workload.request_ids, workload.chunk_sizes):
+        if [n for _, n in split_request(fixed, sum(sizes))] != list(sizes):
+            raise TraceError(f"request {rid}'s chunks {list(sizes)} are not fixed chunks of {workload.chunk_size}")
+    return workload
+
+
+def _micro_batch_fields(mb: MicroBatch, names: Sequence[str] | None) -> dict:
+    requests = sorted(names[r] if names is not None else str(r) for r in mb.requests)
+    return {"seq": mb.seq, "requests": requests, "start": mb.start, "tokens": mb.num_tokens,
+            "ends_request": mb.ends_request, "prefill": mb.is_prefill}
+
+
+class DecisionRecorder(Controller):
+    """A ``Controller`` that writes each call as the server's loops record it (``--vpp-trace``):
+    drop-in for the planner's, whose request indices ``names`` turns into request ids."""
+
+    def __init__(self, *args, names: Sequence[str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.names = names
+        self.decisions: dict[int, list[dict]] = {rank: [] for rank in range(self.layout.num_ranks)}
+        self._held: set[int] = set()
+
+    def admission(self, mb: MicroBatch) -> Admission:
+        decision = super().admission(mb)
+        if decision is Admission.NO and mb.seq not in self._held:
+            self._held.add(mb.seq)
+            self.decisions[0].append({"kind": "hold", **_micro_batch_fields(mb, self.names)})
+        return decision
+
+    def on_admitted(self, mb: MicroBatch, decision: Admission) -> None:
+        self.decisions[0].append({"kind": "admit", "decision": str(decision), **_micro_batch_fields(mb, self.names)})
+        super().on_admitted(mb, decision)
+
+    def on_left(self, seq: int) -> None:
+        self.decisions[0].append({"kind": "left", "seq": seq})
+        super().on_left(seq)
+
+    def pick(self, rank: int, ready: Sequence[tuple[int, int]]) -> tuple[int, int]:
+        chosen = super().pick(rank, ready)
+        if len(ready) > 1:
+            self.decisions[rank].append({"kind": "pick", "ready": [list(i) for i in ready], "chosen": list(chosen)})
+        return chosen
+
+
+@dataclass(frozen=True, slots=True)
+class OrderComparison:
+    rank: int
+    num_equal: int
+    """Records equal on both sides before the walk stopped."""
+    event_difference: str | None
+    """Why the walk stopped before the end of both lists (None: it reached the end of both)."""
+    divergence: Divergence | None
+
+
+def compare_decisions(server: Sequence[dict], planner: Sequence[dict], rank: int, fold_stage: int | None = None
+                      ) -> OrderComparison:
+    """Walk a rank's server and planner records side by side (see the module doc). ``fold_stage``:
+    on the rank that owns both sides of the fold point, the server runs the fold stage right after
+    the stage before it without asking; the planner's picks of it are checked and skipped."""
+    planner_list = []
+    for record in planner:
+        if fold_stage is not None and record["kind"] == "pick" and any(stage == fold_stage for stage, _ in record["ready"]):
+            if record["chosen"][0] != fold_stage:
+                return OrderComparison(rank, 0, None, Divergence(rank, len(planner_list), None,
+                                       f"stage {fold_stage} right after stage {fold_stage - 1}",
+                                       f"{_item_text(tuple(record['chosen']))} first"))
+            continue
+        planner_list.append(record)
+    for index, (ours, theirs) in enumerate(zip(server, planner_list)):
+        kinds = (ours["kind"], theirs["kind"])
+        if all(kind in ("admit", "hold") for kind in kinds):
+            fields = ("seq", "requests", "start", "tokens", "ends_request", "prefill")
+            if any(ours[f] != theirs[f] for f in fields):
+                return OrderComparison(rank, index, f"record {index}: the server built micro-batch {ours['seq']} "
+                                       f"{[ours[f] for f in fields]}, the planner {[theirs[f] for f in fields]}", None)
+            decided = (ours.get("decision", "no"), theirs.get("decision", "no"))
+            if decided[0] != decided[1]:
+                expected = _admission_text(Admission(decided[1]))
+                return OrderComparison(rank, index, None, Divergence(rank, index, ours["seq"], expected,
+                                                                     _admission_text(Admission(decided[0]))))
+        elif kinds == ("left", "left"):
+            if ours["seq"] != theirs["seq"]:
+                return OrderComparison(rank, index, f"record {index}: micro-batch {ours['seq']} left the server, "
+                                       f"{theirs['seq']} the planner", None)
+        elif kinds == ("pick", "pick"):
+            ready = sorted(map(tuple, ours["ready"]))
+            if ready != sorted(map(tuple, theirs["ready"])):
+                return OrderComparison(rank, index, f"record {index}: ready {ready} on the server, "
+                                       f"{sorted(map(tuple, theirs['ready']))} in the planner", None)
+            if list(ours["chosen"]) != list(theirs["chosen"]):
+                return OrderComparison(rank, index, None, Divergence(
+                    rank, index, None, f"run {_item_text(tuple(theirs['chosen']))} first of {_items_text(ready)}",
+                    f"{_item_text(tuple(ours['chosen']))} first"))
+        else:
+            return OrderComparison(rank, index, f"record {index}: {ours['kind']} on the server, {theirs['kind']} "
+                                   "in the planner", None)
+    num_equal = min(len(server), len(planner_list))
+    if len(server) != len(planner_list):
+        return OrderComparison(rank, num_equal, f"the {'server' if len(server) > num_equal else 'planner'} "
+                               f"has {abs(len(server) - len(planner_list))} more records", None)
+    return OrderComparison(rank, num_equal, None, None)

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from sglang_vpp.schedule import Admission, CommSemantics, MicroBatch
+from sglang_vpp.schedule import Admission, Controller, MicroBatch
 
 from sglang_vpp.sglang_plugin.accounting import RankAccounting
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
@@ -80,6 +80,19 @@ def inbox_timeout(rank: int, peer: int, action: str, timeout_s: float) -> CommTi
     )  # fmt: skip
 
 
+class ControllerChunkSizer:
+    """SGLang's chunk-size hook (``Scheduler.dynamic_chunk_sizer.predict``), answered by the
+    controller's ``next_chunk_size``."""
+
+    def __init__(self, scheduler: Any, controller: Controller) -> None:
+        self.scheduler, self.controller = scheduler, controller
+
+    def predict(self, history_len: int) -> int:
+        # The answer is the token budget of the whole micro-batch (SGLang fills what the chunked
+        # request leaves with further requests), so it is bounded by SGLang's prefill limit only.
+        return self.controller.next_chunk_size(history_len, max(1, int(self.scheduler.max_prefill_tokens)))
+
+
 class _LoopBase:
     def __init__(self, scheduler: Any, state: VppState) -> None:
         assert state.layout is not None and state.rank is not None
@@ -91,8 +104,8 @@ class _LoopBase:
         self.rank = state.rank
         self.num_ranks = state.layout.num_ranks
         self.last_stage = state.layout.last_stage
-        self.blocking = self.policy.comm_semantics is CommSemantics.BLOCKING
-        self.controller = state.build_controller()
+        self.controller = state.build_controller(int(getattr(scheduler, "chunked_prefill_size", 0) or 0))
+        self.blocking = self.controller.blocking
         num_slots = self.controller.limits.slots
         self.replica = Replica(scheduler, num_slots, self.rank)
         self.num_slots = num_slots
@@ -105,11 +118,23 @@ class _LoopBase:
         self.bwd_items: deque[Message] = deque()
         self.tp = state.tp_agreement or SOLO
         self._check_replicas_agree()
-        self.fwd_out = self._channel("fwd", self.rank + 1) if self.rank + 1 < self.num_ranks else None
-        self.bwd_out = self._channel("bwd", self.rank - 1) if self.rank > 0 else None
-        for direction, peer in (("fwd", self.rank - 1), ("bwd", self.rank + 1)):
-            if 0 <= peer < self.num_ranks:
-                self._channel(direction, peer).start_pump(self.inbox)
+        # Every link this rank's stages send on and receive from, as the controller's hand-offs.
+        self.fwd_out: MessageLink | None = None
+        self.bwd_out: MessageLink | None = None
+        for stage in self.layout.stages_of(self.rank):
+            outgoing = self.controller.hand_off(stage)
+            if outgoing is not None:
+                link = self._channel(outgoing.group, outgoing.dst_rank)
+                if outgoing.dst_rank > self.rank:
+                    self.fwd_out = link
+                else:
+                    self.bwd_out = link
+            incoming = self.controller.hand_off(stage - 1) if stage > 0 else None
+            if incoming is not None:
+                self._channel(incoming.group, incoming.src_rank).start_pump(self.inbox)
+        # SGLang sizes each continuing request's next chunk through this hook (VPP refuses
+        # --enable-dynamic-chunking, so the slot is free): the controller decides it.
+        scheduler.dynamic_chunk_sizer = ControllerChunkSizer(scheduler, self.controller)
         logger.info(
             "VPP loop: mode %s, rank %d of %d, stages %s, %d slots, %s sends over %s",
             self.config.mode, self.rank, self.num_ranks, self.layout.stages_of(self.rank), num_slots,
