@@ -223,6 +223,14 @@ class Controller:
         self._in_flight[mb.seq] = entry
         self.num_admitted += 1
 
+    def state_key(self) -> tuple:
+        """Everything ``admission`` reads besides the micro-batch: equal keys, equal answers."""
+        in_flight = tuple(sorted((seq, e.group, e.packed) for seq, e in self._in_flight.items()))
+        window = None if self._window is None else (self._window.group, self._window.budget, self._window.packed)
+        newest = None if self._newest_prefill is None else (self._newest_prefill.mb.seq, self._newest_prefill.group,
+                                                           tuple(sorted(map(str, self._newest_prefill.mb.requests))))
+        return in_flight, window, newest, self._next_group
+
     def on_left(self, seq: int) -> None:
         """Micro-batch ``seq`` finished the last stage."""
         entry = self._in_flight.pop(seq)

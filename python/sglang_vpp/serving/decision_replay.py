@@ -298,56 +298,93 @@ class DecisionRecorder(Controller):
 class OrderComparison:
     rank: int
     num_equal: int
-    """Records equal on both sides before the walk stopped."""
+    """Records equal on both sides before the first different event."""
     event_difference: str | None
-    """Why the walk stopped before the end of both lists (None: it reached the end of both)."""
+    """The first different event (None: both lists are equal to their ends)."""
+    num_compared: int
+    """Server decisions taken in a situation the planner also met (same controller state and
+    micro-batch, or same ready items), each compared with the planner's decision there."""
+    num_decisions: int
+    """Server decisions on this rank."""
     divergence: Divergence | None
 
 
-def compare_decisions(server: Sequence[dict], planner: Sequence[dict], rank: int, fold_stage: int | None = None
-                      ) -> OrderComparison:
-    """Walk a rank's server and planner records side by side (see the module doc). ``fold_stage``:
-    on the rank that owns both sides of the fold point, the server runs the fold stage right after
-    the stage before it without asking; the planner's picks of it are checked and skipped."""
-    planner_list = []
+def compare_decisions(server: Sequence[dict], planner: Sequence[dict], rank: int, inputs: dict,
+                      fold_stage: int | None = None) -> OrderComparison:
+    """A rank's server records against a planner's (see the module doc): the walk to the first
+    different event, then every server decision whose situation the planner met too. ``inputs``:
+    the trace's controller inputs. ``fold_stage``: on the rank that owns both sides of the fold
+    point the server runs the fold stage right after the stage before it without asking; the
+    planner's picks of it are checked and skipped."""
+    ours: list[dict] = []
     for record in planner:
-        if fold_stage is not None and record["kind"] == "pick" and any(stage == fold_stage for stage, _ in record["ready"]):
+        if fold_stage is not None and record["kind"] == "pick" and any(s == fold_stage for s, _ in record["ready"]):
             if record["chosen"][0] != fold_stage:
-                return OrderComparison(rank, 0, None, Divergence(rank, len(planner_list), None,
-                                       f"stage {fold_stage} right after stage {fold_stage - 1}",
-                                       f"{_item_text(tuple(record['chosen']))} first"))
+                divergence = Divergence(rank, len(ours), None, f"stage {fold_stage} right after stage {fold_stage - 1}",
+                                        f"{_item_text(tuple(record['chosen']))} first")
+                return OrderComparison(rank, 0, None, 0, 0, divergence)
             continue
-        planner_list.append(record)
-    for index, (ours, theirs) in enumerate(zip(server, planner_list)):
-        kinds = (ours["kind"], theirs["kind"])
-        if all(kind in ("admit", "hold") for kind in kinds):
-            fields = ("seq", "requests", "start", "tokens", "ends_request", "prefill")
-            if any(ours[f] != theirs[f] for f in fields):
-                return OrderComparison(rank, index, f"record {index}: the server built micro-batch {ours['seq']} "
-                                       f"{[ours[f] for f in fields]}, the planner {[theirs[f] for f in fields]}", None)
-            decided = (ours.get("decision", "no"), theirs.get("decision", "no"))
-            if decided[0] != decided[1]:
-                expected = _admission_text(Admission(decided[1]))
-                return OrderComparison(rank, index, None, Divergence(rank, index, ours["seq"], expected,
-                                                                     _admission_text(Admission(decided[0]))))
-        elif kinds == ("left", "left"):
-            if ours["seq"] != theirs["seq"]:
-                return OrderComparison(rank, index, f"record {index}: micro-batch {ours['seq']} left the server, "
-                                       f"{theirs['seq']} the planner", None)
-        elif kinds == ("pick", "pick"):
-            ready = sorted(map(tuple, ours["ready"]))
-            if ready != sorted(map(tuple, theirs["ready"])):
-                return OrderComparison(rank, index, f"record {index}: ready {ready} on the server, "
-                                       f"{sorted(map(tuple, theirs['ready']))} in the planner", None)
-            if list(ours["chosen"]) != list(theirs["chosen"]):
-                return OrderComparison(rank, index, None, Divergence(
-                    rank, index, None, f"run {_item_text(tuple(theirs['chosen']))} first of {_items_text(ready)}",
-                    f"{_item_text(tuple(ours['chosen']))} first"))
-        else:
-            return OrderComparison(rank, index, f"record {index}: {ours['kind']} on the server, {theirs['kind']} "
-                                   "in the planner", None)
-    num_equal = min(len(server), len(planner_list))
-    if len(server) != len(planner_list):
-        return OrderComparison(rank, num_equal, f"the {'server' if len(server) > num_equal else 'planner'} "
-                               f"has {abs(len(server) - len(planner_list))} more records", None)
-    return OrderComparison(rank, num_equal, None, None)
+        ours.append(record)
+    num_equal, event_difference = _common_events(server, ours)
+    planner_answers = dict(_situations(ours, inputs, rank))
+    compared = 0
+    situations = _situations(server, inputs, rank)
+    for index, (situation, answer) in enumerate(situations):
+        if situation not in planner_answers:
+            continue
+        compared += 1
+        if planner_answers[situation] != answer:
+            divergence = _situation_divergence(rank, index, situation, planner_answers[situation], answer)
+            return OrderComparison(rank, num_equal, event_difference, compared, len(situations), divergence)
+    return OrderComparison(rank, num_equal, event_difference, compared, len(situations), None)
+
+
+def _situations(records: Sequence[dict], inputs: dict, rank: int) -> list[tuple[tuple, str]]:
+    """(situation, decision) of each decision in ``records``, with a fresh controller fed the
+    records' own events to know the state each admission question was asked in."""
+    controller = _build_controller(inputs, rank)
+    out: list[tuple[tuple, str]] = []
+    for record in records:
+        kind = record["kind"]
+        if kind in ("admit", "left") and (int(record["seq"]) in controller.in_flight_seqs) == (kind == "admit"):
+            break  # events the controller cannot follow (replay_trace reports them): no later state is known
+        if kind in ("admit", "hold"):
+            mb = _micro_batch(record)
+            fields = (mb.seq, tuple(record["requests"]), mb.start, mb.num_tokens, mb.ends_request, mb.is_prefill)
+            decision = record.get("decision", "no")
+            out.append((("admission", controller.state_key(), fields), decision))
+            if kind == "admit":
+                controller.on_admitted(mb, Admission(decision))
+        elif kind == "left":
+            controller.on_left(int(record["seq"]))
+        elif kind == "pick":
+            ready = tuple(sorted(tuple(item) for item in record["ready"]))
+            out.append((("pick", ready), str(tuple(record["chosen"]))))
+    return out
+
+
+def _situation_divergence(rank: int, index: int, situation: tuple, expected: str, observed: str) -> Divergence:
+    if situation[0] == "pick":
+        ready = list(situation[1])
+        return Divergence(rank, index, None, f"{expected} first of {_items_text(ready)} (as the planner)",
+                          f"{observed} first")
+    return Divergence(rank, index, situation[2][0], f"{_admission_text(Admission(expected))} (as the planner)",
+                      _admission_text(Admission(observed)))
+
+
+def _common_events(server: Sequence[dict], planner: Sequence[dict]) -> tuple[int, str | None]:
+    """Records equal on both sides from the start, and the first difference."""
+    for index, (a, b) in enumerate(zip(server, planner)):
+        if _record_key(a) != _record_key(b):
+            return index, f"record {index}: {_record_key(a)} on the server, {_record_key(b)} in the planner"
+    num_equal = min(len(server), len(planner))
+    if len(server) != len(planner):
+        longer = "server" if len(server) > num_equal else "planner"
+        return num_equal, f"the {longer} has {abs(len(server) - len(planner))} more records"
+    return num_equal, None
+
+
+def _record_key(record: dict) -> tuple:
+    if record["kind"] == "pick":
+        return ("pick", tuple(sorted(map(tuple, record["ready"]))), tuple(record["chosen"]))
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in record.items()))
