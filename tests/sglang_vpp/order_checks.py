@@ -1,5 +1,6 @@
 """A traced server's order against the simulator's and the runtime planner's on the same workload
-and cost table (``replan.py`` replans it; docs/sglang-vpp.md, "Same order ...")."""
+and cost table (``replan.py`` replans it; docs/sglang-vpp.md, "Same order as the simulator and
+the runtime")."""
 
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def _renumber(record: dict, first: int) -> dict:
 
 def assert_planner_order_equals_the_server(server, pp, tmp_path, monkeypatch):
     """The server's decisions on a load, against the simulator's and the runtime planner's on the
-    same workload and cost table: equal after equal events (docs/sglang-vpp.md, "Same order")."""
+    same workload and cost table: the same decision in the same situation (docs/sglang-vpp.md,
+    "Same order as the simulator and the runtime")."""
     trace = traced_order_load(server, pp, tmp_path / "order")
     workload = server_workload(trace)
     assert sorted(workload.lengths) == sorted(ORDER_LENGTHS)

@@ -16,12 +16,13 @@ The first mismatch is a ``Divergence`` naming the rank, the micro-batch and both
 The same records compare a server with the planner (hence the simulator and the reference
 runtime, which execute the planner's streams): ``server_workload`` rebuilds the prefill work and
 the cost table from a trace, ``DecisionRecorder`` writes a planner's controller calls in the same
-records, and ``compare_decisions`` walks the two lists of a rank side by side. The two executors
-keep different clocks, so the *events* (a micro-batch built, one leaving the last stage, which
-items are ready) may come in another order; what must be equal is every *decision* taken after
-the same events: same micro-batch -> same admission, same ready items -> same choice. The walk
-stops at the first event that differs (``OrderComparison.event_difference``); a decision that
-differs before it is a ``Divergence``.
+records, and ``compare_decisions`` compares the two lists of a rank. The two executors keep
+different clocks, so the *events* (a micro-batch built, one leaving the last stage, which items
+are ready) may come in another order; what must be equal is every decision taken in the same
+*situation*: the same micro-batch asked about in the same controller state (``state_key``) gets
+the same admission, the same ready items the same choice. A different decision in a situation
+both met is a ``Divergence``; ``OrderComparison`` also counts the situations met and the records
+the two lists share from the start.
 """
 
 from __future__ import annotations
@@ -311,8 +312,8 @@ class OrderComparison:
 
 def compare_decisions(server: Sequence[dict], planner: Sequence[dict], rank: int, inputs: dict,
                       fold_stage: int | None = None) -> OrderComparison:
-    """A rank's server records against a planner's (see the module doc): the walk to the first
-    different event, then every server decision whose situation the planner met too. ``inputs``:
+    """A rank's server records against a planner's (see the module doc): the records shared from
+    the start, then every server decision whose situation the planner met too. ``inputs``:
     the trace's controller inputs. ``fold_stage``: on the rank that owns both sides of the fold
     point the server runs the fold stage right after the stage before it without asking; the
     planner's picks of it are checked and skipped."""
