@@ -19,9 +19,11 @@ use) decides everything else:
 - order: every rank with two ready items (rank 0: stage 0 of the held batch and the fold-back
   stage of a returned one; a middle rank: its forward and its fold-back stage) runs
   ``Controller.pick``'s choice first;
-- communication: ``BLOCKING`` (vpp) waits for each send to complete; ``ASYNC`` posts sends.
-  Every mode moves its messages over the ``sglang_vpp.comm`` communicator's two direction groups
-  ("fwd", "bwd"), through the ``transport.py`` adapter.
+- chunk size: SGLang's chunk-size hook asks ``Controller.next_chunk_size`` (``ControllerChunkSizer``);
+- communication: each link is a ``Controller.hand_off`` (group, peer, semantics). ``BLOCKING``
+  (vpp) waits for each send to complete; ``ASYNC`` posts sends. Every mode moves its messages over
+  the ``sglang_vpp.comm`` communicator's two direction groups ("fwd", "bwd": the server's
+  controller is built with two groups), through the ``transport.py`` adapter.
 
 Every decision is recorded with ``--vpp-trace`` (``accounting.py``) so ``sglang-vpp check
 --trace`` can replay the controller offline and compare.
