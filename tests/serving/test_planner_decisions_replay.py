@@ -6,46 +6,10 @@ import json
 
 import pytest
 
-from sglang_vpp.schedule import Admission, LinearAttentionCost, RequestSpec, build_schedule
-from sglang_vpp.schedule.controller import Controller
-from sglang_vpp.serving.decision_replay import replay_trace
+from sglang_vpp.schedule import LinearAttentionCost, RequestSpec, build_schedule
+from sglang_vpp.serving.decision_replay import DecisionRecorder, replay_trace
 
 COST = LinearAttentionCost()
-
-
-class _Recorder(Controller):
-    """The planner's controller, writing each call as the server's loops do."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.decisions = {rank: [] for rank in range(self.layout.num_ranks)}
-        self._held = set()
-
-    @staticmethod
-    def _mb(mb):
-        return {"seq": mb.seq, "requests": sorted(str(r) for r in mb.requests), "start": mb.start,
-                "tokens": mb.num_tokens, "ends_request": mb.ends_request, "prefill": mb.is_prefill}
-
-    def admission(self, mb):
-        decision = super().admission(mb)
-        if decision is Admission.NO and mb.seq not in self._held:
-            self._held.add(mb.seq)
-            self.decisions[0].append({"kind": "hold", **self._mb(mb)})
-        return decision
-
-    def on_admitted(self, mb, decision):
-        self.decisions[0].append({"kind": "admit", "decision": str(decision), **self._mb(mb)})
-        super().on_admitted(mb, decision)
-
-    def on_left(self, seq):
-        self.decisions[0].append({"kind": "left", "seq": seq})
-        super().on_left(seq)
-
-    def pick(self, rank, ready):
-        chosen = super().pick(rank, ready)
-        if len(ready) > 1:
-            self.decisions[rank].append({"kind": "pick", "ready": [list(i) for i in ready], "chosen": list(chosen)})
-        return chosen
 
 
 @pytest.mark.parametrize("mode", ["vpp", "vpp-async", "vpp-pack"])
@@ -56,7 +20,7 @@ def test_planner_decisions_replay_like_a_server(mode, pp, tmp_path, monkeypatch)
     recorders = []
 
     def recording(*args, **kwargs):
-        recorders.append(_Recorder(*args, **kwargs))
+        recorders.append(DecisionRecorder(*args, **kwargs))
         return recorders[-1]
 
     monkeypatch.setattr(planner_module, "Controller", recording)

@@ -13,6 +13,7 @@ from sglang_harness import SKIP_NO_SGLANG, ServerConfig
 from pathlib import Path
 
 from typer.testing import CliRunner
+from order_checks import assert_planner_order_equals_the_server
 from vpp_checks import (
     CHUNK,
     MIXED_LENGTHS,
@@ -75,3 +76,10 @@ def test_pp4_decisions_replay_through_the_controller(case):
     load_then_wait_for_decisions(server, num_ranks=4)
     replay = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir)])
     assert replay.exit_code == 0, replay.output
+
+
+def test_pp4_simulator_and_runtime_planner_order_equals_the_server(case, tmp_path, monkeypatch):
+    name, _, server = case
+    if server.config.pp_size != 4:
+        pytest.skip("the pp 2 servers compare in test_vpp_server.py")
+    assert_planner_order_equals_the_server(server, 4, tmp_path, monkeypatch)

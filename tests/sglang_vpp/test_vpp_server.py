@@ -32,6 +32,7 @@ from vpp_checks import (
     used_tokens,
     wait_for_json,
 )
+from order_checks import assert_planner_order_equals_the_server
 from typer.testing import CliRunner
 
 from sglang_vpp.cli.app import app
@@ -101,6 +102,10 @@ def test_server_decisions_replay_through_the_controller(server, tmp_path):
     tampered = CliRunner().invoke(app, ["check", "--trace", str(tmp_path / "tampered")])
     assert tampered.exit_code == 1, tampered.output
     assert "DIVERGENCE at rank 0" in tampered.output and "expected admit, server did admit as packed" in tampered.output
+
+
+def test_simulator_and_runtime_planner_order_equals_the_server(server, tmp_path, monkeypatch):
+    assert_planner_order_equals_the_server(server, 2, tmp_path, monkeypatch)
 
 
 def test_abort_mid_prefill_frees_kv_on_every_rank(server):

@@ -78,13 +78,13 @@ def test_cost_profile_drives_the_controller_and_travels_with_the_trace(tmp_path)
 
     analytic = VppState(config=VppConfig(mode="vpp-pack", pp_size=2), rank=0)
     analytic.ensure_layout(8)
-    assert isinstance(analytic.build_controller().cost, LinearAttentionCost)
+    assert isinstance(analytic.build_controller(64).cost, LinearAttentionCost)
     assert "no --vpp-cost-profile" in analytic.cost_source()
     path = tmp_path / "costs.json"
     FittedCostModel({}, Coefficients(2e-9, 3e-7, 1e-4)).save(path)
     state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, cost_profile=str(path)), rank=0)
     state.ensure_layout(8)
-    controller = state.build_controller()
+    controller = state.build_controller(64)
     assert isinstance(controller.cost, FittedCostModel) and str(path) in state.cost_source()
     rebuilt = _build_controller(state.controller_inputs(controller), rank=0)  # what check --trace does
     stage = state.layout.stages[1]
@@ -124,7 +124,8 @@ def test_one_refusal_list_for_the_launcher_and_the_scheduler_process():
 
 def test_vpp_taper_server_cuts_the_chunks_the_planner_cuts(monkeypatch):
     """The server's chunk sizes (first chunk through the adder hook, later ones through SGLang's
-    dynamic-chunking slot) are ``split_request`` of the schedule core's chunker."""
+    dynamic-chunking slot, both answered by the controller) are ``split_request`` of the schedule
+    core's chunker."""
     from types import SimpleNamespace
 
     from sglang_vpp.schedule import default_chunker, split_request
@@ -134,8 +135,9 @@ def test_vpp_taper_server_cuts_the_chunks_the_planner_cuts(monkeypatch):
     state.ensure_layout(8)
     monkeypatch.setattr(vpp_state, "_STATE", state)
     monkeypatch.setattr(chunk_sizing, "_sizer", None)
-    scheduler = SimpleNamespace(chunked_prefill_size=128, chunked_req=None, dynamic_chunk_sizer=None)
-    chunk_sizing.after_init_chunk_sizer(None, scheduler)
+    scheduler = SimpleNamespace(chunked_prefill_size=128, max_prefill_tokens=16384, chunked_req=None,
+                                dynamic_chunk_sizer=None)
+    chunk_sizing.install_chunk_sizer(scheduler, state.build_controller(128))
     sizer = scheduler.dynamic_chunk_sizer
     assert sizer is chunk_sizing._sizer
     length = 600

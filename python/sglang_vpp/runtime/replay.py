@@ -31,6 +31,7 @@ from ..schedule import (
     build_layout,
     get_policy,
 )
+from ..schedule.controller import hand_off_groups
 from ..sim import SimConfig, SimResult, simulate_schedule
 from ..sim.cost.samples import CostSample, write_samples
 from ..sim.cost.table import TableCostModel
@@ -72,7 +73,7 @@ def executed_schedule(spec: RunSpec, layout: Layout, reports: Sequence[RankRepor
     policy = get_policy(spec.mode)
     head = reports[0]
     chunks = tuple(ChunkSpec(r, c, start, n, last) for r, c, start, n, last in head.chunks)
-    groups = ("pp",) if policy.num_groups == 1 else ("fwd", "bwd")
+    groups = hand_off_groups(policy.num_groups)
     return Schedule(
         policy=policy.name,
         layout=layout,

@@ -17,7 +17,7 @@ from .chunking import (
     parse_size,
     split_request,
 )
-from .controller import Admission, Controller, ControllerLimits, MicroBatch, default_in_flight_limit
+from .controller import Admission, Controller, ControllerLimits, HandOff, MicroBatch, default_in_flight_limit
 from .cost import LinearAttentionCost, StageCostModel, attention_work
 from .deadlock import DeadlockReport, check_deadlock
 from .errors import ChunkingError, LayoutError, ParseError, PolicyError, ScheduleError
@@ -41,7 +41,7 @@ from .text import format_grid, parse_rank_lines, schedule_from_json, schedule_to
 from .validate import ValidationIssue, find_issues, validate_schedule
 
 __all__ = [
-    "Admission", "Controller", "ControllerLimits", "MicroBatch", "default_in_flight_limit",
+    "Admission", "Controller", "ControllerLimits", "HandOff", "MicroBatch", "default_in_flight_limit",
     "BALANCE_MODES", "balance_split", "estimated_makespan", "Chunker", "DynamicChunker", "FixedChunker", "QuadraticCurve", "TaperedChunker", "fit_quadratic", "parse_size",
     "split_request", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
     "check_deadlock", "ChunkingError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",

@@ -7,6 +7,10 @@ hence the simulator and the reference runtime) and the SGLang loops (leader and 
 - ``on_admitted(mb, decision)`` / ``on_left(seq)``: what entered stage 0 and what left the last
   stage, in the order the executor saw it.
 - ``pick(rank, ready)``: which of a rank's ready ``(stage, seq)`` items runs first.
+- ``next_chunk_size(prefix_len, remaining)``: the size of a request's next chunk (the chunker the
+  controller was built with: fixed, tapered or the DCPP curve).
+- ``hand_off(stage)``: the group and the communication semantics of the hand-off of ``stage``'s
+  output to the next stage (None when both stages share a rank, or for the last stage).
 
 Decisions depend only on the order of these calls and on the estimated costs of the micro-batches,
 never on a clock, so a recorded sequence of calls replays exactly (``check --trace``).
@@ -33,6 +37,8 @@ Rules (the meaning of each mode, also in docs/method.md):
   request may take further whole requests into the same forward while their tokens fit the budget
   (``joins_batch``), as SGLang's prefill adder fills a batch; a request that does not fit whole
   waits for the next micro-batch. The batch is one micro-batch for every rule above.
+- Hand-off: ``blocking`` or ``async`` as the policy says; the group is ``pp`` with one group,
+  else ``fwd`` (r -> r+1) or ``bwd`` (r+1 -> r) (``hand_off_group``).
 - Order: ``OLDEST_FIRST`` runs the oldest micro-batch first (ties: the higher stage);
   ``FEED_PEER_FIRST`` first runs a stage whose output another rank waits for, then the oldest.
 """
@@ -43,12 +49,14 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from .chunking import Chunker
 from .cost import StageCostModel
-from .ir import ChunkSpec
+from .ir import GROUP_BACKWARD, GROUP_FORWARD, GROUP_SINGLE, ChunkSpec
 from .layout import Layout, LayoutKind
-from .policies import PolicySpec, Priority
+from .policies import CommSemantics, PolicySpec, Priority
 
-__all__ = ["Admission", "MicroBatch", "ControllerLimits", "Controller", "default_in_flight_limit", "slot_released_by"]
+__all__ = ["Admission", "MicroBatch", "ControllerLimits", "Controller", "HandOff", "default_in_flight_limit",
+           "hand_off_group", "hand_off_groups", "slot_released_by"]
 
 
 class Admission(StrEnum):
@@ -111,6 +119,28 @@ def slot_released_by(seq: int, in_flight_limit: int) -> int | None:
     return seq - in_flight_limit if seq >= in_flight_limit else None
 
 
+@dataclass(frozen=True, slots=True)
+class HandOff:
+    """How the output of one stage reaches the rank of the next stage."""
+
+    src_rank: int
+    dst_rank: int
+    group: str
+    semantics: CommSemantics
+
+
+def hand_off_group(src_rank: int, dst_rank: int, num_groups: int) -> str:
+    """The group of a hand-off from ``src_rank`` to ``dst_rank`` with ``num_groups`` groups per link."""
+    if num_groups == 1:
+        return GROUP_SINGLE
+    return GROUP_FORWARD if dst_rank > src_rank else GROUP_BACKWARD
+
+
+def hand_off_groups(num_groups: int) -> tuple[str, ...]:
+    """Every group a pipeline with ``num_groups`` groups per link uses."""
+    return (GROUP_SINGLE,) if num_groups == 1 else (GROUP_FORWARD, GROUP_BACKWARD)
+
+
 @dataclass(slots=True)
 class _InFlight:
     mb: MicroBatch
@@ -129,14 +159,22 @@ class Controller:
     """Decides for one rank; every rank of a pipeline builds an equal one (see the module doc)."""
 
     def __init__(self, policy: PolicySpec, layout: Layout, cost: StageCostModel,
-                 max_in_flight: int | None = None, token_budget: int | None = None) -> None:
+                 max_in_flight: int | None = None, token_budget: int | None = None, *,
+                 chunker: Chunker | None = None, num_groups: int | None = None) -> None:
+        """``chunker``: None when the executor never asks ``next_chunk_size``. ``num_groups``:
+        groups per link, None for the policy's (an executor whose transport needs one direction
+        per link passes 2)."""
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         if token_budget is not None and token_budget < 1:
             raise ValueError(f"token_budget must be >= 1 token, got {token_budget}")
+        if num_groups not in (None, 1, 2):
+            raise ValueError(f"num_groups must be 1 or 2, got {num_groups}")
         self.policy = policy
         self.layout = layout
         self.cost = cost
+        self.chunker = chunker
+        self.num_groups = num_groups if num_groups is not None else policy.num_groups
         in_flight = max_in_flight if max_in_flight is not None else default_in_flight_limit(layout)
         self.limits = ControllerLimits(in_flight, in_flight if policy.pack else 0)
         self.token_budget = token_budget
@@ -198,6 +236,14 @@ class Controller:
         self._in_flight[mb.seq] = entry
         self.num_admitted += 1
 
+    def state_key(self) -> tuple:
+        """Everything ``admission`` reads besides the micro-batch: equal keys, equal answers."""
+        in_flight = tuple(sorted((seq, e.group, e.packed) for seq, e in self._in_flight.items()))
+        window = None if self._window is None else (self._window.group, self._window.budget, self._window.packed)
+        newest = None if self._newest_prefill is None else (self._newest_prefill.mb.seq, self._newest_prefill.group,
+                                                           tuple(sorted(map(str, self._newest_prefill.mb.requests))))
+        return in_flight, window, newest, self._next_group
+
     def on_left(self, seq: int) -> None:
         """Micro-batch ``seq`` finished the last stage."""
         entry = self._in_flight.pop(seq)
@@ -221,6 +267,29 @@ class Controller:
         if self.policy.priority is Priority.FEED_PEER_FIRST:
             return min(ready, key=lambda item: (not self._feeds_peer(rank, item[0]), item[1], -item[0]))
         return min(ready, key=lambda item: (item[1], -item[0]))
+
+    # ----------------------------------------------------------------- chunks and hand-offs
+    def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
+        """Tokens of a request's next chunk, given the ``prefix_len`` tokens already chunked and
+        the ``remaining`` ones."""
+        assert self.chunker is not None, "this controller was built without a chunker"
+        size = self.chunker.next_chunk_size(prefix_len, remaining)
+        assert 1 <= size <= remaining, (size, prefix_len, remaining)
+        return size
+
+    @property
+    def blocking(self) -> bool:
+        return self.policy.comm_semantics is CommSemantics.BLOCKING
+
+    def hand_off(self, stage: int) -> HandOff | None:
+        """The hand-off of ``stage``'s output to stage ``stage + 1``; None for the last stage and
+        where both stages share a rank ([Note: fold point has no comm])."""
+        if stage == self.layout.num_stages - 1:
+            return None
+        src, dst = self.layout.stages[stage].rank, self.layout.stages[stage + 1].rank
+        if src == dst:
+            return None
+        return HandOff(src, dst, hand_off_group(src, dst, self.num_groups), self.policy.comm_semantics)
 
     # ----------------------------------------------------------------- helpers
     def _group_of(self, mb: MicroBatch) -> int:

@@ -1,15 +1,15 @@
 """The planner: turns requests into per-rank action streams, offline or online.
 
-Data flow: ``submit(RequestSpec)`` chunks the request with the policy's chunker and appends its
-chunks to the global chunk sequence; ``advance()`` list-schedules the sequence on an *estimated*
+Data flow: ``submit(RequestSpec)`` chunks the request (``Controller.next_chunk_size``, with the
+config's chunker) and appends its chunks to the global chunk sequence; ``advance()`` list-schedules the sequence on an *estimated*
 clock (the ``StageCostModel`` given in ``PlannerConfig``) and appends actions to each rank's
 stream. Every rank that calls the same methods in the same order gets the same streams, which is
 how SGLang-style replicated schedulers stay in step without exchanging decisions.
 
 The planner is a driver of the ``Controller`` (``controller.py``) on the estimated clock: the
-controller decides admission (in-flight limit, request barrier, packing) and the order in which a
-rank runs its ready stages; the planner supplies arrivals and completion times, decides when
-blocking hand-offs pair up, and passes each decision to ``Lowering`` (``lowering.py``), which
+controller decides admission (in-flight limit, request barrier, packing), the order in which a
+rank runs its ready stages, the chunk sizes and each hand-off's group and semantics; the planner
+supplies arrivals and completion times, decides when blocking hand-offs pair up, and passes each decision to ``Lowering`` (``lowering.py``), which
 writes the per-rank actions:
 
 - Every stage processes chunks in sequence order (request-major). Hence each communicator sees
@@ -43,7 +43,7 @@ from .cost import StageCostModel
 from .ir import Action, ChunkSpec, RequestSpec
 from .layout import Layout
 from .lowering import Lowering
-from .policies import CommSemantics, PolicySpec
+from .policies import PolicySpec
 from .errors import PolicyError
 
 __all__ = ["PlannerConfig", "Planner", "TimelineEntry"]
@@ -112,8 +112,11 @@ class Planner:
         self._num_stages = layout.num_stages
         self._stage_rank = [s.rank for s in layout.stages]
         self._rank_stages = [layout.stages_of(r) for r in range(layout.num_ranks)]
-        self._blocking = config.policy.comm_semantics is CommSemantics.BLOCKING
-        self._lowering = Lowering(layout, self._blocking, config.groups)
+        self.controller = Controller(config.policy, layout, config.cost, config.max_in_flight,
+                                     token_budget=config.token_budget, chunker=config.chunker,
+                                     num_groups=config.groups)
+        self._blocking = self.controller.blocking
+        self._lowering = Lowering(self.controller)
         self._actions = self._lowering.actions
         self._taken = [0] * self._num_ranks
         self.requests: list[RequestSpec] = []
@@ -124,8 +127,6 @@ class Planner:
         self._rank_free = [0.0] * self._num_ranks
         self._offer: list[tuple[int, int] | None] = [None] * self._num_ranks
         self._completions: list[tuple[float, int]] = []
-        self.controller = Controller(config.policy, layout, config.cost, config.max_in_flight,
-                                     config.token_budget)
         self.request_finish: dict[int, float] = {}
         self.timeline: list[TimelineEntry] = []
         self.now = 0.0
@@ -138,8 +139,7 @@ class Planner:
         start = 0
         chunk_index = 0
         while start < request.length:
-            size = self.config.chunker.next_chunk_size(start, request.length - start)
-            assert 1 <= size <= request.length - start, (size, start, request)
+            size = self.controller.next_chunk_size(start, request.length - start)
             is_last = start + size == request.length
             self.sequence.append(ChunkSpec(index, chunk_index, start, size, is_last))
             for stage in range(self._num_stages):
@@ -318,7 +318,7 @@ class Planner:
     def _handoff(self, src: int, dst: int, offer: tuple[int, int], now: float) -> None:
         stage, position = offer
         chunk = self.sequence[position]
-        self._lowering.handoff(src, dst, stage, chunk)
+        self._lowering.handoff(stage, chunk)
         end = now + self._transfer_cost(stage, chunk)
         self._rank_free[src] = max(self._rank_free[src], end)
         self._rank_free[dst] = max(self._rank_free[dst], end)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .chunking import Chunker, DynamicChunker, FixedChunker, TaperedChunker
+from .controller import hand_off_groups
 from .cost import LinearAttentionCost, StageCostModel
 from .ir import Action, ChunkSpec, RequestSpec
 from .layout import Layout, build_layout
@@ -105,7 +106,7 @@ def build_schedule(
 
 def schedule_from_planner(planner: Planner) -> Schedule:
     config = planner.config
-    groups = ("pp",) if config.groups == 1 else ("fwd", "bwd")
+    groups = hand_off_groups(config.groups)
     return Schedule(
         policy=config.policy.name,
         layout=config.layout,

@@ -12,6 +12,17 @@ inputs (mode, layout, limits, cost model) -> the rank's recorded calls replayed 
   controller must choose the recorded one.
 
 The first mismatch is a ``Divergence`` naming the rank, the micro-batch and both decisions.
+
+The same records compare a server with the planner (hence the simulator and the reference
+runtime, which execute the planner's streams): ``server_workload`` rebuilds the prefill work and
+the cost table from a trace, ``DecisionRecorder`` writes a planner's controller calls in the same
+records, and ``compare_decisions`` compares the two lists of a rank. The two executors keep
+different clocks, so the *events* (a micro-batch built, one leaving the last stage, which items
+are ready) may come in another order; what must be equal is every decision taken in the same
+*situation*: the same micro-batch asked about in the same controller state (``state_key``) gets
+the same admission, the same ready items the same choice. A different decision in a situation
+both met is a ``Divergence``; ``OrderComparison`` also counts the situations met and the records
+the two lists share from the start.
 """
 
 from __future__ import annotations
@@ -19,18 +30,23 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from ..schedule import (
     Admission,
     Controller,
+    FixedChunker,
+    Layout,
     LinearAttentionCost,
     MicroBatch,
     StageCostModel,
     build_layout,
     get_policy,
+    split_request,
 )
 
-__all__ = ["TraceError", "Divergence", "ReplayResult", "replay_trace", "load_trace"]
+__all__ = ["TraceError", "Divergence", "ReplayResult", "replay_trace", "load_trace", "ServerWorkload",
+           "server_workload", "DecisionRecorder", "OrderComparison", "compare_decisions"]
 
 
 class TraceError(ValueError):
@@ -180,3 +196,196 @@ def _item_text(item: tuple[int, int]) -> str:
 
 def _items_text(items: list[tuple[int, int]]) -> str:
     return "[" + ", ".join(_item_text(item) for item in items) + "]"
+
+
+# --------------------------------------------------------------------- server vs planner
+@dataclass(frozen=True, slots=True)
+class ServerWorkload:
+    """The prefill work of a traced server, in the order it admitted it, and its controller inputs."""
+
+    inputs: dict
+    request_ids: tuple[str, ...]
+    chunk_sizes: tuple[tuple[int, ...], ...]
+    """Per request, the tokens of each of its micro-batches (SGLang's chunks)."""
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return tuple(sum(sizes) for sizes in self.chunk_sizes)
+
+    @property
+    def chunk_size(self) -> int:
+        return max(size for sizes in self.chunk_sizes for size in sizes)
+
+    @property
+    def mode(self) -> str:
+        return str(self.inputs["mode"])
+
+    @property
+    def stage_layers(self) -> tuple[int, ...]:
+        return tuple(int(n) for n in self.inputs["stage_layers"])
+
+    def layout(self) -> Layout:
+        policy = get_policy(self.mode)
+        return build_layout(int(self.inputs["pp_size"]), sum(self.stage_layers), policy.layout_kind,
+                            list(self.stage_layers))
+
+    def cost_model(self) -> StageCostModel:
+        return _cost_model(self.inputs["cost"])
+
+
+def server_workload(trace_dir: str | Path) -> ServerWorkload:
+    """Rank 0's admitted prefill micro-batches as requests with chunk sizes (``TraceError`` when the
+    planner cannot express them: a micro-batch of several requests, decode, or chunks that a fixed
+    chunk size does not reproduce)."""
+    inputs = load_trace(trace_dir)[0]
+    chunks: dict[str, list[int]] = {}
+    for record in inputs.get("decisions") or []:
+        if record.get("kind") != "admit":
+            continue
+        if not record["prefill"] or len(record["requests"]) != 1:
+            raise TraceError(f"micro-batch {record['seq']} carries {'prefill' if record['prefill'] else 'decode'} "
+                             f"of requests {record['requests']}: the planner plans one request's prefill chunk per "
+                             "micro-batch; trace a load of one-token answers whose lengths divide the chunk size")
+        chunks.setdefault(record["requests"][0], []).append(int(record["tokens"]))
+    if not chunks:
+        raise TraceError(f"{str(trace_dir)!r} holds no admitted prefill micro-batch")
+    workload = ServerWorkload(inputs["controller"], tuple(chunks), tuple(tuple(sizes) for sizes in chunks.values()))
+    fixed = FixedChunker(workload.chunk_size)
+    for rid, sizes in zip(workload.request_ids, workload.chunk_sizes):
+        if [n for _, n in split_request(fixed, sum(sizes))] != list(sizes):
+            raise TraceError(f"request {rid}'s chunks {list(sizes)} are not fixed chunks of {workload.chunk_size}")
+    return workload
+
+
+def _micro_batch_fields(mb: MicroBatch, names: Sequence[str] | None) -> dict:
+    requests = sorted(names[r] if names is not None else str(r) for r in mb.requests)
+    return {"seq": mb.seq, "requests": requests, "start": mb.start, "tokens": mb.num_tokens,
+            "ends_request": mb.ends_request, "prefill": mb.is_prefill}
+
+
+class DecisionRecorder(Controller):
+    """A ``Controller`` that writes each call as the server's loops record it (``--vpp-trace``):
+    drop-in for the planner's, whose request indices ``names`` turns into request ids."""
+
+    def __init__(self, *args, names: Sequence[str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.names = names
+        self.decisions: dict[int, list[dict]] = {rank: [] for rank in range(self.layout.num_ranks)}
+        self._held: set[int] = set()
+
+    def admission(self, mb: MicroBatch) -> Admission:
+        decision = super().admission(mb)
+        if decision is Admission.NO and mb.seq not in self._held:
+            self._held.add(mb.seq)
+            self.decisions[0].append({"kind": "hold", **_micro_batch_fields(mb, self.names)})
+        return decision
+
+    def on_admitted(self, mb: MicroBatch, decision: Admission) -> None:
+        self.decisions[0].append({"kind": "admit", "decision": str(decision), **_micro_batch_fields(mb, self.names)})
+        super().on_admitted(mb, decision)
+
+    def on_left(self, seq: int) -> None:
+        self.decisions[0].append({"kind": "left", "seq": seq})
+        super().on_left(seq)
+
+    def pick(self, rank: int, ready: Sequence[tuple[int, int]]) -> tuple[int, int]:
+        chosen = super().pick(rank, ready)
+        if len(ready) > 1:
+            self.decisions[rank].append({"kind": "pick", "ready": [list(i) for i in ready], "chosen": list(chosen)})
+        return chosen
+
+
+@dataclass(frozen=True, slots=True)
+class OrderComparison:
+    rank: int
+    num_equal: int
+    """Records equal on both sides before the first different event."""
+    event_difference: str | None
+    """The first different event (None: both lists are equal to their ends)."""
+    num_compared: int
+    """Server decisions taken in a situation the planner also met (same controller state and
+    micro-batch, or same ready items), each compared with the planner's decision there."""
+    num_decisions: int
+    """Server decisions on this rank."""
+    divergence: Divergence | None
+
+
+def compare_decisions(server: Sequence[dict], planner: Sequence[dict], rank: int, inputs: dict,
+                      fold_stage: int | None = None) -> OrderComparison:
+    """A rank's server records against a planner's (see the module doc): the records shared from
+    the start, then every server decision whose situation the planner met too. ``inputs``:
+    the trace's controller inputs. ``fold_stage``: on the rank that owns both sides of the fold
+    point the server runs the fold stage right after the stage before it without asking; the
+    planner's picks of it are checked and skipped."""
+    ours: list[dict] = []
+    for record in planner:
+        if fold_stage is not None and record["kind"] == "pick" and any(s == fold_stage for s, _ in record["ready"]):
+            if record["chosen"][0] != fold_stage:
+                divergence = Divergence(rank, len(ours), None, f"stage {fold_stage} right after stage {fold_stage - 1}",
+                                        f"{_item_text(tuple(record['chosen']))} first")
+                return OrderComparison(rank, 0, None, 0, 0, divergence)
+            continue
+        ours.append(record)
+    num_equal, event_difference = _common_events(server, ours)
+    planner_answers = dict(_situations(ours, inputs, rank))
+    compared = 0
+    situations = _situations(server, inputs, rank)
+    for index, (situation, answer) in enumerate(situations):
+        if situation not in planner_answers:
+            continue
+        compared += 1
+        if planner_answers[situation] != answer:
+            divergence = _situation_divergence(rank, index, situation, planner_answers[situation], answer)
+            return OrderComparison(rank, num_equal, event_difference, compared, len(situations), divergence)
+    return OrderComparison(rank, num_equal, event_difference, compared, len(situations), None)
+
+
+def _situations(records: Sequence[dict], inputs: dict, rank: int) -> list[tuple[tuple, str]]:
+    """(situation, decision) of each decision in ``records``, with a fresh controller fed the
+    records' own events to know the state each admission question was asked in."""
+    controller = _build_controller(inputs, rank)
+    out: list[tuple[tuple, str]] = []
+    for record in records:
+        kind = record["kind"]
+        if kind in ("admit", "left") and (int(record["seq"]) in controller.in_flight_seqs) == (kind == "admit"):
+            break  # events the controller cannot follow (replay_trace reports them): no later state is known
+        if kind in ("admit", "hold"):
+            mb = _micro_batch(record)
+            fields = (mb.seq, tuple(record["requests"]), mb.start, mb.num_tokens, mb.ends_request, mb.is_prefill)
+            decision = record.get("decision", "no")
+            out.append((("admission", controller.state_key(), fields), decision))
+            if kind == "admit":
+                controller.on_admitted(mb, Admission(decision))
+        elif kind == "left":
+            controller.on_left(int(record["seq"]))
+        elif kind == "pick":
+            ready = tuple(sorted(tuple(item) for item in record["ready"]))
+            out.append((("pick", ready), str(tuple(record["chosen"]))))
+    return out
+
+
+def _situation_divergence(rank: int, index: int, situation: tuple, expected: str, observed: str) -> Divergence:
+    if situation[0] == "pick":
+        ready = list(situation[1])
+        return Divergence(rank, index, None, f"{expected} first of {_items_text(ready)} (as the planner)",
+                          f"{observed} first")
+    return Divergence(rank, index, situation[2][0], f"{_admission_text(Admission(expected))} (as the planner)",
+                      _admission_text(Admission(observed)))
+
+
+def _common_events(server: Sequence[dict], planner: Sequence[dict]) -> tuple[int, str | None]:
+    """Records equal on both sides from the start, and the first difference."""
+    for index, (a, b) in enumerate(zip(server, planner)):
+        if _record_key(a) != _record_key(b):
+            return index, f"record {index}: {_record_key(a)} on the server, {_record_key(b)} in the planner"
+    num_equal = min(len(server), len(planner))
+    if len(server) != len(planner):
+        longer = "server" if len(server) > num_equal else "planner"
+        return num_equal, f"the {longer} has {abs(len(server) - len(planner))} more records"
+    return num_equal, None
+
+
+def _record_key(record: dict) -> tuple:
+    if record["kind"] == "pick":
+        return ("pick", tuple(sorted(map(tuple, record["ready"]))), tuple(record["chosen"]))
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in record.items()))

@@ -83,7 +83,6 @@ HOOK_TARGETS: tuple[HookTarget, ...] = (
     HookTarget(_S + "model_executor.forward_batch_info.ForwardBatch.init_new", ("cls", "batch", "model_runner"),
                HookScope.VPP),
     HookTarget(_S + "managers.scheduler._dispatch_event_loop_once", ("scheduler",), HookScope.VPP),
-    HookTarget(_S + "managers.scheduler.Scheduler.maybe_init_dynamic_chunk_sizer", ("self",), HookScope.VPP),
     HookTarget(_S + "managers.schedule_policy.PrefillAdder.add_one_req", ("self", "req"), HookScope.VPP),
 )
 _BY_PATH = {target.path: target for target in HOOK_TARGETS}

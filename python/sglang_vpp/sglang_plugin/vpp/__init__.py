@@ -15,8 +15,8 @@ copied: every change is a hook on one of these targets (paths under ``sglang.srt
     model_executor.model_runner.ModelRunner.load_model    AFTER   refuse unsupported models
     model_executor.forward_batch_info.ForwardBatch.init_new AROUND reuse a batch's ForwardBatch
     managers.scheduler._dispatch_event_loop_once          AROUND  the VPP event loop
-    managers.scheduler.Scheduler.maybe_init_dynamic_chunk_sizer AFTER  vpp-taper: chunk sizes
-    managers.schedule_policy.PrefillAdder.add_one_req     AROUND  from the schedule core (chunk_sizing.py)
+    managers.schedule_policy.PrefillAdder.add_one_req     AROUND  vpp-taper: a request's first chunk
+                                                                  from the controller (chunk_sizing.py)
 
 See docs/sglang-vpp.md for the design and its limits.
 """
@@ -142,6 +142,5 @@ def install(server_args: Any) -> None:
     if config.policy.tapered_chunks:
         from . import chunk_sizing
 
-        register(chunk_sizing.MAYBE_INIT, chunk_sizing.after_init_chunk_sizer, HookType.AFTER)
         register(chunk_sizing.ADD_ONE_REQ, chunk_sizing.around_add_one_req, HookType.AROUND)
     logger.info("sglang-vpp: %s hooks registered (pp=%d)", mode, config.pp_size)

@@ -1,15 +1,15 @@
-"""Chunk sizes from the schedule core for modes that do not cut fixed chunks (``--pp-mode vpp-taper``).
+"""Chunk sizes from the controller, the one place that decides them.
 
-The planner, the simulator and the reference runtime cut requests with
-``schedule.default_chunker`` (for vpp-taper a ``TaperedChunker``); the server cuts them with the
-same object, so one place decides every chunk size. SGLang already varies chunk sizes through
-its dynamic-chunking slot, ``Scheduler.dynamic_chunk_sizer``, whose ``predict(history_len)`` sets
-the token budget of the batch that continues the chunked request. ``ScheduleChunkSizer`` fills
-that slot, and a second hook asks it for the first chunk of a request, which SGLang always cuts
-at ``--chunked-prefill-size``:
+The planner, the simulator and the reference runtime cut requests with the controller's chunker
+(``schedule.default_chunker``: fixed chunks, or a ``TaperedChunker`` for vpp-taper); the server
+asks the same controller. SGLang varies chunk sizes through its dynamic-chunking slot,
+``Scheduler.dynamic_chunk_sizer``, whose ``predict(history_len)`` sets the token budget of the
+batch that continues the chunked request (VPP refuses ``--enable-dynamic-chunking``, so the slot
+is free). ``ControllerChunkSizer`` fills that slot when the VPP loop starts; for modes whose first
+chunk is not the full budget a hook also asks it for a request's first chunk, which SGLang always
+cuts at ``--chunked-prefill-size``:
 
-    managers.scheduler.Scheduler.maybe_init_dynamic_chunk_sizer  AFTER   fill the slot
-    managers.schedule_policy.PrefillAdder.add_one_req            AROUND  first chunk of a request
+    managers.schedule_policy.PrefillAdder.add_one_req  AROUND  first chunk of a request (vpp-taper)
 
 Every rank replays the same scheduling decisions (``replica.py``) and the chunker is a pure
 function of (prefix, remaining), so every rank cuts the same chunks.
@@ -17,61 +17,53 @@ function of (prefix, remaining), so every rank cuts the same chunks.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
-from sglang_vpp.schedule import Chunker, default_chunker
+from sglang_vpp.schedule import Controller
 
-from .state import get_state
+__all__ = ["ControllerChunkSizer", "install_chunk_sizer", "around_add_one_req", "ADD_ONE_REQ"]
 
-__all__ = ["ScheduleChunkSizer", "after_init_chunk_sizer", "around_add_one_req", "MAYBE_INIT", "ADD_ONE_REQ"]
+ADD_ONE_REQ = "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req"
 
-logger = logging.getLogger(__name__)
-
-_P = "sglang.srt."
-MAYBE_INIT = _P + "managers.scheduler.Scheduler.maybe_init_dynamic_chunk_sizer"
-ADD_ONE_REQ = _P + "managers.schedule_policy.PrefillAdder.add_one_req"
-
-_sizer: ScheduleChunkSizer | None = None
+_sizer: ControllerChunkSizer | None = None
 """This process's sizer (one scheduler per process); the adder hook has no scheduler to ask."""
 
 
-class ScheduleChunkSizer:
-    """SGLang's ``DynamicChunkSizer`` interface over a schedule-core ``Chunker``."""
+class ControllerChunkSizer:
+    """SGLang's ``DynamicChunkSizer`` interface, answered by ``Controller.next_chunk_size``."""
 
-    def __init__(self, scheduler: Any, chunker: Chunker) -> None:
+    def __init__(self, scheduler: Any, controller: Controller) -> None:
         self.scheduler = scheduler
-        self.chunker = chunker
+        self.controller = controller
 
     def size(self, prefix_len: int, length: int) -> int:
         """Tokens of the next chunk of a ``length``-token sequence with ``prefix_len`` computed."""
-        return self.chunker.next_chunk_size(prefix_len, max(1, length - prefix_len))
+        return self.controller.next_chunk_size(prefix_len, max(1, length - prefix_len))
 
-    def predict(self, history_len: int) -> int | None:
+    def predict(self, history_len: int) -> int:
         """Budget of the batch that continues ``scheduler.chunked_req`` (SGLang calls this)."""
+        full = max(1, int(self.scheduler.max_prefill_tokens))
         req = self.scheduler.chunked_req
-        if req is None:
-            return None
-        return self.size(history_len, _length(req))
+        if req is not None:
+            remaining = _length(req) - history_len
+            cut = self.size(history_len, _length(req))
+            if cut < remaining:
+                return cut
+        # The request ends in this batch (or none is chunked): the budget is a whole chunk's, and
+        # SGLang fills what the request leaves with further requests, as it does in stock PP.
+        return self.controller.next_chunk_size(history_len, full)
+
+
+def install_chunk_sizer(scheduler: Any, controller: Controller) -> ControllerChunkSizer:
+    """Put the controller's chunk sizes into SGLang's slot (and the first-chunk hook's reach)."""
+    global _sizer
+    _sizer = ControllerChunkSizer(scheduler, controller)
+    scheduler.dynamic_chunk_sizer = _sizer
+    return _sizer
 
 
 def _length(req: Any) -> int:
     return len(req.origin_input_ids) + len(req.output_ids)
-
-
-def after_init_chunk_sizer(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
-    """Put the schedule core's chunker into SGLang's dynamic-chunking slot."""
-    global _sizer
-    state = get_state()
-    if state is None or not state.config.policy.tapered_chunks:
-        return None
-    assert state.layout is not None, "the layout is built with the model, before the chunk sizer"
-    chunk_size = int(scheduler.chunked_prefill_size)
-    chunker = default_chunker(state.config.policy, chunk_size, state.layout, state.cost_model(), chunk_size)
-    _sizer = ScheduleChunkSizer(scheduler, chunker)
-    scheduler.dynamic_chunk_sizer = _sizer
-    logger.info("VPP %s: chunk sizes from the schedule core (%s)", state.config.mode, chunker)
-    return None
 
 
 def around_add_one_req(original: Callable[..., Any], adder: Any, req: Any, *args: Any, **kwargs: Any) -> Any:

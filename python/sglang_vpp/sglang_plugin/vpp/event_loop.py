@@ -19,9 +19,11 @@ use) decides everything else:
 - order: every rank with two ready items (rank 0: stage 0 of the held batch and the fold-back
   stage of a returned one; a middle rank: its forward and its fold-back stage) runs
   ``Controller.pick``'s choice first;
-- communication: ``BLOCKING`` (vpp) waits for each send to complete; ``ASYNC`` posts sends.
-  Every mode moves its messages over the ``sglang_vpp.comm`` communicator's two direction groups
-  ("fwd", "bwd"), through the ``transport.py`` adapter.
+- chunk size: SGLang's chunk-size hook asks ``Controller.next_chunk_size`` (``chunk_sizing.ControllerChunkSizer``);
+- communication: each link is a ``Controller.hand_off`` (group, peer, semantics). ``BLOCKING``
+  (vpp) waits for each send to complete; ``ASYNC`` posts sends. Every mode moves its messages over
+  the ``sglang_vpp.comm`` communicator's two direction groups ("fwd", "bwd": the server's
+  controller is built with two groups), through the ``transport.py`` adapter.
 
 Every decision is recorded with ``--vpp-trace`` (``accounting.py``) so ``sglang-vpp check
 --trace`` can replay the controller offline and compare.
@@ -47,9 +49,10 @@ from typing import Any
 
 import torch
 
-from sglang_vpp.schedule import Admission, CommSemantics, MicroBatch
+from sglang_vpp.schedule import Admission, Controller, MicroBatch
 
 from sglang_vpp.sglang_plugin.accounting import RankAccounting
+from .chunk_sizing import install_chunk_sizer
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
 from .replica import Replica, batch_signature, outputs_to_cpu
 from .stage_runner import StageJob, run_stage
@@ -91,8 +94,8 @@ class _LoopBase:
         self.rank = state.rank
         self.num_ranks = state.layout.num_ranks
         self.last_stage = state.layout.last_stage
-        self.blocking = self.policy.comm_semantics is CommSemantics.BLOCKING
-        self.controller = state.build_controller()
+        self.controller = state.build_controller(int(getattr(scheduler, "chunked_prefill_size", 0) or 0))
+        self.blocking = self.controller.blocking
         num_slots = self.controller.limits.slots
         self.replica = Replica(scheduler, num_slots, self.rank)
         self.num_slots = num_slots
@@ -105,11 +108,23 @@ class _LoopBase:
         self.bwd_items: deque[Message] = deque()
         self.tp = state.tp_agreement or SOLO
         self._check_replicas_agree()
-        self.fwd_out = self._channel("fwd", self.rank + 1) if self.rank + 1 < self.num_ranks else None
-        self.bwd_out = self._channel("bwd", self.rank - 1) if self.rank > 0 else None
-        for direction, peer in (("fwd", self.rank - 1), ("bwd", self.rank + 1)):
-            if 0 <= peer < self.num_ranks:
-                self._channel(direction, peer).start_pump(self.inbox)
+        # Every link this rank's stages send on and receive from, as the controller's hand-offs.
+        self.fwd_out: MessageLink | None = None
+        self.bwd_out: MessageLink | None = None
+        for stage in self.layout.stages_of(self.rank):
+            outgoing = self.controller.hand_off(stage)
+            if outgoing is not None:
+                link = self._channel(outgoing.group, outgoing.dst_rank)
+                if outgoing.dst_rank > self.rank:
+                    self.fwd_out = link
+                else:
+                    self.bwd_out = link
+            incoming = self.controller.hand_off(stage - 1) if stage > 0 else None
+            if incoming is not None:
+                self._channel(incoming.group, incoming.src_rank).start_pump(self.inbox)
+        # SGLang sizes each continuing request's next chunk through this hook (VPP refuses
+        # --enable-dynamic-chunking, so the slot is free): the controller decides it.
+        install_chunk_sizer(scheduler, self.controller)
         logger.info(
             "VPP loop: mode %s, rank %d of %d, stages %s, %d slots, %s sends over %s",
             self.config.mode, self.rank, self.num_ranks, self.layout.stages_of(self.rank), num_slots,

@@ -29,6 +29,7 @@ from sglang_vpp.schedule import (
     PolicySpec,
     StageCostModel,
     build_layout,
+    default_chunker,
     get_policy,
 )
 
@@ -148,10 +149,15 @@ class VppState:
             return f"fitted cost model from --vpp-cost-profile {self.config.cost_profile}"
         return "the analytic linear + attention estimate (no --vpp-cost-profile)"
 
-    def build_controller(self) -> Controller:
-        """This rank's controller; every rank builds an equal one."""
+    def build_controller(self, chunk_size: int) -> Controller:
+        """This rank's controller; every rank builds an equal one. Chunks are ``chunk_size``
+        (SGLang's --chunked-prefill-size), cut by the mode's chunker. Two groups per link whatever the mode: the transport
+        keeps a receive posted on every link, so each link carries one direction (transport.py)."""
         assert self.layout is not None
-        return Controller(self.config.policy, self.layout, self.cost_model(), self.config.max_in_flight)
+        cost = self.cost_model()
+        chunker = default_chunker(self.config.policy, chunk_size, self.layout, cost, chunk_size)
+        return Controller(self.config.policy, self.layout, cost, self.config.max_in_flight,
+                          chunker=chunker, num_groups=2)
 
     def controller_inputs(self, controller: Controller) -> dict:
         """What ``check --trace`` needs to rebuild ``controller`` offline."""

@@ -39,10 +39,11 @@ from typing import Any
 import torch
 
 from sglang_vpp.comm import CommConfig, CommHandle, Communicator, create_communicator
+from sglang_vpp.schedule.controller import hand_off_groups
 
 __all__ = ["Message", "MessageLink", "Inbox", "GROUPS", "backend_for", "open_communicator"]
 
-GROUPS = ("fwd", "bwd")
+GROUPS = hand_off_groups(2)  # one direction per link: a posted receive never holds a send back
 _TENSOR_PREFIX = "t."
 _MAX_PENDING_SENDS = 8
 
