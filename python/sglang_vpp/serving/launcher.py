@@ -46,6 +46,10 @@ CPU_PLATFORM_ARGS: tuple[str, ...] = ("--device", "cpu", "--attention-backend", 
 """SGLang on CPU: the portable attention backend, and fp32 so outputs compare with the reference."""
 
 
+HEALTH_POLL_S = 0.25
+"""Between two GET /health during start-up: a start costs tens of seconds, a probe almost nothing."""
+
+
 class ServerStartError(RuntimeError):
     """The server exited or did not become healthy; the message carries the log tail."""
 
@@ -172,8 +176,10 @@ class SGLangServer:
     def _wait_healthy(self, deadline: float, on_wait: Callable[[float, str], None] | None = None) -> None:
         assert self.process is not None
         began = time.monotonic()
+        next_report = began
         while time.monotonic() < deadline:
-            if on_wait is not None:
+            if on_wait is not None and time.monotonic() >= next_report:
+                next_report += 1.0
                 lines = self.log_tail(2000).strip().splitlines()
                 on_wait(time.monotonic() - began, lines[-1] if lines else "")
             self._remember_descendants(self.process.pid)
@@ -188,7 +194,7 @@ class SGLangServer:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
-            time.sleep(1.0)
+            time.sleep(HEALTH_POLL_S)
         raise ServerStartError(
             f"sglang server not healthy after the start-up timeout; log tail:\n{self.log_tail()}"
         )
