@@ -54,13 +54,15 @@ def close_idle_pools(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     core). Never inside a module: a module-scoped fixture may still hold the server for a later
     test of it. A next module that uses the pool keeps the server, in case its config matches."""
     if nextitem is not None:
-        if nextitem.module is item.module:
+        module = getattr(nextitem, "module", None)
+        if module is getattr(item, "module", None):
             return
         users = _POOL_MODULES.get(id(item.session))
         if users is None:
-            users = {i.module for i in item.session.items if "server_pool" in i.fixturenames}
+            users = {getattr(i, "module", None) for i in item.session.items
+                     if "server_pool" in getattr(i, "fixturenames", ())}
             _POOL_MODULES[id(item.session)] = users
-        if nextitem.module in users:
+        if module in users:
             return
     for pool in POOLS:
         pool.close()
