@@ -1,4 +1,5 @@
-"""The server harness itself: healthy wait, start-up failure report, and the tree kill.
+"""The server harness itself: healthy wait, start-up failure report, the tree kill, and no
+server left behind when its owner dies without stopping it.
 
 A fake server (plain Python: an HTTP /health endpoint plus a child in the process group and a
 grandchild that left it with setsid) stands in for SGLang, so this runs in seconds.
@@ -6,6 +7,8 @@ grandchild that left it with setsid) stands in for SGLang, so this runs in secon
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import textwrap
 import time
@@ -60,3 +63,46 @@ def test_start_failure_reports_the_log(tmp_path: Path):
     with pytest.raises(ServerStartError, match="exited with 3 during start-up(.|\\n)*boom: bad flag"):
         server.start(timeout=60)
     assert server.process is None
+
+
+_OWNER = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    from test_harness import FakeConfig
+    from sglang_harness import SGLangServer
+    server = SGLangServer(FakeConfig(model_dir="fake"), Path(sys.argv[2])).start(timeout=60)
+    print(json.dumps({"launcher": server.process.pid}), flush=True)
+    sys.stdin.read()  # until the test has seen the tree
+    os._exit(1)  # what pytest-timeout's thread method does: no finalizer, no atexit
+    """
+)
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_server_dies_with_an_owner_that_exits_without_stopping_it(tmp_path: Path):
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(Path(__file__).parent), str(tmp_path / "owner.log")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    launcher = psutil.Process(json.loads(owner.stdout.readline())["launcher"])
+    deadline = time.monotonic() + 20
+    while len(launcher.children(recursive=True)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    fake_children = launcher.children(recursive=True)  # plain sleepers: only SGLang's die with it
+    owner.stdin.close()
+    owner.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _running(launcher) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survived = _running(launcher)
+    for process in [launcher, *fake_children]:
+        if _running(process):
+            process.kill()
+    assert not survived, "the launcher outlived the process that started it"

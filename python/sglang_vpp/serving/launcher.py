@@ -10,6 +10,8 @@ Data flow::
       -> clients talk HTTP to server.url
       -> SGLangServer.stop(): SIGTERM to the whole process group, SIGKILL after a grace period,
          then SIGKILL to any descendant that left the group (never a process we did not start)
+      -> if the starting process dies without stop() (SIGKILL, os._exit), Linux kills the
+         launcher (PR_SET_PDEATHSIG) and SGLang's own processes follow their parent
 
 ServerPool keeps at most one server alive (small machines): asking for another config stops the
 current one first.
@@ -18,6 +20,7 @@ current one first.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
 import signal
@@ -44,6 +47,27 @@ __all__ = [
 
 CPU_PLATFORM_ARGS: tuple[str, ...] = ("--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32")
 """SGLang on CPU: the portable attention backend, and fp32 so outputs compare with the reference."""
+
+
+def _libc_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()  # resolved here: the child between fork and exec only calls it
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """``preexec_fn``: SIGKILL the launcher when the thread that started it dies without
+    ``stop()`` (an ``os._exit``, a killed test run), so no server outlives its owner.
+    SGLang's scheduler and detokenizer processes already die with the launcher."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 HEALTH_POLL_S = 0.25
@@ -150,7 +174,8 @@ class SGLangServer:
     def start(self, timeout: float = 240.0,
               on_wait: Callable[[float, str], None] | None = None) -> SGLangServer:
         """Start and wait until healthy. ``port`` 0 picks a free one; ``on_wait(elapsed_s,
-        last_log_line)`` is called about once a second while the server starts."""
+        last_log_line)`` is called about once a second while the server starts. Call it from a
+        thread that lives as long as the server: on Linux the server is killed when it ends."""
         self.port = self.port or free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child, closed below
@@ -162,6 +187,7 @@ class SGLangServer:
             stdin=subprocess.DEVNULL,
             env=self.config.env(),
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         log.close()
         atexit.register(self.stop)
