@@ -8,6 +8,7 @@ grandchild that left it with setsid) stands in for SGLang, so this runs in secon
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sglang_harness import ServerConfig, SGLangServer, ServerStartError
+from sglang_harness import ServerConfig, SGLangServer, ServerStartError, free_port
+
+from sglang_vpp.serving import launcher as launcher_module
 
 _FAKE_SERVER = textwrap.dedent(
     """
@@ -36,8 +39,32 @@ _FAKE_SERVER = textwrap.dedent(
 )
 
 
+# Binds like uvicorn; a taken port gets uvicorn's error line, then it hangs as SGLang does.
+_FAKE_BIND = textwrap.dedent(
+    """
+    import http.server, sys, time
+    port = int(sys.argv[1])
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+        def log_message(self, *args):
+            pass
+    try:
+        server = http.server.HTTPServer(("127.0.0.1", port), Health)
+    except OSError:
+        print(f"ERROR: [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): "
+              "address already in use", flush=True)
+        time.sleep(600)
+    server.serve_forever()
+    """
+)
+
+
 class FakeConfig(ServerConfig):
     def command(self, port: int) -> list[str]:
+        if self.model_dir == "bind":
+            return [sys.executable, "-c", _FAKE_BIND, str(port)]
         if self.model_dir == "crash":
             return [sys.executable, "-c", "import sys; print('boom: bad flag'); sys.exit(3)"]
         return [sys.executable, "-c", _FAKE_SERVER, str(port)]
@@ -63,6 +90,26 @@ def test_start_failure_reports_the_log(tmp_path: Path):
     with pytest.raises(ServerStartError, match="exited with 3 during start-up(.|\\n)*boom: bad flag"):
         server.start(timeout=60)
     assert server.process is None
+
+
+def test_a_port_taken_before_the_bind_is_retried_or_reported_at_once(tmp_path: Path, monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # A port the caller gave: reported at once (the server would hang, not exit).
+        began = time.monotonic()
+        with pytest.raises(ServerStartError, match=f"port {port} was taken"):
+            SGLangServer(FakeConfig(model_dir="bind"), tmp_path / "given.log", port=port).start(timeout=60)
+        assert time.monotonic() - began < 30
+        # A port free_port() chose: chosen again, and the second start serves.
+        ports = iter([port, free_port()])
+        monkeypatch.setattr(launcher_module, "free_port", lambda: next(ports))
+        server = SGLangServer(FakeConfig(model_dir="bind"), tmp_path / "chosen.log").start(timeout=60)
+        try:
+            assert server.port != port and server.process.poll() is None
+        finally:
+            server.stop(grace=2)
 
 
 _OWNER = textwrap.dedent(

@@ -78,6 +78,10 @@ class ServerStartError(RuntimeError):
     """The server exited or did not become healthy; the message carries the log tail."""
 
 
+class _PortTaken(ServerStartError):
+    """Another process bound the port between ``free_port()`` and the server's bind."""
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago on 127.0.0.1."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -176,10 +180,30 @@ class SGLangServer:
         """Start and wait until healthy. ``port`` 0 picks a free one; ``on_wait(elapsed_s,
         last_log_line)`` is called about once a second while the server starts. Call it from a
         thread that lives as long as the server: on Linux the server is killed when it ends."""
-        self.port = self.port or free_port()
+        chosen = not self.port
+        began = time.monotonic()
+        for attempt in (1, 2):
+            self.port = self.port or free_port()
+            self._spawn()
+            try:
+                self._wait_healthy(began + timeout, on_wait)
+                break
+            except _PortTaken:
+                # free_port() only saw the port free; on a shared host another process may bind it
+                # first, and SGLang then hangs instead of exiting. A port we chose: choose again.
+                self.stop()
+                if not chosen or attempt == 2:
+                    raise
+                self.port = 0
+            except BaseException:
+                self.stop()
+                raise
+        self.start_seconds = time.monotonic() - began
+        return self
+
+    def _spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child, closed below
-        began = time.monotonic()
         self.process = subprocess.Popen(
             self.config.command(self.port),
             stdout=log,
@@ -191,13 +215,6 @@ class SGLangServer:
         )
         log.close()
         atexit.register(self.stop)
-        try:
-            self._wait_healthy(began + timeout, on_wait)
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - began
-        return self
 
     def _wait_healthy(self, deadline: float, on_wait: Callable[[float, str], None] | None = None) -> None:
         assert self.process is not None
@@ -213,6 +230,11 @@ class SGLangServer:
                 raise ServerStartError(
                     f"sglang server exited with {self.process.returncode} during start-up "
                     f"({' '.join(self.config.command(self.port))}); log tail:\n{self.log_tail()}"
+                )
+            if "error while attempting to bind on address" in self.log_tail(2000):
+                raise _PortTaken(
+                    f"port {self.port} was taken by another process before the server bound it; "
+                    f"log tail:\n{self.log_tail()}"
                 )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
