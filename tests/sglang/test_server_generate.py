@@ -2,9 +2,10 @@
 
 Each case starts one server (shared by the tests of that case through the module-scoped,
 parametrised ``server`` fixture, so pytest groups the tests per server and the pool never holds
-two). The pp 2 cpp server ends with a fault: kill -9 of rank 1 while idle takes it down fast and
-is named (test_faults.py's check, on a server that is no longer needed instead of a new one). Prompts of 300 tokens with chunks of 64 (cpp) or a base chunk of 128 (dcpp) run through
-several prefill chunks; decode continues for 12 tokens.
+two). Prompts of 300 tokens with chunks of 64 (cpp) or a base chunk of 128 (dcpp) run through
+several prefill chunks; decode continues for 12 tokens. The pp 2 cpp server ends with a fault:
+kill -9 of rank 1 while idle takes it down fast and is named (test_faults.py's check, on a server
+that is no longer needed instead of a new one).
 """
 
 from __future__ import annotations
