@@ -148,7 +148,8 @@ def assert_fault_ends_the_server(server: Any, name: str, sig: int, rank: int, ph
     pid = run.signal_rank(rank, sig)
     gone = run.wait_gone(bound_s)
     log = server.log_path.read_text(errors="replace")
-    assert gone is not None, f"server still up {bound_s} s after {signal.Signals(sig).name} of rank {rank}:\n{log[-4000:]}"
+    what = signal.Signals(sig).name
+    assert gone is not None, f"server still up {bound_s} s after {what} of rank {rank}:\n{log[-4000:]}"
     assert run.leftovers() == [], log[-4000:]
     lines = [line for line in log.splitlines() if "sglang-vpp: pipeline rank failed" in line]
     how = "killed by signal 9 (SIGKILL)" if sig == signal.SIGKILL else "is stopped"
