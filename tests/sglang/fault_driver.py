@@ -1,14 +1,17 @@
 """Drive faults into a real pipeline server: find its rank processes, load it, signal a rank.
 
-Used by test_faults.py. A ``FaultRun`` owns one freshly started server (a fault ends it), a
-background client request that puts the pipeline in the wanted phase, and the bookkeeping the
-assertions need (when the signal went out, when the launcher was gone, every process seen).
+A ``FaultRun`` owns one healthy server that the fault will end, a background client request that
+puts the pipeline in the wanted phase, and the bookkeeping the assertions need (when the signal
+went out, when the launcher was gone, every process seen). ``assert_fault_ends_the_server`` is the
+one check every fault case makes (test_faults.py on servers of its own; kill -9 cases also on the
+last use of a shared server in test_guard_and_load.py and test_server_generate.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -19,7 +22,12 @@ from typing import Any
 
 import psutil
 
-__all__ = ["FaultRun", "rank_pids"]
+__all__ = ["KILL_BOUND_S", "STOP_BOUND_EXTRA_S", "FaultRun", "assert_fault_ends_the_server", "rank_pids"]
+
+KILL_BOUND_S = 15.0
+"""kill -9 of a rank is seen at once (its sockets close): the whole server is gone within this."""
+STOP_BOUND_EXTRA_S = 10.0
+"""A stopped (SIGSTOP) rank: gone within --vpp-comm-timeout plus this."""
 
 
 def rank_pids(launcher_pid: int) -> dict[int, int]:
@@ -129,3 +137,22 @@ class FaultRun:
         if self._client is not None:
             self._client.join(timeout)
         return self.client_result
+
+
+def assert_fault_ends_the_server(server: Any, name: str, sig: int, rank: int, phase: str, bound_s: float) -> None:
+    """Put ``server`` (healthy; the fault ends it) in ``phase``, send ``sig`` to pipeline rank
+    ``rank`` and assert: the launcher is gone within ``bound_s``, no process of the server is left,
+    and its log names the failed rank (pp rank, tp rank, node, pid, signal or state) in one line."""
+    run = FaultRun(server)
+    run.start_load(phase)
+    pid = run.signal_rank(rank, sig)
+    gone = run.wait_gone(bound_s)
+    log = server.log_path.read_text(errors="replace")
+    what = signal.Signals(sig).name
+    assert gone is not None, f"server still up {bound_s} s after {what} of rank {rank}:\n{log[-4000:]}"
+    assert run.leftovers() == [], log[-4000:]
+    lines = [line for line in log.splitlines() if "sglang-vpp: pipeline rank failed" in line]
+    how = "killed by signal 9 (SIGKILL)" if sig == signal.SIGKILL else "is stopped"
+    named = [line for line in lines if re.search(re.escape(f"pp_rank={rank} tp_rank=0 node=0 pid={pid} {how}"), line)]
+    assert len(named) == 1, f"expected one line naming pp_rank={rank} pid={pid}:\n{log[-4000:]}"
+    print(f"{name}: gone after {gone:.1f} s; client: {run.join_client()}")

@@ -23,11 +23,13 @@ from sglang_vpp.serving.launcher import (
 )
 
 __all__ = [
+    "POOLS",
     "SKIP_NO_SGLANG",
     "ServerConfig",
     "ServerPool",
     "SGLangServer",
     "ServerStartError",
+    "close_idle_pools",
     "free_port",
     "get_json",
     "post_json",
@@ -39,3 +41,31 @@ SKIP_NO_SGLANG = pytest.mark.skipif(
     not SGLANG_INSTALLED,
     reason="SGLang is not installed: run scripts/install_sglang_cpu.sh (CI does)",
 )
+
+
+POOLS: list[ServerPool] = []
+"""The session's server pool (at most one), shared by tests/sglang and tests/sglang_vpp, whose
+conftests each run the ``server_pool`` fixture; here so that both, and the teardown hook of
+tests/conftest.py, find the same object."""
+
+
+def close_idle_pools(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the pool's server unless the next module may use it (an idle SGLang scheduler spins a
+    core). Never inside a module: a module-scoped fixture may still hold the server for a later
+    test of it. A next module that uses the pool keeps the server, in case its config matches."""
+    if nextitem is not None:
+        module = getattr(nextitem, "module", None)
+        if module is getattr(item, "module", None):
+            return
+        users = _POOL_MODULES.get(id(item.session))
+        if users is None:
+            users = {getattr(i, "module", None) for i in item.session.items
+                     if "server_pool" in getattr(i, "fixturenames", ())}
+            _POOL_MODULES[id(item.session)] = users
+        if module in users:
+            return
+    for pool in POOLS:
+        pool.close()
+
+
+_POOL_MODULES: dict[int, set] = {}

@@ -11,12 +11,15 @@ that mode (module-scoped fixture: pytest groups the tests per server).
   aborted through /abort_request; every request ends (answered or aborted, none hangs), the KV
   pool returns to idle, and a fixed greedy batch afterwards gives the same ids under vpp-pack
   as under cpp.
+- Last, the vpp-pack server's end: kill -9 of rank 0 mid-prefill takes the server down fast and
+  is named (test_faults.py's check, on a server that is no longer needed instead of a new one).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import signal
 import threading
 import time
 import urllib.error
@@ -26,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, post_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
 
-MODES = ("vpp-pack", "cpp")
+MODES = ("vpp-pack", "cpp")  # cpp last: test_server_generate, next, starts with the same server
 VOCAB = 12000  # TinyModelSpec's default vocabulary (checked against config.json below)
 
 # (case id, path, payload, text the 400 message must contain; None where SGLang's own request
@@ -207,3 +211,9 @@ def test_abort_and_disconnect_mid_prefill_while_packing(server):
         time.sleep(1)
     assert _kv_tokens_in_use(server) == 0
     _assert_still_serving(server)
+
+
+# Only the vpp-pack server (its last test; cpp's server goes on to test_server_generate.py).
+@pytest.mark.parametrize("server", ["vpp-pack"], indirect=True, ids=["pp2-vpp-pack"])
+def test_killed_rank0_mid_prefill_ends_the_server_and_is_named(server):
+    assert_fault_ends_the_server(server, "vpp-pack-kill-rank0-prefill", signal.SIGKILL, 0, "prefill", KILL_BOUND_S)

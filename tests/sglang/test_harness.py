@@ -1,4 +1,5 @@
-"""The server harness itself: healthy wait, start-up failure report, and the tree kill.
+"""The server harness itself: healthy wait, start-up failure report, the tree kill, and no
+server left behind when its owner dies without stopping it.
 
 A fake server (plain Python: an HTTP /health endpoint plus a child in the process group and a
 grandchild that left it with setsid) stands in for SGLang, so this runs in seconds.
@@ -6,6 +7,9 @@ grandchild that left it with setsid) stands in for SGLang, so this runs in secon
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -13,7 +17,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sglang_harness import ServerConfig, SGLangServer, ServerStartError
+from sglang_harness import ServerConfig, SGLangServer, ServerStartError, free_port
+
+from sglang_vpp.serving import launcher as launcher_module
 
 _FAKE_SERVER = textwrap.dedent(
     """
@@ -33,8 +39,32 @@ _FAKE_SERVER = textwrap.dedent(
 )
 
 
+# Binds like uvicorn; a taken port gets uvicorn's error line, then it hangs as SGLang does.
+_FAKE_BIND = textwrap.dedent(
+    """
+    import http.server, sys, time
+    port = int(sys.argv[1])
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+        def log_message(self, *args):
+            pass
+    try:
+        server = http.server.HTTPServer(("127.0.0.1", port), Health)
+    except OSError:
+        print(f"ERROR: [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): "
+              "address already in use", flush=True)
+        time.sleep(600)
+    server.serve_forever()
+    """
+)
+
+
 class FakeConfig(ServerConfig):
     def command(self, port: int) -> list[str]:
+        if self.model_dir == "bind":
+            return [sys.executable, "-c", _FAKE_BIND, str(port)]
         if self.model_dir == "crash":
             return [sys.executable, "-c", "import sys; print('boom: bad flag'); sys.exit(3)"]
         return [sys.executable, "-c", _FAKE_SERVER, str(port)]
@@ -60,3 +90,66 @@ def test_start_failure_reports_the_log(tmp_path: Path):
     with pytest.raises(ServerStartError, match="exited with 3 during start-up(.|\\n)*boom: bad flag"):
         server.start(timeout=60)
     assert server.process is None
+
+
+def test_a_port_taken_before_the_bind_is_retried_or_reported_at_once(tmp_path: Path, monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # A port the caller gave: reported at once (the server would hang, not exit).
+        began = time.monotonic()
+        with pytest.raises(ServerStartError, match=f"port {port} was taken"):
+            SGLangServer(FakeConfig(model_dir="bind"), tmp_path / "given.log", port=port).start(timeout=60)
+        assert time.monotonic() - began < 30
+        # A port free_port() chose: chosen again, and the second start serves.
+        ports = iter([port, free_port()])
+        monkeypatch.setattr(launcher_module, "free_port", lambda: next(ports))
+        server = SGLangServer(FakeConfig(model_dir="bind"), tmp_path / "chosen.log").start(timeout=60)
+        try:
+            assert server.port != port and server.process.poll() is None
+        finally:
+            server.stop(grace=2)
+
+
+_OWNER = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    from test_harness import FakeConfig
+    from sglang_harness import SGLangServer
+    server = SGLangServer(FakeConfig(model_dir="fake"), Path(sys.argv[2])).start(timeout=60)
+    print(json.dumps({"launcher": server.process.pid}), flush=True)
+    sys.stdin.read()  # until the test has seen the tree
+    os._exit(1)  # what pytest-timeout's thread method does: no finalizer, no atexit
+    """
+)
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_server_dies_with_an_owner_that_exits_without_stopping_it(tmp_path: Path):
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(Path(__file__).parent), str(tmp_path / "owner.log")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    launcher = psutil.Process(json.loads(owner.stdout.readline())["launcher"])
+    deadline = time.monotonic() + 20
+    while len(launcher.children(recursive=True)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    fake_children = launcher.children(recursive=True)  # plain sleepers: only SGLang's die with it
+    owner.stdin.close()
+    owner.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _running(launcher) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survived = _running(launcher)
+    for process in [launcher, *fake_children]:
+        if _running(process):
+            process.kill()
+    assert not survived, "the launcher outlived the process that started it"

@@ -3,16 +3,20 @@
 Each case starts one server (shared by the tests of that case through the module-scoped,
 parametrised ``server`` fixture, so pytest groups the tests per server and the pool never holds
 two). Prompts of 300 tokens with chunks of 64 (cpp) or a base chunk of 128 (dcpp) run through
-several prefill chunks; decode continues for 12 tokens.
+several prefill chunks; decode continues for 12 tokens. The pp 2 cpp server ends with a fault:
+kill -9 of rank 1 while idle takes it down fast and is named (test_faults.py's check, on a server
+that is no longer needed instead of a new one).
 """
 
 from __future__ import annotations
 
 import random
+import signal
 from pathlib import Path
 
 import pytest
 import torch
+from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, get_json, post_json
 
 from sglang_vpp.models.tiny_hf import load_transformers_model
@@ -23,10 +27,13 @@ PROMPT_LENGTHS = (300, 37)
 NUM_NEW_TOKENS = 12
 LOGPROB_TOLERANCE = 1e-4
 
+# Order matters for the session's server pool (tests/sglang/conftest.py runs this module between
+# test_guard_and_load, whose last server is pp 2 cpp, and test_bench_serve, whose first is pp 1
+# stock with chunks of 64): same configs, so both are started once for the two modules.
 CASES = {
-    "pp1": dict(pp_size=1, pp_mode=None, chunked_prefill_size=64),
     "pp2-cpp": dict(pp_size=2, pp_mode="cpp", chunked_prefill_size=64),
     "pp2-dcpp": dict(pp_size=2, pp_mode="dcpp", chunked_prefill_size=128),
+    "pp1": dict(pp_size=1, pp_mode=None, chunked_prefill_size=64),
 }
 
 
@@ -140,3 +147,9 @@ def test_mode_reached_the_server(server):
         assert fitted or fell_back, server.log_tail(3000)
     if server.config.pp_size > 1:
         assert " PP1]" in log, "no log line from pipeline rank 1"
+
+
+# Only the pp 2 cpp server, after its other tests (pp 1 goes on to test_bench_serve.py).
+@pytest.mark.parametrize("server", ["pp2-cpp"], indirect=True, ids=["pp2-cpp"])
+def test_killed_idle_rank1_ends_the_server_and_is_named(server):
+    assert_fault_ends_the_server(server, "cpp-kill-rank1-idle", signal.SIGKILL, 1, "idle", KILL_BOUND_S)

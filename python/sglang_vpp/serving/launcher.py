@@ -10,6 +10,8 @@ Data flow::
       -> clients talk HTTP to server.url
       -> SGLangServer.stop(): SIGTERM to the whole process group, SIGKILL after a grace period,
          then SIGKILL to any descendant that left the group (never a process we did not start)
+      -> if the starting process dies without stop() (SIGKILL, os._exit), Linux kills the
+         launcher (PR_SET_PDEATHSIG) and SGLang's own processes follow their parent
 
 ServerPool keeps at most one server alive (small machines): asking for another config stops the
 current one first.
@@ -18,6 +20,7 @@ current one first.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
 import signal
@@ -46,8 +49,37 @@ CPU_PLATFORM_ARGS: tuple[str, ...] = ("--device", "cpu", "--attention-backend", 
 """SGLang on CPU: the portable attention backend, and fp32 so outputs compare with the reference."""
 
 
+def _libc_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()  # resolved here: the child between fork and exec only calls it
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """``preexec_fn``: SIGKILL the launcher when the thread that started it dies without
+    ``stop()`` (an ``os._exit``, a killed test run), so no server outlives its owner.
+    SGLang's scheduler and detokenizer processes already die with the launcher."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+HEALTH_POLL_S = 0.25
+"""Between two GET /health during start-up: a start costs tens of seconds, a probe almost nothing."""
+
+
 class ServerStartError(RuntimeError):
     """The server exited or did not become healthy; the message carries the log tail."""
+
+
+class _PortTaken(ServerStartError):
+    """Another process bound the port between ``free_port()`` and the server's bind."""
 
 
 def free_port() -> int:
@@ -146,11 +178,32 @@ class SGLangServer:
     def start(self, timeout: float = 240.0,
               on_wait: Callable[[float, str], None] | None = None) -> SGLangServer:
         """Start and wait until healthy. ``port`` 0 picks a free one; ``on_wait(elapsed_s,
-        last_log_line)`` is called about once a second while the server starts."""
-        self.port = self.port or free_port()
+        last_log_line)`` is called about once a second while the server starts. Call it from a
+        thread that lives as long as the server: on Linux the server is killed when it ends."""
+        chosen = not self.port
+        began = time.monotonic()
+        for attempt in (1, 2):
+            self.port = self.port or free_port()
+            self._spawn()
+            try:
+                self._wait_healthy(began + timeout, on_wait)
+                break
+            except _PortTaken:
+                # free_port() only saw the port free; on a shared host another process may bind it
+                # first, and SGLang then hangs instead of exiting. A port we chose: choose again.
+                self.stop()
+                if not chosen or attempt == 2:
+                    raise
+                self.port = 0
+            except BaseException:
+                self.stop()
+                raise
+        self.start_seconds = time.monotonic() - began
+        return self
+
+    def _spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child, closed below
-        began = time.monotonic()
         self.process = subprocess.Popen(
             self.config.command(self.port),
             stdout=log,
@@ -158,22 +211,18 @@ class SGLangServer:
             stdin=subprocess.DEVNULL,
             env=self.config.env(),
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         log.close()
         atexit.register(self.stop)
-        try:
-            self._wait_healthy(began + timeout, on_wait)
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - began
-        return self
 
     def _wait_healthy(self, deadline: float, on_wait: Callable[[float, str], None] | None = None) -> None:
         assert self.process is not None
         began = time.monotonic()
+        next_report = began
         while time.monotonic() < deadline:
-            if on_wait is not None:
+            if on_wait is not None and time.monotonic() >= next_report:
+                next_report += 1.0
                 lines = self.log_tail(2000).strip().splitlines()
                 on_wait(time.monotonic() - began, lines[-1] if lines else "")
             self._remember_descendants(self.process.pid)
@@ -182,13 +231,18 @@ class SGLangServer:
                     f"sglang server exited with {self.process.returncode} during start-up "
                     f"({' '.join(self.config.command(self.port))}); log tail:\n{self.log_tail()}"
                 )
+            if "error while attempting to bind on address" in self.log_tail(2000):
+                raise _PortTaken(
+                    f"port {self.port} was taken by another process before the server bound it; "
+                    f"log tail:\n{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
-            time.sleep(1.0)
+            time.sleep(HEALTH_POLL_S)
         raise ServerStartError(
             f"sglang server not healthy after the start-up timeout; log tail:\n{self.log_tail()}"
         )
