@@ -108,7 +108,7 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
     def waiting(mode: str, elapsed: float, last_line: str) -> None:
         if not plan.progress:
             return
-        text = f"--pp-mode {mode}: starting, {elapsed:.0f} s | {last_line[-100:]}"
+        text = f"--pp-mode {mode}: starting, {elapsed:.0f} s | {last_line.strip()}"[:79]
         if plain_progress:  # no live status line in a log: one line every 15 s
             if elapsed - last_shown[0] >= 15:
                 last_shown[0] = elapsed
