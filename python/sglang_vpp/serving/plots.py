@@ -13,14 +13,28 @@ from pathlib import Path
 __all__ = ["write_distribution_plot", "write_rank_gantt"]
 
 
-def write_distribution_plot(metrics: Mapping[str, Mapping[str, Sequence[float]]], path: Path,
-                            title: str | None = None) -> None:
-    """``metrics``: metric label -> mode -> values (seconds). Writes a PNG to ``path``."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, path: Path, title: str | None) -> None:
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+
+
+def write_distribution_plot(metrics: Mapping[str, Mapping[str, Sequence[float]]], path: Path,
+                            title: str | None = None) -> None:
+    """``metrics``: metric label -> mode -> values (seconds). Writes a PNG to ``path``."""
+    plt = _pyplot()
     panels = [(label, per_mode) for label, per_mode in metrics.items() if any(per_mode.values())]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.5 * max(1, len(panels)), 3.6), squeeze=False)
     for ax, (label, per_mode) in zip(axes[0], panels):
@@ -33,23 +47,14 @@ def write_distribution_plot(metrics: Mapping[str, Mapping[str, Sequence[float]]]
         ax.set_title(label, fontsize=9)
         ax.set_ylabel("seconds")
         ax.grid(axis="y", alpha=0.3)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, title)
 
 
 def write_rank_gantt(spans_per_mode: Mapping[str, Mapping[int, Sequence[tuple[float, float, int, int]]]],
                      path: Path, title: str | None = None) -> None:
     """One panel per mode, one row per rank: the replayed prefill computes of one repeat
     (``timeline.executed_spans``), coloured by micro-batch and labelled with the stage."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     modes = [mode for mode, spans in spans_per_mode.items() if spans]
     fig, axes = plt.subplots(len(modes) or 1, 1, figsize=(10, 1.2 + 0.9 * sum(len(spans_per_mode[m]) for m in modes)),
                              squeeze=False)
@@ -69,9 +74,4 @@ def write_rank_gantt(spans_per_mode: Mapping[str, Mapping[int, Sequence[tuple[fl
         ax.set_title(f"{mode}: replayed prefill per rank (label: stage; colour: micro-batch)", fontsize=9)
         ax.set_xlabel("seconds (replayed from per-stage CPU time)")
         ax.grid(axis="x", alpha=0.3)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, title)
