@@ -86,7 +86,9 @@ def test_bench_serve_reports_ttft_of_a_real_cpu_server(server_pool, tiny_model_d
     # bench_serving skips chunks whose text is empty, as a byte-level tokenizer's can be).
     assert 0 < summary["itl_ms"]["count"] <= 4 * 4
     assert 0 < summary["ttft_ms"]["median"] <= summary["ttft_ms"]["p99"] <= summary["e2e_ms"]["p99"]
-    assert summary["output_tokens"] == 4 * 5
+    # bench_serving counts a request's tokens up to its last chunk with text (a byte-level
+    # tokenizer's last tokens can decode to nothing): at most what was asked for.
+    assert 0 < summary["output_tokens"] <= 4 * 5
     assert report["repeats"][0]["server_info"]["pp_size"] == 1 and report["label"] == "pp1"
     assert report["repeats"][0]["max_concurrency"] == 2  # bench_serving's own record of the load
 
