@@ -24,15 +24,13 @@ from sglang_vpp.serving.bench_serving import (
     WORKLOAD_DEFAULTS,
     BenchServeError,
     LoadPlan,
-    ServingPass,
     Workload,
     bench_serving_missing,
     check_reachable,
-    merge_passes,
     run_pass,
 )
 
-from .common import at_least, check_output_path, emit_json, parse_size_option, positive, user_errors
+from .common import at_least, check_output_path, parse_size_option, positive, user_errors
 
 __all__ = ["BenchServeError", "bench_serve"]
 
@@ -53,15 +51,6 @@ def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
     if len(set(names)) != len(names):
         raise BenchServeError(f"--url labels must be distinct, got {names}")
     return targets
-
-
-def _run_entry(label: str, url: str, config: dict[str, Any], passes: list[ServingPass]) -> dict[str, Any]:
-    return {
-        "label": label, "url": url, "config": config, "summary": merge_passes(passes),
-        "repeats": [p.metrics for p in passes], "ttfts": [t for p in passes for t in p.ttfts],
-        "itls": [x for p in passes for x in p.itls], "errors": [e for p in passes for e in p.errors],
-        "bench_serving_jsonl": passes[0].output_file if passes else None,
-    }  # fmt: skip
 
 
 @user_errors
@@ -178,15 +167,15 @@ def bench_serve(
 
         bench_launched(modes, spec, plan, repeats, out_dir, json_out, output_file, plot, fmt)
         return
+    from .bench_serve_report import finish, run_entry
+
     runs = []
     for name, target in targets:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
         serving_pass = run_pass(plan, target, out_dir / f"bench-serving-{safe}.jsonl",
                                 out_dir / f"bench-serving-{safe}.log", seed_offset=0)  # fmt: skip
         shown = name if (label is not None or len(url) > 1) else None
-        runs.append(_run_entry(shown, target, plan.describe(), [serving_pass]))
-    from .bench_serve_report import finish
-
+        runs.append(run_entry(shown, target, plan.describe(), [serving_pass]))
     document = runs[0] if len(runs) == 1 else {"runs": runs}
     finish(runs, document, [], json_out, output_file, plot, fmt,
            tags=[{"label": run["label"], "url": run["url"]} for run in runs])

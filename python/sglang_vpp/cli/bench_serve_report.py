@@ -8,14 +8,24 @@ from typing import Any
 
 import typer
 
-from sglang_vpp.serving.bench_serving import LoadPlan, run_pass
+from sglang_vpp.serving.bench_serving import LoadPlan, ServingPass, merge_passes, run_pass
 
 from .common import emit_json
 
-__all__ = ["bench_launched", "finish"]
+__all__ = ["bench_launched", "finish", "run_entry"]
 
 _WARMUP_SEED_OFFSET = 1000
 """Warm-up prompts use seed + this, so no measured prompt is already in the prefix cache."""
+
+
+def run_entry(label: str, url: str, config: dict[str, Any], passes: list[ServingPass]) -> dict[str, Any]:
+    """One server's entry of the JSON output (and of the tagged lines): its passes merged."""
+    return {
+        "label": label, "url": url, "config": config, "summary": merge_passes(passes),
+        "repeats": [p.metrics for p in passes], "ttfts": [t for p in passes for t in p.ttfts],
+        "itls": [x for p in passes for x in p.itls], "errors": [e for p in passes for e in p.errors],
+        "bench_serving_jsonl": passes[0].output_file if passes else None,
+    }  # fmt: skip
 
 
 def _url_tags(run: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +107,6 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
     from sglang_vpp.serving.results import launch_tags
     from sglang_vpp.serving.timeline import executed_spans
 
-    from .bench_serve_cmd import _run_entry
     from .bench_serve_launch import run_launched
 
     console = Console(stderr=True)
@@ -163,7 +172,7 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
             "server_args": list(spec.server_args), "repeats": repeats, "log": run.log_path,
             "start_seconds": run.start_seconds,
         }  # fmt: skip
-        entry = _run_entry(run.mode, run.url, {**plan.describe(), "launch": launch_facts}, run.passes)
+        entry = run_entry(run.mode, run.url, {**plan.describe(), "launch": launch_facts}, run.passes)
         entry["pipeline"] = {
             "per_repeat": [idle.to_json() for idle in run.idle], "idle_spread": run.idle_spread(),
             "replayed_makespan_s": run.replayed_makespans(),
