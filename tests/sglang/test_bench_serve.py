@@ -32,6 +32,7 @@ def test_load_plan_is_bench_servings_command_line(tmp_path: Path):
     assert flags["--dataset-name"] == "random-ids" and flags["--random-input-len"] == "768"
     assert flags["--random-range-ratio"] == "1.0" and flags["--seed"] == "5" and flags["--max-concurrency"] == "1"
     assert flags["--tokenizer"] == "/m" and "--flush-cache" in argv and "--output-details" in argv
+    assert "--tokenize-prompt" in argv  # exact lengths: ids are sent as ids, not re-tokenized text
     assert argv[-1] == "--disable-stream" and "--request-rate" not in argv  # all at once by default
     mixed = LoadPlan(Workload.MIXED, 8, 1000, 4, 4).argv("http://h:1", tmp_path / "o.jsonl", seed_offset=0)
     assert mixed[mixed.index("--random-input-len") + 1] == "2000"
@@ -123,6 +124,7 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
     done = _cli(
         "--launch", "cpp,vpp-pack", "--model-path", str(model), "--pp-size", "2", "--chunked-prefill-size", "64",
         "--workload", "long", "--num-requests", "1", "--input-len", "768", "--output-len", "2", "--repeats", "2",
+        "--warmup", "0",  # each bench_serving pass is a fresh process that imports SGLang: one pass fewer
         "--work-dir", str(work), "--json", str(out), "--no-progress", "--port", str(first_port),
         "--output-file", str(tmp_path / "results.jsonl"), "--plot", str(tmp_path / "times.png"), timeout=900,
     )  # fmt: skip

@@ -139,6 +139,9 @@ class LoadPlan:
             "--warmup-requests", str(self.warmup if warmup is None else warmup),
             "--max-concurrency", str(self.concurrency), "--output-file", str(output_file), "--output-details",
         ]  # fmt: skip
+        if self.dataset() in ("random-ids", "random"):
+            # Token ids as drawn: as text the server would re-tokenize them into another length.
+            args.append("--tokenize-prompt")
         if math.isfinite(self.request_rate):
             args += ["--request-rate", str(self.request_rate)]
         if self.dataset() in ("sharegpt", "custom"):
