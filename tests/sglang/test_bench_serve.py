@@ -124,7 +124,6 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
     done = _cli(
         "--launch", "cpp,vpp-pack", "--model-path", str(model), "--pp-size", "2", "--chunked-prefill-size", "64",
         "--workload", "long", "--num-requests", "1", "--input-len", "768", "--output-len", "2", "--repeats", "2",
-        "--warmup", "0",  # each bench_serving pass is a fresh process that imports SGLang: one pass fewer
         "--work-dir", str(work), "--json", str(out), "--no-progress", "--port", str(first_port),
         "--output-file", str(tmp_path / "results.jsonl"), "--plot", str(tmp_path / "times.png"), timeout=900,
     )  # fmt: skip
