@@ -34,7 +34,7 @@ def render(report: dict, chunk: int, chunks: int) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for run in report["runs"]:
-        ttft = run["summary"]["ttft"]["median"] if run["summary"]["ttft"] else float("nan")
+        ttft = run["summary"]["ttft_ms"]["median"] / 1e3 if run["summary"]["ttft_ms"] else float("nan")
         batches = sorted({r["num_micro_batches"] for r in run["pipeline"]["per_repeat"]})
         min_cost = run["pipeline"].get("min_cost")
         for rank in run["pipeline"]["idle_spread"]:

@@ -1,7 +1,9 @@
-"""bench-serve against several servers at once (stand-in HTTP servers on 127.0.0.1)."""
+"""bench-serve (SGLang's bench_serving underneath) against several servers at once: stand-in HTTP
+servers on 127.0.0.1."""
 
 import json
 import threading
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -10,10 +12,17 @@ from typer.testing import CliRunner
 from sglang_vpp.cli.app import app
 
 
-def _fake_server(num_tokens: int):
+def _fake_server(num_tokens: int, model_dir: str):
+    """Answers what SGLang's bench_serving asks of an sglang backend: /v1/models (ready check and
+    model id), /model_info (tokenizer) and a streamed /generate."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - http.server API
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if not self.path.endswith("/generate"):
+                self.send_response(200)
+                self.end_headers()
+                return
             prompt = len(body.get("input_ids") or [])
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -21,11 +30,21 @@ def _fake_server(num_tokens: int):
             for i in range(1, num_tokens + 1):
                 event = {"text": "x" * i, "meta_info": {"completion_tokens": i, "prompt_tokens": prompt}}
                 self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
 
         def do_GET(self):  # noqa: N802
-            self.send_response(404)
+            answers = {"/v1/models": {"data": [{"id": model_dir}]}, "/model_info": {"model_path": model_dir}}
+            if self.path not in answers:
+                self.send_response(404)
+                self.end_headers()
+                return
+            data = json.dumps(answers[self.path]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
             self.end_headers()
+            self.wfile.write(data)
 
         def log_message(self, *args):
             pass
@@ -37,39 +56,42 @@ def _fake_server(num_tokens: int):
 
 @pytest.fixture
 def two_servers():
-    servers = [_fake_server(3), _fake_server(5)]
+    pytest.importorskip("sglang.benchmark.serving", reason="bench-serve runs SGLang's bench_serving")
+    from sglang_vpp.models.tiny_hf import TinyModelSpec, cached_tiny_model
+
+    model_dir = str(cached_tiny_model(TinyModelSpec("qwen2-tiny", num_layers=8)))
+    servers = [_fake_server(3, model_dir), _fake_server(5, model_dir)]
     yield [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
     for server in servers:
         server.shutdown()
         server.server_close()
 
 
-def test_side_by_side(tmp_path, two_servers):
-    out, lines = tmp_path / "runs.json", tmp_path / "results.jsonl"
+@pytest.mark.slow  # each bench_serving pass is a fresh Python that imports SGLang (about 10 s)
+def test_side_by_side_runs_bench_serving(tmp_path, two_servers):
+    out, lines, work = tmp_path / "runs.json", tmp_path / "results.jsonl", tmp_path / "work"
     args = ["bench-serve", "--url", f"cpp={two_servers[0]}", "--url", f"vpp-pack={two_servers[1]}",
             "--workload", "short", "--num-requests", "4", "--input-len", "16", "--output-len", "4",
-            "--no-progress", "--json", str(out), "--output-file", str(lines), "--plot", str(tmp_path / "times.png")]
+            "--warmup", "0", "--no-progress", "--json", str(out), "--output-file", str(lines),
+            "--work-dir", str(work), "--plot", str(tmp_path / "times.png")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert (tmp_path / "times.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert CliRunner().invoke(app, args).exit_code == 0  # appends
     records = [json.loads(line) for line in lines.read_text().splitlines()]
-    assert [r["label"] for r in records] == ["cpp", "vpp-pack"] * 2
+    assert [r["label"] for r in records] == ["cpp", "vpp-pack"]
     assert all(len(r["ttfts"]) == 4 and "sglang_version" in r["tags"] for r in records)
-    assert "side by side" in result.output and "vpp-pack" in result.output
+    # bench_serving's own JSONL per server is kept, with its per-request TTFT / ITL lists.
+    for record, tokens in zip(records, (3, 5)):
+        own = json.loads(Path(record["bench_serving_jsonl"]).read_text().splitlines()[-1])
+        assert own["completed"] == 4 and len(own["ttfts"]) == 4
+        assert [len(itl) for itl in own["itls"]] == [tokens - 1] * 4
+    assert "bench-serve [cpp, vpp-pack]: served times" in result.output and "ITL med" in result.output
+    assert max(len(line) for line in result.output.splitlines() if not line.startswith("wrote ")) <= 80
     runs = json.loads(out.read_text())["runs"]
     assert [r["label"] for r in runs] == ["cpp", "vpp-pack"]
-    assert [r["summary"]["output_tokens"] for r in runs] == [12, 20]
-    assert runs[0]["config"] == runs[1]["config"]  # the same workload for both
-
-
-def test_single_url_keeps_flat_json(tmp_path, two_servers):
-    out = tmp_path / "one.json"
-    result = CliRunner().invoke(app, ["bench-serve", "--url", two_servers[0], "--num-requests", "2",
-                                      "--input-len", "8", "--no-progress", "--json", str(out)])
-    assert result.exit_code == 0, result.output
-    data = json.loads(out.read_text())
-    assert data["url"] == two_servers[0] and data["summary"]["num_failed"] == 0
+    assert [r["summary"]["itl_ms"]["count"] for r in runs] == [4 * 2, 4 * 4]
+    assert runs[0]["config"] == runs[1]["config"]  # the same load for both
+    assert runs[0]["config"]["load_generator"].endswith("sglang.benchmark.serving")
 
 
 @pytest.mark.parametrize("urls, fragment", [

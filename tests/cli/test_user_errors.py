@@ -33,6 +33,8 @@ CASES = [
     (["bench-serve", "--launch", "cpp,vpp-pack", "--port", "65535", "--no-progress"], "--port 65535"),
     (["bench-serve", "--launch", "cpp", "--port", "0", "--no-progress"], "--port 0"),
     (_URL + ["--workload", "file", "--file", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
+    (_URL + ["--format", "xml"], "--format"),
+    (_URL + ["--dataset-name", "sharegpt"], "--dataset-path"),
     (_BENCH + ["--backend", "nope"], "nope"),
     (_BENCH + ["--backend", "nccl"], "nccl"),
     (_BENCH + ["--device", "cuda"], "cuda"),
@@ -83,3 +85,10 @@ def test_launch_without_sglang_says_so(monkeypatch):
 def test_version():
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.startswith("sglang-vpp ")
+
+
+def test_bench_serve_without_sglang_says_so(monkeypatch):
+    from sglang_vpp.cli import bench_serve_cmd
+
+    monkeypatch.setattr(bench_serve_cmd, "bench_serving_missing", lambda: "bench-serve needs sglang (not installed)")
+    _assert_one_line_error(CliRunner().invoke(app, _URL), "not installed")

@@ -33,3 +33,15 @@ def test_one_repeat_never_claims_a_winner():
     assert verdict.winner is None and "--repeat" in verdict.headline()
     assert all(c.outcome == "no significant difference" for c in verdict.comparisons)
     assert "-50.0%" in verdict.comparisons[0].text()
+
+
+def test_paired_floor_and_one_disturbed_repeat_in_five():
+    # Every repeat agrees, but the effect is below MIN_EFFECT (1 %): not called significant.
+    assert compare({"cpp": [2.0] * 3, "vpp": [1.99, 1.995, 1.992]}, "vpp", "cpp", paired=True).outcome == \
+        "no significant difference"
+    # Four of five repeats say 5 % faster, one disturbed repeat says slower: still faster.
+    values = {"cpp": [2.0] * 5, "vpp": [1.9, 1.9, 1.9, 1.9, 2.05]}
+    assert compare(values, "vpp", "cpp", paired=True).outcome == "faster"
+    # Two of five disagree: no verdict.
+    values = {"cpp": [2.0] * 5, "vpp": [1.9, 1.9, 1.9, 2.05, 2.05]}
+    assert compare(values, "vpp", "cpp", paired=True).outcome == "no significant difference"

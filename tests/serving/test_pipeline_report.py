@@ -18,7 +18,7 @@ from sglang_vpp.serving.pipeline_report import (
     read_records,
     wait_for_records,
 )
-from sglang_vpp.serving.timeline import IncompleteRecordsError, replay_executed
+from sglang_vpp.serving.timeline import IncompleteRecordsError, executed_spans, replay_executed
 
 
 def _rec(rank, stage, seq, start, cpu, prefill=True):
@@ -40,6 +40,10 @@ def test_cpp_replay_has_the_textbook_bubbles():
     assert [r.busy_s for r in ranks] == [6.0, 6.0]
     assert ranks[0].makespan_s == 9.0  # 1+2+3 on rank 0, then the last chunk on rank 1
     assert ranks[0].idle_s == 3.0 and ranks[1].idle_s == 3.0
+    # The Gantt's spans are the same replay: rank 1 starts chunk k when rank 0 has finished it.
+    spans = executed_spans(_cpp_records(costs), 2)
+    assert spans[0] == [(0.0, 1.0, 0, 0), (1.0, 3.0, 0, 1), (3.0, 6.0, 0, 2)]
+    assert spans[1] == [(1.0, 2.0, 1, 0), (3.0, 5.0, 1, 1), (6.0, 9.0, 1, 2)]
 
 
 def test_foldback_replay_respects_stage_order_and_rank_order():

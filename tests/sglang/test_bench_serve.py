@@ -1,4 +1,5 @@
-"""``sglang-vpp bench-serve``: workload and statistics units, and a run against a real server."""
+"""``sglang-vpp bench-serve``: its bench_serving command line, summaries and tables, and runs against
+real servers."""
 
 from __future__ import annotations
 
@@ -11,14 +12,8 @@ from pathlib import Path
 import pytest
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig, free_port
 
-from sglang_vpp.cli.bench_serve_cmd import (
-    BenchServeError,
-    RequestResult,
-    Stats,
-    Workload,
-    make_workload,
-    summarize,
-)
+from sglang_vpp.serving.bench_serving import BenchServeError, LoadPlan, ServingPass, Workload, merge_passes
+from sglang_vpp.serving.report import render_tables
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -28,82 +23,75 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_stats_percentiles_are_exact_on_a_known_list():
-    stats = Stats.of([float(v) for v in range(1, 11)])  # 1..10
-    assert (stats.min, stats.median, stats.max) == (1.0, 5.5, 10.0)
-    assert stats.p90 == pytest.approx(9.1)  # linear interpolation, like numpy's default
-    assert Stats.of([]) is None
-    assert Stats.of([2.0]).p90 == 2.0
+def test_load_plan_is_bench_servings_command_line(tmp_path: Path):
+    plan = LoadPlan(Workload.LONG, num_requests=2, input_len=768, output_len=4, concurrency=1, seed=3, warmup=1,
+                    tokenizer="/m", flush_cache=True, extra_args=("--disable-stream",), progress=False)
+    argv = plan.argv("http://h:1", tmp_path / "o.jsonl", seed_offset=2)
+    assert argv[1:3] == ["-m", "sglang.benchmark.serving"]
+    flags = dict(zip(argv[3::1], argv[4::1]))
+    assert flags["--dataset-name"] == "random-ids" and flags["--random-input-len"] == "768"
+    assert flags["--random-range-ratio"] == "1.0" and flags["--seed"] == "5" and flags["--max-concurrency"] == "1"
+    assert flags["--tokenizer"] == "/m" and "--flush-cache" in argv and "--output-details" in argv
+    assert "--tokenize-prompt" in argv  # exact lengths: ids are sent as ids, not re-tokenized text
+    assert argv[-1] == "--disable-stream" and "--request-rate" not in argv  # all at once by default
+    mixed = LoadPlan(Workload.MIXED, 8, 1000, 4, 4).argv("http://h:1", tmp_path / "o.jsonl", seed_offset=0)
+    assert mixed[mixed.index("--random-input-len") + 1] == "2000"
+    with pytest.raises(BenchServeError, match="--dataset-path"):
+        LoadPlan(Workload.SHORT, 1, 1, 1, 1, dataset_name="sharegpt").check()  # would download
 
 
-def test_workloads_are_deterministic_and_shaped():
-    long_a = make_workload(Workload.LONG, 3, 100, 4, seed=7)
-    long_b = make_workload(Workload.LONG, 3, 100, 4, seed=7)
-    assert long_a == long_b and [r.input_len for r in long_a] == [100, 100, 100]
-    assert make_workload(Workload.LONG, 3, 100, 4, seed=8) != long_a
-    mixed = make_workload(Workload.MIXED, 400, 1000, 4, seed=0, max_input_len=20000)
-    lengths = sorted(r.input_len for r in mixed)
-    assert 7 <= lengths[0] and lengths[-1] <= 20000
-    median, p90 = lengths[200], lengths[360]
-    assert 700 < median < 1400 and 4 < p90 / median < 9  # p90/median = 6.4 by construction
-    assert all(max(r.input_ids) < 10000 for r in mixed)
-
-
-def test_file_workload_reads_each_form(tmp_path: Path):
-    path = tmp_path / "w.jsonl"
-    path.write_text('{"input_len": 5}\n{"input_ids": [11, 12, 13], "output_len": 2}\n\n{"text": "hi"}\n'
-                    '# the format simulate reads:\n{"length": 7, "arrival": 0.5}\n')
-    requests = make_workload(Workload.FILE, 0, 0, 8, file=path)
-    assert [r.input_len for r in requests] == [5, 3, None, 7]
-    assert [r.output_len for r in requests] == [8, 2, 8, 8]
-    assert requests[2].payload()["text"] == "hi" and requests[2].payload()["stream"] is True
-    path.write_text('{"tokens": 5}\n')
-    with pytest.raises(BenchServeError, match="w.jsonl:1: needs one of length, input_len"):
-        make_workload(Workload.FILE, 0, 0, 8, file=path)
-
-
-def test_summary_counts_only_successful_requests():
-    results = [
-        RequestResult(0, ok=True, ttft=0.5, latency=1.5, input_tokens=100, output_tokens=11),
-        RequestResult(1, ok=False, error="HTTP 500"),
-    ]
-    summary = summarize(results, wall=2.0)
-    assert summary.num_failed == 1 and summary.input_tokens == 100
-    assert summary.time_per_output_token.median == pytest.approx(0.1)
-    assert summary.total_throughput == pytest.approx(111 / 2.0)
-    assert summary.errors == ["HTTP 500"]
+def test_merge_passes_and_80_column_table():
+    one = ServingPass({"duration": 2.0}, ttfts=[0.1, 0.3], itls=[[0.01, 0.03], []], input_lens=[10, 10],
+                      output_lens=[3, 1], errors=["", "boom\nHTTP 500"])
+    summary = merge_passes([one, one])
+    assert (summary["num_requests"], summary["num_failed"]) == (4, 2)
+    assert summary["ttft_ms"]["median"] == pytest.approx(100.0) and summary["itl_ms"]["count"] == 4
+    assert summary["itl_ms"]["mean"] == pytest.approx(20.0) and summary["e2e_ms"]["median"] == pytest.approx(140.0)
+    assert summary["output_tokens"] == 6 and summary["output_throughput"] == pytest.approx(6 / 4.0)
+    assert summary["errors"] == ["HTTP 500"]
+    pipeline = {"replayed_makespan_s": [0.7, 0.8], "min_cost_makespan_s": 0.65,
+                "idle_spread": [{"rank": 0, "idle_fraction": {"median": 0.1}},
+                                {"rank": 1, "idle_fraction": {"median": 0.3}}]}
+    runs = [{"label": m, "url": "http://h", "summary": summary, "pipeline": pipeline} for m in ("cpp", "vpp-pack")]
+    text = render_tables(runs)
+    assert "bench-serve [cpp, vpp-pack]: served times" in text and "prefill pipeline per rank" in text
+    assert "0.750 [0.700-0.800]" in text and "r1 30%" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "| vpp-pack |" in render_tables(runs, "md")
 
 
 def test_unreachable_server_is_a_clear_error():
     done = _cli("--url", f"http://127.0.0.1:{free_port()}", "--num-requests", "1", "--timeout", "5")
     assert done.returncode == 2
-    assert "warm-up request" in done.stderr and "is the server up?" in done.stderr
+    assert "does not answer" in done.stderr and "is the server up?" in done.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.sglang
 @SKIP_NO_SGLANG
-@pytest.mark.parametrize("workload", ["short", "mixed"])
-def test_bench_serve_reports_ttft_of_a_real_cpu_server(workload, server_pool, tiny_model_dir, tmp_path):
+def test_bench_serve_reports_ttft_of_a_real_cpu_server(server_pool, tiny_model_dir, tmp_path):
     # Same config as test_server_generate's "pp1" case: the pool reuses the running server.
     server = server_pool.get(ServerConfig(model_dir=str(tiny_model_dir), chunked_prefill_size=64))
     out = tmp_path / "bench.json"
     done = _cli(
-        "--url", server.url, "--workload", workload, "--num-requests", "4", "--input-len", "96",
+        "--url", server.url, "--workload", "mixed", "--num-requests", "4", "--input-len", "96",
         "--output-len", "5", "--concurrency", "2", "--label", "pp1", "--json", str(out), "--no-progress",
+        "--work-dir", str(tmp_path / "work"),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "TTFT" in done.stdout and "4/4 ok" in done.stdout
+    assert "bench-serve [pp1]: served times" in done.stdout and "4/4" in done.stdout
     report = json.loads(out.read_text())
     summary = report["summary"]
-    assert summary["num_failed"] == 0 and summary["ttft"]["count"] == 4
-    ttft, latency = summary["ttft"], summary["latency"]
-    assert 0 < ttft["min"] <= ttft["median"] <= ttft["p90"] <= ttft["max"]
-    assert latency["min"] >= ttft["min"]
-    assert summary["output_tokens"] == 4 * 5
-    assert summary["input_tokens"] == sum(report["config"]["input_lens"])
-    assert report["server"]["pp_size"] == 1 and report["label"] == "pp1"
-    assert all(r["ttft"] <= r["latency"] for r in report["requests"])
+    assert summary["num_failed"] == 0 and summary["ttft_ms"]["count"] == 4
+    # 5 output tokens: at most 4 gaps each (a streamed chunk with k tokens counts k equal gaps, and
+    # bench_serving skips chunks whose text is empty, as a byte-level tokenizer's can be).
+    assert 0 < summary["itl_ms"]["count"] <= 4 * 4
+    assert 0 < summary["ttft_ms"]["median"] <= summary["ttft_ms"]["p99"] <= summary["e2e_ms"]["p99"]
+    # bench_serving counts a request's tokens up to its last chunk with text (a byte-level
+    # tokenizer's last tokens can decode to nothing): at most what was asked for.
+    assert 0 < summary["output_tokens"] <= 4 * 5
+    assert report["repeats"][0]["server_info"]["pp_size"] == 1 and report["label"] == "pp1"
+    assert report["repeats"][0]["max_concurrency"] == 2  # bench_serving's own record of the load
 
 
 @pytest.mark.parametrize(
@@ -140,8 +128,8 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
         "--output-file", str(tmp_path / "results.jsonl"), "--plot", str(tmp_path / "times.png"), timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert "prefill idle per rank" in done.stdout and "not a wall-clock measurement" in done.stdout
-    assert "replayed makespan s" in done.stdout
+    assert "bench-serve [cpp, vpp-pack]: prefill pipeline per rank" in done.stdout
+    assert "replayed makespan s" in done.stdout and "ITL med" in done.stdout
     assert "verdict (replayed prefill makespan): " in done.stdout and "vpp-pack vs cpp: " in done.stdout
     report = json.loads(out.read_text())
     runs = {run["label"]: run for run in report["runs"]}
@@ -154,12 +142,16 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
     assert [(x["tags"]["pp_mode"], x["tags"]["pp_size"], x["tags"]["chunked_prefill_size"]) for x in lines] == [
         ("cpp", 2, 64), ("vpp-pack", 2, 64)]
     assert all(x["tags"]["sglang_version"] and len(x["ttfts"]) == 2 for x in lines)
-    assert (tmp_path / "times.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for x in lines:  # bench_serving's own JSONL per mode is kept: one line per repeat
+        own = [json.loads(line) for line in Path(x["bench_serving_jsonl"]).read_text().splitlines()]
+        assert len(own) == 2 and all(len(o["ttfts"]) == 1 and len(o["itls"][0]) <= 1 for o in own)
+    for png in ("times.png", "times-gantt.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for mode, num_stages in (("cpp", 2), ("vpp-pack", 4)):
         run = runs[mode]
         assert run["config"]["launch"]["mode"] == mode
-        assert [r["num_failed"] for r in run["repeats"]] == [0, 0]
-        assert run["summary"]["num_requests"] == 2 and run["summary"]["ttft"]["count"] == 2  # both repeats
+        assert [r["completed"] for r in run["repeats"]] == [1, 1]
+        assert run["summary"]["num_requests"] == 2 and run["summary"]["ttft_ms"]["count"] == 2  # both repeats
         per_repeat = run["pipeline"]["per_repeat"]
         assert len(per_repeat) == 2
         for repeat in per_repeat:

@@ -115,7 +115,7 @@ def bench(
     modes: str = typer.Option(_ALL_MODES, "--modes", help="Comma-separated modes."),
     requests: int = typer.Option(2, "--requests", help="Requests of --seq-len tokens."),
     arrival_interval: float = typer.Option(0.0, "--arrival-interval", help="Seconds between request arrivals (0: all queued at start)."),
-    repeat: int = typer.Option(3, "--repeat", help="Runs per mode (>= 2 for a verdict: ranges over repeats)."),
+    repeat: int = typer.Option(5, "--repeat", help="Runs per mode (>= 2 for a verdict: ranges over repeats; 5 keeps it stable on a shared host)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or npu."),
     seed: int = typer.Option(0, "--seed", help="Weights and prompt seed."),
     split: str | None = typer.Option(None, "--split", help="Per-stage layer counts (P entries for cpp/dcpp, 2P for vpp modes)."),

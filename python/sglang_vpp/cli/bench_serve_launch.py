@@ -4,9 +4,10 @@ Data flow (per mode, one server alive at a time)::
 
     ServerConfig(model, --pp-size, --pp-mode MODE, --chunked-prefill-size, --vpp-trace DIR/MODE)
       -> SGLangServer.start() (log in DIR/MODE.log)
-      -> warm-up requests (``warm_up`` returns how many it sent); wait_for_records(): the seq
-         reached so far
-      -> for each repeat: run_once(url, repeat) -> Summary (fresh prompts per repeat);
+      -> warm-up pass of bench_serving (``warm_up`` returns how many requests it sent);
+         wait_for_records(): the seq reached so far
+      -> for each repeat: run_once(url, repeat) -> ServingPass (one bench_serving run, fresh
+         prompts per repeat);
          wait_for_records() -> measure_idle(): replayed per-rank prefill idle of that repeat
       -> stop the server (always, on errors too)
     -> one LaunchedRun per mode: label, server facts, summaries, per-repeat idle
@@ -106,9 +107,8 @@ class LaunchedRun:
     url: str
     log_path: str
     start_seconds: float
-    summaries: list[Any] = field(default_factory=list)
-    """``serving.client.Summary`` per repeat."""
-    results: list[list[Any]] = field(default_factory=list)
+    passes: list[Any] = field(default_factory=list)
+    """``serving.bench_serving.ServingPass`` per repeat."""
     idle: list[PipelineIdle] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -150,7 +150,7 @@ def run_launched(
     *,
     repeats: int,
     warm_up: Callable[[str], int],
-    run_once: Callable[[str, int], tuple[Any, list[Any]]],
+    run_once: Callable[[str, int], Any],
     on_event: Callable[[str], None] = lambda _m: None,
     on_wait: Callable[[str, float, str], None] | None = None,
 ) -> list[LaunchedRun]:
@@ -182,10 +182,9 @@ def run_launched(
             for repeat in range(repeats):
                 on_event(f"--pp-mode {mode}: repeat {repeat + 1}/{repeats}")
                 began = time.time()
-                summary, results = run_once(server.url, repeat)
+                serving_pass = run_once(server.url, repeat)
                 records = wait_for_records(trace_dir, spec.pp_size, since=began)
-                run.summaries.append(summary)
-                run.results.append(results)
+                run.passes.append(serving_pass)
                 run.idle.append(measure_idle(records, spec.pp_size, after_seq))
                 after_seq = last_seq(records)
             run.notes = _notes_from_log(mode, server.log_tail(10**7))

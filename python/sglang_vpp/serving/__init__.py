@@ -5,6 +5,9 @@
 - ``decision_replay``: ``check --trace``: replays a VPP server's recorded decisions through the
   schedule core's controller and reports the first divergence.
 - ``timeline``: the dedicated-hardware replay of measured per-stage CPU times (pure Python).
+- ``bench_serving``: one pass of SGLang's own load generator (``python -m sglang.benchmark.serving``)
+  and its JSONL read back; ``report`` / ``results`` / ``plots``: bench-serve's tables, tagged JSON
+  lines, TTFT/ITL distributions and per-rank Gantt.
 
 Used by ``sglang-vpp bench-serve`` and by the tests under tests/sglang and tests/sglang_vpp.
 """

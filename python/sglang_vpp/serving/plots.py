@@ -1,4 +1,5 @@
-"""Per-mode distributions of served request times: one panel per metric, one box per mode.
+"""Plots of bench-serve: per-mode distributions of served request times (one panel per metric,
+one box per mode) and a per-rank Gantt of each mode's replayed prefill.
 
 Each request's own value is drawn as a dot over its mode's box (few requests per run here, so
 the dots are the data; the box is the min / quartiles / max).
@@ -9,17 +10,31 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["write_distribution_plot"]
+__all__ = ["write_distribution_plot", "write_rank_gantt"]
 
 
-def write_distribution_plot(metrics: Mapping[str, Mapping[str, Sequence[float]]], path: Path,
-                            title: str | None = None) -> None:
-    """``metrics``: metric label -> mode -> values (seconds). Writes a PNG to ``path``."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, path: Path, title: str | None) -> None:
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+
+
+def write_distribution_plot(metrics: Mapping[str, Mapping[str, Sequence[float]]], path: Path,
+                            title: str | None = None) -> None:
+    """``metrics``: metric label -> mode -> values (seconds). Writes a PNG to ``path``."""
+    plt = _pyplot()
     panels = [(label, per_mode) for label, per_mode in metrics.items() if any(per_mode.values())]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.5 * max(1, len(panels)), 3.6), squeeze=False)
     for ax, (label, per_mode) in zip(axes[0], panels):
@@ -32,9 +47,31 @@ def write_distribution_plot(metrics: Mapping[str, Mapping[str, Sequence[float]]]
         ax.set_title(label, fontsize=9)
         ax.set_ylabel("seconds")
         ax.grid(axis="y", alpha=0.3)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, title)
+
+
+def write_rank_gantt(spans_per_mode: Mapping[str, Mapping[int, Sequence[tuple[float, float, int, int]]]],
+                     path: Path, title: str | None = None) -> None:
+    """One panel per mode, one row per rank: the replayed prefill computes of one repeat
+    (``timeline.executed_spans``), coloured by micro-batch and labelled with the stage."""
+    plt = _pyplot()
+    modes = [mode for mode, spans in spans_per_mode.items() if spans]
+    fig, axes = plt.subplots(len(modes) or 1, 1, figsize=(10, 1.2 + 0.9 * sum(len(spans_per_mode[m]) for m in modes)),
+                             squeeze=False)
+    colours = plt.get_cmap("tab20").colors
+    for ax, mode in zip(axes[:, 0], modes):
+        spans = spans_per_mode[mode]
+        seqs = sorted({seq for items in spans.values() for *_, seq in items})
+        colour_of = {seq: colours[i % len(colours)] for i, seq in enumerate(seqs)}
+        for rank, items in spans.items():
+            for start, end, stage, seq in items:
+                ax.broken_barh([(start, end - start)], (rank - 0.4, 0.8), facecolors=colour_of[seq],
+                               edgecolors="black", linewidth=0.3)
+                if end - start > 0:
+                    ax.text((start + end) / 2, rank, str(stage), ha="center", va="center", fontsize=6)
+        ax.set_yticks(sorted(spans), [f"rank {r}" for r in sorted(spans)])
+        ax.invert_yaxis()
+        ax.set_title(f"{mode}: replayed prefill per rank (label: stage; colour: micro-batch)", fontsize=9)
+        ax.set_xlabel("seconds (replayed from per-stage CPU time)")
+        ax.grid(axis="x", alpha=0.3)
+    _save(fig, path, title)

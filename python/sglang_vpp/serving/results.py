@@ -3,8 +3,9 @@
 One line per server run (a mode of ``bench-serve --launch`` or one ``--url``), appended, so the
 results of many invocations accumulate in one file and stay comparable: the tags say which
 ``--pp-mode``, pipeline / tensor sizes, chunk size, layer split, SGLang version and device each
-line was measured with. Per-request TTFTs and latencies are kept (``ttfts``, ``latencies``, the
-names SGLang's ``bench_serving`` uses for its JSONL), so distributions can be re-plotted later.
+line was measured with. Per-request TTFTs and inter-token gaps are kept (``ttfts``, ``itls``, as
+SGLang's ``bench_serving`` names them in its own JSONL, whose path each line also gives), so
+distributions can be re-plotted later.
 """
 
 from __future__ import annotations
@@ -53,9 +54,8 @@ def append_results(path: Path, runs: Sequence[Mapping[str, Any]], tags: Sequence
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as out:
         for run, tag in zip(runs, tags):
-            requests = run.get("requests") or []
             line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tags": dict(tag), "label": run.get("label"),
                     "url": run.get("url"), "workload": run.get("config"), "summary": run.get("summary"),
-                    "pipeline": run.get("pipeline"),
-                    "ttfts": [r.get("ttft") for r in requests], "latencies": [r.get("latency") for r in requests]}
+                    "pipeline": run.get("pipeline"), "ttfts": run.get("ttfts") or [], "itls": run.get("itls") or [],
+                    "bench_serving_jsonl": run.get("bench_serving_jsonl")}
             out.write(json.dumps(line) + "\n")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RankTimeline", "replay_executed", "replay_as_contiguous"]
+__all__ = ["RankTimeline", "executed_spans", "replay_executed", "replay_as_contiguous"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +52,15 @@ def _summarise(num_ranks: int, spans: dict[int, list[tuple[float, float]]]) -> l
 
 def replay_executed(records: list[dict], num_ranks: int) -> list[RankTimeline]:
     """Replay measured records in each rank's executed order (module docstring)."""
+    spans = executed_spans(records, num_ranks)
+    return _summarise(num_ranks, {rank: [(s, e) for s, e, _stage, _seq in items] for rank, items in spans.items()})
+
+
+def executed_spans(records: list[dict], num_ranks: int) -> dict[int, list[tuple[float, float, int, int]]]:
+    """Per rank: (start, end, stage, seq) of each replayed compute (what a Gantt chart draws)."""
     finish: dict[tuple[int, int], float] = {}
     free = [0.0] * num_ranks
-    spans: dict[int, list[tuple[float, float]]] = {}
+    spans: dict[int, list[tuple[float, float, int, int]]] = {}
     ordered = sorted(records, key=lambda r: r["start_s"])
     queues = {rank: [r for r in ordered if r["rank"] == rank] for rank in range(num_ranks)}
     stages_of_seq: dict[int, set[int]] = {}
@@ -72,13 +78,13 @@ def replay_executed(records: list[dict], num_ranks: int) -> list[RankTimeline]:
                 end = start + record["cpu_s"]
                 finish[(record["stage"], record["seq"])] = end
                 free[rank] = end
-                spans.setdefault(rank, []).append((start, end))
+                spans.setdefault(rank, []).append((start, end, record["stage"], record["seq"]))
                 queue.pop(0)
                 progressed = True
         if not progressed:
             stuck = {rank: f"{q[0]['stage']}F{q[0]['seq']}" for rank, q in queues.items() if q}
             raise IncompleteRecordsError(f"records cannot be replayed: ranks wait in a cycle at {stuck}")
-    return _summarise(num_ranks, spans)
+    return spans
 
 
 def replay_as_contiguous(records: list[dict], num_ranks: int) -> list[RankTimeline]:

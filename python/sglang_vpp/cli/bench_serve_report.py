@@ -1,0 +1,191 @@
+"""bench-serve's output side: ``--launch`` runs per mode, tables, verdict, JSON, tagged JSONL, plots."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from sglang_vpp.serving.bench_serving import LoadPlan, ServingPass, merge_passes, run_pass
+
+from .common import emit_json
+
+__all__ = ["bench_launched", "finish", "run_entry"]
+
+_WARMUP_SEED_OFFSET = 1000
+"""Warm-up prompts use seed + this, so no measured prompt is already in the prefix cache."""
+
+
+def run_entry(label: str, url: str, config: dict[str, Any], passes: list[ServingPass]) -> dict[str, Any]:
+    """One server's entry of the JSON output (and of the tagged lines): its passes merged."""
+    return {
+        "label": label, "url": url, "config": config, "summary": merge_passes(passes),
+        "repeats": [p.metrics for p in passes], "ttfts": [t for p in passes for t in p.ttfts],
+        "itls": [x for p in passes for x in p.itls], "errors": [e for p in passes for e in p.errors],
+        "bench_serving_jsonl": passes[0].output_file if passes else None,
+    }  # fmt: skip
+
+
+def _url_tags(run: dict[str, Any]) -> dict[str, Any]:
+    """Tags of a --url server, from the /server_info bench_serving recorded with its results."""
+    from sglang_vpp.serving.results import sglang_version
+
+    info = next((m.get("server_info") for m in run.get("repeats") or [] if m.get("server_info")), None) or {}
+    split = info.get("vpp_layer_split")
+    return {"pp_mode": info.get("pp_mode"), "pp_size": info.get("pp_size"), "tp_size": info.get("tp_size"),
+            "chunked_prefill_size": info.get("chunked_prefill_size"),
+            "layer_split": split if isinstance(split, list) else None,
+            "sglang_version": info.get("version") or sglang_version(), "device": info.get("device")}
+
+
+def finish(runs: list[dict[str, Any]], document: dict[str, Any], verdicts: list, json_out: Path | None,
+           output_file: Path | None, plot: Path | None, fmt: str, tags: list[dict[str, Any]],
+           spans: dict[str, Any] | None = None) -> None:
+    """Print (``--format``), write JSON, tagged lines and plots; exit 1 if any request failed."""
+    from sglang_vpp.serving.report import render_tables
+    from sglang_vpp.serving.results import append_results
+
+    if fmt == "json":
+        emit_json(document)
+    else:
+        typer.echo(render_tables(runs, fmt))
+        for verdict in verdicts:
+            typer.echo("\n".join(verdict.lines()))
+    if json_out is not None:
+        emit_json(document, json_out)
+    if output_file is not None:
+        append_results(output_file, runs, [tag if "pp_mode" in tag else _url_tags(run) for run, tag in zip(runs, tags)])
+    if plot is not None:
+        from sglang_vpp.serving.plots import write_distribution_plot, write_rank_gantt
+
+        labels = [str(run["label"] or run["url"]) for run in runs]
+
+        def ok(run: dict[str, Any], values: list) -> list:
+            return [v for v, e in zip(values, run["errors"]) if not e]
+
+        write_distribution_plot({
+            "TTFT": {label: ok(run, run["ttfts"]) for label, run in zip(labels, runs)},
+            "ITL (inter-token latency)": {label: [x for itl in ok(run, run["itls"]) for x in itl]
+                                          for label, run in zip(labels, runs)},
+            "E2E latency": {label: [t + sum(i) for t, i in zip(ok(run, run["ttfts"]), ok(run, run["itls"]))]
+                            for label, run in zip(labels, runs)},
+        }, plot, title="bench-serve: per-request times from bench_serving (wall clock on this host)")  # fmt: skip
+        typer.echo(f"wrote {plot}", err=fmt == "json")
+        if spans:
+            gantt = plot.with_name(plot.stem + "-gantt" + plot.suffix)
+            write_rank_gantt(spans, gantt, title="bench-serve: replayed prefill of the first measured repeat")
+            typer.echo(f"wrote {gantt}", err=fmt == "json")
+    if any(run["summary"]["num_failed"] for run in runs):
+        raise typer.Exit(1)
+
+
+def _launch_verdicts(launched: list) -> list:
+    """Each mode vs cpp and dcpp (when launched) on the replayed prefill makespan and the served
+    median TTFT, per repeat. Servers run one after another: unpaired, ranges must not overlap."""
+    from sglang_vpp.verdict import make_verdict
+
+    verdicts = []
+    makespans = {run.mode: run.replayed_makespans() for run in launched}
+    if all(makespans.values()):
+        verdicts.append(make_verdict(makespans, "replayed prefill makespan", paired=False))
+    ttfts = {run.mode: [p.metrics["median_ttft_ms"] / 1e3 for p in run.passes if p.metrics.get("median_ttft_ms")]
+             for run in launched}
+    if all(ttfts.values()):
+        verdicts.append(make_verdict(ttfts, "served TTFT median (wall clock, shared host)", paired=False))
+    return verdicts
+
+
+def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir: Path, json_out: Path | None,
+                   output_file: Path | None, plot: Path | None, fmt: str) -> None:
+    """--launch: one server per mode, bench_serving passes against each (bench_serve_launch.run_launched)."""
+    from rich.console import Console
+
+    from sglang_vpp.serving.launcher import ServerStartError
+    from sglang_vpp.serving.pipeline_report import TraceUnavailableError
+    from sglang_vpp.serving.results import launch_tags
+    from sglang_vpp.serving.timeline import executed_spans
+
+    from .bench_serve_launch import run_launched
+
+    console = Console(stderr=True)
+    status = console.status("", spinner="dots")
+    plain_progress = plan.progress and not sys.stderr.isatty()
+    last_shown = [-1.0]
+
+    def waiting(mode: str, elapsed: float, last_line: str) -> None:
+        if not plan.progress:
+            return
+        text = f"--pp-mode {mode}: starting, {elapsed:.0f} s | {last_line.strip()}"[:79]
+        if plain_progress:  # no live status line in a log: one line every 15 s
+            if elapsed - last_shown[0] >= 15:
+                last_shown[0] = elapsed
+                console.print(text, highlight=False)
+            return
+        status.update(text)
+        status.start()
+
+    def event(text: str) -> None:
+        status.stop()
+        last_shown[0] = -1.0
+        if fmt != "json":
+            console.print(f"[dim]{text}[/dim]")
+
+    def jsonl(mode: str) -> tuple[Path, Path]:
+        return out_dir / f"bench-serving-{mode}.jsonl", out_dir / f"bench-serving-{mode}.log"
+
+    _current = [modes[0]]  # the mode whose server is up (set from run_launched's events)
+
+    def warm_up(url: str) -> int:
+        if plan.warmup <= 0:
+            return 0
+        out, log = jsonl(_current[0])
+        run_pass(plan, url, out.with_name(out.stem + "-warmup.jsonl"), log, seed_offset=_WARMUP_SEED_OFFSET,
+                 num_requests=plan.warmup, warmup=0)  # fmt: skip
+        return plan.warmup
+
+    def run_once(url: str, repeat: int):
+        out, log = jsonl(_current[0])
+        return run_pass(plan, url, out, log, seed_offset=repeat, warmup=0)
+
+    def on_event(text: str) -> None:
+        for mode in modes:
+            if text.startswith(f"starting --pp-mode {mode} "):
+                _current[0] = mode
+        event(text)
+
+    try:
+        launched = run_launched(spec, modes, repeats=repeats, warm_up=warm_up, run_once=run_once, on_event=on_event,
+                                on_wait=waiting)  # fmt: skip
+    except (ServerStartError, TraceUnavailableError) as error:
+        status.stop()
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    status.stop()
+    runs, spans = [], {}
+    for run in launched:
+        min_cost = run.min_cost_idle()
+        launch_facts = {
+            "mode": run.mode, "model_path": spec.model_dir, "pp_size": spec.pp_size,
+            "chunked_prefill_size": spec.chunked_prefill_size, "device": spec.device,
+            "server_args": list(spec.server_args), "repeats": repeats, "log": run.log_path,
+            "start_seconds": run.start_seconds,
+        }  # fmt: skip
+        entry = run_entry(run.mode, run.url, {**plan.describe(), "launch": launch_facts}, run.passes)
+        entry["pipeline"] = {
+            "per_repeat": [idle.to_json() for idle in run.idle], "idle_spread": run.idle_spread(),
+            "replayed_makespan_s": run.replayed_makespans(),
+            "min_cost": min_cost.to_json() if min_cost is not None else None,
+            "min_cost_makespan_s": max((r.makespan_s for r in min_cost.ranks), default=None)
+            if min_cost is not None else None,
+        }  # fmt: skip
+        entry["notes"] = run.notes
+        runs.append(entry)
+        if run.idle and run.idle[0].window:
+            spans[run.mode] = executed_spans(run.idle[0].window, spec.pp_size)
+    verdicts = _launch_verdicts(launched)
+    document = {"runs": runs, "verdicts": [v.to_dict() for v in verdicts]}
+    tags = [launch_tags(run.mode, spec.pp_size, spec.chunked_prefill_size, spec.device, spec.server_args)
+            for run in launched]
+    finish(runs, document, verdicts, json_out, output_file, plot, fmt, tags, spans)

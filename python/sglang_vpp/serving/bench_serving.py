@@ -1,0 +1,261 @@
+"""Load from SGLang's own ``bench_serving``: one pass = one ``python -m sglang.benchmark.serving`` run.
+
+``sglang.bench_serving`` is the deprecated import path of the same module in SGLang 0.5.23; this
+module runs the new path so no deprecation warning lands in the logs. Each pass writes its JSONL
+(``--output-file --output-details``: the aggregate metrics and per-request ``ttfts`` / ``itls``),
+which is kept next to the server logs and read back into a ``ServingPass``. Nothing here measures
+a request itself: every number is bench_serving's.
+
+Presets (``--workload``) are shorthands for bench_serving's ``random-ids`` dataset (token ids drawn
+from the tokenizer's vocabulary, no download); ``--dataset-name`` picks any of its datasets
+(``random`` and ``sharegpt`` need ``--dataset-path`` to a ShareGPT JSON file here: nothing is
+downloaded), and ``--bench-arg`` passes any other bench_serving flag through unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import statistics
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BENCH_SERVING_MODULE", "BenchServeError", "LoadPlan", "ServingPass", "Workload", "WORKLOAD_DEFAULTS",
+           "bench_serving_missing", "check_reachable", "merge_passes", "run_pass"]
+
+BENCH_SERVING_MODULE = "sglang.benchmark.serving"
+
+
+class BenchServeError(ValueError):
+    """A bad bench-serve option or an unusable server; the message names the value and the fix."""
+
+
+class Workload(StrEnum):
+    LONG = "long"
+    SHORT = "short"
+    MIXED = "mixed"
+    FILE = "file"
+
+
+# Per preset: (num_requests, input_len, output_len, concurrency).
+WORKLOAD_DEFAULTS: dict[Workload, tuple[int, int, int, int]] = {
+    Workload.LONG: (4, 8192, 16, 1),
+    Workload.SHORT: (16, 1024, 16, 16),
+    Workload.MIXED: (32, 1024, 16, 16),
+    Workload.FILE: (16, 0, 16, 16),
+}
+#: mixed: lengths uniform in [ratio * upper, upper] with upper = 2 * --input-len, so the median
+#: is close to --input-len (bench_serving's --random-range-ratio draws uniformly).
+_MIXED_RANGE_RATIO = 0.05
+
+
+def bench_serving_missing() -> str | None:
+    """Why bench_serving cannot run here (one line), or None."""
+    # bench_serving imports ``datasets`` at module level (its MMMU loader), which SGLang's CPU
+    # install did not need before; both are checked without importing SGLang (seconds).
+    missing = [name for name in ("sglang", "datasets") if importlib.util.find_spec(name) is None]
+    if missing:
+        return (f"bench-serve drives load with SGLang's bench_serving, which needs {' and '.join(missing)} "
+                "(not installed); run scripts/install_sglang_cpu.sh (CPU) or pip install sglang==0.5.23")
+    return None
+
+
+def check_reachable(url: str, timeout: float = 10.0) -> None:
+    """A fast, clear failure for a server that is not there (bench_serving would wait 60 s)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BenchServeError(f"--url {url!r} must look like http://127.0.0.1:30000")
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        raise BenchServeError(f"--url {url!r}: the port must be a number in 1..65535, e.g. http://127.0.0.1:30000")
+    try:
+        urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout).read()
+    except urllib.error.HTTPError:
+        return  # it answers; bench_serving reports what it cannot use
+    except (OSError, ValueError) as exc:
+        raise BenchServeError(f"{url} does not answer ({exc.__class__.__name__}: {exc}); is the server up?") from None
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """One bench_serving pass's flags, the same for every server and repeat but the seed."""
+
+    workload: Workload
+    num_requests: int
+    input_len: int
+    output_len: int
+    concurrency: int
+    request_rate: float = math.inf
+    seed: int = 0
+    warmup: int = 1
+    max_input_len: int | None = None
+    dataset_name: str | None = None
+    dataset_path: Path | None = None
+    tokenizer: str | None = None
+    flush_cache: bool = False
+    timeout: float = 600.0
+    extra_args: tuple[str, ...] = ()
+    progress: bool = True
+
+    def dataset(self) -> str:
+        if self.dataset_name:
+            return self.dataset_name
+        return "custom" if self.workload == Workload.FILE else "random-ids"
+
+    def check(self) -> None:
+        if self.workload == Workload.FILE and self.dataset_path is None:
+            raise BenchServeError("--workload file needs --file PATH (bench_serving's custom JSONL: one conversation "
+                                  "per line)")
+        for path in (self.dataset_path,):
+            if path is not None and not path.is_file():
+                raise BenchServeError(f"--file/--dataset-path {path}: no such file")
+        if self.dataset() in ("random", "sharegpt") and self.dataset_path is None:
+            raise BenchServeError(f"--dataset-name {self.dataset()} samples ShareGPT, which would be downloaded; give "
+                                  "--dataset-path FILE (a local ShareGPT JSON) or use random-ids")
+
+    def argv(self, url: str, output_file: Path, *, seed_offset: int, num_requests: int | None = None,
+             warmup: int | None = None) -> list[str]:
+        """The bench_serving command line of one pass."""
+        input_len, ratio = self.input_len, 1.0
+        if self.workload == Workload.MIXED:
+            input_len, ratio = self.max_input_len or 2 * self.input_len, _MIXED_RANGE_RATIO
+        args = [
+            sys.executable, "-m", BENCH_SERVING_MODULE, "--backend", "sglang", "--base-url", url,
+            "--dataset-name", self.dataset(), "--num-prompts", str(num_requests or self.num_requests),
+            "--random-input-len", str(input_len), "--random-output-len", str(self.output_len),
+            "--random-range-ratio", str(ratio), "--seed", str(self.seed + seed_offset),
+            "--warmup-requests", str(self.warmup if warmup is None else warmup),
+            "--max-concurrency", str(self.concurrency), "--output-file", str(output_file), "--output-details",
+        ]  # fmt: skip
+        if self.dataset() in ("random-ids", "random"):
+            # Token ids as drawn: as text the server would re-tokenize them into another length.
+            args.append("--tokenize-prompt")
+        if math.isfinite(self.request_rate):
+            args += ["--request-rate", str(self.request_rate)]
+        if self.dataset() in ("sharegpt", "custom"):
+            args += ["--sharegpt-output-len", str(self.output_len)]
+        if self.dataset_path is not None:
+            args += ["--dataset-path", str(self.dataset_path)]
+        if self.tokenizer:
+            args += ["--tokenizer", self.tokenizer, "--model", self.tokenizer]
+        if self.flush_cache:
+            args.append("--flush-cache")
+        if not self.progress:
+            args.append("--disable-tqdm")
+        return args + list(self.extra_args)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "workload": str(self.workload), "dataset_name": self.dataset(), "num_requests": self.num_requests,
+            "input_len": self.input_len, "output_len": self.output_len, "max_concurrency": self.concurrency,
+            "request_rate": None if math.isinf(self.request_rate) else self.request_rate, "seed": self.seed,
+            "warmup_requests": self.warmup, "flush_cache": self.flush_cache, "bench_args": list(self.extra_args),
+            "load_generator": f"python -m {BENCH_SERVING_MODULE}",
+        }  # fmt: skip
+
+
+@dataclass
+class ServingPass:
+    """What one bench_serving pass reported (its JSONL line), seconds for per-request lists."""
+
+    metrics: dict[str, Any]
+    ttfts: list[float] = field(default_factory=list)
+    itls: list[list[float]] = field(default_factory=list)
+    input_lens: list[int] = field(default_factory=list)
+    output_lens: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    output_file: str | None = None
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.ttfts)
+
+    @property
+    def num_failed(self) -> int:
+        return sum(1 for e in self.errors if e)
+
+    def ok_ttfts(self) -> list[float]:
+        return [t for t, e in zip(self.ttfts, self.errors) if not e]
+
+    def ok_itls(self) -> list[float]:
+        return [x for itl, e in zip(self.itls, self.errors) if not e for x in itl]
+
+    def e2e(self) -> list[float]:
+        """Per successful request: TTFT plus its inter-token gaps (its streamed latency)."""
+        return [t + sum(itl) for t, itl, e in zip(self.ttfts, self.itls, self.errors) if not e]
+
+
+def _stats_ms(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    p99 = ordered[0] if len(ordered) == 1 else statistics.quantiles(ordered, n=100, method="inclusive")[98]
+    return {"mean": statistics.fmean(ordered) * 1e3, "median": statistics.median(ordered) * 1e3, "p99": p99 * 1e3,
+            "count": len(ordered)}
+
+
+def merge_passes(passes: list[ServingPass]) -> dict[str, Any]:
+    """Summary over several passes (repeats) from their per-request lists: TTFT, ITL, E2E in ms
+    (mean / median / p99), token counts and throughput over the summed durations."""
+    merged = ServingPass(metrics={})
+    for p in passes:
+        merged.ttfts += p.ttfts
+        merged.itls += p.itls
+        merged.errors += p.errors
+        merged.input_lens += p.input_lens
+        merged.output_lens += p.output_lens
+    duration = sum(float(p.metrics.get("duration") or 0.0) for p in passes)
+    ok = [i for i, e in enumerate(merged.errors) if not e]
+    input_tokens = sum(merged.input_lens[i] for i in ok)
+    output_tokens = sum(merged.output_lens[i] for i in ok)
+    return {
+        "num_requests": merged.num_requests, "num_failed": merged.num_failed, "duration_s": duration,
+        "input_tokens": input_tokens, "output_tokens": output_tokens,
+        "output_throughput": output_tokens / duration if duration else None,
+        "total_throughput": (input_tokens + output_tokens) / duration if duration else None,
+        "ttft_ms": _stats_ms(merged.ok_ttfts()), "itl_ms": _stats_ms(merged.ok_itls()),
+        "e2e_ms": _stats_ms(merged.e2e()),
+        "errors": sorted({e.strip().splitlines()[-1][:200] for e in merged.errors if e})[:5],
+    }  # fmt: skip
+
+
+def run_pass(plan: LoadPlan, url: str, output_file: Path, log_file: Path, *, seed_offset: int = 0,
+             num_requests: int | None = None, warmup: int | None = None) -> ServingPass:
+    """Run bench_serving once against ``url``; its stdout goes to ``log_file``, its JSONL line to
+    ``output_file`` (appended, as bench_serving does)."""
+    output_file.parent.mkdir(parents=True, exist_ok=True)
+    before = output_file.read_text().count("\n") if output_file.exists() else 0
+    argv = plan.argv(url, output_file, seed_offset=seed_offset, num_requests=num_requests, warmup=warmup)
+    with log_file.open("a") as log:
+        log.write("$ " + " ".join(argv) + "\n")
+        log.flush()
+        try:
+            done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=plan.timeout)
+        except subprocess.TimeoutExpired:
+            raise BenchServeError(f"bench_serving against {url} ran past --timeout {plan.timeout:g} s "
+                                  f"(log {log_file})") from None
+    lines = output_file.read_text().splitlines() if output_file.exists() else []
+    if done.returncode != 0 or len(lines) <= before:
+        tail = [line for line in log_file.read_text().splitlines() if line.strip()][-1:]
+        raise BenchServeError(f"bench_serving against {url} failed (exit {done.returncode}): "
+                              f"{tail[0][:300] if tail else 'no output'} (log {log_file})")
+    record = json.loads(lines[-1])
+    return ServingPass(
+        metrics={k: v for k, v in record.items()
+                 if k not in ("ttfts", "itls", "input_lens", "output_lens", "errors", "generated_texts")},
+        ttfts=list(record.get("ttfts") or []), itls=[list(x) for x in record.get("itls") or []],
+        input_lens=list(record.get("input_lens") or []), output_lens=list(record.get("output_lens") or []),
+        errors=[e or "" for e in record.get("errors") or []], output_file=str(output_file),
+    )  # fmt: skip

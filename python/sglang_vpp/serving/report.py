@@ -1,0 +1,88 @@
+"""bench-serve's tables: served times per server and the replayed pipeline per mode.
+
+Two narrow tables instead of one wide one, so ``--format table`` stays readable at 80 columns;
+``md`` prints the same rows as Markdown. Every title names the servers (modes) it covers.
+Input: the ``runs`` list of the JSON output (``summary`` from ``bench_serving.merge_passes``,
+``pipeline`` from the launched runs).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["render_tables"]
+
+SERVED_NOTE = ("times: SGLang's bench_serving, wall clock on this host (servers run one after another; "
+               "not a pipeline speedup measurement)")
+PIPELINE_NOTE = ("replayed: each stage compute's thread CPU time replayed as if every rank had its own device "
+                 "(transfers cost 0), a derived timeline; min-cost: each compute's minimum over the repeats, "
+                 "replayed once (interference only adds time); idle: median over repeats")
+
+
+def _ms(stats: dict[str, float] | None, key: str) -> str:
+    return "-" if not stats else f"{stats[key]:.1f}"
+
+
+def _served_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    header = ["server", "ok", "TTFT med", "TTFT p99", "ITL med", "ITL p99", "E2E med", "out tok/s"]
+    rows = []
+    for run in runs:
+        s = run["summary"]
+        throughput = s.get("output_throughput")
+        rows.append([
+            str(run["label"] or run["url"]), f"{s['num_requests'] - s['num_failed']}/{s['num_requests']}",
+            _ms(s["ttft_ms"], "median"), _ms(s["ttft_ms"], "p99"), _ms(s["itl_ms"], "median"),
+            _ms(s["itl_ms"], "p99"), _ms(s["e2e_ms"], "median"), "-" if throughput is None else f"{throughput:.1f}",
+        ])  # fmt: skip
+    return header, rows
+
+
+def _pipeline_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    header = ["mode", "replayed makespan s", "min-cost s", "idle per rank (replayed)"]
+    rows = []
+    for run in runs:
+        pipeline = run.get("pipeline") or {}
+        values = pipeline.get("replayed_makespan_s") or []
+        makespan = "-" if not values else f"{statistics.median(values):.3f}" + (
+            f" [{min(values):.3f}-{max(values):.3f}]" if len(values) > 1 else "")
+        min_cost = pipeline.get("min_cost_makespan_s")
+        idle = " ".join(f"r{r['rank']} {r['idle_fraction']['median']:.0%}" for r in pipeline.get("idle_spread") or [])
+        rows.append([str(run["label"]), makespan, "-" if min_cost is None else f"{min_cost:.3f}", idle or "-"])
+    return header, rows
+
+
+def _text_table(title: str, header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 or i == len(cells) - 1 and not c[:1].isdigit() else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return "\n".join([title, line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
+
+
+def _md_table(title: str, header: list[str], rows: list[list[str]]) -> str:
+    out = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _wrap(text: str, width: int = 80) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def render_tables(runs: Sequence[dict[str, Any]], fmt: str = "table") -> str:
+    """The served-times table, and the pipeline table when any run has pipeline records."""
+    names = ", ".join(str(run["label"] or run["url"]) for run in runs)
+    table = _md_table if fmt == "md" else _text_table
+    parts = [table(f"bench-serve [{names}]: served times, ms (tok/s)", *_served_rows(runs)), _wrap(SERVED_NOTE)]
+    if any(run.get("pipeline") for run in runs):
+        parts += [table(f"bench-serve [{names}]: prefill pipeline per rank", *_pipeline_rows(runs)),
+                  _wrap(PIPELINE_NOTE)]
+    for run in runs:
+        for note in run.get("notes") or []:
+            parts.append(_wrap(f"note ({run['label']}): {note}"))
+    return "\n\n".join(parts)
