@@ -4,7 +4,8 @@ One server per mode (module-scoped, parametrised; the pool holds one at a time).
 Qwen2 gives 4 virtual stages of 2 layers. Chunk size 64; 8 concurrent prompts of 1 to 12 chunks,
 lengths that divide the chunk size and lengths that do not (``vpp_checks.MIXED_LENGTHS``).
 Oracle: transformers' greedy ``generate`` and prompt logprobs (tokens equal, logprobs within
-1e-4). Stock ``--pp-mode cpp`` equality, Qwen3-MoE and --pp-size 4: test_vpp_models.py.
+1e-4). --pp-size 4 and DeepSeek-V2: test_vpp_models.py; MoE/MLA at TP2 x PP2 and over two
+nodes against stock cpp: test_vpp_deploy_matrix.py.
 """
 
 from __future__ import annotations
