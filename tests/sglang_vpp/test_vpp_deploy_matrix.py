@@ -30,7 +30,9 @@ from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, ServerSta
 from sglang_vpp.models.tiny_hf import TinyModelSpec
 from vpp_checks import CHUNK, QWEN3_MOE, Reference, greedy_tokens_checked
 
-pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
+pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG, pytest.mark.timeout(1200)]
+"""The timeout counts the launch (the fixture's set-up): four ranks on two shared cores took up to
+8 minutes to start on a loaded machine, before the transformers reference ran."""
 
 _WELL_CONDITIONED = {"initializer_range": 0.1}
 """As in vpp_checks: sharp enough for a decisive argmax, mild enough for a 1e-4 logprob bound."""
