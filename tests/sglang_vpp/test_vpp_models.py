@@ -1,43 +1,57 @@
-"""VPP beyond the default case: equality with stock ``--pp-mode cpp``, a Qwen3-MoE model, and
-``--pp-size 4`` in every VPP mode (4 gloo processes, 8 virtual stages of one layer), whose
-recorded decisions must replay through the schedule core's controller (``check --trace``).
+"""VPP beyond the default case: ``--pp-size 4`` with an uneven layer count in every VPP mode, and
+DeepSeek-V2 (MLA without q_lora_rank) against stock ``--pp-mode cpp``.
 
-Same prompts and oracle as test_vpp_server.py; the cpp case runs first and its tokens are the
-second oracle for the 8-layer Qwen2 cases.
+``--pp-size 4``: a 9-layer tiny DeepSeek-V3 (MLA with q_lora_rank, MoE with a dense first layer
+and a shared expert, yarn rope) on 4 gloo processes, 8 virtual stages: the default split (2, then
+seven of 1) and, under vpp-async, ``--vpp-layer-split 1,1,2,1,1,1,1,1``. Oracle: transformers'
+greedy tokens and prompt logprobs (within 1e-4) on prompts longer than the chunk, concurrently;
+each server's recorded decisions must replay through the schedule core's controller
+(``check --trace``).
+
+DeepSeek-V2 (pp 2, ``--vpp-layer-split 1,2,1,1``, ``--pp-mode vpp``) against stock cpp only: on
+that tiny config stock SGLang's DeepSeek-V2 itself differs from transformers' (docs/sglang-vpp.md),
+so transformers is no oracle for it. Its cpp case runs first.
+
+MoE and MLA at TP2 x PP2 and over two nodes: test_vpp_deploy_matrix.py.
 """
 
 from __future__ import annotations
 
-import pytest
-from sglang_harness import SKIP_NO_SGLANG, ServerConfig
 from pathlib import Path
 
+import pytest
+from sglang_harness import SKIP_NO_SGLANG, ServerConfig
 from typer.testing import CliRunner
 from order_checks import assert_planner_order_equals_the_server
 from vpp_checks import (
     CHUNK,
-    MIXED_LENGTHS,
-    QWEN2_8L,
-    QWEN3_MOE,
     Reference,
-    check_answer,
     generate_concurrently,
+    greedy_tokens_checked,
     load_then_wait_for_decisions,
     make_prompts,
 )
 
 from sglang_vpp.cli.app import app
+from sglang_vpp.models.tiny_hf import TinyModelSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
 
+_WELL_CONDITIONED = {"initializer_range": 0.1}
+"""As in vpp_checks: sharp enough for a decisive argmax, mild enough for a 1e-4 logprob bound."""
+DEEPSEEK_V3_9L = TinyModelSpec("deepseek-v3-tiny", num_layers=9, overrides=_WELL_CONDITIONED)
+DEEPSEEK_V2 = TinyModelSpec("deepseek-v2-tiny", overrides=_WELL_CONDITIONED)
+
 CASES = {
-    "cpp": (QWEN2_8L, 2, "cpp"),
-    "pp4-vpp": (QWEN2_8L, 4, "vpp"),
-    "pp4-vpp-async": (QWEN2_8L, 4, "vpp-async"),
-    "pp4-vpp-pack": (QWEN2_8L, 4, "vpp-pack"),
-    "qwen3-moe-vpp-pack": (QWEN3_MOE, 2, "vpp-pack"),
+    "deepseek-v3-9l-pp4-vpp": (DEEPSEEK_V3_9L, 4, "vpp", ()),
+    "deepseek-v3-9l-pp4-vpp-async": (DEEPSEEK_V3_9L, 4, "vpp-async", ("--vpp-layer-split", "1,1,2,1,1,1,1,1")),
+    "deepseek-v3-9l-pp4-vpp-pack": (DEEPSEEK_V3_9L, 4, "vpp-pack", ()),
+    "deepseek-v2-pp2-cpp": (DEEPSEEK_V2, 2, "cpp", ()),
+    "deepseek-v2-pp2-vpp": (DEEPSEEK_V2, 2, "vpp", ("--vpp-layer-split", "1,2,1,1")),
 }
-_CPP_TOKENS: list[list[int]] = []
+LENGTHS = (300, 37, 200, 130)
+"""Five, one, four and three chunks of 64."""
+_DEEPSEEK_V2_CPP_TOKENS: list[list[int]] = []
 
 
 @pytest.fixture(scope="module")
@@ -47,30 +61,32 @@ def reference(tiny_model) -> Reference:
 
 @pytest.fixture(scope="module", params=list(CASES), ids=list(CASES))
 def case(request, server_pool, tiny_model, tmp_path_factory):
-    spec, pp_size, mode = CASES[request.param]
+    spec, pp_size, mode, extra = CASES[request.param]
     trace_dir = tmp_path_factory.mktemp(f"trace-{request.param}")
+    trace = ("--vpp-trace", str(trace_dir)) if mode != "cpp" else ()
     config = ServerConfig(model_dir=str(tiny_model(spec)), pp_size=pp_size, pp_mode=mode, chunked_prefill_size=CHUNK,
-                          extra_args=("--vpp-trace", str(trace_dir)) if mode != "cpp" else ())
-    server = server_pool.get(config, timeout=400)
+                          extra_args=(*extra, *trace))
+    server = server_pool.get(config, timeout=600)
     server.trace_dir = Path(trace_dir)
-    return request.param, spec, server
+    return spec, server
 
 
-def test_equal_transformers_and_stock_cpp(case, reference):
-    name, spec, server = case
-    prompts = make_prompts(MIXED_LENGTHS, seed=11)
-    answers = generate_concurrently(server, prompts)
-    for ids, answer in zip(prompts, answers):
-        check_answer(answer, ids, reference(spec, ids), server)
-    tokens = [answer["output_ids"] for answer in answers]
-    if name == "cpp":
-        _CPP_TOKENS[:] = tokens
-    elif spec == QWEN2_8L and _CPP_TOKENS:
-        assert tokens == _CPP_TOKENS, "VPP tokens differ from stock --pp-mode cpp"
+def test_equal_transformers_or_stock_cpp(case, reference):
+    spec, server = case
+    if spec != DEEPSEEK_V2:
+        greedy_tokens_checked(server, spec, reference, LENGTHS, seed=29)
+        return
+    tokens = [answer["output_ids"] for answer in generate_concurrently(server, make_prompts(LENGTHS, seed=29))]
+    if server.config.pp_mode == "cpp":
+        _DEEPSEEK_V2_CPP_TOKENS[:] = tokens
+        return
+    assert _DEEPSEEK_V2_CPP_TOKENS, "the DeepSeek-V2 cpp case did not run first"
+    assert tokens == _DEEPSEEK_V2_CPP_TOKENS, f"--pp-mode {server.config.pp_mode} tokens differ from stock cpp"
+    assert "VPP KV rank" in server.log_tail(10**7), "no per-rank KV log line"
 
 
 def test_pp4_decisions_replay_through_the_controller(case):
-    name, _, server = case
+    _, server = case
     if server.config.pp_size != 4:
         pytest.skip("the pp 2 servers replay in test_vpp_server.py")
     load_then_wait_for_decisions(server, num_ranks=4)

@@ -6,7 +6,8 @@ lengths that divide the chunk size and lengths that do not (``vpp_checks.MIXED_L
 vpp-taper runs with chunk size 128, the smallest at which its ramps cut chunks (64 tokens, its
 alignment) that differ from the body size.
 Oracle: transformers' greedy ``generate`` and prompt logprobs (tokens equal, logprobs within
-1e-4). Stock ``--pp-mode cpp`` equality, Qwen3-MoE and --pp-size 4: test_vpp_models.py.
+1e-4). --pp-size 4 and DeepSeek-V2: test_vpp_models.py; MoE/MLA at TP2 x PP2 and over two
+nodes against stock cpp: test_vpp_deploy_matrix.py.
 """
 
 from __future__ import annotations

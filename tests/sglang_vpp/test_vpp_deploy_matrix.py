@@ -1,0 +1,146 @@
+"""The deployments VPP exists for: MoE and MLA models at TP2 x PP2, on one node and over two.
+
+One matrix of launches, each used by every check that applies to it. Models: tiny Qwen3-MoE,
+DeepSeek-V3 (MLA with q_lora_rank, MoE with a dense first layer and a shared expert, yarn rope;
+5 layers, so the 4 virtual stages get 2, 1, 1, 1) and GLM-4.5-MoE. Configurations:
+
+- ``tp2pp2``: one launch, ``--tp-size 2 --pp-size 2`` (4 scheduler processes);
+- ``nodes2-tp2pp2``: the same 4 ranks over two launches (``--nnodes 2 --node-rank 0|1``), each
+  node one pipeline stage of two TP ranks, joined only through SGLang's ``--dist-init-addr``;
+  its parallel configuration is ``tp2pp2``'s, so that cpp launch is its reference too;
+- ``nodes2-pp2``: ``--nnodes 2 --pp-size 2``, one rank per node.
+
+Every model runs cpp and vpp-pack at ``tp2pp2`` and vpp-pack at ``nodes2-tp2pp2``; vpp runs on
+Qwen3-MoE at ``tp2pp2``, vpp-async on DeepSeek-V3 at ``nodes2-pp2``. Each model's cpp launch comes
+first (it is launched once and shared). Checks per launch: prompts longer than the chunk sent
+concurrently through the OpenAI-compatible server, greedy tokens and prompt logprobs against
+transformers (within 1e-4), tokens equal to the cpp launch of the same parallel configuration,
+the per-rank KV log line, and on two nodes which node holds which virtual stages.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, ServerStartError, free_port
+from sglang_vpp.models.tiny_hf import TinyModelSpec
+from vpp_checks import CHUNK, QWEN3_MOE, Reference, greedy_tokens_checked
+
+pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG, pytest.mark.timeout(1200)]
+"""The timeout counts the launch (the fixture's set-up): four ranks on two shared cores took up to
+8 minutes to start on a loaded machine, before the transformers reference ran."""
+
+_WELL_CONDITIONED = {"initializer_range": 0.1}
+"""As in vpp_checks: sharp enough for a decisive argmax, mild enough for a 1e-4 logprob bound."""
+DEEPSEEK_V3 = TinyModelSpec("deepseek-v3-tiny", overrides=_WELL_CONDITIONED)
+GLM4_MOE = TinyModelSpec("glm4-moe-tiny", overrides=_WELL_CONDITIONED)
+
+CONFIGS = {"tp2pp2": (1, 2), "nodes2-tp2pp2": (2, 2), "nodes2-pp2": (2, 1)}
+"""name -> (nnodes, tp size); pp size 2 throughout."""
+SAME_PARALLEL_CONFIG = {"tp2pp2": "tp2pp2", "nodes2-tp2pp2": "tp2pp2"}
+"""Whose cpp launch is the token reference of a configuration (absent: transformers only)."""
+CELLS = (
+    ("qwen3-moe", QWEN3_MOE, "tp2pp2", "cpp"),
+    ("qwen3-moe", QWEN3_MOE, "tp2pp2", "vpp-pack"),
+    ("qwen3-moe", QWEN3_MOE, "tp2pp2", "vpp"),
+    ("qwen3-moe", QWEN3_MOE, "nodes2-tp2pp2", "vpp-pack"),
+    ("deepseek-v3", DEEPSEEK_V3, "tp2pp2", "cpp"),
+    ("deepseek-v3", DEEPSEEK_V3, "tp2pp2", "vpp-pack"),
+    ("deepseek-v3", DEEPSEEK_V3, "nodes2-tp2pp2", "vpp-pack"),
+    ("deepseek-v3", DEEPSEEK_V3, "nodes2-pp2", "vpp-async"),
+    ("glm4-moe", GLM4_MOE, "tp2pp2", "cpp"),
+    ("glm4-moe", GLM4_MOE, "tp2pp2", "vpp-pack"),
+    ("glm4-moe", GLM4_MOE, "nodes2-tp2pp2", "vpp-pack"),
+)
+"""Ordered so that each model's cpp launch runs before the launches compared with it."""
+LENGTHS = (300, 37, 200, 130)
+"""Five, one, four and three chunks of 64."""
+TP2_BIND = "0|1|0|1"
+"""Four ranks (tp-major within each pp rank) on the two cores."""
+_CPP_TOKENS: dict[tuple[str, str], list[list[int]]] = {}
+
+
+class NodeLaunch(SGLangServer):
+    """A launch with ``--node-rank >= 1``: it runs scheduler processes only and serves no HTTP,
+    so "started" means "still running"; the node-0 launch's health covers both."""
+
+    def _wait_healthy(self, deadline: float, on_wait=None) -> None:
+        assert self.process is not None
+        time.sleep(2.0)
+        self._remember_descendants(self.process.pid)
+        if self.process.poll() is not None:
+            raise ServerStartError(f"node launch exited with {self.process.returncode}; log tail:\n{self.log_tail()}")
+
+
+def _cell_id(cell) -> str:
+    name, _, config, mode = cell
+    return f"{name}-{config}-{mode}"
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model) -> Reference:
+    return Reference(tiny_model)
+
+
+@pytest.fixture(scope="module", params=CELLS, ids=[_cell_id(cell) for cell in CELLS])
+def launch(request, server_pool, tiny_model, tmp_path_factory) -> Iterator[tuple]:
+    """(cell, the launch serving HTTP, the node-1 launch or None)."""
+    name, spec, config_name, mode = request.param
+    nnodes, tp_size = CONFIGS[config_name]
+    base = ServerConfig(
+        model_dir=str(tiny_model(spec)), pp_size=2, pp_mode=mode, chunked_prefill_size=CHUNK,
+        extra_args=("--tp-size", str(tp_size)),
+        extra_env=(("SGLANG_CPU_OMP_THREADS_BIND", TP2_BIND),) if tp_size > 1 else (),
+    )
+    if nnodes == 1:
+        yield request.param, server_pool.get(base, timeout=600), None
+        return
+    server_pool.close()  # the two launches below are the only servers while this cell runs
+    log_dir = tmp_path_factory.mktemp(f"nodes-{_cell_id(request.param)}")
+    init_addr = f"127.0.0.1:{free_port()}"
+    bind = "0|1" if tp_size > 1 else None
+
+    def node(rank: int) -> ServerConfig:
+        return replace(
+            base,
+            extra_args=(*base.extra_args, "--nnodes", "2", "--dist-init-addr", init_addr, "--node-rank", str(rank)),
+            extra_env=(("SGLANG_CPU_OMP_THREADS_BIND", bind or str(rank)),),
+        )
+
+    follower = NodeLaunch(node(1), log_dir / "node1.log")
+    leader = SGLangServer(node(0), log_dir / "node0.log")
+    try:
+        follower.start(timeout=600)
+        leader.start(timeout=600)
+        yield request.param, leader, follower
+    finally:
+        leader.stop()
+        follower.stop()
+
+
+def test_equal_transformers_and_stock_cpp(launch, reference):
+    (name, spec, config_name, mode), server, follower = launch
+    tokens = greedy_tokens_checked(server, spec, reference, LENGTHS, seed=29)
+    if mode == "cpp":
+        _CPP_TOKENS[(name, config_name)] = tokens
+        return
+    reference_config = SAME_PARALLEL_CONFIG.get(config_name)
+    if reference_config is not None:
+        key = (name, reference_config)
+        assert key in _CPP_TOKENS, f"the cpp launch of {key} did not run first"
+        assert tokens == _CPP_TOKENS[key], f"--pp-mode {mode} at {config_name} differs from cpp at {reference_config}"
+    logs = server.log_tail(10**7) + (follower.log_tail(10**7) if follower is not None else "")
+    assert "VPP KV rank" in logs, "no per-rank KV log line"
+    if follower is None:
+        return
+    # Each node's start-up log says which virtual stages it holds.
+    held = {
+        node: set(re.findall(r"VPP node (\d) holds virtual stages \((\d), (\d)\)", launch_.log_tail(10**7)))
+        for node, launch_ in (("node 0", server), ("node 1", follower))
+    }
+    assert held["node 0"] == {("0", "0", "3")}, held
+    assert held["node 1"] == {("1", "1", "2")}, held
