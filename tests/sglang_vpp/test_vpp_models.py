@@ -95,7 +95,7 @@ def test_pp4_decisions_replay_through_the_controller(case):
 
 
 def test_pp4_simulator_and_runtime_planner_order_equals_the_server(case, tmp_path, monkeypatch):
-    name, _, server = case
+    _, server = case
     if server.config.pp_size != 4:
         pytest.skip("the pp 2 servers compare in test_vpp_server.py")
     assert_planner_order_equals_the_server(server, 4, tmp_path, monkeypatch)
