@@ -69,8 +69,16 @@ def test_concurrent_mixed_prompts_equal_transformers(server, reference):
 
 def test_accounting_written_and_packing_exercised(server):
     packing = server.config.pp_mode in ("vpp-pack", "vpp-taper")
-    records = wait_for_json(server.trace_dir / "vpp_rank0.records.json",
-                            until=lambda d: not packing or d["counters"].get("num_packed", 0) > 0)
+    leader_path = server.trace_dir / "vpp_rank0.records.json"
+    records = wait_for_json(leader_path, until=lambda d: not packing or d["counters"].get("num_packed", 0) > 0)
+    # Whether a drain window meets the next request's chunks depends on when SGLang forms its
+    # batches, so a packing mode gets a few more rounds of the same concurrent load before the
+    # verdict; a non-packing mode must not pack on any load.
+    for round_seed in range(3):
+        if not packing or records["counters"].get("num_packed", 0) > 0:
+            break
+        generate_concurrently(server, make_prompts(MIXED_LENGTHS, seed=100 + round_seed))
+        records = wait_for_json(leader_path, until=lambda d: d["counters"].get("num_packed", 0) > 0)
     follower = wait_for_json(server.trace_dir / "vpp_rank1.records.json")
     assert records["summary"]["num_computes"] > 0 and follower["summary"]["num_computes"] > 0
     stages0 = {r["stage"] for r in records["records"]}
@@ -106,6 +114,9 @@ def test_server_decisions_replay_through_the_controller(server, tmp_path):
 
 
 def test_simulator_and_runtime_planner_order_equals_the_server(server, tmp_path, monkeypatch):
+    if server.config.pp_mode == "vpp-taper":
+        pytest.skip("the replanner rebuilds fixed-chunk workloads only; vpp-taper's cuts are checked "
+                    "against the planner's in test_vpp_taper_serves_the_planned_chunks_through_the_openai_api")
     assert_planner_order_equals_the_server(server, 2, tmp_path, monkeypatch)
 
 
