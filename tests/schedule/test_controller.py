@@ -124,3 +124,13 @@ def test_order_rules():
     assert feed.pick(0, ready) == (0, 5)
     middle = _controller("vpp-async", 4)
     assert middle.pick(1, [(1, 6), (6, 2)]) == (6, 2)  # both feed a peer: the oldest
+
+
+def test_batch_budget_is_the_next_cut_or_a_whole_chunk_when_the_request_ends():
+    from sglang_vpp.schedule import FixedChunker
+
+    layout = build_layout(2, 8, "foldback")
+    controller = Controller(get_policy("vpp-pack"), layout, LinearTau(), chunker=FixedChunker(64))
+    assert controller.batch_budget(0, 300, 16384) == 64  # a middle chunk: its own size
+    assert controller.batch_budget(256, 44, 16384) == 64  # the last piece: the rest is fillable
+    assert controller.batch_budget(256, 44, 50) == 50  # never above SGLang's prefill limit

@@ -277,6 +277,13 @@ class Controller:
         assert 1 <= size <= remaining, (size, prefix_len, remaining)
         return size
 
+    def batch_budget(self, prefix_len: int, remaining: int, max_tokens: int) -> int:
+        """Token budget of the forward that continues a chunked request: its next chunk, or, when
+        that chunk ends the request, a whole chunk's budget (at most ``max_tokens``), whose rest
+        further requests may fill, as SGLang's prefill adder does."""
+        cut = self.next_chunk_size(prefix_len, remaining)
+        return cut if cut < remaining else self.next_chunk_size(prefix_len, max(1, max_tokens))
+
     @property
     def blocking(self) -> bool:
         return self.policy.comm_semantics is CommSemantics.BLOCKING

@@ -44,14 +44,9 @@ class ControllerChunkSizer:
         """Budget of the batch that continues ``scheduler.chunked_req`` (SGLang calls this)."""
         full = max(1, int(self.scheduler.max_prefill_tokens))
         req = self.scheduler.chunked_req
-        if req is not None:
-            remaining = _length(req) - history_len
-            cut = self.size(history_len, _length(req))
-            if cut < remaining:
-                return cut
-        # The request ends in this batch (or none is chunked): the budget is a whole chunk's, and
-        # SGLang fills what the request leaves with further requests, as it does in stock PP.
-        return self.controller.next_chunk_size(history_len, full)
+        if req is None:
+            return self.controller.next_chunk_size(history_len, full)
+        return self.controller.batch_budget(history_len, max(1, _length(req) - history_len), full)
 
 
 def install_chunk_sizer(scheduler: Any, controller: Controller) -> ControllerChunkSizer:
