@@ -21,6 +21,14 @@ from sglang_harness import ServerConfig, SGLangServer, ServerStartError, free_po
 
 from sglang_vpp.serving import launcher as launcher_module
 
+_HEALTH = """class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass"""
+"""The fake servers' /health endpoint (SGLang answers 200 once it serves)."""
+
 _FAKE_SERVER = textwrap.dedent(
     """
     import http.server, os, subprocess, sys
@@ -28,15 +36,10 @@ _FAKE_SERVER = textwrap.dedent(
     sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
     subprocess.Popen(sleeper)                          # stays in the process group
     subprocess.Popen(sleeper, start_new_session=True)  # leaves it
-    class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
-            self.end_headers()
-        def log_message(self, *args):
-            pass
+    {health}
     http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
     """
-)
+).replace("{health}", _HEALTH)
 
 
 # Binds like uvicorn; a taken port gets uvicorn's error line, then it hangs as SGLang does.
@@ -44,12 +47,7 @@ _FAKE_BIND = textwrap.dedent(
     """
     import http.server, sys, time
     port = int(sys.argv[1])
-    class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
-            self.end_headers()
-        def log_message(self, *args):
-            pass
+    {health}
     try:
         server = http.server.HTTPServer(("127.0.0.1", port), Health)
     except OSError:
@@ -58,7 +56,7 @@ _FAKE_BIND = textwrap.dedent(
         time.sleep(600)
     server.serve_forever()
     """
-)
+).replace("{health}", _HEALTH)
 
 
 class FakeConfig(ServerConfig):
