@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_vpp.schedule import ChunkSpec, StageSpec
+from sglang_vpp.schedule import ChunkSpec, Policy, StageSpec
 from sglang_vpp.sim.calibration import (ASSUMED_FIELDS, FITTED_FIELDS, METHOD_DOC_TABLE, ROWS, at_bounds, errors, evaluate,
                                         sensitivity, trend)
 from sglang_vpp.sim.config import SimConfig
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = {"calibration": ROOT / "docs" / "calibration.md", "simulator": ROOT / "docs" / "simulator.md"}
 DEEP_CHUNKS = [n * 1024 for n in (8, 16, 24, 32, 64)]
 DEEP_MODES = "cpp,dcpp,vpp-pack,vpp-taper"
-ALL_MODES = "cpp,dcpp,vpp,vpp-async,vpp-pack,vpp-taper"
+ALL_MODES = ",".join(Policy)
 ROW_NAMES = {"compute_s": "compute", "bubble_s": "bubble", "exposed_comm_s": "exposed communication",
              "total_s": "total (TTFT)"}
 

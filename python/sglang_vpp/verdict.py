@@ -22,15 +22,29 @@ to run more repeats instead of naming a winner on one sample.
 from __future__ import annotations
 
 import statistics
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["BASELINES", "MIN_EFFECT", "Comparison", "Verdict", "compare", "make_verdict"]
+__all__ = ["BASELINES", "MIN_EFFECT", "WIDTH", "Comparison", "Verdict", "compare", "make_verdict"]
 
 #: The stock modes every other mode is compared with.
 BASELINES = ("cpp", "dcpp")
 #: Paired differences smaller than this (relative) are never called significant (module docstring).
 MIN_EFFECT = 0.01
+#: Printed verdict lines wrap to fit this many columns (a terminal's default width).
+WIDTH = 80
+_GLUE = "\x00"  # stands for a space inside a phrase that must not be broken across lines
+
+
+def _wrap(text: str, indent: str, keep: Sequence[str] = (), width: int = WIDTH) -> list[str]:
+    """``text`` wrapped to ``width`` columns, continuation lines indented two more than ``indent``;
+    no phrase of ``keep`` (e.g. "vpp-pack wins", "-> faster") and no mode name is split."""
+    for phrase in keep:
+        text = text.replace(phrase, phrase.replace(" ", _GLUE))
+    lines = textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
+                          break_long_words=False, break_on_hyphens=False)
+    return [line.replace(_GLUE, " ") for line in lines]
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,11 @@ class Comparison:
         spread = f"{self.median:+.1%}" if self.repeats < 2 else f"{self.median:+.1%} [{self.low:+.1%} .. {self.high:+.1%}]"
         return f"{self.mode} vs {self.baseline}: {spread} -> {self.outcome}"
 
+    def lines(self, indent: str = "  ") -> list[str]:
+        """``text()`` wrapped to ``WIDTH`` columns; the range and the outcome each stay on one line."""
+        spread = f"[{self.low:+.1%} .. {self.high:+.1%}]" if self.repeats >= 2 else ""
+        return _wrap(self.text(), indent, keep=[k for k in (spread, f"-> {self.outcome}") if k])
+
     def to_dict(self) -> dict:
         return {"mode": self.mode, "baseline": self.baseline, "relative_median": self.median,
                 "relative_min": self.low, "relative_max": self.high, "repeats": self.repeats,
@@ -99,17 +118,30 @@ class Verdict:
     winner: str | None
     """The mode significantly better than every other mode; None when no mode is."""
     repeats: int
+    repeat_flag: str = "--repeat"
+    """The command's flag for the number of repeats (named when one repeat gives no verdict)."""
+
+    def statement(self) -> str:
+        """What the verdict says, in words that do not change with noise-level differences."""
+        if self.repeats < 2:
+            return f"one repeat gives no range; run {self.repeat_flag} 3 or more for a verdict"
+        if self.winner is not None:
+            return f"{self.winner} wins (significantly lower than every other mode)"
+        return "no mode is significantly lower than all others"
 
     def headline(self) -> str:
-        """One line whose words do not change with noise-level differences in the numbers."""
-        if self.repeats < 2:
-            return f"verdict ({self.metric}): one repeat gives no range; run --repeat 3 or more for a verdict"
-        if self.winner is not None:
-            return f"verdict ({self.metric}): {self.winner} wins (significantly lower than every other mode)"
-        return f"verdict ({self.metric}): no mode is significantly lower than all others"
+        """The verdict as one string (JSON); ``lines()`` is the printed form."""
+        return f"verdict ({self.metric}): {self.statement()}"
 
     def lines(self) -> list[str]:
-        return [self.headline()] + [f"  {c.text()}" for c in self.comparisons]
+        """The headline and one entry per comparison, each line at most ``WIDTH`` columns: when the
+        headline does not fit, the statement goes on its own line under "verdict (metric):"."""
+        if len(self.headline()) <= WIDTH:
+            head = [self.headline()]
+        else:
+            keep = [f"{self.winner} wins"] if self.winner else []
+            head = [*_wrap(f"verdict ({self.metric}):", ""), *_wrap(self.statement(), "  ", keep=keep)]
+        return head + [line for c in self.comparisons for line in c.lines()]
 
     def to_dict(self) -> dict:
         return {"metric": self.metric, "winner": self.winner, "repeats": self.repeats, "headline": self.headline(),
@@ -117,7 +149,7 @@ class Verdict:
 
 
 def make_verdict(values: Mapping[str, Sequence[float]], metric: str, *, paired: bool,
-                 baselines: Sequence[str] = BASELINES) -> Verdict:
+                 baselines: Sequence[str] = BASELINES, repeat_flag: str = "--repeat") -> Verdict:
     """Compare every mode with each baseline present in ``values`` and find a winner (lower is better)."""
     modes = list(values)
     comparisons = tuple(compare(values, mode, base, paired=paired)
@@ -128,4 +160,4 @@ def make_verdict(values: Mapping[str, Sequence[float]], metric: str, *, paired: 
         others = [compare(values, mode, other, paired=paired) for other in modes if other != mode]
         if others and all(c.outcome == "faster" for c in others):
             winner = mode
-    return Verdict(metric, comparisons, winner, repeats)
+    return Verdict(metric, comparisons, winner, repeats, repeat_flag)

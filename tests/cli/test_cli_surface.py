@@ -52,3 +52,20 @@ def test_no_new_cli_options(update_golden):
         if update_golden:
             pytest.skip("golden CLI surface rewritten")
     assert surface == json.loads(GOLDEN.read_text()), "CLI surface changed: review, then --update-golden"
+
+
+def test_default_mode_lists_follow_the_policies():
+    from sglang_vpp.cli.bench_serve_launch import ALL_MODES, parse_modes
+    from sglang_vpp.runtime.spec import DEFAULT_MODES
+    from sglang_vpp.schedule import Policy
+    from sglang_vpp.sglang_plugin.options import SERVED_MODES
+
+    group = typer.main.get_command(app)
+
+    def default(command: str, flag: str):
+        return next(p.default for p in group.commands[command].params if flag in p.opts)
+
+    every = [p.value for p in Policy]
+    assert default("simulate", "--modes").split(",") == every
+    assert default("bench", "--modes").split(",") == list(DEFAULT_MODES) == [m for m in every if m != "vpp-taper"]
+    assert list(ALL_MODES) == parse_modes("all") == every == [m.value for m in SERVED_MODES]

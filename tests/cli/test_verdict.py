@@ -1,6 +1,8 @@
 """The verdict: who wins, by how much, and "no significant difference" when the noise says so."""
 
-from sglang_vpp.verdict import compare, make_verdict
+import pytest
+
+from sglang_vpp.verdict import WIDTH, compare, make_verdict
 
 
 def test_paired_agreement_is_significant_and_names_the_winner():
@@ -45,3 +47,38 @@ def test_paired_floor_and_one_disturbed_repeat_in_five():
     # Two of five disagree: no verdict.
     values = {"cpp": [2.0] * 5, "vpp": [1.9, 1.9, 1.9, 2.05, 2.05]}
     assert compare(values, "vpp", "cpp", paired=True).outcome == "no significant difference"
+
+
+_LONG_MODES = ["cpp", "dcpp", "vpp-async-with-a-long-name", "vpp-pack", "vpp-taper-experimental", "vpp"]
+
+
+@pytest.mark.parametrize("metric", ["equal-cost makespan", "served TTFT median (wall clock, shared host)"])
+@pytest.mark.parametrize("repeats", [1, 5])
+@pytest.mark.parametrize("paired", [True, False])
+def test_printed_verdict_fits_80_columns_and_keeps_its_words(metric, repeats, paired):
+    # Six modes, two with long names; the winner has the longest name, so the headline is too long.
+    values = {mode: [2.0 + 0.1 * i + 0.01 * r for r in range(repeats)] for i, mode in enumerate(_LONG_MODES)}
+    values["vpp-async-with-a-long-name"] = [0.5 + 0.01 * r for r in range(repeats)]
+    values["vpp"] = [4.0 + 0.5 * r for r in range(repeats)]  # +100 % .. +200 %: the widest numbers
+    verdict = make_verdict(values, metric, paired=paired, repeat_flag="--repeats")
+    lines = verdict.lines()
+    assert all(len(line) <= WIDTH for line in lines), [line for line in lines if len(line) > WIDTH]
+    text = "\n".join(lines)
+    if repeats == 1:
+        assert verdict.winner is None and "run --repeats 3 or more" in text
+    else:
+        assert verdict.winner == "vpp-async-with-a-long-name"
+        assert "vpp-async-with-a-long-name wins" in text and verdict.headline() in text.replace("\n  ", " ")
+    # Every comparison is printed whole: its text, with line breaks, is in the output.
+    joined = " ".join(line.strip() for line in lines)
+    assert all(c.text() in joined for c in verdict.comparisons)
+    assert len(verdict.comparisons) == 2 * 5
+
+
+def test_headline_breaks_after_the_metric_only_when_too_long():
+    values = {"cpp": [2.0, 2.4, 2.2], "dcpp": [2.1, 2.5, 2.3], "vpp-pack": [1.8, 2.2, 2.0]}
+    lines = make_verdict(values, "equal-cost makespan", paired=True).lines()
+    assert lines[:2] == ["verdict (equal-cost makespan):", "  vpp-pack wins (significantly lower than every other mode)"]
+    assert lines[2] == "  dcpp vs cpp: +4.5% [+4.2% .. +5.0%] -> slower" and len(lines) == 2 + 4
+    lines = make_verdict({"cpp": [2.0, 2.0], "vpp": [2.0, 2.0]}, "TTFT", paired=True).lines()
+    assert lines[0] == "verdict (TTFT): no mode is significantly lower than all others"

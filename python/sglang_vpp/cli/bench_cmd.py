@@ -15,9 +15,9 @@ from pathlib import Path
 
 import typer
 
+from ..runtime.spec import BACKEND_FOR_DEVICE, DEFAULT_MODES
 from .common import at_least, check_output_path, emit_json, parse_int_list, parse_size_option, positive, user_errors
 
-_ALL_MODES = "cpp,dcpp,vpp,vpp-async,vpp-pack"
 TOLERANCE = 1e-5
 #: Above this many prompt tokens in total a CPU run takes long (attention grows with the square of
 #: the prompt): say so before starting.
@@ -112,7 +112,7 @@ def bench(
     pp: int = typer.Option(2, "--pp", help="Pipeline ranks (one process each)."),
     seq_len: str = typer.Option("8k", "--seq-len", help="Prompt length per request (8k, 16k, 3000, ...)."),
     chunk_size: str = typer.Option("512", "--chunk-size", help="Chunk size (base size for dcpp)."),
-    modes: str = typer.Option(_ALL_MODES, "--modes", help="Comma-separated modes."),
+    modes: str = typer.Option(",".join(DEFAULT_MODES), "--modes", help="Comma-separated modes."),
     requests: int = typer.Option(2, "--requests", help="Requests of --seq-len tokens."),
     arrival_interval: float = typer.Option(0.0, "--arrival-interval", help="Seconds between request arrivals (0: all queued at start)."),
     repeat: int = typer.Option(5, "--repeat", help="Runs per mode (>= 2 for a verdict: ranges over repeats; 5 keeps it stable on a shared host)."),
@@ -157,7 +157,7 @@ def bench(
         typer.echo(f"warning: {requests} x {config.seq_len} prompt tokens is a large CPU run (it may take "
                    "hours); try --seq-len 8k first", err=True)
     typer.echo(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk {config.chunk_size}, "
-               f"{device_kind} / {backend or {'cpu': 'gloo', 'cuda': 'nccl', 'npu': 'hccl'}[device_kind]}, "
+               f"{device_kind} / {backend or BACKEND_FOR_DEVICE[device_kind]}, "
                f"repeat {repeat}", err=True)
     try:
         with _RichProgress(enabled=not quiet) as progress:

@@ -27,12 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from sglang_vpp.schedule.policies.spec import Policy
 from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangServer
 from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
 
 __all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "parse_modes", "run_launched", "default_model_dir"]
 
-ALL_MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack", "vpp-taper")
+ALL_MODES = tuple(p.value for p in Policy)
+"""What ``--launch all`` starts: every mode the plugin serves."""
 
 
 class LaunchError(ValueError):

@@ -89,11 +89,12 @@ def _launch_verdicts(launched: list) -> list:
     verdicts = []
     makespans = {run.mode: run.replayed_makespans() for run in launched}
     if all(makespans.values()):
-        verdicts.append(make_verdict(makespans, "replayed prefill makespan", paired=False))
+        verdicts.append(make_verdict(makespans, "replayed prefill makespan", paired=False, repeat_flag="--repeats"))
     ttfts = {run.mode: [p.metrics["median_ttft_ms"] / 1e3 for p in run.passes if p.metrics.get("median_ttft_ms")]
              for run in launched}
     if all(ttfts.values()):
-        verdicts.append(make_verdict(ttfts, "served TTFT median (wall clock, shared host)", paired=False))
+        verdicts.append(make_verdict(ttfts, "served TTFT median (wall clock, shared host)", paired=False,
+                                     repeat_flag="--repeats"))
     return verdicts
 
 

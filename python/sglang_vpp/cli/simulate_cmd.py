@@ -8,9 +8,9 @@ from typing import Optional
 
 import typer
 
+from ..schedule.policies.spec import Policy
 from .common import emit_json, parse_int_list, user_errors
 
-_ALL_MODES = "cpp,dcpp,vpp,vpp-async,vpp-pack,vpp-taper"
 
 
 def _sizes(text: str, what: str) -> list[int]:
@@ -59,7 +59,7 @@ def simulate(
     workload: str = typer.Option("long", "--workload", help="long, short, mixed or file."),
     seq_len: Optional[str] = typer.Option(None, "--seq-len", help="Prompt length(s): 512k; long takes a list (64k,128k)."),
     chunk_size: str = typer.Option("24k", "--chunk-size", help="Chunk size (base size for dcpp)."),
-    modes: str = typer.Option(_ALL_MODES, "--modes", help="Comma-separated modes."),
+    modes: str = typer.Option(",".join(Policy), "--modes", help="Comma-separated modes."),
     requests: Optional[int] = typer.Option(None, "--requests", help="Requests (long: per length, default 1; short: 100; mixed: 500)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed-loop clients (default: long 1, short all, mixed 16, file open loop)."),
     file: Optional[Path] = typer.Option(None, "--file", help="JSONL of {\"length\", \"arrival\"} for --workload file."),

@@ -43,7 +43,7 @@ from .replay import (
     run_layout,
     write_traces,
 )
-from .spec import Device, FaultSpec, RequestArrival, RunSpec, Timeouts
+from .spec import DEFAULT_MODES, Device, FaultSpec, RequestArrival, RunSpec, Timeouts
 
 __all__ = [
     "DEFAULT_MODES",
@@ -57,7 +57,6 @@ __all__ = [
     "run_bench",
 ]
 
-DEFAULT_MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack")
 #: The per-mode JSON fields named by issue 5, in order (a CLI test freezes them).
 JSON_FIELDS = ("mode", "max_abs_diff", "wall_s", "replay_makespan_s", "compute_s", "bubble_ratio",
                "replay_bubble_ratio", "exposed_comm_s", "ttft_s")

@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ..schedule import PolicyError
+from ..schedule import Policy, PolicyError
 from .errors import RunConfigError
 
-__all__ = ["BACKEND_FOR_DEVICE", "Device", "FaultKind", "FaultSpec", "RequestArrival", "RunSpec", "Timeouts"]
+__all__ = ["BACKEND_FOR_DEVICE", "DEFAULT_MODES", "Device", "FaultKind", "FaultSpec", "RequestArrival", "RunSpec", "Timeouts"]
 
 
 class Device(StrEnum):
@@ -23,6 +23,10 @@ class Device(StrEnum):
     CUDA = "cuda"
     NPU = "npu"
 
+
+#: The modes ``sglang-vpp bench`` runs by default: every policy but vpp-taper (``--modes`` adds it),
+#: which keeps the default CPU run at five modes x five repeats, several minutes.
+DEFAULT_MODES: tuple[str, ...] = tuple(p.value for p in Policy if p is not Policy.VPP_TAPER)
 
 #: Communication backend (``sglang_vpp.comm`` registry name) per device.
 BACKEND_FOR_DEVICE: dict[Device, str] = {Device.CPU: "gloo", Device.CUDA: "nccl", Device.NPU: "hccl"}

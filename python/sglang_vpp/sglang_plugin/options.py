@@ -37,7 +37,7 @@ OPTIONS_ATTR = "_sglang_vpp"
 
 # The mode names are the schedule core's policy names: one vocabulary from CLI to schedule.
 PpMode = Policy
-SERVED_MODES = (Policy.CPP, Policy.DCPP, Policy.VPP, Policy.VPP_ASYNC, Policy.VPP_PACK, Policy.VPP_TAPER)
+SERVED_MODES = tuple(Policy)
 """The modes the plugin serves: every schedule-core policy."""
 
 
