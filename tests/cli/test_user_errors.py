@@ -51,8 +51,23 @@ CASES = [
     (_BENCH + ["--arrival-interval", "-1"], "--arrival-interval"),
     (_BENCH + ["--plot", "/dev/null/gantt.png"], "--plot"),
     (_BENCH + ["--json", "/dev/null/out.json"], "--json"),
+    (["bench-serve", "--launch", "cpp", "--model-path", "/nonexistent-model", "--no-progress"], "--model-path"),
+    (_URL + ["--input-len", "1k", "--output-len", "1k"], "does not answer"),  # sizes accepted: the URL fails
     (["simulate", "--costs", "NOT_JSON"], "is not readable JSON"),
     (["simulate", "--costs", "NO_FORMAT"], 'has no "format" field'),
+    (["simulate", "--costs", "/nonexistent.json"], "does not exist"),
+    (["simulate", "--tp", "0"], "--tp"),
+    (["simulate", "--tp", "-3"], "--tp"),
+    (["simulate", "--requests", "0"], "--requests"),
+    (["simulate", "--concurrency", "0"], "--concurrency"),
+    (["simulate", "--pp", "0", "--seq-len", "8k"], "--pp"),
+    (["simulate", "--seq-len", "0"], "--seq-len"),
+    (["simulate", "--seq-len", "8k", "--sweep-chunk", "8k,0"], "--sweep-chunk"),
+    (["simulate", "--model", "PARTIAL.json"], "missing fields"),
+    (["simulate", "--workload", "file", "--file", "NOT_JSON"], "NOT_JSON:1"),
+    (["simulate", "--workload", "file", "--file", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
+    (["doctor", "--timeout", "0"], "--timeout"),
+    (["doctor", "--backend", "nope"], "nope"),
 ]
 
 
@@ -69,7 +84,7 @@ def _case_id(args: list[str]) -> str:
 
 @pytest.mark.parametrize("args, fragment", CASES, ids=[_case_id(a) for a, _ in CASES])
 def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
-    files = {"NOT_JSON": "not json at all\n", "NO_FORMAT": '{"stages": {}}\n'}
+    files = {"NOT_JSON": "not json at all\n", "NO_FORMAT": '{"stages": {}}\n', "PARTIAL.json": '{"name": "x"}\n'}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     args = [str(tmp_path / a) if a in files else a for a in args]

@@ -37,6 +37,12 @@ __all__ = ["BenchServeError", "bench_serve"]
 _FORMATS = ("table", "md", "json")
 
 
+def _looks_local(model_path: str) -> bool:
+    """A path meant on this disk, not a Hugging Face repo id (``gpt2``, ``Qwen/Qwen2-0.5B``) SGLang
+    would download: checked here, since SGLang fails on a missing directory with a traceback."""
+    return model_path.startswith(("/", "./", "../", "~")) or model_path.count("/") > 1
+
+
 def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
     """``--url`` values as (label, url); ``name=http://...`` names a server, else its URL does."""
     if label is not None and len(urls) > 1:
@@ -137,6 +143,9 @@ def bench_serve(
         from .bench_serve_launch import check_can_launch, parse_modes
 
         modes = parse_modes(launch)
+        if model_path is not None and _looks_local(model_path) and not Path(model_path).expanduser().is_dir():
+            raise BenchServeError(f"--model-path {model_path!r} is not a directory; give a local model directory "
+                                  "or a Hugging Face repo id like Qwen/Qwen2-0.5B")
         if port is not None and not 0 < port <= 65536 - len(modes):
             raise BenchServeError(f"--port {port}: {len(modes)} server(s) need ports {port}..{port + len(modes) - 1}, "
                                   "all in 1..65535")

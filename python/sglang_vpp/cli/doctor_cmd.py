@@ -17,7 +17,7 @@ import sys
 
 import typer
 
-from .common import user_errors
+from .common import positive, user_errors
 
 
 def _rows(statuses: list) -> list[dict]:
@@ -55,6 +55,7 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """List communication backends and devices (versions, why unavailable), then self-test one."""
+    positive(timeout, "--timeout")
     import torch
 
     from ..comm.launcher import run_ranks

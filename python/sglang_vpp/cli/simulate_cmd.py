@@ -9,14 +9,12 @@ from typing import Optional
 import typer
 
 from ..schedule.policies.spec import Policy
-from .common import emit_json, parse_int_list, user_errors
+from .common import emit_json, parse_int_list, parse_size_option, user_errors
 
 
 
 def _sizes(text: str, what: str) -> list[int]:
-    from ..schedule import parse_size
-
-    sizes = [parse_size(part) for part in text.split(",") if part.strip()]
+    sizes = [parse_size_option(part.strip(), what) for part in text.split(",") if part.strip()]
     if not sizes:
         raise ValueError(f"{what} needs at least one size, e.g. 24k or 8k,16k")
     return sizes

@@ -33,6 +33,10 @@ def list_hardware() -> list[str]:
     return _names("hardware")
 
 
+def _what(kind: str) -> str:
+    return "model" if kind == "models" else "hardware"
+
+
 def read_preset(kind: str, name: str) -> tuple[dict, dict, str]:
     """(values, sources, note) of preset ``name`` (or a JSON file path) of ``kind``."""
     if name in _names(kind):
@@ -40,13 +44,12 @@ def read_preset(kind: str, name: str) -> tuple[dict, dict, str]:
     elif name.endswith(".json") and Path(name).exists():
         text = Path(name).read_text()
     else:
-        what = "model" if kind == "models" else "hardware"
-        raise PresetError(f"unknown {what} preset {name!r}; valid: {', '.join(_names(kind))} "
+        raise PresetError(f"unknown {_what(kind)} preset {name!r}; valid: {', '.join(_names(kind))} "
                           f"(or a path to a .json file of the same shape)")
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as error:
-        raise PresetError(f"{kind} preset {name!r} is not valid JSON: {error}") from None
+        raise PresetError(f"{_what(kind)} preset {name!r} is not valid JSON: {error}") from None
     values, sources = {}, {}
     for key, entry in raw.items():
         if key.startswith("_"):
@@ -64,12 +67,18 @@ def _build(cls, kind: str, name: str):
     known = {f.name for f in dataclasses.fields(cls)} - {"sources", "calibration_note"}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise PresetError(f"{kind} preset {name!r}: unknown fields {unknown}; known fields: {sorted(known)}")
+        raise PresetError(f"{_what(kind)} preset {name!r}: unknown fields {unknown}; known fields: {sorted(known)}")
+    required = sorted(f.name for f in dataclasses.fields(cls) if f.name in known and f.default is dataclasses.MISSING
+                      and f.default_factory is dataclasses.MISSING)
+    missing = [field for field in required if field not in values]
+    if missing:
+        raise PresetError(f"{_what(kind)} preset {name!r}: missing fields {missing}; copy a shipped preset "
+                          f"({', '.join(_names(kind))}) and edit it")
     extra = {"calibration_note": note} if cls is HardwareSpec else {}
     try:
         return cls(sources=sources, **values, **extra)
     except TypeError as error:
-        raise PresetError(f"{kind} preset {name!r}: {error}") from None
+        raise PresetError(f"{_what(kind)} preset {name!r}: {error}") from None
 
 
 def load_model(name: str) -> ModelSpec:
