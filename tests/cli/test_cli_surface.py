@@ -69,3 +69,21 @@ def test_default_mode_lists_follow_the_policies():
     assert default("simulate", "--modes").split(",") == every
     assert default("bench", "--modes").split(",") == list(DEFAULT_MODES) == [m for m in every if m != "vpp-taper"]
     assert list(ALL_MODES) == parse_modes("all") == every == [m.value for m in SERVED_MODES]
+
+
+def test_docs_cli_names_every_command_and_flag():
+    """docs/cli.md has a section per command that names each of its flags (``--x`` or ``--x/--no-x``)."""
+    import re
+
+    text = (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
+    sections = {m.group(1): body for m, body in zip(re.finditer(r"^## `([\w-]+)`", text, re.M),
+                                                     re.split(r"^## `[\w-]+`", text, flags=re.M)[1:])}
+    group = typer.main.get_command(app)
+    missing = {}
+    for name, command in group.commands.items():
+        assert name in sections, f"docs/cli.md has no section for {name}"
+        flags = [o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+        gaps = [f for f in flags if not re.search(re.escape(f) + r"(?![\w-])", sections[name])]
+        if gaps:
+            missing[name] = gaps
+    assert not missing, f"flags not documented in docs/cli.md: {missing}"
