@@ -44,7 +44,7 @@ def test_bench_runs_every_mode(tmp_path):
         assert f"\n{mode} " in table
     assert "replay makespan s" in table and "dedicated-hardware" in table
     assert "equal-cost makespan s" in table
-    assert "verdict (equal-cost makespan): " in table and "verdict (equal-cost TTFT): " in table
+    assert "verdict (equal-cost makespan):" in table and "verdict (equal-cost TTFT):" in table
     assert "vpp-pack vs cpp: " in table and "vpp-pack vs dcpp: " in table
 
     data = json.loads(out.read_text())

@@ -58,6 +58,9 @@ def test_merge_passes_and_80_column_table():
     assert "0.750 [0.700-0.800]" in text and "r1 30%" in text
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "| vpp-pack |" in render_tables(runs, "md")
+    every = [{**runs[0], "label": m} for m in ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack", "vpp-taper")]
+    text = render_tables(every)  # --launch all: the titles name six modes
+    assert max(len(line) for line in text.splitlines()) <= 80 and "vpp-taper]: prefill" in text
 
 
 def test_unreachable_server_is_a_clear_error():
@@ -131,7 +134,7 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "bench-serve [cpp, vpp-pack]: prefill pipeline per rank" in done.stdout
     assert "replayed makespan s" in done.stdout and "ITL med" in done.stdout
-    assert "verdict (replayed prefill makespan): " in done.stdout and "vpp-pack vs cpp: " in done.stdout
+    assert "verdict (replayed prefill makespan):" in done.stdout and "vpp-pack vs cpp: " in done.stdout
     report = json.loads(out.read_text())
     runs = {run["label"]: run for run in report["runs"]}
     assert list(runs) == ["cpp", "vpp-pack"]

@@ -60,7 +60,8 @@ def _text_table(title: str, header: list[str], rows: list[list[str]]) -> str:
         return "  ".join(c.ljust(w) if i == 0 or i == len(cells) - 1 and not c[:1].isdigit() else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
-    return "\n".join([title, line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
+    # A title naming six modes is longer than 80 columns: it wraps, the table does not.
+    return "\n".join([_wrap(title), line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
 
 
 def _md_table(title: str, header: list[str], rows: list[list[str]]) -> str:
