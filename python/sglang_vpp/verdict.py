@@ -134,13 +134,10 @@ class Verdict:
         return f"verdict ({self.metric}): {self.statement()}"
 
     def lines(self) -> list[str]:
-        """The headline and one entry per comparison, each line at most ``WIDTH`` columns: when the
-        headline does not fit, the statement goes on its own line under "verdict (metric):"."""
-        if len(self.headline()) <= WIDTH:
-            head = [self.headline()]
-        else:
-            keep = [f"{self.winner} wins"] if self.winner else []
-            head = [*_wrap(f"verdict ({self.metric}):", ""), *_wrap(self.statement(), "  ", keep=keep)]
+        """The headline on two lines ("verdict (metric):", then the statement) and one entry per
+        comparison, each line at most ``WIDTH`` columns."""
+        keep = [f"{self.winner} wins"] if self.winner else []
+        head = [*_wrap(f"verdict ({self.metric}):", ""), *_wrap(self.statement(), "  ", keep=keep)]
         return head + [line for c in self.comparisons for line in c.lines()]
 
     def to_dict(self) -> dict:

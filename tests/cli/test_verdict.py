@@ -68,17 +68,17 @@ def test_printed_verdict_fits_80_columns_and_keeps_its_words(metric, repeats, pa
         assert verdict.winner is None and "run --repeats 3 or more" in text
     else:
         assert verdict.winner == "vpp-async-with-a-long-name"
-        assert "vpp-async-with-a-long-name wins" in text and verdict.headline() in text.replace("\n  ", " ")
+        assert "vpp-async-with-a-long-name wins" in text and verdict.headline() in text.replace(":\n  ", ": ")
     # Every comparison is printed whole: its text, with line breaks, is in the output.
     joined = " ".join(line.strip() for line in lines)
     assert all(c.text() in joined for c in verdict.comparisons)
     assert len(verdict.comparisons) == 2 * 5
 
 
-def test_headline_breaks_after_the_metric_only_when_too_long():
+def test_headline_prints_as_metric_then_statement():
     values = {"cpp": [2.0, 2.4, 2.2], "dcpp": [2.1, 2.5, 2.3], "vpp-pack": [1.8, 2.2, 2.0]}
     lines = make_verdict(values, "equal-cost makespan", paired=True).lines()
     assert lines[:2] == ["verdict (equal-cost makespan):", "  vpp-pack wins (significantly lower than every other mode)"]
     assert lines[2] == "  dcpp vs cpp: +4.5% [+4.2% .. +5.0%] -> slower" and len(lines) == 2 + 4
     lines = make_verdict({"cpp": [2.0, 2.0], "vpp": [2.0, 2.0]}, "TTFT", paired=True).lines()
-    assert lines[0] == "verdict (TTFT): no mode is significantly lower than all others"
+    assert lines[:2] == ["verdict (TTFT):", "  no mode is significantly lower than all others"]

@@ -46,6 +46,7 @@ def test_bench_runs_every_mode(tmp_path):
     assert "equal-cost makespan s" in table
     assert "verdict (equal-cost makespan):" in table and "verdict (equal-cost TTFT):" in table
     assert "vpp-pack vs cpp: " in table and "vpp-pack vs dcpp: " in table
+    assert max(len(line) for line in table.splitlines() if not line.startswith("wrote ")) <= 80
 
     data = json.loads(out.read_text())
     results = data["results"]

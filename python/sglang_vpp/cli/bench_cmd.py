@@ -69,8 +69,17 @@ class _RichProgress:
         self.progress.update(self.chunks, visible=False)
 
 
+def _text_table(title: str, rows: list[list[str]]) -> str:
+    """``title``, then ``rows`` (the first is the header): the first column left-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    return "\n".join([title, lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
 def format_table(report) -> str:
-    """The result table (one row per mode; repeats as median with [min-max])."""
+    """The results, one row per mode (repeats as median with [min-max]), as three tables narrow
+    enough for 80 columns: makespans, TTFTs, and the per-mode accounting."""
 
     def span(values: list[float]) -> str:
         import statistics
@@ -78,31 +87,37 @@ def format_table(report) -> str:
         median = f"{statistics.median(values):.3f}"
         return median if len(values) == 1 else f"{median} [{min(values):.3f}-{max(values):.3f}]"
 
-    header = ["mode", "max|diff|", "wall s", "replay makespan s", "equal-cost makespan s", "compute s",
-              "bubble wall", "bubble replay", "exp comm s", "TTFT s", "replay TTFT s", "equal-cost TTFT s", "chunks"]
-    rows = [header]
-    for m in report.modes:
-        rows.append([m.mode, f"{m.max_abs_diff:.1e}", span(m.wall_s), span(m.replay_makespan_s),
-                     span(m.equal_cost_makespan_s), f"{m.compute_s:.3f}", f"{m.bubble_ratio:.1%}",
-                     f"{m.replay_bubble_ratio:.1%}", f"{m.exposed_comm_s:.4f}", span(m.ttft_s), span(m.replay_ttft_s),
-                     span(m.equal_cost_ttft_s), str(m.num_chunks)])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    spread = "median [min-max] over repeats" if report.config.repeat > 1 else "one repeat"
+    makespans = [["mode", "wall s", "replay makespan s", "equal-cost makespan s"]] + [
+        [m.mode, span(m.wall_s), span(m.replay_makespan_s), span(m.equal_cost_makespan_s)] for m in report.modes]
+    ttfts = [["mode", "wall TTFT s", "replay TTFT s", "equal-cost TTFT s"]] + [
+        [m.mode, span(m.ttft_s), span(m.replay_ttft_s), span(m.equal_cost_ttft_s)] for m in report.modes]
+    accounting = [["mode", "max|diff|", "chunks", "compute s", "bubble wall", "bubble replay", "exp comm s"]] + [
+        [m.mode, f"{m.max_abs_diff:.1e}", str(m.num_chunks), f"{m.compute_s:.3f}", f"{m.bubble_ratio:.1%}",
+         f"{m.replay_bubble_ratio:.1%}", f"{m.exposed_comm_s:.4f}"] for m in report.modes]
+    return "\n\n".join([_text_table(f"makespan, s ({spread})", makespans),
+                        _text_table(f"TTFT, s ({spread})", ttfts),
+                        _text_table("per mode (median over repeats)", accounting)])
 
 
 _NOTES = (
-    "wall: measured on this host (the ranks share its CPUs; not a speedup measurement).\n"
-    "replay: the executed order re-timed with each action's measured cost (thread CPU time): the\n"
-    "  dedicated-hardware timeline, with this mode's own measurement noise.\n"
-    "equal-cost: every mode's executed order re-timed on ONE cost model fitted on the least-disturbed\n"
-    "  costs of all modes (repeat j: fitted on the other repeats): only the schedules differ; the\n"
-    "  verdict compares these.\n"
-    "compute s: per rank, replayed. max|diff|: vs the single-process reference forward with the same\n"
-    "  chunk boundaries (final hidden states and last-token logits)."
+    "wall: measured on this host (the ranks share its CPUs; no speedup measurement).\n"
+    "replay: the executed order re-timed with each action's measured cost (thread CPU\n"
+    "  time): the dedicated-hardware timeline, with this mode's own measuring noise.\n"
+    "equal-cost: every mode's executed order re-timed on ONE cost model fitted on the\n"
+    "  least-disturbed costs of all modes (repeat j: fitted on the other repeats):\n"
+    "  only the schedules differ; the verdict compares these.\n"
+    "compute s: per rank, replayed. max|diff|: vs the single-process reference\n"
+    "  forward with the same chunk boundaries (final hidden states and last-token\n"
+    "  logits)."
 )
+
+
+def _echo_wrapped(text: str) -> None:
+    """A status line on stderr, wrapped to 80 columns."""
+    import textwrap
+
+    typer.echo("\n".join(textwrap.wrap(text, 80, subsequent_indent="  ", break_on_hyphens=False)), err=True)
 
 
 @user_errors
@@ -154,11 +169,10 @@ def bench(
     check_config(config)  # modes, layouts, model, backend, device: exit 2 before any work starts
     total_tokens = config.seq_len * config.num_requests
     if total_tokens > LARGE_RUN_TOKENS and device_kind is Device.CPU:
-        typer.echo(f"warning: {requests} x {config.seq_len} prompt tokens is a large CPU run (it may take "
-                   "hours); try --seq-len 8k first", err=True)
-    typer.echo(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk {config.chunk_size}, "
-               f"{device_kind} / {backend or BACKEND_FOR_DEVICE[device_kind]}, "
-               f"repeat {repeat}", err=True)
+        _echo_wrapped(f"warning: {requests} x {config.seq_len} prompt tokens is a large CPU run (it may take "
+                      "hours); try --seq-len 8k first")
+    _echo_wrapped(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk "
+                  f"{config.chunk_size}, {device_kind} / {backend or BACKEND_FOR_DEVICE[device_kind]}, repeat {repeat}")
     try:
         with _RichProgress(enabled=not quiet) as progress:
             report = run_bench(config, progress)

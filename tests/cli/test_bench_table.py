@@ -1,0 +1,27 @@
+"""``sglang-vpp bench``'s printed results fit 80 columns (three narrow tables, not one wide one)."""
+
+from types import SimpleNamespace
+
+from sglang_vpp.cli.bench_cmd import _NOTES, format_table
+from sglang_vpp.schedule import Policy
+
+
+def _mode(name: str, scale: float) -> SimpleNamespace:
+    # Wall clock on a loaded host reaches tens of seconds with a wide range: the widest cells.
+    spans = [scale * 5.123, scale * 19.456, scale * 11.0]
+    return SimpleNamespace(mode=name, max_abs_diff=0.0, wall_s=spans, replay_makespan_s=[1.7, 1.9, 1.8],
+                           equal_cost_makespan_s=[1.66, 1.68, 1.67], ttft_s=spans, replay_ttft_s=[1.3, 1.5, 1.4],
+                           equal_cost_ttft_s=[1.27, 1.29, 1.28], compute_s=1.632, bubble_ratio=0.087,
+                           replay_bubble_ratio=0.054, exposed_comm_s=0.4614, num_chunks=116)
+
+
+def test_every_line_fits_80_columns_with_six_modes():
+    report = SimpleNamespace(config=SimpleNamespace(repeat=3),
+                             modes=[_mode(p.value, 1.0 + 4 * i) for i, p in enumerate(Policy)])
+    text = format_table(report)
+    for line in (text + "\n" + _NOTES).splitlines():
+        assert len(line) <= 80, line
+    for header in ("wall s", "replay makespan s", "equal-cost makespan s", "equal-cost TTFT s", "max|diff|"):
+        assert header in text
+    assert all(f"\n{p.value} " in text for p in Policy)
+    assert "231.000 [107.583-408.576]" in text  # vpp-taper's wall clock (x21), the widest cell, whole
