@@ -99,9 +99,11 @@ def simulate(
                                 sim_config, seq_len=length, balance=balance)
     # With --json - the JSON owns stdout; the human-readable table goes to stderr.
     to_stderr = json_out is not None and str(json_out) == "-"
-    typer.echo(f"{model_spec.name} on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')}), pp={pp}, "
-               f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""),
-               err=to_stderr)
+    import textwrap
+
+    title = (f"{model_spec.name} on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')}), pp={pp}, "
+             f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""))
+    typer.echo("\n".join(textwrap.wrap(title, 80, subsequent_indent="  ", break_on_hyphens=False)), err=to_stderr)
     typer.echo(format_table(rows, mark_best=bool(sweep_chunk)), err=to_stderr)
     typer.echo(format_idle_table(rows), err=to_stderr)
     if json_out is not None:

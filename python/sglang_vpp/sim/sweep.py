@@ -79,24 +79,59 @@ def size_label(tokens: int | None) -> str:
     return str(tokens)
 
 
+#: Printed tables fit this many columns: wide ones are split into several with the same key columns.
+WIDTH = 80
+
+
+def _key(row: SweepRow, mark: str = " ") -> str:
+    return f"{size_label(row.seq_len):>6} {size_label(row.result.chunk_size):>6}{mark} {row.result.mode:<10}"
+
+
+_KEY_HEADER = f"{'seq':>6} {'chunk':>6}  {'mode':<10}"
+
+
+def _split_tables(keys: list[str], columns: list[tuple[str, list[str]]]) -> list[str]:
+    """``keys`` (one per row) then as many of ``columns`` ((header, cells), each right-aligned to its
+    widest entry) as fit in ``WIDTH``; the remaining columns go to further tables with the same keys."""
+    tables: list[list[tuple[str, list[str]]]] = [[]]
+    used = len(_KEY_HEADER)
+    for header, cells in columns:
+        width = 2 + max(len(header), *(len(c) for c in cells))
+        if tables[-1] and used + width > WIDTH:
+            tables.append([])
+            used = len(_KEY_HEADER)
+        tables[-1].append((header, cells))
+        used += width
+    out = []
+    for table in tables:
+        widths = [max(len(h), *(len(c) for c in cells)) for h, cells in table]
+        head = _KEY_HEADER + "".join(f"  {h:>{w}}" for (h, _), w in zip(table, widths))
+        body = [key + "".join(f"  {cells[i]:>{w}}" for (_, cells), w in zip(table, widths)) for i, key in enumerate(keys)]
+        out.append("\n".join([head, "-" * len(head), *body]))
+    return out
+
+
 def format_table(rows: Sequence[SweepRow], mark_best: bool = False) -> str:
-    """One line per (seq_len, chunk size, mode); ``*`` marks each mode's best chunk size."""
+    """One line per (seq_len, chunk size, mode), split into tables that fit 80 columns; ``*`` marks
+    each mode's best chunk size; a deadlocked run is listed after the tables."""
     best = {id(r) for r in best_by_mode(rows).values()} if mark_best else set()
-    header = (f"{'seq':>6} {'chunk':>6}  {'mode':<10} {'TTFT s':>9} {'tok/s':>9} {'compute s':>10} {'bubble s':>9} "
-              f"{'exp.comm s':>10} {'bubble%':>8} {'steps':>6} {'chunks':>6} {'bound s':>9} {'gap%':>6}")
-    lines = [header, "-" * len(header)]
+    done = [row for row in rows if row.result.sim.ok]
+    sims = [(row.result, row.result.sim) for row in done]
+    columns = [
+        ("TTFT s", [f"{s.ttft_s:.3f}" for _, s in sims]), ("tok/s", [f"{s.throughput_tok_s:.0f}" for _, s in sims]),
+        ("compute s", [f"{s.compute_s:.3f}" for _, s in sims]), ("bubble s", [f"{s.bubble_s:.3f}" for _, s in sims]),
+        ("exp.comm s", [f"{s.exposed_comm_s:.3f}" for _, s in sims]),
+        ("bubble%", [f"{100 * s.bubble_ratio:.2f}%" for _, s in sims]), ("steps", [str(s.steps) for _, s in sims]),
+        ("chunks", [str(s.num_chunks) for _, s in sims]), ("bound s", [f"{r.lower_bound_s:.3f}" for r, _ in sims]),
+        ("gap%", [f"{100 * r.gap_to_bound:.1f}%" for r, _ in sims]),
+    ]  # fmt: skip
+    keys = [_key(row, "*" if id(row) in best else " ") for row in done]
+    parts = _split_tables(keys, columns) if done else []
     for row in rows:
-        r, s = row.result, row.result.sim
-        if not s.ok:
-            lines.append(f"{size_label(row.seq_len):>6} {size_label(r.chunk_size):>6}  {r.mode:<10} DEADLOCK: "
-                         + "; ".join(f"rank {b['rank']} at {b['action']}" for b in s.deadlock.blocked[:2]))
-            continue
-        mark = "*" if id(row) in best else " "
-        lines.append(
-            f"{size_label(row.seq_len):>6} {size_label(r.chunk_size):>6}{mark} {r.mode:<10} {s.ttft_s:9.3f} {s.throughput_tok_s:9.0f} "
-            f"{s.compute_s:10.3f} {s.bubble_s:9.3f} {s.exposed_comm_s:10.3f} {100 * s.bubble_ratio:7.2f}% "
-            f"{s.steps:6d} {s.num_chunks:6d} {r.lower_bound_s:9.3f} {100 * r.gap_to_bound:5.1f}%")
-    return "\n".join(lines)
+        if not row.result.sim.ok:
+            blocked = "; ".join(f"rank {b['rank']} at {b['action']}" for b in row.result.sim.deadlock.blocked[:2])
+            parts.append(f"{_key(row)} DEADLOCK:\n  {blocked}")
+    return "\n\n".join(parts)
 
 
 def format_idle_table(rows: Sequence[SweepRow]) -> str:
@@ -107,11 +142,8 @@ def format_idle_table(rows: Sequence[SweepRow]) -> str:
     """
     done = [row for row in rows if row.result.sim.ok]
     shown = [c for c in IDLE_CAUSES if any(abs(r.result.sim.idle_by_cause.get(c, 0.0)) > 1e-9 for r in done)]
-    header = f"{'seq':>6} {'chunk':>6}  {'mode':<10} {'bubble s':>9} " + " ".join(f"{c:>14}" for c in shown)
-    lines = ["idle by cause (s per rank, mean over ranks)", header, "-" * len(header)]
-    for row in done:
-        r, s = row.result, row.result.sim
-        idle = s.idle_by_cause
-        lines.append(f"{size_label(row.seq_len):>6} {size_label(r.chunk_size):>6}  {r.mode:<10} {s.bubble_s:9.3f} "
-                     + " ".join(f"{idle.get(c, 0.0):14.3f}" for c in shown))
-    return "\n".join(lines)
+    columns = [("bubble s", [f"{row.result.sim.bubble_s:.3f}" for row in done])]
+    columns += [(c, [f"{row.result.sim.idle_by_cause.get(c, 0.0):.3f}" for row in done]) for c in shown]
+    tables = _split_tables([_key(row) for row in done], columns) if done else []
+    return "\n\n".join(["\nidle by cause (s per rank, mean over ranks)", *tables]).replace(
+        "ranks)\n\n", "ranks)\n", 1)

@@ -1,6 +1,11 @@
-"""``sglang-vpp bench``'s printed results fit 80 columns (three narrow tables, not one wide one)."""
+"""Printed tables fit 80 columns: ``bench`` (three narrow tables) and ``simulate`` (wide tables
+split, the key columns repeated)."""
 
 from types import SimpleNamespace
+
+from typer.testing import CliRunner
+
+from sglang_vpp.cli.app import app
 
 from sglang_vpp.cli.bench_cmd import _NOTES, format_table
 from sglang_vpp.schedule import Policy
@@ -25,3 +30,17 @@ def test_every_line_fits_80_columns_with_six_modes():
         assert header in text
     assert all(f"\n{p.value} " in text for p in Policy)
     assert "231.000 [107.583-408.576]" in text  # vpp-taper's wall clock (x21), the widest cell, whole
+
+
+def test_simulate_splits_wide_tables_at_80_columns():
+    # The mixed workload idles for five causes; a sweep marks each mode's best chunk size.
+    args = ["simulate", "--workload", "mixed", "--requests", "40", "--sweep-chunk", "8k,24k"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    for header in ("TTFT s", "exp.comm s", "gap%", "upstream_wait", "rendezvous", "drain"):
+        assert header in result.output
+    # Every (chunk, mode) row appears in each split table: 2 chunk sizes x 6 modes x 4 tables.
+    assert sum(1 for line in lines if line.split()[:1] == ["-"]) == 2 * 6 * 4
+    assert sum(1 for line in lines if "8k* " in line or "24k* " in line) == 6 * 2
