@@ -16,9 +16,14 @@ runner = CliRunner()
 def test_doctor_gloo_prints_the_table_and_passes_the_self_test() -> None:
     result = runner.invoke(app, ["doctor", "--backend", "gloo"])
     assert result.exit_code == 0, result.output
-    for text in ("gloo", "nccl", "hccl", "why not", "self-test (gloo, 2 ranks): PASS", "distinct communicators",
+    words = " ".join(result.output.split())  # long lines wrap at 80 columns
+    for text in ("gloo", "nccl", "hccl", "self-test (gloo, 2 ranks): PASS", "distinct communicators",
                  "fwd<->1", "bwd<->1", "data exact: yes"):
-        assert text in result.output, text
+        assert text in words, text
+    for name in ("nccl", "hccl"):  # each unavailable backend: why, under the table
+        reason = device_reason(name)
+        assert reason is None or f"\n{name}: " in result.output, name
+    assert max(len(line) for line in result.output.splitlines()) <= 80
 
 
 def test_doctor_json_lists_every_backend_with_a_reason() -> None:

@@ -33,16 +33,29 @@ def _rows(statuses: list) -> list[dict]:
 
 
 def _print_table(rows: list[dict]) -> None:
+    """The backends table, then why each unavailable one is, as wrapped text: 80 columns in all."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="sglang-vpp communication backends", show_lines=True)
-    for column in ("backend", "available", "distribution", "version", "runs on", "devices", "why not"):
-        table.add_column(column, overflow="fold")
+    table = Table(title="sglang-vpp communication backends", box=box.SIMPLE_HEAD)
+    for column in ("backend", "available", "distribution", "version", "runs on", "devices"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("backend", "available", "distribution"))
     for row in rows:
         table.add_row(row["backend"], "yes" if row["available"] else "no", row["distribution"], row["version"],
-                      row["runs_on"], row["devices"], row["why_not"])
-    Console(width=160).print(table)
+                      row["runs_on"], row["devices"])
+    Console(width=80).print(table)
+    for row in rows:
+        if row["why_not"]:
+            _echo_wrapped(f"{row['backend']}: {row['why_not']}")
+
+
+def _echo_wrapped(text: str, indent: str = "") -> None:
+    """``text`` wrapped to 80 columns, continuation lines indented two more than ``indent``."""
+    import textwrap
+
+    typer.echo("\n".join(textwrap.wrap(text, 80, initial_indent=indent, subsequent_indent=indent + "  ",
+                                        break_on_hyphens=False)))
 
 
 @user_errors
@@ -97,14 +110,14 @@ def doctor(
 def _print_self_test(test: dict) -> None:
     backend = test["backend"]
     if "ranks" not in test:
-        typer.echo(f"self-test ({backend}, 2 ranks): FAIL: backend unavailable: {test['reason']}. Fix: {test['fix']}")
+        _echo_wrapped(f"self-test ({backend}, 2 ranks): FAIL: backend unavailable: {test['reason']}. Fix: {test['fix']}")
         return
     verdict = "PASS" if test["passed"] else "FAIL"
     typer.echo(f"self-test ({backend}, 2 ranks): {verdict} in {test['elapsed_s']:.1f}s")
     for rank, value in enumerate(test["ranks"]):
         if "error" in value:
-            typer.echo(f"  rank {rank}: {value['error']}: {' '.join(value['detail'])}")
+            _echo_wrapped(f"rank {rank}: {value['error']}: {' '.join(value['detail'])}", "  ")
             continue
         comms = ", ".join(f"{k} = {v}" for k, v in value["communicators"].items())
-        typer.echo(f"  rank {rank}: distinct communicators [{comms}]; both directions at once, data exact: "
-                   f"{'yes' if value['data_ok'] else 'NO'}; round trip {value['round_trip_us']:.0f} us")
+        _echo_wrapped(f"rank {rank}: distinct communicators [{comms}]; both directions at once, data exact: "
+                      f"{'yes' if value['data_ok'] else 'NO'}; round trip {value['round_trip_us']:.0f} us", "  ")
