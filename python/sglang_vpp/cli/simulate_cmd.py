@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from ..schedule.policies.spec import Policy
-from .common import emit_json, parse_int_list, parse_size_option, user_errors
+from .common import check_output_path, emit_json, parse_int_list, parse_size_option, user_errors
 
 
 
@@ -80,6 +80,8 @@ def simulate(
     from ..sim.sweep import best_by_mode, format_idle_table, format_table, simulate_matrix, size_label
     from ..sim.workloads import build_workload
 
+    for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot")):
+        check_output_path(path, flag)
     model_spec = load_model(model)
     hardware_spec = load_hardware(hardware)
     cost = _cost_model(model_spec, hardware_spec, tp, costs)
