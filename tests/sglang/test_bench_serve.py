@@ -135,6 +135,7 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
     assert "bench-serve [cpp, vpp-pack]: prefill pipeline per rank" in done.stdout
     assert "replayed makespan s" in done.stdout and "ITL med" in done.stdout
     assert "verdict (replayed prefill makespan):" in done.stdout and "vpp-pack vs cpp: " in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines() if not line.startswith("wrote ")) <= 80
     report = json.loads(out.read_text())
     runs = {run["label"]: run for run in report["runs"]}
     assert list(runs) == ["cpp", "vpp-pack"]
