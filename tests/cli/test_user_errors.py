@@ -59,6 +59,8 @@ CASES = [
     (["simulate", "--seq-len", "8k", "--json", "/dev/null/out.json"], "--json"),
     (["simulate", "--seq-len", "8k", "--plot", "/dev/null/gantt.png"], "--plot"),
     (["simulate", "--seq-len", "8k", "--trace", "/dev/null/trace.json"], "--trace"),
+    (["simulate", "--workload", "short"], "needs --seq-len"),
+    (["simulate", "--workload", "short", "--seq-len", "4k,8k"], "takes one --seq-len"),
     (["simulate", "--tp", "0"], "--tp"),
     (["simulate", "--tp", "-3"], "--tp"),
     (["simulate", "--requests", "0"], "--requests"),
@@ -79,6 +81,8 @@ def _assert_one_line_error(result, fragment: str) -> None:
     assert result.exit_code == 2, result.output
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     assert fragment in lines[0], result.output
+    # No Python value or signature leaks into the message (each was seen once).
+    assert not any(leak in lines[0] for leak in ("got None", "format None", "exists: ", "__init__()")), lines[0]
 
 
 def _case_id(args: list[str]) -> str:

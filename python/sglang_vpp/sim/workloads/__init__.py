@@ -27,8 +27,10 @@ def build_workload(kind: str, *, lengths: list[int] | None = None, num_requests:
             raise WorkloadError("the long workload needs --seq-len (e.g. 512k or 64k,128k)")
         return long_workload(lengths, num_requests or 1, concurrency or 1)
     if kind == "short":
-        if not lengths or len(lengths) != 1:
-            raise WorkloadError(f"the short workload needs one --seq-len (e.g. 4k), got {lengths}")
+        if not lengths:
+            raise WorkloadError("the short workload needs --seq-len (one length, e.g. 4k)")
+        if len(lengths) != 1:
+            raise WorkloadError(f"the short workload takes one --seq-len (e.g. 4k), got {len(lengths)} lengths")
         return short_workload(lengths[0], num_requests or 100, concurrency)
     if kind == "mixed":
         return mixed_workload(num_requests or 500, seed, concurrency or 16)
