@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from ..runtime.spec import BACKEND_FOR_DEVICE, DEFAULT_MODES
-from .common import at_least, check_output_path, emit_json, parse_int_list, parse_size_option, positive, user_errors
+from .common import at_least, check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option, positive, user_errors
 
 TOLERANCE = 1e-5
 #: Above this many prompt tokens in total a CPU run takes long (attention grows with the square of
@@ -113,13 +113,6 @@ _NOTES = (
 )
 
 
-def _echo_wrapped(text: str) -> None:
-    """A status line on stderr, wrapped to 80 columns."""
-    import textwrap
-
-    typer.echo("\n".join(textwrap.wrap(text, 80, subsequent_indent="  ", break_on_hyphens=False)), err=True)
-
-
 @user_errors
 def bench(
     backend: str | None = typer.Option(None, "--backend", help="Comm backend: gloo (CPU), nccl (cuda), hccl (npu); default by --device."),
@@ -169,10 +162,11 @@ def bench(
     check_config(config)  # modes, layouts, model, backend, device: exit 2 before any work starts
     total_tokens = config.seq_len * config.num_requests
     if total_tokens > LARGE_RUN_TOKENS and device_kind is Device.CPU:
-        _echo_wrapped(f"warning: {requests} x {config.seq_len} prompt tokens is a large CPU run (it may take "
-                      "hours); try --seq-len 8k first")
-    _echo_wrapped(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk "
-                  f"{config.chunk_size}, {device_kind} / {backend or BACKEND_FOR_DEVICE[device_kind]}, repeat {repeat}")
+        echo_wrapped(f"warning: {requests} x {config.seq_len} prompt tokens is a large CPU run (it may take "
+                     "hours); try --seq-len 8k first", err=True)
+    echo_wrapped(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk "
+                 f"{config.chunk_size}, {device_kind} / {backend or BACKEND_FOR_DEVICE[device_kind]}, repeat {repeat}",
+                 err=True)
     try:
         with _RichProgress(enabled=not quiet) as progress:
             report = run_bench(config, progress)

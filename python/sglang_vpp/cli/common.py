@@ -16,6 +16,7 @@ __all__ = [
     "CliInputError",
     "at_least",
     "check_output_path",
+    "echo_wrapped",
     "emit_json",
     "parse_int_list",
     "parse_size_option",
@@ -40,6 +41,15 @@ def user_errors(fn: Callable) -> Callable:
             raise typer.Exit(2) from None
 
     return wrapper
+
+
+def echo_wrapped(text: str, indent: str = "", err: bool = False) -> None:
+    """Print ``text`` wrapped to 80 columns (a terminal's default width), continuation lines
+    indented two more than ``indent``; words (and hyphenated names) are never split."""
+    import textwrap
+
+    typer.echo("\n".join(textwrap.wrap(text, 80, initial_indent=indent, subsequent_indent=indent + "  ",
+                                        break_on_hyphens=False, break_long_words=False)), err=err)
 
 
 def emit_json(data: Any, path: Path | None = None) -> None:

@@ -17,7 +17,7 @@ import sys
 
 import typer
 
-from .common import positive, user_errors
+from .common import echo_wrapped, positive, user_errors
 
 
 def _rows(statuses: list) -> list[dict]:
@@ -47,15 +47,8 @@ def _print_table(rows: list[dict]) -> None:
     Console(width=80).print(table)
     for row in rows:
         if row["why_not"]:
-            _echo_wrapped(f"{row['backend']}: {row['why_not']}")
+            echo_wrapped(f"{row['backend']}: {row['why_not']}")
 
-
-def _echo_wrapped(text: str, indent: str = "") -> None:
-    """``text`` wrapped to 80 columns, continuation lines indented two more than ``indent``."""
-    import textwrap
-
-    typer.echo("\n".join(textwrap.wrap(text, 80, initial_indent=indent, subsequent_indent=indent + "  ",
-                                        break_on_hyphens=False)))
 
 
 @user_errors
@@ -110,14 +103,14 @@ def doctor(
 def _print_self_test(test: dict) -> None:
     backend = test["backend"]
     if "ranks" not in test:
-        _echo_wrapped(f"self-test ({backend}, 2 ranks): FAIL: backend unavailable: {test['reason']}. Fix: {test['fix']}")
+        echo_wrapped(f"self-test ({backend}, 2 ranks): FAIL: backend unavailable: {test['reason']}. Fix: {test['fix']}")
         return
     verdict = "PASS" if test["passed"] else "FAIL"
     typer.echo(f"self-test ({backend}, 2 ranks): {verdict} in {test['elapsed_s']:.1f}s")
     for rank, value in enumerate(test["ranks"]):
         if "error" in value:
-            _echo_wrapped(f"rank {rank}: {value['error']}: {' '.join(value['detail'])}", "  ")
+            echo_wrapped(f"rank {rank}: {value['error']}: {' '.join(value['detail'])}", "  ")
             continue
         comms = ", ".join(f"{k} = {v}" for k, v in value["communicators"].items())
-        _echo_wrapped(f"rank {rank}: distinct communicators [{comms}]; both directions at once, data exact: "
+        echo_wrapped(f"rank {rank}: distinct communicators [{comms}]; both directions at once, data exact: "
                       f"{'yes' if value['data_ok'] else 'NO'}; round trip {value['round_trip_us']:.0f} us", "  ")

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from ..schedule.policies.spec import Policy
-from .common import check_output_path, emit_json, parse_int_list, parse_size_option, user_errors
+from .common import check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option, user_errors
 
 
 
@@ -101,11 +101,9 @@ def simulate(
                                 sim_config, seq_len=length, balance=balance)
     # With --json - the JSON owns stdout; the human-readable table goes to stderr.
     to_stderr = json_out is not None and str(json_out) == "-"
-    import textwrap
-
     title = (f"{model_spec.name} on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')}), pp={pp}, "
              f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""))
-    typer.echo("\n".join(textwrap.wrap(title, 80, subsequent_indent="  ", break_on_hyphens=False)), err=to_stderr)
+    echo_wrapped(title, err=to_stderr)
     typer.echo(format_table(rows, mark_best=bool(sweep_chunk)), err=to_stderr)
     typer.echo(format_idle_table(rows), err=to_stderr)
     if json_out is not None:
