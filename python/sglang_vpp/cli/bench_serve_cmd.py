@@ -82,7 +82,7 @@ def bench_serve(
     chunked_prefill_size: str = typer.Option("64", "--chunked-prefill-size", help="--launch: the chunk size (dcpp: its base chunk); 64, 1k, ..."),
     device: str = typer.Option("cpu", "--device", help="--launch: SGLang --device (cpu adds torch_native attention and fp32)."),
     server_arg: Optional[list[str]] = typer.Option(None, "--server-arg", help="--launch: one more launch_server argument, repeatable (e.g. --server-arg=--max-total-tokens --server-arg=32768)."),
-    repeats: int = typer.Option(1, "--repeats", help="--launch: measured bench_serving passes per server (idle spread and verdict ranges are over repeats)."),
+    repeats: int = typer.Option(3, "--repeats", help="--launch: measured bench_serving passes per server (idle spread and verdict ranges are over repeats; 1 gives no verdict)."),
     work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="Where server logs, traces and bench_serving's JSONL and logs go (default: a new temporary directory)."),
     startup_timeout: float = typer.Option(600.0, "--startup-timeout", help="--launch: seconds a server may take to become healthy."),
     port: Optional[int] = typer.Option(None, "--port", help="--launch: the first server's port; the next mode gets the next port (default: free ports)."),
