@@ -3,6 +3,7 @@ servers on 127.0.0.1."""
 
 import json
 import threading
+import time
 from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -12,9 +13,10 @@ from typer.testing import CliRunner
 from sglang_vpp.cli.app import app
 
 
-def _fake_server(num_tokens: int, model_dir: str):
+def _fake_server(num_tokens: int, model_dir: str, seen: list | None = None):
     """Answers what SGLang's bench_serving asks of an sglang backend: /v1/models (ready check and
-    model id), /model_info (tokenizer) and a streamed /generate."""
+    model id), /model_info (tokenizer) and a streamed /generate; ``seen`` collects each /generate
+    body with its arrival time."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - http.server API
@@ -23,6 +25,8 @@ def _fake_server(num_tokens: int, model_dir: str):
                 self.send_response(200)
                 self.end_headers()
                 return
+            if seen is not None:
+                seen.append((time.monotonic(), body))
             prompt = len(body.get("input_ids") or [])
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -111,3 +115,33 @@ def test_launch_tags_read_the_server_arguments():
     assert (tags["pp_mode"], tags["pp_size"], tags["tp_size"], tags["chunked_prefill_size"]) == ("vpp-pack", 2, 2, 64)
     assert tags["layer_split"] == [2, 2, 2, 2] and tags["device"] == "cpu"
     assert launch_tags("cpp", 2, 64, "cpu", ())["layer_split"] is None
+
+
+@pytest.mark.slow  # one bench_serving pass: a fresh Python that imports SGLang (about 10 s)
+def test_workload_file_sends_each_request_at_its_length_and_arrival(tmp_path):
+    """The file simulate reads is served as is: exact prompt lengths, per-request output lengths,
+    and no request leaves before its arrival."""
+    pytest.importorskip("sglang.benchmark.serving", reason="bench-serve runs SGLang's bench_serving")
+    from sglang_vpp.models.tiny_hf import TinyModelSpec, cached_tiny_model
+
+    model_dir = str(cached_tiny_model(TinyModelSpec("qwen2-tiny", num_layers=8)))
+    seen: list = []
+    server = _fake_server(3, model_dir, seen)
+    workload = tmp_path / "reqs.jsonl"
+    workload.write_text('{"length": 37, "arrival": 0.0}\n# a note\n{"length": 5, "arrival": 1.5, "output_len": 2}\n'
+                        '{"input_len": 130, "arrival": 0.75, "id": "x"}\n')
+    try:
+        result = CliRunner().invoke(app, [
+            "bench-serve", "--url", f"http://127.0.0.1:{server.server_address[1]}", "--workload", "file",
+            "--file", str(workload), "--output-len", "4", "--warmup", "0", "--no-progress",
+            "--work-dir", str(tmp_path / "work"), "--json", str(tmp_path / "out.json")])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.exit_code == 0, result.output
+    assert [len(body["input_ids"]) for _, body in seen] == [37, 130, 5]  # arrival order
+    assert [body["sampling_params"]["max_new_tokens"] for _, body in seen] == [4, 4, 2]
+    offsets = [t - seen[0][0] for t, _ in seen]
+    assert offsets[1] >= 0.75 - 0.05 and offsets[2] >= 1.5 - 0.05
+    config = json.loads((tmp_path / "out.json").read_text())["config"]
+    assert config["workload_file"] == str(workload) and config["num_requests"] == 3

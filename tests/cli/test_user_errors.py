@@ -33,6 +33,14 @@ CASES = [
     (["bench-serve", "--launch", "cpp,vpp-pack", "--port", "65535", "--no-progress"], "--port 65535"),
     (["bench-serve", "--launch", "cpp", "--port", "0", "--no-progress"], "--port 0"),
     (_URL + ["--workload", "file", "--file", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
+    (_URL + ["--workload", "file"], "--file PATH"),
+    (_URL + ["--file", "REQS"], "--workload file only"),
+    (_URL + ["--workload", "file", "--file", "REQS", "--input-len", "8"], "drop --input-len"),
+    (_URL + ["--workload", "file", "--file", "REQS", "--request-rate", "2"], "drop --request-rate"),
+    (_URL + ["--workload", "file", "--file", "REQS", "--num-requests", "5"], "holds 2 request(s)"),
+    (_URL + ["--workload", "file", "--file", "REQS", "--dataset-name", "random-ids"], "--dataset-name"),
+    (_URL + ["--workload", "file", "--file", "BAD_LEN"], "BAD_LEN:2: length must be >= 1"),
+    (["simulate", "--workload", "file", "--file", "BAD_LEN"], "BAD_LEN:2: length must be >= 1"),
     (_URL + ["--format", "xml"], "--format"),
     (_URL + ["--dataset-name", "sharegpt"], "--dataset-path"),
     (_BENCH + ["--backend", "nope"], "nope"),
@@ -91,7 +99,8 @@ def _case_id(args: list[str]) -> str:
 
 @pytest.mark.parametrize("args, fragment", CASES, ids=[_case_id(a) for a, _ in CASES])
 def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
-    files = {"NOT_JSON": "not json at all\n", "NO_FORMAT": '{"stages": {}}\n', "PARTIAL.json": '{"name": "x"}\n'}
+    files = {"NOT_JSON": "not json at all\n", "NO_FORMAT": '{"stages": {}}\n', "PARTIAL.json": '{"name": "x"}\n',
+             "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n'}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     args = [str(tmp_path / a) if a in files else a for a in args]

@@ -30,6 +30,8 @@ from sglang_vpp.serving.bench_serving import (
     run_pass,
 )
 
+from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
+
 from .common import at_least, check_output_path, parse_size_option, positive, user_errors
 
 __all__ = ["BenchServeError", "bench_serve"]
@@ -59,6 +61,24 @@ def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
     return targets
 
 
+def _file_records(file: Path | None, request_rate: float, sizes: dict[str, int | None],
+                  num_requests: int | None) -> list[WorkloadRecord]:
+    """``--workload file``: the file's requests, read before any work; its lengths and arrivals
+    exclude the flags that would set them another way."""
+    if file is None:
+        raise BenchServeError("--workload file needs --file PATH: a JSONL workload file, one request per line, "
+                              'like {"length": 4096, "arrival": 0.5} (the format simulate reads)')
+    clashing = [flag for flag in ("--input-len", "--max-input-len") if sizes[flag] is not None]
+    if math.isfinite(request_rate):
+        clashing.append("--request-rate")
+    if clashing:
+        raise BenchServeError(f"--workload file takes lengths and arrival times from {file}; drop {', '.join(clashing)}")
+    records = read_workload_file(file)
+    if num_requests is not None and num_requests > len(records):
+        raise BenchServeError(f"--num-requests {num_requests}: {file} holds {len(records)} request(s)")
+    return records
+
+
 @user_errors
 def bench_serve(
     url: Optional[list[str]] = typer.Option(None, "--url", help="Server base URL, e.g. http://127.0.0.1:30000; repeat as name=URL to compare servers side by side."),
@@ -68,18 +88,18 @@ def bench_serve(
     chunked_prefill_size: str = typer.Option("64", "--chunked-prefill-size", help="--launch: the chunk size (dcpp: its base chunk); 64, 1k, ..."),
     device: str = typer.Option("cpu", "--device", help="--launch: SGLang --device (cpu adds torch_native attention and fp32)."),
     server_arg: Optional[list[str]] = typer.Option(None, "--server-arg", help="--launch: one more launch_server argument, repeatable (e.g. --server-arg=--max-total-tokens --server-arg=32768)."),
-    repeats: int = typer.Option(1, "--repeats", help="--launch: measured bench_serving passes per server (idle spread and verdict ranges are over repeats)."),
+    repeats: int = typer.Option(3, "--repeats", help="--launch: measured bench_serving passes per server (idle spread and verdict ranges are over repeats; 1 gives no verdict)."),
     work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="Where server logs, traces and bench_serving's JSONL and logs go (default: a new temporary directory)."),
     startup_timeout: float = typer.Option(600.0, "--startup-timeout", help="--launch: seconds a server may take to become healthy."),
     port: Optional[int] = typer.Option(None, "--port", help="--launch: the first server's port; the next mode gets the next port (default: free ports)."),
-    workload: Workload = typer.Option(Workload.SHORT, "--workload", help="Preset of bench_serving's random-ids dataset: long (4 x 8k, one at a time), short (16 x 1k, 16 at once), mixed (lengths uniform up to 2x --input-len), or file (--file: bench_serving's custom JSONL)."),
+    workload: Workload = typer.Option(Workload.SHORT, "--workload", help="Preset of bench_serving's random-ids dataset: long (4 x 8k, one at a time), short (16 x 1k, 16 at once), mixed (lengths uniform up to 2x --input-len), or file (--file: the requests of a workload file, the format simulate reads)."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", "--num-prompts", help="Requests per pass (preset default)."),
     input_len: Optional[str] = typer.Option(None, "--input-len", help="Input tokens (--random-input-len): 1024, 8k, ..."),
     output_len: Optional[str] = typer.Option(None, "--output-len", help="Output tokens per request (--random-output-len)."),
     max_input_len: Optional[str] = typer.Option(None, "--max-input-len", help="mixed: the longest input (default 2x --input-len)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", "--max-concurrency", help="Requests in flight at most (preset default)."),
     request_rate: float = typer.Option(math.inf, "--request-rate", help="Poisson arrivals per second (default: all at once)."),
-    file: Optional[Path] = typer.Option(None, "--file", help="--workload file: bench_serving's custom JSONL (one conversation per line)."),
+    file: Optional[Path] = typer.Option(None, "--file", help='--workload file: JSONL, one request per line: {"length": tokens, "arrival": seconds, "output_len": tokens}; arrival and output_len optional (docs/cli.md).'),
     dataset_name: Optional[str] = typer.Option(None, "--dataset-name", help="Any bench_serving dataset instead of the preset's random-ids (random, sharegpt, generated-shared-prefix, ...)."),
     dataset_path: Optional[Path] = typer.Option(None, "--dataset-path", help="bench_serving --dataset-path (random and sharegpt need a local ShareGPT JSON here; nothing is downloaded)."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer for bench_serving (default: --launch's model; with --url the server's)."),
@@ -126,6 +146,14 @@ def bench_serve(
     for flag in ("--input-len", "--output-len", "--max-input-len"):
         at_least(sizes[flag], 1, flag)
     default_num, default_in, default_out, default_conc = WORKLOAD_DEFAULTS[workload]
+    if file is not None and workload != Workload.FILE:
+        raise BenchServeError(f"--file {file} is read with --workload file only (bench_serving's own files: "
+                              "--dataset-name NAME --dataset-path FILE)")
+    if workload == Workload.FILE:
+        records = _file_records(file, request_rate, sizes, num_requests)
+        default_num = len(records)
+        default_in = max(r.length for r in records[: num_requests or len(records)])
+        default_conc = default_num
 
     def given(value: int | None, default: int) -> int:
         return default if value is None else value
@@ -134,7 +162,8 @@ def bench_serve(
         workload=workload, num_requests=given(num_requests, default_num),
         input_len=given(sizes["--input-len"], default_in), output_len=given(sizes["--output-len"], default_out),
         concurrency=given(concurrency, default_conc), request_rate=request_rate, seed=seed, warmup=warmup,
-        max_input_len=sizes["--max-input-len"], dataset_name=dataset_name, dataset_path=dataset_path or file,
+        max_input_len=sizes["--max-input-len"], dataset_name=dataset_name, dataset_path=dataset_path,
+        workload_file=file,
         tokenizer=tokenizer, flush_cache=flush_cache, timeout=timeout, extra_args=tuple(bench_arg or ()),
         progress=progress and fmt != "json",
     )  # fmt: skip

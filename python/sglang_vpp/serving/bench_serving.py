@@ -7,7 +7,9 @@ which is kept next to the server logs and read back into a ``ServingPass``. Noth
 a request itself: every number is bench_serving's.
 
 Presets (``--workload``) are shorthands for bench_serving's ``random-ids`` dataset (token ids drawn
-from the tokenizer's vocabulary, no download); ``--dataset-name`` picks any of its datasets
+from the tokenizer's vocabulary, no download); ``--workload file`` serves the requests of a
+workload file (the format ``simulate`` reads: exact lengths and arrival times) through
+bench_serving with its dataset and pacing hooked (``serving/file_load.py``); ``--dataset-name`` picks any of its datasets
 (``random`` and ``sharegpt`` need ``--dataset-path`` to a ShareGPT JSON file here: nothing is
 downloaded), and ``--bench-arg`` passes any other bench_serving flag through unchanged.
 """
@@ -44,12 +46,13 @@ class Workload(StrEnum):
     FILE = "file"
 
 
-# Per preset: (num_requests, input_len, output_len, concurrency).
+# Per preset: (num_requests, input_len, output_len, concurrency); ``file`` takes the number of
+# requests and their lengths from the file and limits nothing (its arrivals are the load).
 WORKLOAD_DEFAULTS: dict[Workload, tuple[int, int, int, int]] = {
     Workload.LONG: (4, 8192, 16, 1),
     Workload.SHORT: (16, 1024, 16, 16),
     Workload.MIXED: (32, 1024, 16, 16),
-    Workload.FILE: (16, 0, 16, 16),
+    Workload.FILE: (0, 0, 16, 0),
 }
 #: mixed: lengths uniform in [ratio * upper, upper] with upper = 2 * --input-len, so the median
 #: is close to --input-len (bench_serving's --random-range-ratio draws uniformly).
@@ -108,19 +111,22 @@ class LoadPlan:
     timeout: float = 600.0
     extra_args: tuple[str, ...] = ()
     progress: bool = True
+    workload_file: Path | None = None
+    """``--workload file``: the workload file (``sglang_vpp.workload_file``) whose requests are served."""
 
     def dataset(self) -> str:
-        if self.dataset_name:
-            return self.dataset_name
-        return "custom" if self.workload == Workload.FILE else "random-ids"
+        return self.dataset_name or "random-ids"
 
     def check(self) -> None:
-        if self.workload == Workload.FILE and self.dataset_path is None:
-            raise BenchServeError("--workload file needs --file PATH (bench_serving's custom JSONL: one conversation "
-                                  "per line)")
-        for path in (self.dataset_path,):
-            if path is not None and not path.is_file():
-                raise BenchServeError(f"--file/--dataset-path {path}: no such file")
+        if self.workload == Workload.FILE:
+            if self.workload_file is None:
+                raise BenchServeError("--workload file needs --file PATH: a JSONL workload file, one request per line, "
+                                      'like {"length": 4096, "arrival": 0.5} (the format simulate reads)')
+            if self.dataset_name or self.dataset_path:
+                raise BenchServeError("--workload file serves the requests of --file; drop --dataset-name/--dataset-path "
+                                      "(or drop --workload file to use a bench_serving dataset)")
+        if self.dataset_path is not None and not self.dataset_path.is_file():
+            raise BenchServeError(f"--dataset-path {self.dataset_path}: no such file")
         if self.dataset() in ("random", "sharegpt") and self.dataset_path is None:
             raise BenchServeError(f"--dataset-name {self.dataset()} samples ShareGPT, which would be downloaded; give "
                                   "--dataset-path FILE (a local ShareGPT JSON) or use random-ids")
@@ -131,8 +137,13 @@ class LoadPlan:
         input_len, ratio = self.input_len, 1.0
         if self.workload == Workload.MIXED:
             input_len, ratio = self.max_input_len or 2 * self.input_len, _MIXED_RANGE_RATIO
+        program = [sys.executable, "-m", BENCH_SERVING_MODULE]
+        if self.workload == Workload.FILE:
+            from .file_load import WORKLOAD_FILE_FLAG
+
+            program = [sys.executable, "-m", f"{__package__}.file_load", WORKLOAD_FILE_FLAG, str(self.workload_file)]
         args = [
-            sys.executable, "-m", BENCH_SERVING_MODULE, "--backend", "sglang", "--base-url", url,
+            *program, "--backend", "sglang", "--base-url", url,
             "--dataset-name", self.dataset(), "--num-prompts", str(num_requests or self.num_requests),
             "--random-input-len", str(input_len), "--random-output-len", str(self.output_len),
             "--random-range-ratio", str(ratio), "--seed", str(self.seed + seed_offset),
@@ -162,7 +173,9 @@ class LoadPlan:
             "input_len": self.input_len, "output_len": self.output_len, "max_concurrency": self.concurrency,
             "request_rate": None if math.isinf(self.request_rate) else self.request_rate, "seed": self.seed,
             "warmup_requests": self.warmup, "flush_cache": self.flush_cache, "bench_args": list(self.extra_args),
-            "load_generator": f"python -m {BENCH_SERVING_MODULE}",
+            "load_generator": f"python -m {BENCH_SERVING_MODULE}" + (
+                " (dataset and pacing from the workload file)" if self.workload == Workload.FILE else ""),
+            "workload_file": None if self.workload_file is None else str(self.workload_file),
         }  # fmt: skip
 
 

@@ -1,0 +1,90 @@
+"""The workload file read by both ``simulate --workload file`` and ``bench-serve --workload file``.
+
+One format, so a load can be simulated at paper scale and then served with the same requests.
+JSONL, one request per line::
+
+    {"length": 4096, "arrival": 0.5, "output_len": 16}
+
+- ``length``: prompt tokens, an integer >= 1 (``input_len`` or ``prompt_len`` are read too);
+- ``arrival``: seconds after the start of the run, >= 0 (default 0: all at once);
+- ``output_len``: tokens to generate, >= 1 (optional; bench-serve uses ``--output-len`` without
+  it, and the simulator, which models prefill, ignores it).
+
+Blank lines and lines starting with ``#`` are skipped; other keys are ignored (a file may carry
+its own ids or notes). Requests are returned in arrival order (ties keep file order).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LENGTH_KEYS", "WorkloadFileError", "WorkloadRecord", "read_workload_file"]
+
+LENGTH_KEYS = ("length", "input_len", "prompt_len")
+_EXAMPLE = '{"length": 4096, "arrival": 0.5, "output_len": 16}'
+
+
+class WorkloadFileError(ValueError):
+    """A workload file that cannot be read; the message names the file, the line and the fix."""
+
+
+@dataclass(frozen=True)
+class WorkloadRecord:
+    """One request of a workload file."""
+
+    length: int
+    arrival: float = 0.0
+    output_len: int | None = None
+
+
+def _count(value: Any, key: str) -> int:
+    # Booleans are ints in Python and 3.5 tokens is not a length: both are typos, not requests.
+    whole = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
+    if isinstance(value, bool) or not whole:
+        raise ValueError(f"{key} must be a whole number of tokens, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{key} must be >= 1, got {value!r}")
+    return int(value)
+
+
+def _record(fields: Any) -> WorkloadRecord:
+    if not isinstance(fields, dict):
+        raise ValueError(f"expected a JSON object, got {type(fields).__name__}")
+    key = next((k for k in LENGTH_KEYS if k in fields), None)
+    if key is None:
+        raise ValueError(f"no length; expected one of {', '.join(LENGTH_KEYS)}")
+    arrival = fields.get("arrival", 0.0)
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival) or arrival < 0:
+        raise ValueError(f"arrival must be a number of seconds >= 0, got {arrival!r}")
+    output_len = fields.get("output_len")
+    return WorkloadRecord(_count(fields[key], key), float(arrival),
+                          None if output_len is None else _count(output_len, "output_len"))
+
+
+def read_workload_file(path: str | Path) -> list[WorkloadRecord]:
+    """Every request of ``path`` in arrival order; ``WorkloadFileError`` on the first bad line."""
+    path = Path(path)
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise WorkloadFileError(f"workload file {str(path)!r} {what}; give a JSONL file, one request per line, "
+                                f"like {_EXAMPLE}")
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise WorkloadFileError(f"workload file {str(path)!r} cannot be read: {error}") from None
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            records.append(_record(json.loads(line)))
+        except (json.JSONDecodeError, ValueError) as error:
+            raise WorkloadFileError(f"{path}:{number}: {error} in {line.strip()[:80]!r}; expected a line like "
+                                    f"{_EXAMPLE}") from None
+    if not records:
+        raise WorkloadFileError(f"workload file {str(path)!r} holds no requests")
+    return sorted(records, key=lambda r: r.arrival)

@@ -1,0 +1,71 @@
+"""The workload file simulate and bench-serve share: what it accepts, and one clear error per bad line."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_vpp.workload_file import WorkloadFileError, WorkloadRecord, read_workload_file
+
+
+def test_reads_lengths_arrivals_and_output_lengths_in_arrival_order(tmp_path):
+    path = tmp_path / "reqs.jsonl"
+    path.write_text('{"length": 300, "arrival": 0.5, "output_len": 7}\n# note\n\n'
+                    '{"input_len": 100, "id": "kept out"}\n{"prompt_len": 2.0, "arrival": 0.5}\n')
+    assert read_workload_file(path) == [WorkloadRecord(100, 0.0, None), WorkloadRecord(300, 0.5, 7),
+                                        WorkloadRecord(2, 0.5, None)]
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ('{"tokens": 5}', "no length"),
+    ('{"length": 0}', "length must be >= 1"),
+    ('{"length": -4}', "length must be >= 1"),
+    ('{"length": 3.5}', "whole number"),
+    ('{"length": true}', "whole number"),
+    ('{"length": "12"}', "whole number"),
+    ('{"length": Infinity}', "whole number"),
+    ('{"length": 8, "arrival": -1}', "arrival must be"),
+    ('{"length": 8, "arrival": NaN}', "arrival must be"),
+    ('{"length": 8, "arrival": "soon"}', "arrival must be"),
+    ('{"length": 8, "output_len": 0}', "output_len must be >= 1"),
+    ('[8, 0.5]', "expected a JSON object"),
+    ('{"length": 8,', "Expecting"),
+])
+def test_a_bad_line_names_the_file_the_line_and_the_expected_form(tmp_path, line, fragment):
+    path = tmp_path / "reqs.jsonl"
+    path.write_text('{"length": 8}\n' + line + "\n")
+    with pytest.raises(WorkloadFileError) as caught:
+        read_workload_file(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:2: ") and fragment in message and '"length": 4096' in message
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda d: d / "missing.jsonl", "does not exist"),
+    (lambda d: d, "is a directory"),
+    (lambda d: (d / "empty.jsonl", (d / "empty.jsonl").write_text("# nothing\n"))[0], "holds no requests"),
+])
+def test_an_unusable_file_is_one_error(tmp_path, make, fragment):
+    with pytest.raises(WorkloadFileError, match=fragment):
+        read_workload_file(make(tmp_path))
+
+
+def test_file_load_refuses_a_bench_serving_without_its_hook_targets(monkeypatch, tmp_path, capsys):
+    """bench_serving's dataset and pacing functions are replaced for --workload file; an SGLang
+    whose bench_serving lacks them is an error naming the target, not a run with another load."""
+    import importlib
+    from types import SimpleNamespace
+
+    from sglang_vpp.serving import file_load
+
+    def fake_import(name):
+        if name == "sglang.benchmark.serving":
+            return SimpleNamespace(get_dataset=lambda *a: [], cli_main=lambda: None)
+        return SimpleNamespace(sample_random_requests=lambda **k: [])
+
+    monkeypatch.setattr(importlib, "import_module", fake_import)
+    path = tmp_path / "reqs.jsonl"
+    path.write_text('{"length": 8}\n')
+    with pytest.raises(SystemExit) as caught:
+        file_load.main([file_load.WORKLOAD_FILE_FLAG, str(path), "--backend", "sglang"])
+    assert "sglang.benchmark.serving.get_request" in str(caught.value)
+    assert "DatasetRow.timestamp" in str(caught.value)
