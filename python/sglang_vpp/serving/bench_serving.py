@@ -88,7 +88,9 @@ def check_reachable(url: str, timeout: float = 10.0) -> None:
     except urllib.error.HTTPError:
         return  # it answers; bench_serving reports what it cannot use
     except (OSError, ValueError) as exc:
-        raise BenchServeError(f"{url} does not answer ({exc.__class__.__name__}: {exc}); is the server up?") from None
+        reason = getattr(exc, "reason", exc)  # URLError wraps the socket error
+        text = getattr(reason, "strerror", None) or str(reason) or reason.__class__.__name__
+        raise BenchServeError(f"{url} does not answer ({text}); is the server up?") from None
 
 
 @dataclass(frozen=True)
