@@ -7,6 +7,8 @@ that mode (module-scoped fixture: pytest groups the tests per server).
   on /generate, /v1/completions and /v1/chat/completions, single and batch; after each refusal
   the same server answers a valid request.
 - Abort and disconnect mid-prefill with three long prompts in flight (packing under vpp-pack).
+- KV pool exhausted in decode: six long prompts need more KV than the pool holds; every request
+  is served in full (retracted and resumed, none aborted) with the same greedy ids under both.
 - Load: 64 requests (prompt 20-600 tokens) with 16 in flight, every 4th streamed, every 8th
   aborted through /abort_request; every request ends (answered or aborted, none hangs), the KV
   pool returns to idle, and a fixed greedy batch afterwards gives the same ids under vpp-pack
@@ -211,6 +213,33 @@ def test_abort_and_disconnect_mid_prefill_while_packing(server):
         time.sleep(1)
     assert _kv_tokens_in_use(server) == 0
     _assert_still_serving(server)
+
+
+KV_PRESSURE_PROMPTS = [[(17 * i + 5 * k) % 11000 + 2 for k in range(2650)] for i in range(6)]
+_kv_pressure: dict[str, list[list[int]]] = {}
+
+
+def test_kv_pool_exhausted_in_decode_every_request_is_served_and_equal_to_cpp(server):
+    """Six 2650-token prompts with 120 new tokens each need more KV (16620 tokens) than the
+    pool holds (--max-total-tokens 16384): SGLang retracts decode requests and serves them
+    later. VPP spreads the running requests over more micro-batch slots than stock PP, so a
+    slot often holds one request; that request must be retracted too, never aborted (500),
+    while others hold KV. Every request is answered in full, the same greedy ids as cpp."""
+    params = {"temperature": 0, "max_new_tokens": 120, "ignore_eos": True}
+    with ThreadPoolExecutor(len(KV_PRESSURE_PROMPTS)) as pool:
+        replies = list(pool.map(lambda ids: _post(server.url + "/generate", {"input_ids": ids, "sampling_params": params},
+                                                  timeout=600), KV_PRESSURE_PROMPTS))
+    for status, body in replies:
+        assert status == 200, f"{status} {body[:1000]}"
+    outputs = [json.loads(body)["output_ids"] for _, body in replies]
+    assert all(len(ids) == 120 for ids in outputs)
+    deadline = time.monotonic() + 60
+    while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _kv_tokens_in_use(server) == 0
+    _kv_pressure[server.config.pp_mode] = outputs
+    if len(_kv_pressure) == len(MODES):
+        assert _kv_pressure["vpp-pack"] == _kv_pressure["cpp"]
 
 
 # Only the vpp-pack server (its last test; cpp's server goes on to test_server_generate.py).

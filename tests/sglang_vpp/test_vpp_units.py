@@ -167,3 +167,33 @@ def test_vpp_taper_server_cuts_the_chunks_the_planner_cuts(monkeypatch):
     adder = SimpleNamespace(rem_chunk_tokens=128, new_chunked_req=None)
     chunk_sizing.around_add_one_req(lambda *a, **k: None, adder, req)
     assert adder.rem_chunk_tokens == 128
+
+
+def test_decode_retraction_keeps_a_slots_last_request_while_others_hold_kv():
+    """A slot whose last decode request cannot get its next token retracts it (back to the queue)
+    while another request holds KV; with no other request it stays aborted, as in SGLang."""
+    from types import SimpleNamespace
+
+    from sglang_vpp.sglang_plugin.vpp.retraction import around_retract_decode
+
+    def make(rows_in_use: int, beam_group=None):
+        last = SimpleNamespace(rid="last", to_finish="oom-abort", beam_group=beam_group)
+        earlier = SimpleNamespace(rid="earlier", to_finish=None, beam_group=None)
+        pool = SimpleNamespace(size=8, available_size=lambda: 8 - rows_in_use)
+        batch = SimpleNamespace(reqs=[], req_to_token_pool=pool)
+        # SGLang's contract: (retracted, new token ratio, aborted); the OOM abort of the batch's
+        # last request comes last and leaves the batch empty.
+        return batch, last, lambda b: ([earlier], 0.5, [last])
+
+    batch, last, original = make(rows_in_use=2)
+    retracted, ratio, aborted = around_retract_decode(original, batch)
+    assert [r.rid for r in retracted] == ["earlier", "last"] and aborted == [] and ratio == 0.5
+    assert last.to_finish is None
+    batch, last, original = make(rows_in_use=0)  # nothing else holds KV: the request cannot fit
+    retracted, _, aborted = around_retract_decode(original, batch)
+    assert aborted == [last] and last.to_finish == "oom-abort" and [r.rid for r in retracted] == ["earlier"]
+    batch, last, original = make(rows_in_use=2, beam_group=object())  # beam groups are never retracted
+    assert around_retract_decode(original, batch)[2] == [last]
+    batch, last, original = make(rows_in_use=2)
+    batch.reqs = ["kept"]  # the batch still decodes: nothing was aborted for memory
+    assert around_retract_decode(original, batch)[2] == [last]

@@ -84,6 +84,7 @@ HOOK_TARGETS: tuple[HookTarget, ...] = (
                HookScope.VPP),
     HookTarget(_S + "managers.scheduler._dispatch_event_loop_once", ("scheduler",), HookScope.VPP),
     HookTarget(_S + "managers.schedule_policy.PrefillAdder.add_one_req", ("self", "req"), HookScope.VPP),
+    HookTarget(_S + "managers.schedule_batch.ScheduleBatch.retract_decode", ("self",), HookScope.VPP),
 )
 _BY_PATH = {target.path: target for target in HOOK_TARGETS}
 

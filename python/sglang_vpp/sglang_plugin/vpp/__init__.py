@@ -17,6 +17,9 @@ copied: every change is a hook on one of these targets (paths under ``sglang.srt
     managers.scheduler._dispatch_event_loop_once          AROUND  the VPP event loop
     managers.schedule_policy.PrefillAdder.add_one_req     AROUND  vpp-taper: a request's first chunk
                                                                   from the controller (chunk_sizing.py)
+    managers.schedule_batch.ScheduleBatch.retract_decode  AROUND  retract, not abort, a slot's last
+                                                                  decode request while others hold KV
+                                                                  (retraction.py)
 
 See docs/sglang-vpp.md for the design and its limits.
 """
@@ -95,6 +98,7 @@ def install(server_args: Any) -> None:
 
     from . import ownership as own
     from .event_loop import run_vpp_event_loop
+    from .retraction import RETRACT_DECODE, around_retract_decode
     from .stage_runner import around_forward_batch_init_new
 
     mode, split, trace, timeout, cost_profile = _options(server_args)
@@ -139,6 +143,7 @@ def install(server_args: Any) -> None:
         around_forward_batch_init_new, HookType.AROUND,
     )
     register(_P + "managers.scheduler._dispatch_event_loop_once", around_dispatch, HookType.AROUND)
+    register(RETRACT_DECODE, around_retract_decode, HookType.AROUND)
     if config.policy.tapered_chunks:
         from . import chunk_sizing
 
