@@ -9,16 +9,9 @@ chunks in the queue, the next request's cheapest leading chunks first, while the
 stage-0 cost fits. Chunks that do not fit wait for the barrier as usual.
 """
 
-from ..layout import LayoutKind
-from .spec import CommSemantics, Policy, PolicySpec, Priority
+import dataclasses
 
-SPEC = PolicySpec(
-    name=Policy.VPP_PACK,
-    layout_kind=LayoutKind.FOLDBACK,
-    dynamic_chunks=False,
-    comm_semantics=CommSemantics.ASYNC,
-    num_groups=2,
-    priority=Priority.FEED_PEER_FIRST,
-    request_barrier=True,
-    pack=True,
-)
+from . import vpp_async
+from .spec import Policy
+
+SPEC = dataclasses.replace(vpp_async.SPEC, name=Policy.VPP_PACK, pack=True)
