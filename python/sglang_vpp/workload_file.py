@@ -5,9 +5,9 @@ JSONL, one request per line::
 
     {"length": 4096, "arrival": 0.5, "output_len": 16}
 
-- ``length``: prompt tokens, an integer >= 1 (``input_len`` or ``prompt_len`` are read too);
+- ``length``: prompt tokens, an integer in 1..2**24 (``input_len`` or ``prompt_len`` are read too);
 - ``arrival``: seconds after the start of the run, >= 0 (default 0: all at once);
-- ``output_len``: tokens to generate, >= 1 (optional; bench-serve uses ``--output-len`` without
+- ``output_len``: tokens to generate, 1..2**24 (optional; bench-serve uses ``--output-len`` without
   it, and the simulator, which models prefill, ignores it).
 
 Blank lines and lines starting with ``#`` are skipped; other keys are ignored (a file may carry
@@ -22,9 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LENGTH_KEYS", "WorkloadFileError", "WorkloadRecord", "read_workload_file"]
+__all__ = ["LENGTH_KEYS", "MAX_TOKENS", "WorkloadFileError", "WorkloadRecord", "read_workload_file"]
 
 LENGTH_KEYS = ("length", "input_len", "prompt_len")
+#: Far beyond any served context (2**24 = 16M tokens); a larger count is a typo that would have
+#: the simulator or a load generator work without end.
+MAX_TOKENS = 1 << 24
 _EXAMPLE = '{"length": 4096, "arrival": 0.5, "output_len": 16}'
 
 
@@ -46,8 +49,8 @@ def _count(value: Any, key: str) -> int:
     whole = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
     if isinstance(value, bool) or not whole:
         raise ValueError(f"{key} must be a whole number of tokens, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{key} must be >= 1, got {value!r}")
+    if not 1 <= value <= MAX_TOKENS:
+        raise ValueError(f"{key} must be in 1..{MAX_TOKENS}, got {value!r}")
     return int(value)
 
 

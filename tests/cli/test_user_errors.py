@@ -39,8 +39,11 @@ CASES = [
     (_URL + ["--workload", "file", "--file", "REQS", "--request-rate", "2"], "drop --request-rate"),
     (_URL + ["--workload", "file", "--file", "REQS", "--num-requests", "5"], "holds 2 request(s)"),
     (_URL + ["--workload", "file", "--file", "REQS", "--dataset-name", "random-ids"], "--dataset-name"),
-    (_URL + ["--workload", "file", "--file", "BAD_LEN"], "BAD_LEN:2: length must be >= 1"),
-    (["simulate", "--workload", "file", "--file", "BAD_LEN"], "BAD_LEN:2: length must be >= 1"),
+    (_URL + ["--workload", "file", "--file", "REQS", "--timeout", "0.5"], "past --timeout 0.5 s"),
+    (_URL + ["--workload", "file", "--file", "REQS", "--bench-arg=--request-rate=4"], "--bench-arg=--request-rate"),
+    (_URL + ["--workload", "file", "--file", "REQS", "--bench-arg=--rust-client"], "--bench-arg=--rust-client"),
+    (_URL + ["--workload", "file", "--file", "BAD_LEN"], "BAD_LEN:2: length must be in 1..16777216"),
+    (["simulate", "--workload", "file", "--file", "BAD_LEN"], "BAD_LEN:2: length must be in 1..16777216"),
     (_URL + ["--format", "xml"], "--format"),
     (_URL + ["--dataset-name", "sharegpt"], "--dataset-path"),
     (_BENCH + ["--backend", "nope"], "nope"),
@@ -89,7 +92,7 @@ def _assert_one_line_error(result, fragment: str) -> None:
     assert result.exit_code == 2, result.output
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     assert fragment in lines[0], result.output
-    # No Python value or signature leaks into the message (each was seen once).
+    # No Python value or signature leaks into the message.
     assert not any(leak in lines[0] for leak in ("got None", "format None", "exists: ", "__init__()")), lines[0]
 
 

@@ -17,8 +17,8 @@ def test_reads_lengths_arrivals_and_output_lengths_in_arrival_order(tmp_path):
 
 @pytest.mark.parametrize("line, fragment", [
     ('{"tokens": 5}', "no length"),
-    ('{"length": 0}', "length must be >= 1"),
-    ('{"length": -4}', "length must be >= 1"),
+    ('{"length": 0}', "length must be in 1..16777216"),
+    ('{"length": -4}', "length must be in 1..16777216"),
     ('{"length": 3.5}', "whole number"),
     ('{"length": true}', "whole number"),
     ('{"length": "12"}', "whole number"),
@@ -26,7 +26,9 @@ def test_reads_lengths_arrivals_and_output_lengths_in_arrival_order(tmp_path):
     ('{"length": 8, "arrival": -1}', "arrival must be"),
     ('{"length": 8, "arrival": NaN}', "arrival must be"),
     ('{"length": 8, "arrival": "soon"}', "arrival must be"),
-    ('{"length": 8, "output_len": 0}', "output_len must be >= 1"),
+    ('{"length": 16777217}', "length must be in 1..16777216"),
+    ('{"length": 9007199254740993.0}', "length must be in 1..16777216"),
+    ('{"length": 8, "output_len": 0}', "output_len must be in 1..16777216"),
     ('[8, 0.5]', "expected a JSON object"),
     ('{"length": 8,', "Expecting"),
 ])
@@ -69,3 +71,17 @@ def test_file_load_refuses_a_bench_serving_without_its_hook_targets(monkeypatch,
         file_load.main([file_load.WORKLOAD_FILE_FLAG, str(path), "--backend", "sglang"])
     assert "sglang.benchmark.serving.get_request" in str(caught.value)
     assert "DatasetRow.timestamp" in str(caught.value)
+
+
+def test_a_file_pass_is_paced_by_bench_servings_trace_flag_except_a_warm_up(tmp_path):
+    """Measured passes send each request at its arrival; --launch's warm-up pass sends at once."""
+    from pathlib import Path
+
+    from sglang_vpp.serving.bench_serving import LoadPlan, Workload
+
+    plan = LoadPlan(Workload.FILE, num_requests=2, input_len=64, output_len=4, concurrency=2,
+                    workload_file=tmp_path / "reqs.jsonl")
+    measured = plan.argv("http://127.0.0.1:1", Path("out.jsonl"), seed_offset=0)
+    warm_up = plan.argv("http://127.0.0.1:1", Path("out.jsonl"), seed_offset=0, paced=False)
+    assert measured[1:3] == ["-m", "sglang_vpp.serving.file_load"] and "--use-trace-timestamps" in measured
+    assert "--use-trace-timestamps" not in warm_up and "--tokenize-prompt" in warm_up

@@ -237,6 +237,8 @@ def test_kv_pool_exhausted_in_decode_every_request_is_served_and_equal_to_cpp(se
     while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
         time.sleep(1)
     assert _kv_tokens_in_use(server) == 0
+    if server.config.pp_mode != "cpp":  # the load reached the case the retraction hook exists for
+        assert "retracted instead of aborted" in server.log_path.read_text(errors="replace")
     _kv_pressure[server.config.pp_mode] = outputs
     if len(_kv_pressure) == len(MODES):
         assert _kv_pressure["vpp-pack"] == _kv_pressure["cpp"]

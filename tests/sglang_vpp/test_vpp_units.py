@@ -177,18 +177,24 @@ def test_decode_retraction_keeps_a_slots_last_request_while_others_hold_kv():
     from sglang_vpp.sglang_plugin.vpp.retraction import around_retract_decode
 
     def make(rows_in_use: int, beam_group=None):
-        last = SimpleNamespace(rid="last", to_finish="oom-abort", beam_group=beam_group)
+        last = SimpleNamespace(rid="last", to_finish="oom-abort", beam_group=beam_group, output_ids=[7] * 40,
+                               sampling_params=SimpleNamespace(max_new_tokens=100))
         earlier = SimpleNamespace(rid="earlier", to_finish=None, beam_group=None)
         pool = SimpleNamespace(size=8, available_size=lambda: 8 - rows_in_use)
         batch = SimpleNamespace(reqs=[], req_to_token_pool=pool)
         # SGLang's contract: (retracted, new token ratio, aborted); the OOM abort of the batch's
         # last request comes last and leaves the batch empty.
-        return batch, last, lambda b: ([earlier], 0.5, [last])
+        # SGLang's ratio is over the requests left in the slot: none, so 0.
+        return batch, last, lambda b: ([earlier], 0.0, [last])
 
     batch, last, original = make(rows_in_use=2)
     retracted, ratio, aborted = around_retract_decode(original, batch)
-    assert [r.rid for r in retracted] == ["earlier", "last"] and aborted == [] and ratio == 0.5
+    assert [r.rid for r in retracted] == ["earlier", "last"] and aborted == []
     assert last.to_finish is None
+    # The admission ratio SGLang would set after retracting this request, not the empty slot's 0.
+    from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
+
+    assert ratio == NewTokenRatioTracker.estimate_new_token_ratio_after_retract([last]) > 0.3
     batch, last, original = make(rows_in_use=0)  # nothing else holds KV: the request cannot fit
     retracted, _, aborted = around_retract_decode(original, batch)
     assert aborted == [last] and last.to_finish == "oom-abort" and [r.rid for r in retracted] == ["earlier"]

@@ -97,7 +97,7 @@ def format_table(report) -> str:
          f"{m.replay_bubble_ratio:.1%}", f"{m.exposed_comm_s:.4f}"] for m in report.modes]
     return "\n\n".join([_text_table(f"makespan, s ({spread})", makespans),
                         _text_table(f"TTFT, s ({spread})", ttfts),
-                        _text_table("per mode (median over repeats)", accounting)])
+                        _text_table("per mode (median over repeats; max|diff|: the largest)", accounting)])
 
 
 _NOTES = (

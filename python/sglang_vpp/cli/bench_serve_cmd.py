@@ -21,6 +21,7 @@ from typing import Any, Optional
 import typer
 
 from sglang_vpp.serving.bench_serving import (
+    FILE_NEEDS_PATH,
     WORKLOAD_DEFAULTS,
     BenchServeError,
     LoadPlan,
@@ -62,12 +63,11 @@ def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
 
 
 def _file_records(file: Path | None, request_rate: float, sizes: dict[str, int | None],
-                  num_requests: int | None) -> list[WorkloadRecord]:
+                  num_requests: int | None, timeout: float) -> list[WorkloadRecord]:
     """``--workload file``: the file's requests, read before any work; its lengths and arrivals
     exclude the flags that would set them another way."""
     if file is None:
-        raise BenchServeError("--workload file needs --file PATH: a JSONL workload file, one request per line, "
-                              'like {"length": 4096, "arrival": 0.5} (the format simulate reads)')
+        raise BenchServeError(FILE_NEEDS_PATH)
     clashing = [flag for flag in ("--input-len", "--max-input-len") if sizes[flag] is not None]
     if math.isfinite(request_rate):
         clashing.append("--request-rate")
@@ -76,6 +76,10 @@ def _file_records(file: Path | None, request_rate: float, sizes: dict[str, int |
     records = read_workload_file(file)
     if num_requests is not None and num_requests > len(records):
         raise BenchServeError(f"--num-requests {num_requests}: {file} holds {len(records)} request(s)")
+    last = records[: num_requests or len(records)][-1].arrival
+    if last >= timeout:
+        raise BenchServeError(f"{file}: the last request arrives at {last:g} s, past --timeout {timeout:g} s for one "
+                              "pass; raise --timeout")
     return records
 
 
@@ -150,7 +154,7 @@ def bench_serve(
         raise BenchServeError(f"--file {file} is read with --workload file only (bench_serving's own files: "
                               "--dataset-name NAME --dataset-path FILE)")
     if workload == Workload.FILE:
-        records = _file_records(file, request_rate, sizes, num_requests)
+        records = _file_records(file, request_rate, sizes, num_requests, timeout)
         default_num = len(records)
         default_in = max(r.length for r in records[: num_requests or len(records)])
         default_conc = default_num
@@ -183,6 +187,13 @@ def bench_serve(
     missing = bench_serving_missing()
     if missing:
         raise BenchServeError(missing)
+    if workload == Workload.FILE:
+        from sglang_vpp.serving.file_load import HookTargetMissing, check_targets
+
+        try:
+            check_targets()  # before any server starts; each pass checks again
+        except HookTargetMissing as error:
+            raise BenchServeError(str(error)) from None
     for _name, target in targets:
         check_reachable(target)  # every --url checked before any load
     if launch is not None:

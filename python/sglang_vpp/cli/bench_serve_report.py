@@ -144,7 +144,7 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
             return 0
         out, log = jsonl(_current[0])
         run_pass(plan, url, out.with_name(out.stem + "-warmup.jsonl"), log, seed_offset=_WARMUP_SEED_OFFSET,
-                 num_requests=plan.warmup, warmup=0)  # fmt: skip
+                 num_requests=plan.warmup, warmup=0, paced=False)  # fmt: skip
         return plan.warmup
 
     def run_once(url: str, repeat: int):

@@ -29,7 +29,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCH_SERVING_MODULE", "BenchServeError", "LoadPlan", "ServingPass", "Workload", "WORKLOAD_DEFAULTS",
+__all__ = ["BENCH_SERVING_MODULE", "FILE_NEEDS_PATH", "BenchServeError", "LoadPlan", "ServingPass", "Workload", "WORKLOAD_DEFAULTS",
            "bench_serving_missing", "check_reachable", "merge_passes", "run_pass"]
 
 BENCH_SERVING_MODULE = "sglang.benchmark.serving"
@@ -54,6 +54,12 @@ WORKLOAD_DEFAULTS: dict[Workload, tuple[int, int, int, int]] = {
     Workload.MIXED: (32, 1024, 16, 16),
     Workload.FILE: (0, 0, 16, 0),
 }
+FILE_NEEDS_PATH = ("--workload file needs --file PATH: a JSONL workload file, one request per line, like "
+                   '{"length": 4096, "arrival": 0.5} (the format simulate reads)')
+#: bench_serving flags that would replace or bypass what ``--workload file`` hooks (its rows, its
+#: pacing) or send the token-id rows to an endpoint that does not take ids.
+_FILE_CLASHING_BENCH_ARGS = ("--dataset-name", "--dataset-path", "--request-rate", "--rust-client", "--backend",
+                             "--tokenize-prompt", "--random-input-len", "--random-range-ratio")
 #: mixed: lengths uniform in [ratio * upper, upper] with upper = 2 * --input-len, so the median
 #: is close to --input-len (bench_serving's --random-range-ratio draws uniformly).
 _MIXED_RANGE_RATIO = 0.05
@@ -122,8 +128,11 @@ class LoadPlan:
     def check(self) -> None:
         if self.workload == Workload.FILE:
             if self.workload_file is None:
-                raise BenchServeError("--workload file needs --file PATH: a JSONL workload file, one request per line, "
-                                      'like {"length": 4096, "arrival": 0.5} (the format simulate reads)')
+                raise BenchServeError(FILE_NEEDS_PATH)
+            clashing = sorted({arg.split("=")[0] for arg in self.extra_args} & set(_FILE_CLASHING_BENCH_ARGS))
+            if clashing:
+                raise BenchServeError(f"--workload file sets bench_serving's dataset, pacing and backend; drop "
+                                      f"--bench-arg={', --bench-arg='.join(clashing)}")
             if self.dataset_name or self.dataset_path:
                 raise BenchServeError("--workload file serves the requests of --file; drop --dataset-name/--dataset-path "
                                       "(or drop --workload file to use a bench_serving dataset)")
@@ -134,8 +143,9 @@ class LoadPlan:
                                   "--dataset-path FILE (a local ShareGPT JSON) or use random-ids")
 
     def argv(self, url: str, output_file: Path, *, seed_offset: int, num_requests: int | None = None,
-             warmup: int | None = None) -> list[str]:
-        """The bench_serving command line of one pass."""
+             warmup: int | None = None, paced: bool = True) -> list[str]:
+        """The bench_serving command line of one pass (``paced=False``: a warm-up pass of a workload
+        file sends its requests at once instead of at their arrival times)."""
         input_len, ratio = self.input_len, 1.0
         if self.workload == Workload.MIXED:
             input_len, ratio = self.max_input_len or 2 * self.input_len, _MIXED_RANGE_RATIO
@@ -144,6 +154,8 @@ class LoadPlan:
             from .file_load import WORKLOAD_FILE_FLAG
 
             program = [sys.executable, "-m", f"{__package__}.file_load", WORKLOAD_FILE_FLAG, str(self.workload_file)]
+            if paced:
+                program.append("--use-trace-timestamps")  # bench_serving's flag; file_load paces by it
         args = [
             *program, "--backend", "sglang", "--base-url", url,
             "--dataset-name", self.dataset(), "--num-prompts", str(num_requests or self.num_requests),
@@ -247,12 +259,12 @@ def merge_passes(passes: list[ServingPass]) -> dict[str, Any]:
 
 
 def run_pass(plan: LoadPlan, url: str, output_file: Path, log_file: Path, *, seed_offset: int = 0,
-             num_requests: int | None = None, warmup: int | None = None) -> ServingPass:
+             num_requests: int | None = None, warmup: int | None = None, paced: bool = True) -> ServingPass:
     """Run bench_serving once against ``url``; its stdout goes to ``log_file``, its JSONL line to
     ``output_file`` (appended, as bench_serving does)."""
     output_file.parent.mkdir(parents=True, exist_ok=True)
     before = output_file.read_text().count("\n") if output_file.exists() else 0
-    argv = plan.argv(url, output_file, seed_offset=seed_offset, num_requests=num_requests, warmup=warmup)
+    argv = plan.argv(url, output_file, seed_offset=seed_offset, num_requests=num_requests, warmup=warmup, paced=paced)
     with log_file.open("a") as log:
         log.write("$ " + " ".join(argv) + "\n")
         log.flush()

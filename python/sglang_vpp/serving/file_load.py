@@ -10,12 +10,14 @@ with two of its module functions replaced, for this process only:
 - ``get_dataset``: one row per record, drawn by bench_serving's own ``random-ids`` sampler
   (token ids, sent as ids, as ``--tokenize-prompt`` does) and cut to the record's length, with
   the record's output length (else ``--random-output-len``);
-- ``get_request``: each request leaves at its record's arrival, in seconds after the measured run
-  starts, instead of at ``--request-rate``.
+- ``get_request``: with bench_serving's own ``--use-trace-timestamps``, each request leaves at its
+  record's arrival, in seconds after the measured run starts (without it, all at once: a warm-up
+  pass); ``--request-rate`` is never used.
 
 Everything else (warm-up, ``--max-concurrency``, the streaming client, the metrics and the JSONL
 ``--output-file``) is bench_serving's, so the numbers compare one to one with its other datasets.
-Both targets are checked before anything runs; a missing one ends the run with an error naming it.
+``check_targets`` finds both targets (``bench-serve`` calls it before starting any server, and
+each pass again before it runs); a missing one is an error naming it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 
 from ..workload_file import WorkloadFileError, WorkloadRecord, read_workload_file
 
-__all__ = ["WORKLOAD_FILE_FLAG", "hook_bench_serving", "main"]
+__all__ = ["WORKLOAD_FILE_FLAG", "HookTargetMissing", "check_targets", "hook_bench_serving", "main"]
 
 WORKLOAD_FILE_FLAG = "--workload-file"
 _BENCH_SERVING = "sglang.benchmark.serving"
@@ -42,7 +44,8 @@ class HookTargetMissing(RuntimeError):
     """This SGLang's bench_serving lacks a function the file load replaces or calls."""
 
 
-def _targets() -> tuple[ModuleType, Any]:
+def check_targets() -> tuple[ModuleType, Any]:
+    """bench_serving's module and its random-ids sampler; ``HookTargetMissing`` names what is absent."""
     import importlib
 
     bench = importlib.import_module(_BENCH_SERVING)
@@ -64,14 +67,17 @@ def _targets() -> tuple[ModuleType, Any]:
 
 def _rows(records: Sequence[WorkloadRecord], sampler: Any, args: Any, tokenizer: Any) -> list[Any]:
     chosen = records[: args.num_prompts]
-    longest = max(r.length for r in chosen)
-    # One draw for all rows (each row its own random offset), then each cut to its record's length.
-    drawn = sampler(input_len=longest, output_len=1, num_prompts=len(chosen), range_ratio=1.0,
-                    tokenizer=tokenizer, dataset_path="", random_sample=False, return_text=False)
+    # One draw per distinct length (each row its own random offset), so no row is built longer
+    # than its record: a file may hold many short requests next to one very long one.
+    drawn: dict[int, list[Any]] = {}
+    for length in sorted({r.length for r in chosen}):
+        count = sum(1 for r in chosen if r.length == length)
+        drawn[length] = sampler(input_len=length, output_len=1, num_prompts=count, range_ratio=1.0,
+                                tokenizer=tokenizer, dataset_path="", random_sample=False, return_text=False)
     return [
-        dataclasses.replace(row, prompt=list(row.prompt[: r.length]), prompt_len=r.length, text_prompt_len=r.length,
-                            output_len=r.output_len or args.random_output_len, timestamp=r.arrival * 1e3)
-        for row, r in zip(drawn, chosen)
+        dataclasses.replace(drawn[r.length].pop(), output_len=r.output_len or args.random_output_len,
+                            timestamp=r.arrival * 1e3 if args.use_trace_timestamps else 0.0)
+        for r in chosen
     ]  # fmt: skip
 
 
@@ -87,7 +93,7 @@ async def _at_arrivals(input_requests: Sequence[Any], request_rate: float, *_: A
 
 def hook_bench_serving(records: Sequence[WorkloadRecord]) -> ModuleType:
     """bench_serving's module with the file's rows and arrivals in place of its dataset and pacing."""
-    bench, sampler = _targets()
+    bench, sampler = check_targets()
     bench.get_dataset = lambda args, tokenizer, model_id=None: _rows(records, sampler, args, tokenizer)
     bench.get_request = _at_arrivals
     return bench

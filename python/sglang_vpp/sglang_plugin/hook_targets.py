@@ -1,4 +1,5 @@
-"""Every SGLang function the plugin hooks, in one list, and the checks that they exist and took effect.
+"""Every SGLang function the plugin hooks (and the one a hook calls), in one list, and the checks
+that they exist and took effect.
 
 SGLang's ``HookRegistry.apply_hooks`` only logs a target it cannot patch, so a renamed function
 would leave a VPP server running half-patched. Hence:
@@ -85,6 +86,9 @@ HOOK_TARGETS: tuple[HookTarget, ...] = (
     HookTarget(_S + "managers.scheduler._dispatch_event_loop_once", ("scheduler",), HookScope.VPP),
     HookTarget(_S + "managers.schedule_policy.PrefillAdder.add_one_req", ("self", "req"), HookScope.VPP),
     HookTarget(_S + "managers.schedule_batch.ScheduleBatch.retract_decode", ("self",), HookScope.VPP),
+    # Not hooked: called by the retract_decode hook (vpp/retraction.py), so checked at start-up too.
+    HookTarget(_S + "managers.scheduler_components.new_token_ratio_tracker.NewTokenRatioTracker."
+               "estimate_new_token_ratio_after_retract", ("reqs",), HookScope.VPP),
 )
 _BY_PATH = {target.path: target for target in HOOK_TARGETS}
 

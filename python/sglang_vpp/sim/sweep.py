@@ -145,5 +145,4 @@ def format_idle_table(rows: Sequence[SweepRow]) -> str:
     columns = [("bubble s", [f"{row.result.sim.bubble_s:.3f}" for row in done])]
     columns += [(c, [f"{row.result.sim.idle_by_cause.get(c, 0.0):.3f}" for row in done]) for c in shown]
     tables = _split_tables([_key(row) for row in done], columns) if done else []
-    return "\n\n".join(["\nidle by cause (s per rank, mean over ranks)", *tables]).replace(
-        "ranks)\n\n", "ranks)\n", 1)
+    return "\nidle by cause (s per rank, mean over ranks)\n" + "\n\n".join(tables)

@@ -20,11 +20,22 @@ at all). Every rank replays the same scheduling steps on equal pools, so every r
 
 from __future__ import annotations
 
+import importlib
+import logging
 from typing import Any, Callable
 
-__all__ = ["RETRACT_DECODE", "around_retract_decode"]
+__all__ = ["RATIO_AFTER_RETRACT", "RETRACT_DECODE", "around_retract_decode"]
+
+logger = logging.getLogger(__name__)
 
 RETRACT_DECODE = "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode"
+RATIO_AFTER_RETRACT = ("sglang.srt.managers.scheduler_components.new_token_ratio_tracker."
+                       "NewTokenRatioTracker.estimate_new_token_ratio_after_retract")
+
+
+def _ratio_after_retract(reqs: list[Any]) -> float:
+    module, cls, name = RATIO_AFTER_RETRACT.rsplit(".", 2)
+    return getattr(getattr(importlib.import_module(module), cls), name)(reqs)
 
 
 def _other_requests_hold_kv(batch: Any) -> bool:
@@ -43,4 +54,9 @@ def around_retract_decode(original: Callable[..., Any], batch: Any, *args: Any, 
         return retracted, new_token_ratio, to_abort
     last = to_abort[-1]
     last.to_finish = None
-    return [*retracted, last], new_token_ratio, to_abort[:-1]
+    logger.info("VPP: request %s retracted instead of aborted: other requests hold KV", last.rid)
+    # SGLang estimated the ratio over the requests left in this slot: none, so 0. The scheduler
+    # sets its admission ratio to this value, and 0 would let prefill reserve no decode room and
+    # re-admit the request at once; estimate it, as SGLang does after a retraction, from the
+    # request that goes back to the queue.
+    return [*retracted, last], max(new_token_ratio, _ratio_after_retract([last])), to_abort[:-1]
