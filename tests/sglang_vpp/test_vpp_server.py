@@ -13,6 +13,7 @@ nodes against stock cpp: test_vpp_deploy_matrix.py.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -67,17 +68,29 @@ def test_concurrent_mixed_prompts_equal_transformers(server, reference):
         check_answer(answer, ids, reference(QWEN2_8L, ids), server)
 
 
+def _waiting_behind_a_long_request(server, seed: int) -> None:
+    long_ids, *waiting = make_prompts((12 * CHUNK, 2 * CHUNK, 4 * CHUNK), seed=seed)
+    with ThreadPoolExecutor(1 + len(waiting)) as pool:
+        first = pool.submit(generate, server, long_ids)
+        time.sleep(0.3)  # the long request is admitted first; the others queue behind it
+        rest = [pool.submit(generate, server, ids) for ids in waiting]
+        for future in (first, *rest):
+            assert len(future.result(timeout=600)["output_ids"]) == NUM_NEW_TOKENS
+
+
 def test_accounting_written_and_packing_exercised(server):
     packing = server.config.pp_mode in ("vpp-pack", "vpp-taper")
     leader_path = server.trace_dir / "vpp_rank0.records.json"
     records = wait_for_json(leader_path, until=lambda d: not packing or d["counters"].get("num_packed", 0) > 0)
-    # Whether a drain window meets the next request's chunks depends on when SGLang forms its
-    # batches, so a packing mode gets a few more rounds of the same concurrent load before the
-    # verdict; a non-packing mode must not pack on any load.
+    # Whether the mixed load packs depends on when SGLang forms its batches: a request whose last
+    # chunk is partial lets the next request join that micro-batch, and then no drain window is
+    # left to pack. So a packing mode that did not pack gets a load made for it: a long request of
+    # whole chunks, and whole-chunk requests that arrive while it is in flight and wait at the
+    # barrier. A non-packing mode must not pack on any load.
     for round_seed in range(3):
         if not packing or records["counters"].get("num_packed", 0) > 0:
             break
-        generate_concurrently(server, make_prompts(MIXED_LENGTHS, seed=100 + round_seed))
+        _waiting_behind_a_long_request(server, seed=100 + round_seed)
         records = wait_for_json(leader_path, until=lambda d: d["counters"].get("num_packed", 0) > 0)
     follower = wait_for_json(server.trace_dir / "vpp_rank1.records.json")
     assert records["summary"]["num_computes"] > 0 and follower["summary"]["num_computes"] > 0
