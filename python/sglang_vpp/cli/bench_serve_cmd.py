@@ -64,8 +64,8 @@ def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
 
 def _file_records(file: Path | None, request_rate: float, sizes: dict[str, int | None],
                   num_requests: int | None, timeout: float) -> list[WorkloadRecord]:
-    """``--workload file``: the file's requests, read before any work; its lengths and arrivals
-    exclude the flags that would set them another way."""
+    """``--workload file``: the requests a pass serves (the first ``--num-requests``, else all),
+    read before any work; their lengths and arrivals exclude the flags that would set them another way."""
     if file is None:
         raise BenchServeError(FILE_NEEDS_PATH)
     clashing = [flag for flag in ("--input-len", "--max-input-len") if sizes[flag] is not None]
@@ -76,11 +76,11 @@ def _file_records(file: Path | None, request_rate: float, sizes: dict[str, int |
     records = read_workload_file(file)
     if num_requests is not None and num_requests > len(records):
         raise BenchServeError(f"--num-requests {num_requests}: {file} holds {len(records)} request(s)")
-    last = records[: num_requests or len(records)][-1].arrival
-    if last >= timeout:
-        raise BenchServeError(f"{file}: the last request arrives at {last:g} s, past --timeout {timeout:g} s for one "
-                              "pass; raise --timeout")
-    return records
+    served = records[: num_requests or len(records)]
+    if served[-1].arrival >= timeout:
+        raise BenchServeError(f"{file}: the last request arrives at {served[-1].arrival:g} s, past --timeout "
+                              f"{timeout:g} s for one pass; raise --timeout")
+    return served
 
 
 @user_errors
@@ -154,10 +154,9 @@ def bench_serve(
         raise BenchServeError(f"--file {file} is read with --workload file only (bench_serving's own files: "
                               "--dataset-name NAME --dataset-path FILE)")
     if workload == Workload.FILE:
-        records = _file_records(file, request_rate, sizes, num_requests, timeout)
-        default_num = len(records)
-        default_in = max(r.length for r in records[: num_requests or len(records)])
-        default_conc = default_num
+        served = _file_records(file, request_rate, sizes, num_requests, timeout)
+        default_num = default_conc = len(served)
+        default_in = max(r.length for r in served)
 
     def given(value: int | None, default: int) -> int:
         return default if value is None else value

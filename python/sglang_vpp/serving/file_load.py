@@ -7,9 +7,9 @@ bench_serving has no dataset that takes an exact length and arrival time per req
 trace builds prompts from hash blocks). So this process runs bench_serving's own command line
 with two of its module functions replaced, for this process only:
 
-- ``get_dataset``: one row per record, drawn by bench_serving's own ``random-ids`` sampler
-  (token ids, sent as ids, as ``--tokenize-prompt`` does) and cut to the record's length, with
-  the record's output length (else ``--random-output-len``);
+- ``get_dataset``: one row per record, drawn at the record's length by bench_serving's own
+  ``random-ids`` sampler (token ids, sent as ids, as ``--tokenize-prompt`` does), with the
+  record's output length (else ``--random-output-len``);
 - ``get_request``: with bench_serving's own ``--use-trace-timestamps``, each request leaves at its
   record's arrival, in seconds after the measured run starts (without it, all at once: a warm-up
   pass); ``--request-rate`` is never used.
@@ -27,6 +27,7 @@ import dataclasses
 import inspect
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from types import ModuleType
 from typing import Any
@@ -69,11 +70,9 @@ def _rows(records: Sequence[WorkloadRecord], sampler: Any, args: Any, tokenizer:
     chosen = records[: args.num_prompts]
     # One draw per distinct length (each row its own random offset), so no row is built longer
     # than its record: a file may hold many short requests next to one very long one.
-    drawn: dict[int, list[Any]] = {}
-    for length in sorted({r.length for r in chosen}):
-        count = sum(1 for r in chosen if r.length == length)
-        drawn[length] = sampler(input_len=length, output_len=1, num_prompts=count, range_ratio=1.0,
-                                tokenizer=tokenizer, dataset_path="", random_sample=False, return_text=False)
+    drawn = {length: sampler(input_len=length, output_len=1, num_prompts=count, range_ratio=1.0,
+                             tokenizer=tokenizer, dataset_path="", random_sample=False, return_text=False)
+             for length, count in sorted(Counter(r.length for r in chosen).items())}
     return [
         dataclasses.replace(drawn[r.length].pop(), output_len=r.output_len or args.random_output_len,
                             timestamp=r.arrival * 1e3 if args.use_trace_timestamps else 0.0)
