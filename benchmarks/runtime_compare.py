@@ -40,7 +40,8 @@ from sglang_vpp.runtime.replay import replay_cost, replay_samples
 from sglang_vpp.runtime.spec import Timeouts
 from sglang_vpp.schedule import ChunkSpec, parse_size
 from sglang_vpp.sim import SimConfig, simulate_schedule
-from sglang_vpp.sim.cost.fitted import FittedCostModel
+from sglang_vpp.schedule.fitted_cost import FittedCostModel
+from sglang_vpp.sim.cost.fitted import fit_cost_model
 
 MODES = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack")
 
@@ -60,11 +61,11 @@ class _Log(BenchProgress):
 
 
 def _fit(samples) -> FittedCostModel:
-    return FittedCostModel.fit(replay_samples(samples))
+    return fit_cost_model(replay_samples(samples))
 
 
 def _per_layer(samples) -> FittedCostModel:
-    fitted = FittedCostModel.fit(replay_samples(samples))
+    fitted = fit_cost_model(replay_samples(samples))
     return FittedCostModel({}, fitted.per_layer, fitted.transfer)
 
 

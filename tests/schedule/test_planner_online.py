@@ -4,7 +4,7 @@ from sglang_vpp.schedule import (
     FixedChunker,
     LinearAttentionCost,
     Planner,
-    PlannerConfig,
+    ControllerConfig,
     RequestSpec,
     build_layout,
     build_schedule,
@@ -17,7 +17,7 @@ from sglang_vpp.schedule import (
 
 def _config(policy="vpp-pack", num_ranks=2):
     spec = get_policy(policy)
-    return PlannerConfig(spec, build_layout(num_ranks, 8, spec.layout_kind), FixedChunker(64), LinearAttentionCost())
+    return ControllerConfig(spec, build_layout(num_ranks, 8, spec.layout_kind), FixedChunker(64), LinearAttentionCost())
 
 
 def test_incremental_equals_offline_when_all_known_up_front():

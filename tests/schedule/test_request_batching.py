@@ -8,7 +8,7 @@ from sglang_vpp.schedule import (
     LinearAttentionCost,
     MicroBatch,
     Planner,
-    PlannerConfig,
+    ControllerConfig,
     RequestSpec,
     build_layout,
     check_deadlock,
@@ -29,7 +29,7 @@ def _plan(mode, lengths, budget, num_ranks=2, arrivals=None):
     layout = build_layout(num_ranks, 4 * num_ranks, spec.layout_kind)
     cost = LinearAttentionCost()
     chunker = default_chunker(spec, 512, layout, cost, max(lengths))
-    planner = Planner(PlannerConfig(spec, layout, chunker, cost, token_budget=budget))
+    planner = Planner(ControllerConfig(spec, layout, chunker, cost, token_budget=budget))
     for i, length in enumerate(lengths):
         planner.submit(RequestSpec(length, arrivals[i] if arrivals else 0.0))
     planner.advance()
@@ -54,7 +54,7 @@ def test_joins_batch_rules():
     with pytest.raises(ValueError, match="token_budget"):
         Controller(get_policy("cpp"), layout, LinearAttentionCost(), token_budget=0)
     with pytest.raises(PolicyError, match="token budget"):
-        PlannerConfig(get_policy("cpp"), layout, default_chunker(get_policy("cpp"), 64, layout, LinearAttentionCost(), 64),
+        ControllerConfig(get_policy("cpp"), layout, default_chunker(get_policy("cpp"), 64, layout, LinearAttentionCost(), 64),
                       LinearAttentionCost(), token_budget=0)
 
 

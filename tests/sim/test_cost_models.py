@@ -10,7 +10,8 @@ import pytest
 from sglang_vpp.schedule import ChunkSpec, LinearAttentionCost, build_layout, build_schedule
 from sglang_vpp.sim import CostModelError, SliceKind, simulate_schedule
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel, causal_pairs, sparse_pairs
-from sglang_vpp.sim.cost_model import CostSample, FittedCostModel, TableCostModel, read_samples, write_samples
+from sglang_vpp.sim.cost_model import (CostSample, FittedCostModel, TableCostModel, fit_cost_model, read_samples,
+                                      write_samples)
 from sglang_vpp.sim.preset_loader import load_hardware, load_model
 
 
@@ -91,7 +92,7 @@ def _synthetic_samples(a=2e-11, b=3e-6, d=0.02, noise=0.0, layers=12, stages=(0,
 
 
 def test_fitted_model_recovers_coefficients():
-    fitted = FittedCostModel.fit(_synthetic_samples())
+    fitted = fit_cost_model(_synthetic_samples())
     coeff = fitted.stages[0]
     assert (coeff.a, coeff.b, coeff.d) == pytest.approx((2e-11, 3e-6, 0.02), rel=1e-6)
     assert coeff.rel_rmse < 1e-9
@@ -103,7 +104,7 @@ def test_fitted_model_recovers_coefficients():
 
 
 def test_fitted_model_with_noise_and_json_round_trip(tmp_path):
-    fitted = FittedCostModel.fit(_synthetic_samples(noise=0.02), meta={"run": "synthetic"})
+    fitted = fit_cost_model(_synthetic_samples(noise=0.02), meta={"run": "synthetic"})
     assert fitted.stages[0].rel_rmse < 0.03
     again = FittedCostModel.from_json(json.loads(json.dumps(fitted.to_json())))
     assert again == fitted
@@ -113,8 +114,8 @@ def test_fitted_model_with_noise_and_json_round_trip(tmp_path):
 
 def test_fitted_model_errors():
     with pytest.raises(CostModelError, match="fewer than 3 compute samples"):
-        FittedCostModel.fit(_synthetic_samples()[:4])
-    fitted = FittedCostModel.fit([s for s in _synthetic_samples() if True], meta={})
+        fit_cost_model(_synthetic_samples()[:4])
+    fitted = fit_cost_model([s for s in _synthetic_samples() if True], meta={})
     only_stage0 = FittedCostModel({0: fitted.stages[0]})
     with pytest.raises(CostModelError, match="no fitted cost for stage 1"):
         only_stage0.stage_cost(build_layout(2, 24, "contiguous").stages[1], _chunk(10, 0))

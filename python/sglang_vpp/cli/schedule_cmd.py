@@ -10,8 +10,10 @@ from .common import emit_json, parse_int_list, user_errors
 
 
 def plan_from_options(mode: str, pp: int, seq_len: str, chunk_size: str, requests: int,
-                      layers: int, split: Optional[str], groups: Optional[int] = None):
-    """Build the schedule the schedule/check commands print (shared by both)."""
+                      layers: int, split: Optional[str], groups: Optional[int] = None, cost=None):
+    """Build the schedule the schedule/check commands print (shared by both). ``cost``: the
+    controller's estimate (None: the schedule core's default), for tests that compare commands
+    on one cost model."""
     from ..schedule import RequestSpec, build_schedule, parse_size
 
     if requests < 1:
@@ -19,7 +21,7 @@ def plan_from_options(mode: str, pp: int, seq_len: str, chunk_size: str, request
     length = parse_size(seq_len)
     return build_schedule(
         mode, pp, layers, [RequestSpec(length) for _ in range(requests)], parse_size(chunk_size),
-        split=parse_int_list(split, "--split"), num_groups=groups,
+        split=parse_int_list(split, "--split"), cost=cost, num_groups=groups,
     )
 
 

@@ -28,7 +28,8 @@ def _cost_model(model_spec, hardware_spec, tp: Optional[int], costs: Optional[Pa
         return analytic
     import json
 
-    from ..sim.cost_model import FittedCostModel, TableCostModel
+    from ..schedule.fitted_cost import FittedCostModel
+    from ..sim.cost_model import TableCostModel
     from ..sim.errors import CostModelError
 
     if not costs.exists():

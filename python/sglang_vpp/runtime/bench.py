@@ -397,7 +397,8 @@ def write_costs(report: BenchReport, path: Path) -> list[Path]:
     (portable across layouts, readable by ``sglang-vpp simulate --costs``; transfers as the replay
     counts them, ``replay.replay_samples``); next to it, one cost-samples file per mode
     (``<stem>.<mode>.json``) with the raw measurements."""
-    from ..sim.cost.fitted import FittedCostModel
+    from ..schedule.fitted_cost import FittedCostModel
+    from ..sim.cost.fitted import fit_cost_model
     from .replay import replay_samples, write_cost_samples
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -410,7 +411,7 @@ def write_costs(report: BenchReport, path: Path) -> list[Path]:
         write_cost_samples(samples, target, {"mode": summary.mode, **report.config.to_dict()})
         written.append(target)
     # Stage indices mean different layers in different layouts: keep only the per-layer fit.
-    fitted = FittedCostModel.fit(replay_samples(everything))
+    fitted = fit_cost_model(replay_samples(everything))
     model = FittedCostModel({}, fitted.per_layer, fitted.transfer,
                             {"source": "sglang-vpp bench", "modes": list(report.config.modes),
                              "model": report.config.model, "cost": "thread CPU seconds per compute"})

@@ -39,13 +39,10 @@ from ..schedule import (
     Action,
     ChunkSpec,
     Layout,
-    LinearAttentionCost,
     Planner,
-    PlannerConfig,
     RequestSpec,
     Schedule,
-    default_chunker,
-    get_policy,
+    controller_config,
 )
 from .spec import RunSpec
 
@@ -83,10 +80,9 @@ Op = Submit | Advance | End | Heartbeat
 
 def make_planner(spec: RunSpec, layout: Layout) -> Planner:
     """The planner every rank builds identically from the spec."""
-    policy = get_policy(spec.mode)
-    cost = spec.planner_cost if spec.planner_cost is not None else LinearAttentionCost()
-    chunker = default_chunker(policy, spec.chunk_size, layout, cost, spec.max_length)  # type: ignore[arg-type]
-    return Planner(PlannerConfig(policy, layout, chunker, cost))  # type: ignore[arg-type]
+    # The runtime's model runs one request per forward: no batching.
+    return Planner(controller_config(spec.mode, layout, spec.chunk_size, spec.planner_cost,  # type: ignore[arg-type]
+                                     spec.max_length, batching=False))
 
 
 class PlanFeed(ABC):

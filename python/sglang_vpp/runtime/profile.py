@@ -19,7 +19,8 @@ import time
 import torch
 
 from ..schedule import ChunkSpec
-from ..sim.cost.fitted import FittedCostModel, fit_coefficients
+from ..schedule.fitted_cost import FittedCostModel
+from ..sim.cost.fitted import fit_coefficients
 from ..sim.cost.samples import CostSample
 from .models import ModelSource, StageModel
 from .models.kv_cache import StageKV

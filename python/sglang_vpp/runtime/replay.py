@@ -13,7 +13,7 @@ delivery) -> ``sim.TableCostModel`` (exact per action) -> ``sim.simulate_schedul
 ``SimResult`` (makespan, per-rank compute / exposed comm / bubble, TTFT, timeline).
 
 The samples are written in the simulator's cost-samples format (``write_samples``), which
-``sim.FittedCostModel.fit`` reads: the calibration loop from a measured run to a fitted model.
+``sim.fit_cost_model`` reads: the calibration loop from a measured run to a fitted model.
 """
 
 from __future__ import annotations

@@ -34,9 +34,10 @@ from .ir import (
     send,
 )
 from .layout import Layout, LayoutKind, StageSpec, build_layout, even_split
-from .planner import Planner, PlannerConfig, TimelineEntry
+from .factory import ControllerConfig, build_controller, controller_config, default_chunker
+from .planner import Planner, TimelineEntry
 from .policies import FOLDBACK_MODES, POLICIES, CommSemantics, Policy, PolicySpec, Priority, get_policy, parse_policies
-from .schedule import Schedule, build_schedule, default_chunker, schedule_from_planner
+from .schedule import Schedule, build_schedule, schedule_from_planner
 from .text import format_grid, parse_rank_lines, schedule_from_json, schedule_to_json, schedule_to_text
 from .validate import ValidationIssue, find_issues, validate_schedule
 
@@ -47,7 +48,8 @@ __all__ = [
     "check_deadlock", "ChunkingError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
     "GROUP_BACKWARD", "GROUP_FORWARD", "GROUP_SINGLE", "Action", "ActionKind", "ChunkSpec",
     "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout",
-    "even_split", "FOLDBACK_MODES", "Planner", "PlannerConfig", "TimelineEntry", "POLICIES", "CommSemantics", "Policy",
+    "even_split", "FOLDBACK_MODES", "Planner", "ControllerConfig", "build_controller", "controller_config",
+    "TimelineEntry", "POLICIES", "CommSemantics", "Policy",
     "PolicySpec", "Priority", "get_policy", "parse_policies", "Schedule", "build_schedule",
     "default_chunker", "schedule_from_planner", "format_grid", "parse_rank_lines",
     "schedule_from_json", "schedule_to_json", "schedule_to_text", "ValidationIssue", "find_issues",

@@ -7,7 +7,7 @@ invariants use ``assert`` instead.
 
 from __future__ import annotations
 
-__all__ = ["ScheduleError", "LayoutError", "ChunkingError", "PolicyError", "ParseError"]
+__all__ = ["ScheduleError", "LayoutError", "ChunkingError", "PolicyError", "ParseError", "CostModelError"]
 
 
 class ScheduleError(ValueError):
@@ -28,3 +28,7 @@ class PolicyError(ValueError):
 
 class ParseError(ValueError):
     """Text or JSON that does not parse into actions or schedules."""
+
+
+class CostModelError(ValueError):
+    """A cost model cannot answer: a missing measured key, unusable samples, a bad file."""

@@ -2,7 +2,7 @@
 
 Data flow: ``submit(RequestSpec)`` chunks the request (``Controller.next_chunk_size``, with the
 config's chunker) and appends its chunks to the global chunk sequence; ``advance()`` list-schedules the sequence on an *estimated*
-clock (the ``StageCostModel`` given in ``PlannerConfig``) and appends actions to each rank's
+clock (the ``StageCostModel`` given in its ``ControllerConfig``) and appends actions to each rank's
 stream. Every rank that calls the same methods in the same order gets the same streams, which is
 how SGLang-style replicated schedulers stay in step without exchanging decisions.
 
@@ -17,7 +17,7 @@ writes the per-rank actions:
   built before the chunk needs it.
 - Stage 0 offers a chunk to the controller once its request has arrived; a chunk leaves the
   controller's in-flight set when its last stage ends on the estimated clock.
-- With a token budget (``PlannerConfig.token_budget``), a chunk that stage 0 starts takes the
+- With a token budget (``ControllerConfig.token_budget``), a chunk that stage 0 starts takes the
   following whole requests that have arrived into its forward while the controller lets them join
   (``Controller.joins_batch``) and still admits the grown micro-batch; their chunks leave the
   sequence and ride in the lead's ``ChunkSpec.batch``.
@@ -37,52 +37,12 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable
 
-from .chunking import Chunker
-from .controller import Admission, Controller, MicroBatch, default_in_flight_limit
-from .cost import StageCostModel
+from .controller import Admission, MicroBatch
+from .factory import ControllerConfig, build_controller
 from .ir import Action, ChunkSpec, RequestSpec
-from .layout import Layout
 from .lowering import Lowering
-from .policies import PolicySpec
-from .errors import PolicyError
 
-__all__ = ["PlannerConfig", "Planner", "TimelineEntry"]
-
-
-@dataclass(frozen=True, slots=True)
-class PlannerConfig:
-    policy: PolicySpec
-    layout: Layout
-    chunker: Chunker
-    cost: StageCostModel
-    max_in_flight: int | None = None
-    """Chunks allowed between entering stage 0 and leaving the last stage; None: the
-    controller's default (``default_in_flight_limit``)."""
-    num_groups: int | None = None
-    """Override the policy's group count (1 or 2); the negative control uses 1 with async sends."""
-    token_budget: int | None = None
-    """Tokens one prefill forward may carry when short requests are batched (SGLang's
-    chunked-prefill size); None: one request per forward."""
-
-    def __post_init__(self) -> None:
-        if self.layout.kind is not self.policy.layout_kind:
-            raise PolicyError(
-                f"mode {self.policy.name} needs a {self.policy.layout_kind} layout, got {self.layout.kind}"
-            )
-        if self.max_in_flight is not None and self.max_in_flight < 1:
-            raise PolicyError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
-        if self.num_groups not in (None, 1, 2):
-            raise PolicyError(f"groups must be 1 or 2, got {self.num_groups}")
-        if self.token_budget is not None and self.token_budget < 1:
-            raise PolicyError(f"token budget must be >= 1 token, got {self.token_budget}")
-
-    @property
-    def in_flight_limit(self) -> int:
-        return self.max_in_flight if self.max_in_flight is not None else default_in_flight_limit(self.layout)
-
-    @property
-    def groups(self) -> int:
-        return self.num_groups if self.num_groups is not None else self.policy.num_groups
+__all__ = ["Planner", "TimelineEntry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +62,7 @@ class Planner:
 
     def __init__(
         self,
-        config: PlannerConfig,
+        config: ControllerConfig,
         on_complete: Callable[[int, float], list[RequestSpec]] | None = None,
     ) -> None:
         self.config = config
@@ -112,9 +72,7 @@ class Planner:
         self._num_stages = layout.num_stages
         self._stage_rank = [s.rank for s in layout.stages]
         self._rank_stages = [layout.stages_of(r) for r in range(layout.num_ranks)]
-        self.controller = Controller(config.policy, layout, config.cost, config.max_in_flight,
-                                     token_budget=config.token_budget, chunker=config.chunker,
-                                     num_groups=config.groups)
+        self.controller = build_controller(config)
         self._blocking = self.controller.blocking
         self._lowering = Lowering(self.controller)
         self._actions = self._lowering.actions

@@ -1,7 +1,7 @@
 """``Schedule``: the per-rank action streams of one plan, plus what is needed to read them.
 
-``build_schedule`` is the offline entry point: layout + chunker + cost estimate from the policy,
-then the planner run to completion. Text and JSON forms live in ``text.py``.
+``build_schedule`` is the offline entry point: layout, then the controller configuration of
+``factory.py``, then the planner run to completion. Text and JSON forms live in ``text.py``.
 """
 
 from __future__ import annotations
@@ -9,15 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .chunking import Chunker, DynamicChunker, FixedChunker, TaperedChunker
+from .chunking import Chunker
 from .controller import hand_off_groups
-from .cost import LinearAttentionCost, StageCostModel
+from .cost import StageCostModel
+from .factory import controller_config
 from .ir import Action, ChunkSpec, RequestSpec
 from .layout import Layout, build_layout
-from .planner import Planner, PlannerConfig, TimelineEntry
-from .policies import CommSemantics, Policy, PolicySpec, get_policy, vpp_taper
+from .planner import Planner, TimelineEntry
+from .policies import CommSemantics, Policy, PolicySpec, get_policy
 
-__all__ = ["Schedule", "build_schedule", "default_chunker"]
+__all__ = ["Schedule", "build_schedule", "schedule_from_planner"]
 
 
 @dataclass(frozen=True)
@@ -55,29 +56,6 @@ class Schedule:
         return cache
 
 
-def default_chunker(
-    policy: PolicySpec,
-    chunk_size: int,
-    layout: Layout,
-    cost: StageCostModel,
-    max_length: int,
-) -> Chunker:
-    """Fixed chunks; for vpp-taper chunks planned for the pipeline depth; for dcpp a curve
-    fitted on the cost estimate of stage 0 (as SGLang profiles prefill latency on PP rank 0 at
-    start-up)."""
-    if policy.tapered_chunks:
-        return TaperedChunker(chunk_size, vpp_taper.TAPER_RATIO,
-                              vpp_taper.CHUNKS_PER_STAGE * layout.num_stages, vpp_taper.MIN_BODY_TOKENS)
-    if not policy.dynamic_chunks:
-        return FixedChunker(chunk_size)
-    stage = layout.stages[0]
-
-    def latency(length: int) -> float:
-        return cost.stage_cost(stage, ChunkSpec(0, 0, 0, length))
-
-    return DynamicChunker.from_latency_fn(latency, chunk_size, max(max_length, 2 * chunk_size))
-
-
 def build_schedule(
     policy: str | Policy | PolicySpec,
     num_ranks: int,
@@ -89,15 +67,18 @@ def build_schedule(
     chunker: Chunker | None = None,
     num_groups: int | None = None,
     max_in_flight: int | None = None,
+    batching: bool = False,
 ) -> Schedule:
-    """Plan ``requests`` (lengths or ``RequestSpec``) end to end for one policy."""
+    """Plan ``requests`` (lengths or ``RequestSpec``) end to end for one policy. ``batching``
+    off by default: these are the streams the reference runtime, which runs one request per
+    forward, executes (``factory.controller_config``)."""
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
     layout = build_layout(num_ranks, num_layers, spec.layout_kind, split)
     specs = [r if isinstance(r, RequestSpec) else RequestSpec(int(r)) for r in requests]
-    cost = cost if cost is not None else LinearAttentionCost()
-    if chunker is None:
-        chunker = default_chunker(spec, chunk_size, layout, cost, max((r.length for r in specs), default=1))
-    planner = Planner(PlannerConfig(spec, layout, chunker, cost, max_in_flight, num_groups))
+    config = controller_config(spec, layout, chunk_size, cost, max((r.length for r in specs), default=1),
+                               batching=batching, max_in_flight=max_in_flight, num_groups=num_groups,
+                               chunker=chunker)
+    planner = Planner(config)
     for request in specs:
         planner.submit(request)
     planner.advance()

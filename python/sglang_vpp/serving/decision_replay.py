@@ -139,7 +139,7 @@ def _build_controller(inputs: dict, rank: int) -> Controller:
 
 def _cost_model(spec: dict) -> StageCostModel:
     if spec.get("kind") == "fitted":
-        from ..sim.cost.fitted import FittedCostModel
+        from ..schedule.fitted_cost import FittedCostModel
 
         return FittedCostModel.from_json(spec["model"])
     if spec.get("kind") != "linear-attention":

@@ -7,6 +7,8 @@ Internal invariants use ``assert``.
 
 from __future__ import annotations
 
+from ..schedule.errors import CostModelError
+
 __all__ = ["SimError", "PresetError", "CostModelError", "WorkloadError", "SimDeadlockError"]
 
 
@@ -16,10 +18,6 @@ class SimError(ValueError):
 
 class PresetError(SimError):
     """An unknown or malformed model / hardware preset."""
-
-
-class CostModelError(SimError):
-    """A cost model cannot answer: a missing measured key, unusable samples, a bad file."""
 
 
 class WorkloadError(SimError):

@@ -14,15 +14,12 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..schedule import (
-    DynamicChunker,
     Planner,
-    PlannerConfig,
     RequestSpec,
     Schedule,
     StageCostModel,
     build_layout,
-    ChunkSpec,
-    default_chunker,
+    controller_config,
     default_in_flight_limit,
     get_policy,
     schedule_from_planner,
@@ -47,9 +44,6 @@ class RunConfig:
     """Tokens per chunk (the base size for dcpp)."""
     split: tuple[int, ...] | None = None
     """Per-stage layer counts; None splits evenly (remainder to the first stages)."""
-    dcpp_smooth_factor: float = 1.0
-    """DCPP smoothing toward the base size; the paper's DCPP baseline uses 1.0 (SGLang's default
-    is 0.75)."""
     max_in_flight: int | None = None
     """Override the planner's in-flight chunk limit (default: P contiguous, 2P-1 fold-back)."""
     batch_requests: bool = True
@@ -102,26 +96,12 @@ class ModeResult:
         }
 
 
-def _chunker(spec, config: RunConfig, layout, cost: StageCostModel, max_length: int):
-    if not spec.dynamic_chunks:
-        return default_chunker(spec, config.chunk_size, layout, cost, max_length)
-    stage = layout.stages[0]
-
-    def latency(length: int) -> float:
-        # SGLang profiles whole prefills of ``length`` tokens on PP rank 0 at start-up.
-        return cost.stage_cost(stage, ChunkSpec(0, 0, 0, length))
-
-    return DynamicChunker.from_latency_fn(latency, config.chunk_size, max(max_length, 2 * config.chunk_size),
-                                          smooth_factor=config.dcpp_smooth_factor)
-
-
 def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig,
                   num_layers: int) -> PlannedWorkload:
     """Plan ``workload`` for ``mode`` with the schedule core's online planner (see module doc)."""
     spec = get_policy(mode)
     layout = build_layout(config.num_ranks, num_layers, spec.layout_kind,
                           list(config.split) if config.split else None)
-    chunker = _chunker(spec, config, layout, cost, workload.max_length)
     pending = list(workload.requests)
     concurrency = workload.concurrency if workload.concurrency is not None else len(pending)
     first, pending = pending[:concurrency], pending[concurrency:]
@@ -136,8 +116,8 @@ def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: R
         arrivals.append(request.arrival)
         return [RequestSpec(request.length, max(request.arrival, end))]
 
-    budget = config.chunk_size if config.batch_requests else None
-    planner = Planner(PlannerConfig(spec, layout, chunker, cost, config.max_in_flight, token_budget=budget),
+    planner = Planner(controller_config(spec, layout, config.chunk_size, cost, workload.max_length,
+                                        batching=config.batch_requests, max_in_flight=config.max_in_flight),
                       on_complete=on_complete)
     for request in first:
         planner.submit(request)

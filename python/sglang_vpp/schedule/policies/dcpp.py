@@ -17,3 +17,8 @@ SPEC = PolicySpec(
     request_barrier=False,
     pack=False,
 )
+
+SMOOTH_FACTOR = 1.0
+"""Smoothing of the curve's chunk toward the base size (``DynamicChunker.smooth_factor``): the
+paper's DCPP baseline uses 1.0 (no smoothing); SGLang's server default is 0.75
+(``SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR``), which a dcpp server keeps unless that is set."""

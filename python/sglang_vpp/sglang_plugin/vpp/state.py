@@ -28,8 +28,9 @@ from sglang_vpp.schedule import (
     LinearAttentionCost,
     PolicySpec,
     StageCostModel,
+    build_controller,
     build_layout,
-    default_chunker,
+    controller_config,
     get_policy,
 )
 
@@ -154,10 +155,11 @@ class VppState:
         (SGLang's --chunked-prefill-size), cut by the mode's chunker. Two groups per link whatever the mode: the transport
         keeps a receive posted on every link, so each link carries one direction (transport.py)."""
         assert self.layout is not None
-        cost = self.cost_model()
-        chunker = default_chunker(self.config.policy, chunk_size, self.layout, cost, chunk_size)
-        return Controller(self.config.policy, self.layout, cost, self.config.max_in_flight,
-                          chunker=chunker, num_groups=2)
+        # SGLang forms its own batches (the controller only sizes them: batch_budget), and the
+        # chunkers the plugin serves (fixed, tapered) do not read the longest prompt.
+        config = controller_config(self.config.policy, self.layout, chunk_size, self.cost_model(), chunk_size,
+                                   batching=False, max_in_flight=self.config.max_in_flight, num_groups=2)
+        return build_controller(config)
 
     def controller_inputs(self, controller: Controller) -> dict:
         """What ``check --trace`` needs to rebuild ``controller`` offline."""
@@ -195,7 +197,7 @@ class VppState:
 
 def load_cost_profile(path: str) -> StageCostModel:
     """The fitted cost model ``sglang-vpp bench --costs FILE`` wrote; VppConfigError if unreadable."""
-    from sglang_vpp.sim.cost.fitted import FittedCostModel
+    from sglang_vpp.schedule.fitted_cost import FittedCostModel
 
     try:
         return FittedCostModel.load(path)

@@ -44,7 +44,7 @@ class TableCostModel(StageCostModel):
         raise CostModelError(
             f"no measured compute for stage {key[0]} request {key[1]} chunk {key[2]} "
             f"({len(self.compute)} measured actions); replay the schedule that was measured, or pass "
-            "fallback=FittedCostModel.fit(samples)")
+            "fallback=fit_cost_model(samples)")
 
     def transfer_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
         key = (stage.stage_index, chunk.request_index, chunk.chunk_index)

@@ -1,0 +1,106 @@
+"""The one place a controller is built, for every executor and command.
+
+``schedule``, ``check``, ``simulate``, ``bench`` (the reference runtime) and the SGLang plugin
+all get their controller here, so a mode means the same thing everywhere: the chunker (fixed,
+tapered for the pipeline depth, or the DCPP curve fitted on the cost estimate of stage 0 with
+the policy's smoothing), the in-flight limit, the batching budget, the groups per link and the
+cost estimate. An executor states only what differs in *its* world: the cost model it has, the
+longest prompt it will see (the DCPP curve is fitted up to it), whether it can run several
+requests in one forward, and whether its transport needs one direction per link.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .chunking import Chunker, DynamicChunker, FixedChunker, TaperedChunker
+from .controller import Controller, default_in_flight_limit
+from .cost import LinearAttentionCost, StageCostModel
+from .errors import PolicyError
+from .ir import ChunkSpec
+from .layout import Layout
+from .policies import PolicySpec, dcpp, get_policy, vpp_taper
+
+__all__ = ["ControllerConfig", "build_controller", "controller_config", "default_chunker"]
+
+
+def default_chunker(policy: PolicySpec, chunk_size: int, layout: Layout, cost: StageCostModel | None,
+                    max_length: int) -> Chunker:
+    """Fixed chunks; for vpp-taper chunks planned for the pipeline depth; for dcpp a curve fitted
+    on the cost estimate of stage 0 up to ``max_length`` tokens (as SGLang profiles prefill
+    latency on PP rank 0 at start-up), smoothed by ``policies.dcpp.SMOOTH_FACTOR``."""
+    if policy.tapered_chunks:
+        return TaperedChunker(chunk_size, vpp_taper.TAPER_RATIO,
+                              vpp_taper.CHUNKS_PER_STAGE * layout.num_stages, vpp_taper.MIN_BODY_TOKENS)
+    if not policy.dynamic_chunks:
+        return FixedChunker(chunk_size)
+    estimate = cost if cost is not None else LinearAttentionCost()
+    stage = layout.stages[0]
+
+    def latency(length: int) -> float:
+        return estimate.stage_cost(stage, ChunkSpec(0, 0, 0, length))
+
+    return DynamicChunker.from_latency_fn(latency, chunk_size, max(max_length, 2 * chunk_size),
+                                          smooth_factor=dcpp.SMOOTH_FACTOR)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Everything a controller is built from (``controller_config`` fills the defaults)."""
+
+    policy: PolicySpec
+    layout: Layout
+    chunker: Chunker
+    cost: StageCostModel
+    max_in_flight: int | None = None
+    """Micro-batches between entering stage 0 and leaving the last stage; None: the
+    controller's default (``default_in_flight_limit``)."""
+    num_groups: int | None = None
+    """Groups per link (1 or 2); None: the policy's."""
+    token_budget: int | None = None
+    """Tokens one prefill forward may carry when whole requests are batched (SGLang's
+    chunked-prefill size); None: one request per forward."""
+
+    def __post_init__(self) -> None:
+        if self.layout.kind is not self.policy.layout_kind:
+            raise PolicyError(
+                f"mode {self.policy.name} needs a {self.policy.layout_kind} layout, got {self.layout.kind}"
+            )
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise PolicyError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+        if self.num_groups not in (None, 1, 2):
+            raise PolicyError(f"groups must be 1 or 2, got {self.num_groups}")
+        if self.token_budget is not None and self.token_budget < 1:
+            raise PolicyError(f"token budget must be >= 1 token, got {self.token_budget}")
+
+    @property
+    def in_flight_limit(self) -> int:
+        return self.max_in_flight if self.max_in_flight is not None else default_in_flight_limit(self.layout)
+
+    @property
+    def groups(self) -> int:
+        return self.num_groups if self.num_groups is not None else self.policy.num_groups
+
+
+def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int, cost: StageCostModel | None,
+                      max_length: int, *, batching: bool = True, max_in_flight: int | None = None,
+                      num_groups: int | None = None, chunker: Chunker | None = None) -> ControllerConfig:
+    """The configuration of ``policy``'s controller on ``layout`` with base chunk ``chunk_size``.
+
+    ``cost``: the estimate the controller decides with (None: ``LinearAttentionCost``).
+    ``max_length``: the longest prompt the executor will chunk (the DCPP fit's range).
+    ``batching``: whole requests join a forward up to ``chunk_size`` tokens, as SGLang's prefill
+    adder fills a batch; False for executors that run one request per forward.
+    ``chunker``: replaces the policy's (tests and what-ifs only)."""
+    spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
+    estimate = cost if cost is not None else LinearAttentionCost()
+    if chunker is None:
+        chunker = default_chunker(spec, chunk_size, layout, estimate, max_length)
+    return ControllerConfig(spec, layout, chunker, estimate, max_in_flight, num_groups,
+                            chunk_size if batching else None)
+
+
+def build_controller(config: ControllerConfig) -> Controller:
+    """A fresh controller for ``config``; every rank of a pipeline builds an equal one."""
+    return Controller(config.policy, config.layout, config.cost, config.max_in_flight,
+                      token_budget=config.token_budget, chunker=config.chunker, num_groups=config.num_groups)

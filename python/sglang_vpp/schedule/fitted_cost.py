@@ -1,0 +1,128 @@
+"""``FittedCostModel``: ``f(c, L) = a c (c + L) + b (c + L) + d`` per stage, as fitted on
+measured actions (the fit itself: ``sim/cost/fitted.py``, which needs numpy).
+
+Pure Python so every executor's controller can decide with a fitted estimate, the SGLang plugin
+included (``--vpp-cost-profile``), without importing the simulator.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cost import StageCostModel
+from .errors import CostModelError
+from .ir import ChunkSpec
+from .layout import StageSpec
+
+__all__ = ["Coefficients", "TransferFit", "FittedCostModel", "FITTED_FORMAT"]
+
+FITTED_FORMAT = "sglang-vpp.fitted-cost"
+
+
+@dataclass(frozen=True, slots=True)
+class Coefficients:
+    """``f(c, L) = a c (c + L) + b (c + L) + d`` seconds; fit quality alongside."""
+
+    a: float
+    b: float
+    d: float
+    num_samples: int = 0
+    rel_rmse: float = 0.0
+    """Root mean square of relative residuals on the fitted samples."""
+    num_layers: int | None = None
+    """Layers of the stage the fit was made on (None for per-layer fits or unknown)."""
+
+    def __call__(self, tokens: int, prefix: int) -> float:
+        context = tokens + prefix
+        return self.a * tokens * context + self.b * context + self.d
+
+    def scaled(self, factor: float) -> "Coefficients":
+        return Coefficients(self.a * factor, self.b * factor, self.d * factor, self.num_samples,
+                            self.rel_rmse, None)
+
+    def to_dict(self) -> dict:
+        return {"a": self.a, "b": self.b, "d": self.d, "num_samples": self.num_samples,
+                "rel_rmse": self.rel_rmse, "layers": self.num_layers}
+
+    @staticmethod
+    def from_dict(data: dict) -> "Coefficients":
+        return Coefficients(float(data["a"]), float(data["b"]), float(data["d"]),
+                            int(data.get("num_samples", 0)), float(data.get("rel_rmse", 0.0)), data.get("layers"))
+
+
+@dataclass(frozen=True, slots=True)
+class TransferFit:
+    """``t = alpha + beta c`` seconds for a hand-off of a c-token chunk."""
+
+    alpha: float
+    beta: float
+    num_samples: int = 0
+
+    def __call__(self, tokens: int) -> float:
+        return self.alpha + self.beta * tokens
+
+
+@dataclass(frozen=True)
+class FittedCostModel(StageCostModel):
+    """Per-stage fitted costs; see the module docstring.
+
+    Lookup for a stage: its own fit when one exists for that stage index and (if known) the same
+    layer count; otherwise the per-layer fit times the stage's layers; otherwise an error that
+    says which stage is missing.
+    """
+
+    stages: dict[int, Coefficients] = field(default_factory=dict)
+    per_layer: Coefficients | None = None
+    transfer: TransferFit | None = None
+    meta: dict = field(default_factory=dict)
+
+    def _coefficients(self, stage: StageSpec) -> Coefficients:
+        own = self.stages.get(stage.stage_index)
+        if own is not None and own.num_layers in (None, stage.num_layers):
+            return own
+        if self.per_layer is not None:
+            return self.per_layer.scaled(stage.num_layers)
+        raise CostModelError(
+            f"no fitted cost for stage {stage.stage_index} ({stage.num_layers} layers); fitted stages: "
+            f"{sorted(self.stages)}; record samples with 'layers' to get a per-layer fit, or simulate the "
+            "measured layout")
+
+    def stage_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
+        coefficients = self._coefficients(stage)
+        # A batched forward: the per-forward constant once, the token terms per request.
+        return coefficients.d + sum(coefficients(part.num_tokens, part.start) - coefficients.d
+                                    for part in chunk.parts)
+
+    def transfer_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
+        return self.transfer(chunk.total_tokens) if self.transfer is not None else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "format": FITTED_FORMAT, "version": 1, "meta": self.meta,
+            "stages": {str(k): v.to_dict() for k, v in sorted(self.stages.items())},
+            "per_layer": self.per_layer.to_dict() if self.per_layer else None,
+            "transfer": None if self.transfer is None else
+            {"alpha": self.transfer.alpha, "beta": self.transfer.beta, "num_samples": self.transfer.num_samples},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "FittedCostModel":
+        if data.get("format") != FITTED_FORMAT:
+            raise CostModelError(f"not a fitted cost model: format {data.get('format')!r}, expected {FITTED_FORMAT!r}")
+        transfer = data.get("transfer")
+        return cls(
+            {int(k): Coefficients.from_dict(v) for k, v in data.get("stages", {}).items()},
+            Coefficients.from_dict(data["per_layer"]) if data.get("per_layer") else None,
+            TransferFit(float(transfer["alpha"]), float(transfer["beta"]), int(transfer.get("num_samples", 0)))
+            if transfer else None,
+            dict(data.get("meta", {})),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FittedCostModel":
+        return cls.from_json(json.loads(Path(path).read_text()))
