@@ -8,6 +8,7 @@ import pytest
 
 from sglang_vpp.schedule import LinearAttentionCost, RequestSpec, build_schedule
 from sglang_vpp.serving.decision_replay import DecisionRecorder, replay_trace
+from sglang_vpp.trace_records import cost_record, records_file
 
 COST = LinearAttentionCost()
 
@@ -15,7 +16,7 @@ COST = LinearAttentionCost()
 @pytest.mark.parametrize("mode", ["vpp", "vpp-async", "vpp-pack"])
 @pytest.mark.parametrize("pp", [2, 4])
 def test_planner_decisions_replay_like_a_server(mode, pp, tmp_path, monkeypatch):
-    import sglang_vpp.schedule.planner as planner_module
+    import sglang_vpp.schedule.factory as factory_module
 
     recorders = []
 
@@ -23,17 +24,16 @@ def test_planner_decisions_replay_like_a_server(mode, pp, tmp_path, monkeypatch)
         recorders.append(DecisionRecorder(*args, **kwargs))
         return recorders[-1]
 
-    monkeypatch.setattr(planner_module, "Controller", recording)
+    monkeypatch.setattr(factory_module, "Controller", recording)
     # Different lengths, some chunked and some not; the last arrives while the first prefills.
     requests = [RequestSpec(700), RequestSpec(37), RequestSpec(300), RequestSpec(128, arrival=1e-4)]
     build_schedule(mode, pp, 4 * pp, requests, 64, cost=COST)
     recorder = recorders[0]
     layers = [4 * pp // (2 * pp)] * (2 * pp)
-    inputs = {"mode": mode, "pp_size": pp, "stage_layers": layers, "max_in_flight": None,
-              "cost": {"kind": "linear-attention", "linear_per_token": COST.linear_per_token,
-                       "attention_per_pair": COST.attention_per_pair, "fixed_per_chunk": COST.fixed_per_chunk}}
+    inputs = {"mode": mode, "pp_size": pp, "stage_layers": layers, "max_in_flight": None, "chunk_size": 64,
+              "cost": cost_record(COST)}
     for rank, decisions in recorder.decisions.items():
-        (tmp_path / f"vpp_rank{rank}.records.json").write_text(
+        records_file(tmp_path, rank).write_text(
             json.dumps({"records": [], "controller": inputs, "decisions": decisions}))
     result = replay_trace(tmp_path)
     assert result.ok, result.divergence.describe()

@@ -22,7 +22,7 @@ def _computes(actions, positions) -> list[tuple[int, int]]:
 def replan(workload: ServerWorkload, monkeypatch) -> tuple[list[DecisionRecorder], list, list]:
     """Plan the server's workload with its cost table in the simulator and in the reference
     runtime's control plane; returns both planners' recorded decisions and per-rank orders."""
-    import sglang_vpp.schedule.planner as planner_module
+    import sglang_vpp.schedule.factory as factory_module
 
     recorders: list[DecisionRecorder] = []
 
@@ -30,28 +30,29 @@ def replan(workload: ServerWorkload, monkeypatch) -> tuple[list[DecisionRecorder
         recorders.append(DecisionRecorder(*args, names=workload.request_ids, **kwargs))
         return recorders[-1]
 
-    monkeypatch.setattr(planner_module, "Controller", recording)
-    layout = workload.layout()
-    cost = workload.cost_model()
-    pp = layout.num_ranks
-    # The simulator: plans and executes the streams on its own clock.
-    sim_run = run_mode(workload.mode, Workload("server", tuple(RequestSpec(n) for n in workload.lengths)), cost,
-                       RunConfig(pp, workload.chunk_size, workload.stage_layers, max_in_flight=workload.inputs.get("max_in_flight")),
-                       layout.num_layers, keep_schedule=True)
-    positions = {chunk.key: i for i, chunk in enumerate(sim_run.schedule.chunks)}
-    sim_order = [[] for _ in range(pp)]
-    for piece in sorted(sim_run.sim.timeline, key=lambda piece: (piece.start, piece.end)):
-        if piece.kind == "compute":
-            sim_order[piece.rank].append((piece.stage_index, positions[(piece.request_index, piece.chunk_index)]))
-    # The reference runtime: rank 0's control feed, as it plans while running (every request here).
-    spec = RunSpec(model="tiny", mode=workload.mode, num_ranks=pp, chunk_size=workload.chunk_size,
-                   requests=tuple(RequestArrival(n) for n in workload.lengths), split=workload.stage_layers,
-                   planner_cost=cost)
-    planner = make_planner(spec, layout)
-    feed = CoordinatorFeed(planner, [(n, 0.0) for n in workload.lengths], [], epoch=time.perf_counter(),
-                           lookahead=spec.lookahead)
-    while feed.next_action(lambda: None) is not None:
-        pass
+    with monkeypatch.context() as patch:  # only these two planners record
+        patch.setattr(factory_module, "Controller", recording)
+        layout = workload.layout()
+        cost = workload.cost_model()
+        pp = layout.num_ranks
+        # The simulator: plans and executes the streams on its own clock.
+        sim_run = run_mode(workload.mode, Workload("server", tuple(RequestSpec(n) for n in workload.lengths)), cost,
+                           RunConfig(pp, workload.chunk_size, workload.stage_layers, max_in_flight=workload.inputs.get("max_in_flight")),
+                           layout.num_layers, keep_schedule=True)
+        positions = {chunk.key: i for i, chunk in enumerate(sim_run.schedule.chunks)}
+        sim_order = [[] for _ in range(pp)]
+        for piece in sorted(sim_run.sim.timeline, key=lambda piece: (piece.start, piece.end)):
+            if piece.kind == "compute":
+                sim_order[piece.rank].append((piece.stage_index, positions[(piece.request_index, piece.chunk_index)]))
+        # The reference runtime: rank 0's control feed, as it plans while running (every request here).
+        spec = RunSpec(model="tiny", mode=workload.mode, num_ranks=pp, chunk_size=workload.chunk_size,
+                       requests=tuple(RequestArrival(n) for n in workload.lengths), split=workload.stage_layers,
+                       planner_cost=cost)
+        planner = make_planner(spec, layout)
+        feed = CoordinatorFeed(planner, [(n, 0.0) for n in workload.lengths], [], epoch=time.perf_counter(),
+                               lookahead=spec.lookahead)
+        while feed.next_action(lambda: None) is not None:
+            pass
     runtime_positions = {chunk.key: i for i, chunk in enumerate(planner.sequence)}
     runtime_order = [_computes(planner.rank_actions(r), runtime_positions) for r in range(pp)]
     return recorders, sim_order, runtime_order

@@ -16,13 +16,14 @@ from sglang_vpp.serving.decision_replay import (
     replay_trace,
     server_workload,
 )
+from sglang_vpp.trace_records import cost_record, records_file
 
 LENGTHS = (256, 64, 192, 128)
 
 
 def _planner_trace(mode, pp, tmp_path, monkeypatch, cost=None):
     """A trace in the server's format whose decisions a planner took (rank -> decisions)."""
-    import sglang_vpp.schedule.planner as planner_module
+    import sglang_vpp.schedule.factory as factory_module
 
     names = [f"r{i}" for i in range(len(LENGTHS))]
     recorders = []
@@ -32,14 +33,13 @@ def _planner_trace(mode, pp, tmp_path, monkeypatch, cost=None):
         return recorders[-1]
 
     with monkeypatch.context() as patch:
-        patch.setattr(planner_module, "Controller", recording)
+        patch.setattr(factory_module, "Controller", recording)
         build_schedule(mode, pp, 4 * pp, [RequestSpec(n) for n in LENGTHS], 64, cost=cost)
     cost = LinearAttentionCost()  # the trace says the default estimate was used, whatever the clock was
     inputs = {"mode": mode, "pp_size": pp, "stage_layers": [2] * (2 * pp), "max_in_flight": None,
-              "cost": {"kind": "linear-attention", "linear_per_token": cost.linear_per_token,
-                       "attention_per_pair": cost.attention_per_pair, "fixed_per_chunk": cost.fixed_per_chunk}}
+              "chunk_size": 64, "cost": cost_record(cost)}
     for rank, decisions in recorders[0].decisions.items():
-        (tmp_path / f"vpp_rank{rank}.records.json").write_text(
+        records_file(tmp_path, rank).write_text(
             json.dumps({"records": [], "controller": inputs, "decisions": decisions}))
     return recorders[0].decisions
 

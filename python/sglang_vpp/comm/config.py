@@ -12,10 +12,15 @@ from typing import Any, Mapping
 
 from .errors import CommConfigError
 
-__all__ = ["CommConfig", "DEFAULT_GROUPS", "SINGLE_GROUP"]
+__all__ = ["CommConfig", "DEFAULT_GROUPS", "SERVED_COMM_TIMEOUT_S", "SINGLE_GROUP"]
 
 DEFAULT_GROUPS = ("fwd", "bwd")
 SINGLE_GROUP = ("pp",)
+SERVED_COMM_TIMEOUT_S = 300.0
+"""Default wait of a served pipeline's send or receive (and of a stock loop on its peers)
+before it fails: long enough for a long prompt's chunk on a slow rank, short enough that a dead
+rank stops the server within minutes (``--vpp-comm-timeout``)."""
+
 _GROUP_RE = re.compile(r"[a-z][a-z0-9_]{0,11}")
 
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import fmean
 
-from ..sim.entities import RankStats, SliceKind, TimelineSlice
+from ..sim.entities import RankStats, SliceKind, TimelineSlice, bubble_ratio, mean_ttft_s
 from .records import ActionRecord, RankReport
 
 __all__ = ["MeasuredRun", "measure_run"]
@@ -55,13 +55,11 @@ class MeasuredRun:
 
     @property
     def bubble_ratio(self) -> float:
-        if self.makespan_s <= 0:
-            return 0.0
-        return sum(r.bubble_s for r in self.per_rank) / (len(self.per_rank) * self.makespan_s)
+        return bubble_ratio(self.per_rank, self.makespan_s)
 
     @property
     def ttft_s(self) -> float:
-        return fmean(self.request_ttft_s.values()) if self.request_ttft_s else 0.0
+        return mean_ttft_s(self.request_ttft_s)
 
 
 def _compute_ends(reports: Sequence[RankReport]) -> dict[tuple[int, int, int], float]:

@@ -16,9 +16,7 @@ through their comm errors or the launcher's abort); the pool is then unusable.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import sys
 import time
 import traceback
@@ -26,18 +24,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ..parent_death import die_with_parent
+
 __all__ = ["ALL_GROUPS", "rank_main"]
 
 ALL_GROUPS = ("pp", "fwd", "bwd")
-
-
-def _die_with_parent() -> None:
-    """Linux: get SIGKILL when the launcher dies, so a killed launcher leaves no orphan ranks."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
 
 
 def _format_error(error: BaseException) -> str:
@@ -53,7 +44,7 @@ def _format_error(error: BaseException) -> str:
 def rank_main(rank: int, pool: Any, pool_dir: str, jobs: Any, control_queues: list[Any],
               result_queue: Any, abort_event: Any) -> None:
     """Entry point of rank ``rank`` (see the module docstring)."""
-    _die_with_parent()
+    die_with_parent()
     run_id = 0
     comm = None
     try:

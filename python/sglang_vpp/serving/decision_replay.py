@@ -37,12 +37,25 @@ from ..schedule import (
     Controller,
     FixedChunker,
     Layout,
-    LinearAttentionCost,
     MicroBatch,
     StageCostModel,
+    build_controller,
     build_layout,
+    controller_config,
     get_policy,
     split_request,
+)
+from ..schedule.errors import CostModelError
+from ..trace_records import (
+    ADMIT,
+    HOLD,
+    LEFT,
+    PICK,
+    RECORDS_GLOB,
+    cost_from_record,
+    micro_batch_from_record,
+    micro_batch_record,
+    rank_of_records_file,
 )
 
 __all__ = ["TraceError", "Divergence", "ReplayResult", "replay_trace", "load_trace", "ServerWorkload",
@@ -88,9 +101,9 @@ def load_trace(trace_dir: str | Path) -> dict[int, dict]:
     if not root.is_dir():
         raise TraceError(f"--trace {str(root)!r} is not a directory; pass the directory given to --vpp-trace")
     ranks: dict[int, dict] = {}
-    for path in sorted(root.glob("vpp_rank*.records.json")):
+    for path in sorted(root.glob(RECORDS_GLOB)):
         try:
-            rank = int(path.name[len("vpp_rank"):].split(".")[0])
+            rank = rank_of_records_file(path)
             data = json.loads(path.read_text())
         except (ValueError, OSError) as exc:
             raise TraceError(f"{path} is not a readable records file ({exc}); re-run the server with --vpp-trace") from None
@@ -132,25 +145,21 @@ def _build_controller(inputs: dict, rank: int) -> Controller:
         policy = get_policy(inputs["mode"])
         stage_layers = [int(n) for n in inputs["stage_layers"]]
         layout = build_layout(int(inputs["pp_size"]), sum(stage_layers), policy.layout_kind, stage_layers)
-        return Controller(policy, layout, _cost_model(inputs["cost"]), inputs.get("max_in_flight"))
+        # Admission and order never read the chunker; traces written before chunk sizes were
+        # recorded replay with any.
+        chunk_size = int(inputs.get("chunk_size") or 1)
+        config = controller_config(policy, layout, chunk_size, _cost_model(inputs["cost"]), chunk_size,
+                                   batching=False, max_in_flight=inputs.get("max_in_flight"), num_groups=2)
+        return build_controller(config)
     except (KeyError, TypeError) as exc:
         raise TraceError(f"rank {rank}: the controller inputs in the trace are incomplete ({exc!r})") from None
 
 
 def _cost_model(spec: dict) -> StageCostModel:
-    if spec.get("kind") == "fitted":
-        from ..schedule.fitted_cost import FittedCostModel
-
-        return FittedCostModel.from_json(spec["model"])
-    if spec.get("kind") != "linear-attention":
-        raise TraceError(f"unknown cost model {spec.get('kind')!r} in the trace; expected 'linear-attention' or 'fitted'")
-    return LinearAttentionCost(float(spec["linear_per_token"]), float(spec["attention_per_pair"]),
-                               float(spec["fixed_per_chunk"]))
-
-
-def _micro_batch(record: dict) -> MicroBatch:
-    return MicroBatch(int(record["seq"]), frozenset(record["requests"]), int(record["start"]), int(record["tokens"]),
-                      bool(record["ends_request"]), bool(record["prefill"]))
+    try:
+        return cost_from_record(spec)
+    except CostModelError as exc:
+        raise TraceError(str(exc)) from None
 
 
 def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Divergence | None:
@@ -158,7 +167,7 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
         try:
             kind = record["kind"]
             if kind in ("admit", "hold"):
-                mb = _micro_batch(record)
+                mb = micro_batch_from_record(record)
                 expected = controller.admission(mb)
                 observed = Admission(record["decision"]) if kind == "admit" else Admission.NO
                 if observed is not expected:
@@ -257,12 +266,6 @@ def server_workload(trace_dir: str | Path) -> ServerWorkload:
     return workload
 
 
-def _micro_batch_fields(mb: MicroBatch, names: Sequence[str] | None) -> dict:
-    requests = sorted(names[r] if names is not None else str(r) for r in mb.requests)
-    return {"seq": mb.seq, "requests": requests, "start": mb.start, "tokens": mb.num_tokens,
-            "ends_request": mb.ends_request, "prefill": mb.is_prefill}
-
-
 class DecisionRecorder(Controller):
     """A ``Controller`` that writes each call as the server's loops record it (``--vpp-trace``):
     drop-in for the planner's, whose request indices ``names`` turns into request ids."""
@@ -277,21 +280,21 @@ class DecisionRecorder(Controller):
         decision = super().admission(mb)
         if decision is Admission.NO and mb.seq not in self._held:
             self._held.add(mb.seq)
-            self.decisions[0].append({"kind": "hold", **_micro_batch_fields(mb, self.names)})
+            self.decisions[0].append({"kind": HOLD, **micro_batch_record(mb, self.names)})
         return decision
 
     def on_admitted(self, mb: MicroBatch, decision: Admission) -> None:
-        self.decisions[0].append({"kind": "admit", "decision": str(decision), **_micro_batch_fields(mb, self.names)})
+        self.decisions[0].append({"kind": ADMIT, "decision": str(decision), **micro_batch_record(mb, self.names)})
         super().on_admitted(mb, decision)
 
     def on_left(self, seq: int) -> None:
-        self.decisions[0].append({"kind": "left", "seq": seq})
+        self.decisions[0].append({"kind": LEFT, "seq": seq})
         super().on_left(seq)
 
     def pick(self, rank: int, ready: Sequence[tuple[int, int]]) -> tuple[int, int]:
         chosen = super().pick(rank, ready)
         if len(ready) > 1:
-            self.decisions[rank].append({"kind": "pick", "ready": [list(i) for i in ready], "chosen": list(chosen)})
+            self.decisions[rank].append({"kind": PICK, "ready": [list(i) for i in ready], "chosen": list(chosen)})
         return chosen
 
 
@@ -350,7 +353,7 @@ def _situations(records: Sequence[dict], inputs: dict, rank: int) -> list[tuple[
         if kind in ("admit", "left") and (int(record["seq"]) in controller.in_flight_seqs) == (kind == "admit"):
             break  # events the controller cannot follow (replay_trace reports them): no later state is known
         if kind in ("admit", "hold"):
-            mb = _micro_batch(record)
+            mb = micro_batch_from_record(record)
             fields = (mb.seq, tuple(record["requests"]), mb.start, mb.num_tokens, mb.ends_request, mb.is_prefill)
             decision = record.get("decision", "no")
             out.append((("admission", controller.state_key(), fields), decision))

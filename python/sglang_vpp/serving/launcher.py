@@ -20,7 +20,6 @@ current one first.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import json
 import os
 import signal
@@ -33,6 +32,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from ..parent_death import die_with_parent
 
 __all__ = [
     "CPU_PLATFORM_ARGS",
@@ -47,27 +48,6 @@ __all__ = [
 
 CPU_PLATFORM_ARGS: tuple[str, ...] = ("--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32")
 """SGLang on CPU: the portable attention backend, and fp32 so outputs compare with the reference."""
-
-
-def _libc_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _libc_prctl()  # resolved here: the child between fork and exec only calls it
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """``preexec_fn``: SIGKILL the launcher when the thread that started it dies without
-    ``stop()`` (an ``os._exit``, a killed test run), so no server outlives its owner.
-    SGLang's scheduler and detokenizer processes already die with the launcher."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 HEALTH_POLL_S = 0.25
@@ -211,7 +191,7 @@ class SGLangServer:
             stdin=subprocess.DEVNULL,
             env=self.config.env(),
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,  # no server outlives the thread that owns it
         )
         log.close()
         atexit.register(self.stop)

@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..trace_records import records_file
 from .timeline import RankTimeline, replay_executed
 
 __all__ = [
@@ -39,10 +40,6 @@ class TraceUnavailableError(RuntimeError):
     """The server's trace files did not appear or were not rewritten in time."""
 
 
-def _rank_file(trace_dir: Path, rank: int) -> Path:
-    return trace_dir / f"vpp_rank{rank}.records.json"
-
-
 def _load(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
@@ -54,7 +51,7 @@ def read_records(trace_dir: str | Path, num_ranks: int) -> list[dict] | None:
     """All ranks' records, or None while some rank has not written its file yet."""
     out: list[dict] = []
     for rank in range(num_ranks):
-        data = _load(_rank_file(Path(trace_dir), rank))
+        data = _load(records_file(Path(trace_dir), rank))
         if data is None:
             return None
         out.extend(data["records"])
@@ -78,7 +75,7 @@ def wait_for_records(
     a rank's last rewrite.
     """
     trace_dir = Path(trace_dir)
-    paths = [_rank_file(trace_dir, rank) for rank in range(num_ranks)]
+    paths = [records_file(trace_dir, rank) for rank in range(num_ranks)]
     deadline = time.monotonic() + timeout
     last_change, last_mtimes = time.monotonic(), None
     while time.monotonic() < deadline:

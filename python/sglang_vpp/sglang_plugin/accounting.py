@@ -13,9 +13,8 @@ stage 3 of micro-batch 12). Written to ``<trace_dir>/vpp_rank<r>.json`` with the
 in ``<trace_dir>/vpp_rank<r>.records.json`` whenever the loop goes idle (atomic replace).
 
 The records file also carries the controller's inputs and decisions, in the order the rank made
-them, so ``sglang-vpp check --trace`` can replay them offline (``serving/decision_replay.py``):
-``controller`` (mode, layout, limits, cost model) and ``decisions``, a list of
-``{"kind": "admit" | "hold" | "left" | "pick", ...}``.
+them, so ``sglang-vpp check --trace`` can replay them offline (``serving/decision_replay.py``).
+Every field and file name: ``sglang_vpp/trace_records.py``.
 """
 
 from __future__ import annotations
@@ -26,21 +25,9 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["ComputeRecord", "RankAccounting"]
+from sglang_vpp.trace_records import DECISION_KINDS, ComputeRecord, chrome_trace_file, records_file
 
-
-@dataclass(frozen=True, slots=True)
-class ComputeRecord:
-    rank: int
-    stage: int
-    seq: int
-    is_prefill: bool
-    num_tokens: int
-    start_s: float
-    """Wall clock, seconds since the loop started."""
-    end_s: float
-    cpu_s: float
-    """Thread CPU time of the compute."""
+__all__ = ["RankAccounting"]
 
 
 @dataclass
@@ -82,6 +69,7 @@ class RankAccounting:
         )
 
     def decision(self, kind: str, **fields) -> None:
+        assert kind in DECISION_KINDS, kind
         """Record one controller decision (only with a trace directory: a server without
         ``--vpp-trace`` keeps no decision log)."""
         if self.trace_dir:
@@ -122,9 +110,9 @@ class RankAccounting:
             }
             for r in self.records
         ]
-        self._atomic_write(f"vpp_rank{self.rank}.json", {"traceEvents": events, "displayTimeUnit": "ms"})
+        self._atomic_write(chrome_trace_file(self.trace_dir, self.rank).name, {"traceEvents": events, "displayTimeUnit": "ms"})
         self._atomic_write(
-            f"vpp_rank{self.rank}.records.json",
+            records_file(self.trace_dir, self.rank).name,
             {"summary": self.summary(), "counters": dict(self.counters), "records": [asdict(r) for r in self.records],
              "controller": self.controller, "decisions": self.decisions},
         )

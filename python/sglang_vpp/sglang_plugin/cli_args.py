@@ -25,6 +25,7 @@ import argparse
 import functools
 from typing import Any
 
+from sglang_vpp.comm.config import SERVED_COMM_TIMEOUT_S
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.failure_report import (
     SIGQUIT_HANDLER_TARGET,
@@ -89,7 +90,7 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--vpp-comm-timeout",
         type=float,
-        default=300.0,
+        default=SERVED_COMM_TIMEOUT_S,
         metavar="SECONDS",
         help="vpp modes: fail a pipeline send/receive that waits longer than this. cpp/dcpp "
         "with --pp-size > 1: stop the server when a rank's stock loop waits on its peers longer "

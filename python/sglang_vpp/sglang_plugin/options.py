@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_vpp.comm.config import SERVED_COMM_TIMEOUT_S
 from sglang_vpp.schedule import FOLDBACK_MODES, Policy
 from sglang_vpp.sglang_plugin.errors import PpModeError
 
@@ -56,7 +57,7 @@ class PipelineOptions:
     """Layers per virtual stage s_0 .. s_{2P-1} (``--vpp-layer-split 3,2,2,1``); None = even."""
     vpp_trace: str | None = None
     """Where the VPP code writes Perfetto/Chrome traces of the pipeline (``--vpp-trace``)."""
-    vpp_comm_timeout: float = 300.0
+    vpp_comm_timeout: float = SERVED_COMM_TIMEOUT_S
     """Seconds any pipeline send/receive may wait before failing (``--vpp-comm-timeout``)."""
     vpp_cost_profile: str | None = None
     """A fitted cost model file for the VPP controller's estimates (``--vpp-cost-profile``)."""
@@ -77,7 +78,7 @@ class PipelineOptions:
             pp_mode=PpMode(getattr(namespace, "pp_mode", PpMode.CPP)),
             vpp_layer_split=parse_layer_split(getattr(namespace, "vpp_layer_split", None)),
             vpp_trace=getattr(namespace, "vpp_trace", None),
-            vpp_comm_timeout=float(getattr(namespace, "vpp_comm_timeout", 300.0)),
+            vpp_comm_timeout=float(getattr(namespace, "vpp_comm_timeout", SERVED_COMM_TIMEOUT_S)),
             vpp_cost_profile=getattr(namespace, "vpp_cost_profile", None),
         )
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import fmean
 from enum import StrEnum
 
-__all__ = ["SliceKind", "TimelineSlice", "RankStats"]
+__all__ = ["SliceKind", "TimelineSlice", "RankStats", "bubble_ratio", "mean_ttft_s"]
 
 
 class SliceKind(StrEnum):
@@ -87,3 +89,16 @@ class RankStats:
             "busy_until": self.busy_until, "num_computes": self.num_computes,
             "idle_by_cause_s": dict(self.idle_by_cause),
         }
+
+
+def bubble_ratio(per_rank: Sequence[RankStats], makespan_s: float) -> float:
+    """Idle share of all rank-time: sum of bubbles / (ranks * makespan) (docs/metrics.md); the
+    simulator and the measured runtime report it alike."""
+    if makespan_s <= 0 or not per_rank:
+        return 0.0
+    return sum(r.bubble_s for r in per_rank) / (len(per_rank) * makespan_s)
+
+
+def mean_ttft_s(request_ttft_s: Mapping[int, float]) -> float:
+    """Mean time to first token over requests (0 for none)."""
+    return fmean(request_ttft_s.values()) if request_ttft_s else 0.0

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from statistics import fmean
 
 from ..schedule import DeadlockReport
-from .entities import RankStats, TimelineSlice
+from .entities import RankStats, TimelineSlice, bubble_ratio, mean_ttft_s
 
 __all__ = ["SimResult"]
 
@@ -63,15 +63,11 @@ class SimResult:
 
     @property
     def bubble_ratio(self) -> float:
-        """Idle share of all rank-time: sum of bubbles / (ranks * makespan)."""
-        if self.makespan_s <= 0 or not self.per_rank:
-            return 0.0
-        return sum(r.bubble_s for r in self.per_rank) / (len(self.per_rank) * self.makespan_s)
+        return bubble_ratio(self.per_rank, self.makespan_s)
 
     @property
     def ttft_s(self) -> float:
-        """Mean TTFT over requests."""
-        return fmean(self.request_ttft_s.values()) if self.request_ttft_s else 0.0
+        return mean_ttft_s(self.request_ttft_s)
 
     @property
     def throughput_tok_s(self) -> float:

@@ -52,6 +52,7 @@ import torch
 from sglang_vpp.schedule import Admission, Controller, MicroBatch
 
 from sglang_vpp.sglang_plugin.accounting import RankAccounting
+from sglang_vpp.trace_records import ADMIT, HOLD, LEFT, PICK, micro_batch_record
 from .chunk_sizing import install_chunk_sizer
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
 from .replica import Replica, batch_signature, outputs_to_cpu
@@ -193,7 +194,7 @@ class _LoopBase:
         if len(ready) == 1:
             return ready[0]
         chosen = self.controller.pick(self.rank, ready)
-        self.acct.decision("pick", ready=[list(item) for item in ready], chosen=list(chosen))
+        self.acct.decision(PICK, ready=[list(item) for item in ready], chosen=list(chosen))
         return chosen
 
     def _flush_channels(self) -> None:
@@ -225,11 +226,6 @@ def micro_batch_of(seq: int, batch: Any, chunked_req: Any) -> MicroBatch:
     continues = chunked_req is not None and chunked_req.rid in rids
     return MicroBatch(seq, rids, start=prefix, num_tokens=max(1, int(batch.extend_num_tokens or 0)),
                       ends_request=not continues)
-
-
-def micro_batch_record(mb: MicroBatch) -> dict:
-    return {"seq": mb.seq, "requests": sorted(str(r) for r in mb.requests), "start": mb.start,
-            "tokens": mb.num_tokens, "ends_request": mb.ends_request, "prefill": mb.is_prefill}
 
 
 class LeaderLoop(_LoopBase):
@@ -297,7 +293,7 @@ class LeaderLoop(_LoopBase):
             return None
         if self.controller.admission(held.micro_batch) is Admission.NO:
             if not held.hold_recorded:
-                self.acct.decision("hold", **micro_batch_record(held.micro_batch))
+                self.acct.decision(HOLD, **micro_batch_record(held.micro_batch))
                 held.hold_recorded = True
             return None
         return held
@@ -325,7 +321,7 @@ class LeaderLoop(_LoopBase):
         assert held is not None
         decision = self.controller.admission(held.micro_batch)
         self.controller.on_admitted(held.micro_batch, decision)
-        self.acct.decision("admit", decision=str(decision), **micro_batch_record(held.micro_batch))
+        self.acct.decision(ADMIT, decision=str(decision), **micro_batch_record(held.micro_batch))
         seq = self.next_seq
         self.next_seq += 1
         job = _new_job(seq, held.slot, held.batch)
@@ -354,7 +350,7 @@ class LeaderLoop(_LoopBase):
         self.events.append(("result", job.slot, outputs))
         self.slot_seq[job.slot] = None
         self.controller.on_left(job.seq)
-        self.acct.decision("left", seq=job.seq)
+        self.acct.decision(LEFT, seq=job.seq)
 
     def _on_heartbeat(self, direction: str, message: Message) -> None:
         """The pipeline's echo of rank 0's own heartbeat: nothing to do."""

@@ -20,6 +20,8 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
+from sglang_vpp.comm.config import SERVED_COMM_TIMEOUT_S
+from sglang_vpp.trace_records import cost_record
 from sglang_vpp.schedule import (
     FOLDBACK_MODES,
     Controller,
@@ -60,7 +62,7 @@ class VppConfig:
     """Physical pipeline ranks P; the layout has 2P virtual stages."""
     layer_split: tuple[int, ...] | None = None
     """Per-virtual-stage layer counts (2P values), or None for an even split."""
-    comm_timeout_s: float = 300.0
+    comm_timeout_s: float = SERVED_COMM_TIMEOUT_S
     """Longest wait for a peer's message before ``CommTimeoutError``."""
     heartbeat_s: float = 1.0
     """An idle rank 0 sends a heartbeat down the pipeline this often, so every wait can time out."""
@@ -97,7 +99,7 @@ class VppConfig:
             mode=mode,
             pp_size=pp_size,
             layer_split=layer_split,
-            comm_timeout_s=float(os.environ.get("SGLANG_VPP_COMM_TIMEOUT_S", "300")),
+            comm_timeout_s=float(os.environ.get("SGLANG_VPP_COMM_TIMEOUT_S", SERVED_COMM_TIMEOUT_S)),
             heartbeat_s=float(os.environ.get("SGLANG_VPP_HEARTBEAT_S", "1.0")),
             trace_dir=trace_dir,
             max_in_flight=int(max_in_flight) if max_in_flight else None,
@@ -163,18 +165,13 @@ class VppState:
 
     def controller_inputs(self, controller: Controller) -> dict:
         """What ``check --trace`` needs to rebuild ``controller`` offline."""
-        cost = controller.cost
-        if isinstance(cost, LinearAttentionCost):
-            cost_record = {"kind": "linear-attention", "linear_per_token": cost.linear_per_token,
-                           "attention_per_pair": cost.attention_per_pair, "fixed_per_chunk": cost.fixed_per_chunk}
-        else:
-            cost_record = {"kind": "fitted", "model": cost.to_json()}
         return {
             "mode": self.config.mode,
             "pp_size": self.config.pp_size,
             "stage_layers": [stage.num_layers for stage in self.layout.stages],
             "max_in_flight": self.config.max_in_flight,
-            "cost": cost_record,
+            "chunk_size": getattr(controller.chunker, "chunk_size", None),
+            "cost": cost_record(controller.cost),
         }
 
     def owned_stages(self) -> tuple[int, ...]:
