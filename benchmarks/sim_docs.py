@@ -115,6 +115,37 @@ def idle_at_calibration_point(model, cost) -> str:
     return "\n".join(lines)
 
 
+JITTER = 0.03
+JITTER_SEEDS = range(10)
+JITTER_MODES = "cpp,dcpp,vpp"
+JITTER_CAUSES = ("upstream_wait", "rendezvous", "admission", "drain")
+
+
+def jitter_at_512k(model, cost) -> str:
+    """TTFT and idle by cause at 512K with no jitter and with 3 % jitter over ten seeds."""
+    point = METHOD_DOC_TABLE
+    lines = ["| P | mode | TTFT s, no jitter | TTFT s, 3 % jitter (min / median / max) | "
+             "bubble s, no jitter -> median | " + " | ".join(f"{c} s" for c in JITTER_CAUSES) + " |",
+             "|---|---|---|---|---|" + "---|" * len(JITTER_CAUSES)]
+    for num_ranks in (2, 4):
+        def run(jitter: float, seed: int):
+            return {r.result.mode: r.result.sim for r in simulate_matrix(
+                long_workload([point.seq_len]), cost, model.num_layers, JITTER_MODES, [point.chunk_size], num_ranks,
+                sim=SimConfig(record_timeline=False), jitter=jitter, jitter_seed=seed)}
+        exact = run(0.0, 0)
+        jittered = [run(JITTER, seed) for seed in JITTER_SEEDS]
+        for mode in JITTER_MODES.split(","):
+            ttfts = sorted(r[mode].ttft_s for r in jittered)
+            median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731 (upper median of ten)
+            causes = " | ".join(f"{exact[mode].idle_by_cause.get(c, 0.0):.2f} -> "
+                                f"{median([r[mode].idle_by_cause.get(c, 0.0) for r in jittered]):.2f}"
+                                for c in JITTER_CAUSES)
+            lines.append(f"| {num_ranks} | {mode} | {exact[mode].ttft_s:.1f} | {ttfts[0]:.1f} / {median(ttfts):.1f} / "
+                         f"{ttfts[-1]:.1f} | {exact[mode].bubble_s:.2f} -> {median([r[mode].bubble_s for r in jittered]):.2f}"
+                         f" | {causes} |")
+    return "\n".join(lines)
+
+
 def deep_pipeline(model, cost) -> str:
     lines = ["| P | chunk | cpp | dcpp | vpp-pack | vpp-taper | vpp-taper chunks | vpp-taper vs best of cpp/dcpp |",
              "|---|---|---|---|---|---|---|---|"]
@@ -203,6 +234,7 @@ def compute_blocks() -> dict[str, tuple[str, str]]:
         "calibration-trend": ("calibration", calibration_trend(model, hardware)),
         "calibration-fields": ("calibration", calibration_fields(hardware)),
         "calibration-sensitivity": ("calibration", calibration_sensitivity(model, hardware)),
+        "jitter": ("calibration", jitter_at_512k(model, cost)),
         "idle-by-cause": ("simulator", idle_at_calibration_point(model, cost)),
         "deep-pipeline": ("simulator", deep_pipeline(model, cost)),
         "chunk-size-64k": ("simulator", short_prompt_chunks(model, cost)),

@@ -67,6 +67,8 @@ def simulate(
     split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts (P or 2P entries by layout)."),
     balance: str = typer.Option("even", "--balance", help="Layer split: even, or auto (the planner picks one for the cost model's tau curve)."),
     costs: Optional[Path] = typer.Option(None, "--costs", help="Fitted or table cost JSON from measured samples instead of the analytic model."),
+    jitter: float = typer.Option(0.0, "--jitter", help="What-if: relative spread of every stage's time (0.03 = 3%), drawn per stage and chunk; the controller still decides with the cost model."),
+    jitter_seed: int = typer.Option(0, "--jitter-seed", help="Seed of the --jitter draws."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON ('-' for stdout)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Perfetto/Chrome trace of each mode's run."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a Gantt PNG of each mode's run."),
@@ -96,10 +98,12 @@ def simulate(
         built = build_workload(workload, lengths=lengths, num_requests=requests, concurrency=concurrency,
                                seed=seed, path=str(file) if file else None)
         runs = [(lengths[0] if lengths and workload == "short" else None, built)]
+    if not 0.0 <= jitter <= 1.0:
+        raise ValueError(f"--jitter must lie in [0, 1] (a relative spread: 0.03 = 3%), got {jitter}")
     rows = []
     for length, work in runs:
         rows += simulate_matrix(work, cost, model_spec.num_layers, modes, chunk_sizes, pp, layer_split,
-                                sim_config, seq_len=length, balance=balance)
+                                sim_config, seq_len=length, balance=balance, jitter=jitter, jitter_seed=jitter_seed)
     # With --json - the JSON owns stdout; the human-readable table goes to stderr.
     to_stderr = json_out is not None and str(json_out) == "-"
     title = (f"{model_spec.name} on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')}), pp={pp}, "
@@ -116,7 +120,7 @@ def simulate(
         emit_json({
             "config": {"model": model_spec.name, "hardware": hardware_spec.name, "pp": pp, "tp": getattr(cost, "tp", None),
                        "workload": workload, "chunk_sizes": chunk_sizes, "modes": modes, "balance": balance,
-                       "cost_model": type(cost).__name__},
+                       "cost_model": type(cost).__name__, "jitter": jitter, "jitter_seed": jitter_seed},
             "results": [row.to_dict() for row in rows],
             "run_lower_bound_s": bounds,
         }, json_out)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .controller import Admission, MicroBatch
+from .cost import StageCostModel
 from .factory import ControllerConfig, build_controller
 from .ir import Action, ChunkSpec, RequestSpec
 from .lowering import Lowering
@@ -64,8 +65,13 @@ class Planner:
         self,
         config: ControllerConfig,
         on_complete: Callable[[int, float], list[RequestSpec]] | None = None,
+        durations: StageCostModel | None = None,
     ) -> None:
+        """``durations``: how long work takes on this dry run's clock; None: the controller's
+        estimate (``config.cost``). A what-if passes other durations (e.g. jittered ones) while
+        the controller keeps deciding with its estimate, as a server's does."""
         self.config = config
+        self._durations = durations if durations is not None else config.cost
         self._on_complete = on_complete
         layout = config.layout
         self._num_ranks = layout.num_ranks
@@ -294,10 +300,10 @@ class Planner:
         return None if stage == self._num_stages - 1 else self._stage_rank[stage + 1]
 
     def _stage_cost(self, stage: int, chunk: ChunkSpec) -> float:
-        return self.config.cost.stage_cost(self.config.layout.stages[stage], chunk)
+        return self._durations.stage_cost(self.config.layout.stages[stage], chunk)
 
     def _transfer_cost(self, stage: int, chunk: ChunkSpec) -> float:
-        return self.config.cost.transfer_cost(self.config.layout.stages[stage], chunk)
+        return self._durations.transfer_cost(self.config.layout.stages[stage], chunk)
 
     def _stuck_state(self) -> str:
         return (

@@ -1,11 +1,14 @@
 """Run workloads through the real planner and the engine: one mode, one chunk size.
 
-Data flow: ``Workload`` -> ``plan_workload`` (a ``Planner`` from the schedule core, online: a
+Data flow: ``Workload`` -> ``plan_workload`` (a ``Planner`` from the schedule core, online: the
+controller is asked at event time on a clock whose durations are the simulated ones, with
+``--jitter`` included, while it decides with the unjittered cost model as its estimate; a
 closed-loop workload submits the next request from the planner's ``on_complete`` callback at the
-completion time on the planner's *estimated* clock; the estimate is the same cost model the
-simulation uses) -> ``Schedule`` + client gating (which request's completion sent which request)
--> ``simulate_schedule`` (the engine re-times everything; a gated request starts when its gate
-completes *in the simulation*) -> ``ModeResult`` (``SimResult`` + lower bound).
+completion time on that clock) -> ``Schedule`` + client gating (which request's completion sent
+which request) -> ``simulate_schedule`` (the engine re-times the streams with the same durations
+and adds what the planner's clock does not model: in-order links, pre-posted receives, idle by
+cause; a gated request starts when its gate completes *in the simulation*) -> ``ModeResult``
+(``SimResult`` + lower bound).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ..schedule import (
     schedule_from_planner,
 )
 from .config import SimConfig
+from .cost.jitter import JitteredCostModel
 from .engine import simulate_schedule
 from .errors import SimError
 from .metrics import gap_to_bound, lower_bound
@@ -50,6 +54,11 @@ class RunConfig:
     """Batch short requests into one forward up to ``chunk_size`` tokens, as SGLang's prefill adder
     does with its chunked-prefill budget (``Controller.joins_batch``); False: one request per
     forward."""
+    jitter: float = 0.0
+    """Relative spread of every stage's time around the cost model's (``JitteredCostModel``);
+    the controller still decides with the unjittered model, as a server decides with its
+    estimates. 0: none."""
+    jitter_seed: int = 0
     sim: SimConfig = field(default_factory=SimConfig)
 
     def __post_init__(self) -> None:
@@ -96,9 +105,15 @@ class ModeResult:
         }
 
 
+def stage_durations(cost: StageCostModel, config: RunConfig) -> StageCostModel:
+    """The durations a run executes with: ``cost``, jittered when ``config.jitter`` is set."""
+    return JitteredCostModel(cost, config.jitter, config.jitter_seed) if config.jitter else cost
+
+
 def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig,
                   num_layers: int) -> PlannedWorkload:
-    """Plan ``workload`` for ``mode`` with the schedule core's online planner (see module doc)."""
+    """Plan ``workload`` for ``mode`` with the schedule core's online planner (see module doc):
+    the controller decides with ``cost``, at the times ``stage_durations`` gives."""
     spec = get_policy(mode)
     layout = build_layout(config.num_ranks, num_layers, spec.layout_kind,
                           list(config.split) if config.split else None)
@@ -118,7 +133,7 @@ def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: R
 
     planner = Planner(controller_config(spec, layout, config.chunk_size, cost, workload.max_length,
                                         batching=config.batch_requests, max_in_flight=config.max_in_flight),
-                      on_complete=on_complete)
+                      on_complete=on_complete, durations=stage_durations(cost, config))
     for request in first:
         planner.submit(request)
     planner.advance()
@@ -137,7 +152,8 @@ def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunCon
     if sim_config.max_in_flight is None and layout.stages[-1].rank != layout.stages[0].rank:
         # SGLang's micro-batch slots: the window the controller admitted with.
         sim_config = dataclasses.replace(sim_config, max_in_flight=config.max_in_flight or default_in_flight_limit(layout))
-    sim = simulate_schedule(planned.schedule, cost, sim_config, arrivals=planned.arrivals,
+    durations = stage_durations(cost, config)
+    sim = simulate_schedule(planned.schedule, durations, sim_config, arrivals=planned.arrivals,
                             release_after=planned.release_after)
-    bound = lower_bound(planned.schedule, cost, sim) if sim.ok else 0.0
+    bound = lower_bound(planned.schedule, durations, sim) if sim.ok else 0.0
     return ModeResult(mode, config.chunk_size, sim, bound, planned.schedule if keep_schedule else None)

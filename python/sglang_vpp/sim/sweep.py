@@ -35,12 +35,12 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
                     chunk_sizes: Sequence[int], num_ranks: int, split: Sequence[int] | None = None,
                     sim: SimConfig | None = None, seq_len: int | None = None,
                     keep_schedules: bool = False, balance: str = "even",
-                    batch_requests: bool = True) -> list[SweepRow]:
+                    batch_requests: bool = True, jitter: float = 0.0, jitter_seed: int = 0) -> list[SweepRow]:
     """Every mode at every chunk size on one workload (the planner's estimate is ``cost``).
 
     ``balance="auto"``: each (mode, chunk size) runs on the layer split ``balance_split``
     chooses for this cost model from the workload's first requests (up to 8).
-    ``batch_requests``: see ``RunConfig.batch_requests``.
+    ``batch_requests``, ``jitter``, ``jitter_seed``: see ``RunConfig``.
     """
     if balance not in BALANCE_MODES:
         raise SimError(f"--balance must be one of {', '.join(BALANCE_MODES)}, got {balance!r}")
@@ -54,7 +54,8 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
             chosen = tuple(split) if split else None
             if balance == "auto":
                 chosen = balance_split(spec, num_ranks, num_layers, probe, chunk_size, cost)
-            config = RunConfig(num_ranks, chunk_size, chosen, batch_requests=batch_requests, sim=sim or SimConfig())
+            config = RunConfig(num_ranks, chunk_size, chosen, batch_requests=batch_requests, jitter=jitter,
+                               jitter_seed=jitter_seed, sim=sim or SimConfig())
             rows.append(SweepRow(workload.name, seq_len,
                                  run_mode(str(spec.name), workload, cost, config, num_layers, keep_schedules)))
     return rows

@@ -1,0 +1,48 @@
+"""``JitteredCostModel``: stage times that depart from a cost model at random (a what-if).
+
+Each stage compute of each chunk takes the base model's time (every component of its
+breakdown) times ``max(0.05, 1 + spread * z)``, ``z`` standard normal, drawn once per
+(seed, stage, request, chunk): the same work has the same duration wherever it is asked for,
+so the planner's clock and the simulator's agree. Transfers are not jittered. The spread is an
+assumption to explore (``simulate --jitter``), not a fitted property of any hardware.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ...schedule import ChunkSpec, StageCostModel, StageSpec
+from ..errors import SimError
+from .base import BreakdownCostModel, StageTime, stage_time
+
+__all__ = ["JitteredCostModel"]
+
+_FLOOR = 0.05
+"""Smallest factor: a draw far in the left tail must not make a stage free or negative."""
+
+
+@dataclass(frozen=True)
+class JitteredCostModel(BreakdownCostModel):
+    base: StageCostModel
+    spread: float
+    """Relative standard deviation of a stage's time (0.03: 3 %)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.spread <= 1.0:
+            raise SimError(f"--jitter must lie in [0, 1] (a relative spread, 0.03 = 3%), got {self.spread}")
+
+    def factor(self, stage: StageSpec, chunk: ChunkSpec) -> float:
+        if self.spread == 0.0:
+            return 1.0
+        rng = random.Random(f"{self.seed}:{stage.stage_index}:{chunk.request_index}:{chunk.chunk_index}")
+        return max(_FLOOR, 1.0 + self.spread * rng.gauss(0.0, 1.0))
+
+    def stage_breakdown(self, stage: StageSpec, chunk: ChunkSpec) -> StageTime:
+        parts = stage_time(self.base, stage, chunk)
+        k = self.factor(stage, chunk)
+        return StageTime(parts.compute_s * k, parts.tp_comm_s * k, parts.overhead_s * k)
+
+    def transfer_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
+        return self.base.transfer_cost(stage, chunk)
