@@ -48,7 +48,7 @@ def test_unknown_pp_mode_is_one_line_listing_the_choices():
     with pytest.raises(PpModeError) as info:
         check_pp_mode_name("bogus")
     text = str(info.value)
-    assert "'bogus'" in text and "cpp, dcpp, vpp, vpp-async, vpp-pack, vpp-taper" in text and "\n" not in text
+    assert "'bogus'" in text and "cpp, dcpp, vpp, vpp-async, vpp-pack, vpp-taper, vpp-stream" in text and "\n" not in text
     check_pp_mode_name("vpp-pack")
 
 

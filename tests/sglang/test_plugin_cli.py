@@ -47,7 +47,7 @@ CASES = [
      2, "needs at least 8 layers"),
     ("vpp-speculative", ["--pp-mode", "vpp", "--pp-size", "2", "--speculative-algorithm", "EAGLE"],
      2, "does not support --speculative-algorithm"),
-    ("unknown-mode", ["--pp-mode", "zigzag"], 2, "invalid choice: 'zigzag' (choose from cpp, dcpp, vpp, vpp-async, vpp-pack, vpp-taper)"),
+    ("unknown-mode", ["--pp-mode", "zigzag"], 2, "invalid choice: 'zigzag' (choose from cpp, dcpp, vpp, vpp-async, vpp-pack, vpp-taper, vpp-stream)"),
 ]  # fmt: skip
 
 _SCRIPT = textwrap.dedent(
@@ -138,7 +138,7 @@ def test_vpp_never_runs_silently_as_stock(parsed):
 def test_launch_server_help_lists_the_flags(runs):
     done, _ = runs["help"]
     assert done.returncode == 0
-    for flag in ("--pp-mode {cpp,dcpp,vpp,vpp-async,vpp-pack,vpp-taper}", "--vpp-layer-split", "--vpp-trace"):
+    for flag in ("--pp-mode {cpp,dcpp,vpp,vpp-async,vpp-pack,vpp-taper,vpp-stream}", "--vpp-layer-split", "--vpp-trace"):
         assert flag in done.stdout
 
 

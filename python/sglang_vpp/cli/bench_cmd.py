@@ -70,11 +70,13 @@ class _RichProgress:
 
 
 def _text_table(title: str, rows: list[list[str]]) -> str:
-    """``title``, then ``rows`` (the first is the header): the first column left-aligned."""
+    """``title``, then ``rows`` (the first is the header): the first column left-aligned; columns
+    two spaces apart, one where two would pass 80 columns."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+    sep = "  " if sum(widths) + 2 * (len(widths) - 1) <= 80 else " "
+    lines = [sep.join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
              for row in rows]
-    return "\n".join([title, lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+    return "\n".join([title, lines[0], sep.join("-" * w for w in widths), *lines[1:]])
 
 
 def format_table(report) -> str:

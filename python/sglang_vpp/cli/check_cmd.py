@@ -17,7 +17,7 @@ from .schedule_cmd import plan_from_options
 
 @user_errors
 def check(
-    mode: Optional[str] = typer.Option(None, "--mode", help="cpp, dcpp, vpp, vpp-async, vpp-pack or vpp-taper (required without --trace)."),
+    mode: Optional[str] = typer.Option(None, "--mode", help="cpp, dcpp, vpp, vpp-async, vpp-pack, vpp-taper or vpp-stream (required without --trace)."),
     pp: Optional[int] = typer.Option(None, "--pp", help="Number of pipeline ranks P (required without --trace)."),
     seq_len: Optional[str] = typer.Option(None, "--seq-len", help="Prompt length per request (16k, 1m, ...; required without --trace)."),
     chunk_size: Optional[str] = typer.Option(None, "--chunk-size", help="Chunk size (base size for dcpp; required without --trace)."),

@@ -27,7 +27,7 @@ def plan_from_options(mode: str, pp: int, seq_len: str, chunk_size: str, request
 
 @user_errors
 def schedule(
-    mode: str = typer.Option(..., "--mode", help="cpp, dcpp, vpp, vpp-async, vpp-pack or vpp-taper."),
+    mode: str = typer.Option(..., "--mode", help="cpp, dcpp, vpp, vpp-async, vpp-pack, vpp-taper or vpp-stream."),
     pp: int = typer.Option(..., "--pp", help="Number of pipeline ranks P."),
     seq_len: str = typer.Option(..., "--seq-len", help="Prompt length per request (16k, 1m, ...)."),
     chunk_size: str = typer.Option(..., "--chunk-size", help="Chunk size (base size for dcpp)."),

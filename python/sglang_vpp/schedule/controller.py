@@ -18,8 +18,8 @@ never on a clock, so a recorded sequence of calls replays exactly (``check --tra
 Rules (the meaning of each mode, also in docs/method.md):
 
 - In-flight limit: at most ``limits.in_flight`` micro-batches between entering stage 0 and leaving
-  the last stage (P for the contiguous layout, 2P-1 for fold-back). Packed micro-batches do not
-  count against it.
+  the last stage (P for the contiguous layout, 2P-1 for fold-back; twice that with the policy's
+  ``deep_window``). Packed micro-batches do not count against it.
 - Request barrier (policies with ``request_barrier``): prefill micro-batches form *groups*; a
   micro-batch that shares a request with the newest admitted prefill micro-batch continues its
   group, any other starts the next one. A micro-batch of a later group enters only after every
@@ -40,7 +40,13 @@ Rules (the meaning of each mode, also in docs/method.md):
 - Hand-off: ``blocking`` or ``async`` as the policy says; the group is ``pp`` with one group,
   else ``fwd`` (r -> r+1) or ``bwd`` (r+1 -> r) (``hand_off_group``).
 - Order: ``OLDEST_FIRST`` runs the oldest micro-batch first (ties: the higher stage);
-  ``FEED_PEER_FIRST`` first runs a stage whose output another rank waits for, then the oldest.
+  ``FEED_PEER_FIRST`` first runs a stage whose output another rank waits for, then the oldest;
+  ``FEED_PEER_UNTIL_FULL`` is ``FEED_PEER_FIRST`` except on the rank of stage 0 once the V is
+  full (``full_pipeline``: at least the layout's ``default_in_flight_limit`` in flight), where it
+  is ``OLDEST_FIRST``: every rank then has work queued, and finishing the oldest micro-batch
+  completes its requests sooner and frees its slot. Elsewhere the two orders agree (a rank's
+  fold-back item is always older than its forward one, and both feed a peer), so only rank 0,
+  which sees every admission and departure in every executor, reads the in-flight count.
 """
 
 from __future__ import annotations
@@ -104,11 +110,13 @@ class ControllerLimits:
         return self.in_flight + self.pack_cap
 
 
-def default_in_flight_limit(layout: Layout) -> int:
+def default_in_flight_limit(layout: Layout, policy: PolicySpec | None = None) -> int:
     """P for the contiguous layout (SGLang's micro-batch count); 2P-1 for fold-back (rank r pairs
-    chunk k+d with chunk k-d, d = P-1-r, so 2P-1 chunks overlap in steady state)."""
+    chunk k+d with chunk k-d, d = P-1-r, so 2P-1 chunks overlap in steady state); twice that for
+    a ``policy`` with ``deep_window``."""
     p = layout.num_ranks
-    return p if layout.kind is LayoutKind.CONTIGUOUS else 2 * p - 1
+    full = p if layout.kind is LayoutKind.CONTIGUOUS else 2 * p - 1
+    return 2 * full if policy is not None and policy.deep_window else full
 
 
 def slot_released_by(seq: int, in_flight_limit: int) -> int | None:
@@ -175,7 +183,7 @@ class Controller:
         self.cost = cost
         self.chunker = chunker
         self.num_groups = num_groups if num_groups is not None else policy.num_groups
-        in_flight = max_in_flight if max_in_flight is not None else default_in_flight_limit(layout)
+        in_flight = max_in_flight if max_in_flight is not None else default_in_flight_limit(layout, policy)
         self.limits = ControllerLimits(in_flight, in_flight if policy.pack else 0)
         self.token_budget = token_budget
         """Tokens one prefill forward may carry when requests are batched; None: no batching."""
@@ -264,9 +272,23 @@ class Controller:
     def pick(self, rank: int, ready: Sequence[tuple[int, int]]) -> tuple[int, int]:
         """The ``(stage, seq)`` that ``rank`` runs first among ``ready``."""
         assert ready, "pick needs at least one ready item"
-        if self.policy.priority is Priority.FEED_PEER_FIRST:
+        priority = self.policy.priority
+        if priority is Priority.FEED_PEER_UNTIL_FULL:
+            full = rank == self.layout.stages[0].rank and self.full_pipeline
+            priority = Priority.OLDEST_FIRST if full else Priority.FEED_PEER_FIRST
+        if priority is Priority.FEED_PEER_FIRST:
             return min(ready, key=lambda item: (not self._feeds_peer(rank, item[0]), item[1], -item[0]))
         return min(ready, key=lambda item: (item[1], -item[0]))
+
+    def pick_key(self, rank: int) -> tuple:
+        """Everything ``pick`` on ``rank`` reads besides the ready items: equal keys, equal answers."""
+        reads_state = self.policy.priority is Priority.FEED_PEER_UNTIL_FULL and rank == self.layout.stages[0].rank
+        return (reads_state and self.full_pipeline,)
+
+    @property
+    def full_pipeline(self) -> bool:
+        """At least as many micro-batches in flight as keep every rank busy in steady state."""
+        return self.in_flight >= default_in_flight_limit(self.layout)
 
     # ----------------------------------------------------------------- chunks and hand-offs
     def next_chunk_size(self, prefix_len: int, remaining: int) -> int:

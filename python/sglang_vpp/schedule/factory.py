@@ -75,7 +75,7 @@ class ControllerConfig:
 
     @property
     def in_flight_limit(self) -> int:
-        return self.max_in_flight if self.max_in_flight is not None else default_in_flight_limit(self.layout)
+        return self.max_in_flight if self.max_in_flight is not None else default_in_flight_limit(self.layout, self.policy)
 
     @property
     def groups(self) -> int:

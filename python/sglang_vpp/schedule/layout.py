@@ -43,6 +43,7 @@ _KIND_ALIASES = {
     "vpp-async": LayoutKind.FOLDBACK,
     "vpp-pack": LayoutKind.FOLDBACK,
     "vpp-taper": LayoutKind.FOLDBACK,
+    "vpp-stream": LayoutKind.FOLDBACK,
 }
 
 

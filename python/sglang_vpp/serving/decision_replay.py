@@ -117,7 +117,7 @@ def load_trace(trace_dir: str | Path) -> dict[int, dict]:
     if not all(data.get("controller") for data in ranks.values()):
         raise TraceError(
             f"{str(root)!r} holds no controller decisions: stock --pp-mode cpp / dcpp run SGLang's own loop, "
-            "which the controller does not drive; use --pp-mode vpp, vpp-async, vpp-pack or vpp-taper"
+            "which the controller does not drive; use --pp-mode vpp, vpp-async, vpp-pack, vpp-taper or vpp-stream"
         )
     return ranks
 
@@ -363,7 +363,7 @@ def _situations(records: Sequence[dict], inputs: dict, rank: int) -> list[tuple[
             controller.on_left(int(record["seq"]))
         elif kind == "pick":
             ready = tuple(sorted(tuple(item) for item in record["ready"]))
-            out.append((("pick", ready), str(tuple(record["chosen"]))))
+            out.append((("pick", ready, controller.pick_key(rank)), str(tuple(record["chosen"]))))
     return out
 
 

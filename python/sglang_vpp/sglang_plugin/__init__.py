@@ -1,4 +1,4 @@
-"""SGLang plugin: ``--pp-mode {cpp,dcpp,vpp,vpp-async,vpp-pack,vpp-taper}`` on ``sglang.launch_server``.
+"""SGLang plugin: ``--pp-mode {cpp,dcpp,vpp,vpp-async,vpp-pack,vpp-taper,vpp-stream}`` on ``sglang.launch_server``.
 
 The only package of the project that imports ``sglang`` (pinned to 0.5.23, ``version.py``).
 Nothing of SGLang is copied: every change is a hook registered with SGLang's HookRegistry.

@@ -69,7 +69,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
         "dcpp = stock pipeline + --enable-dynamic-chunking; vpp = fold-back (V-shape) layer "
         "placement; vpp-async = vpp with one communication group per direction; vpp-pack = "
         "vpp-async + cross-request packing; vpp-taper = vpp-pack with chunks ramped at both ends "
-        "of a request (--chunked-prefill-size is then the largest chunk).",
+        "of a request (--chunked-prefill-size is then the largest chunk); vpp-stream = vpp-async with "
+        "requests streaming through the V (no request barrier, a deeper window) for mixed traffic.",
     )
     group.add_argument(
         "--vpp-layer-split",

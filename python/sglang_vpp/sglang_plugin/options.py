@@ -43,7 +43,7 @@ SERVED_MODES = tuple(Policy)
 
 
 def is_vpp_mode(mode: str) -> bool:
-    """True for the fold-back modes (vpp, vpp-async, vpp-pack, vpp-taper)."""
+    """True for the fold-back modes (vpp, vpp-async, vpp-pack, vpp-taper, vpp-stream)."""
     return Policy(mode) in FOLDBACK_MODES
 
 

@@ -154,8 +154,8 @@ def validate_pipeline_args(args: Any, options: PipelineOptions) -> None:
 
     if not is_vpp_mode(mode) and options.vpp_layer_split is not None:
         raise PpModeError(
-            f"--vpp-layer-split only applies to --pp-mode vpp, vpp-async, vpp-pack or vpp-taper "
-            f"(got --pp-mode {mode}); drop --vpp-layer-split or choose a vpp mode"
+            f"--vpp-layer-split only applies to --pp-mode vpp, vpp-async, vpp-pack, vpp-taper or "
+            f"vpp-stream (got --pp-mode {mode}); drop --vpp-layer-split or choose a vpp mode"
         )
     if mode == PpMode.CPP:
         return

@@ -1,6 +1,6 @@
-"""The six policies, each a ``PolicySpec`` in its own module, and the registry of names."""
+"""The seven policies, each a ``PolicySpec`` in its own module, and the registry of names."""
 
-from . import cpp, dcpp, vpp, vpp_async, vpp_pack, vpp_taper
+from . import cpp, dcpp, vpp, vpp_async, vpp_pack, vpp_stream, vpp_taper
 from .spec import CommSemantics, Policy, PolicySpec, Priority
 from ..errors import PolicyError
 from ..layout import LayoutKind
@@ -9,12 +9,12 @@ __all__ = ["Policy", "PolicySpec", "CommSemantics", "Priority", "POLICIES", "FOL
            "parse_policies"]
 
 POLICIES: dict[Policy, PolicySpec] = {
-    module.SPEC.name: module.SPEC for module in (cpp, dcpp, vpp, vpp_async, vpp_pack, vpp_taper)
+    module.SPEC.name: module.SPEC for module in (cpp, dcpp, vpp, vpp_async, vpp_pack, vpp_taper, vpp_stream)
 }
 FOLDBACK_MODES: tuple[Policy, ...] = tuple(
     name for name, spec in POLICIES.items() if spec.layout_kind is LayoutKind.FOLDBACK
 )
-"""The VPP modes (``--pp-mode vpp | vpp-async | vpp-pack | vpp-taper``)."""
+"""The VPP modes (``--pp-mode vpp | vpp-async | vpp-pack | vpp-taper | vpp-stream``)."""
 
 
 def get_policy(name: str | Policy) -> PolicySpec:

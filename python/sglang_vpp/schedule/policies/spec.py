@@ -17,6 +17,7 @@ class Policy(StrEnum):
     VPP_ASYNC = "vpp-async"
     VPP_PACK = "vpp-pack"
     VPP_TAPER = "vpp-taper"
+    VPP_STREAM = "vpp-stream"
 
 
 class CommSemantics(StrEnum):
@@ -30,6 +31,8 @@ class Priority(StrEnum):
     OLDEST_FIRST = "oldest-first"  # drain: the earliest chunk (fold-back stage) first
     FEED_PEER_FIRST = "feed-peer-first"  # a stage whose output goes to another rank first, so
     # the transfer overlaps this rank's next compute; among those, the oldest chunk
+    FEED_PEER_UNTIL_FULL = "feed-peer-until-full"  # feed-peer-first, except that the rank of
+    # stage 0 finishes the oldest micro-batch first once the V is full (``Controller.pick``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,3 +54,7 @@ class PolicySpec:
     tapered_chunks: bool = False
     """Chunk with ``chunking.TaperedChunker`` (enough chunks per request for the pipeline depth,
     ramped at both ends) instead of fixed chunks; see ``policies/vpp_taper.py``."""
+    deep_window: bool = False
+    """Admit up to twice the layout's in-flight limit (2(2P-1) for fold-back: the micro-batch
+    slots SGLang already reserves for packing) so that micro-batches of unequal cost queue in
+    front of a slow stage instead of leaving the others idle; see ``policies/vpp_stream.py``."""

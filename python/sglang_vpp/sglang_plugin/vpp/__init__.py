@@ -1,4 +1,4 @@
-"""VPP inside SGLang: ``--pp-mode vpp | vpp-async | vpp-pack | vpp-taper`` with fold-back layer ownership.
+"""VPP inside SGLang: ``--pp-mode vpp | vpp-async | vpp-pack | vpp-taper | vpp-stream`` with fold-back layer ownership.
 
 ``install(server_args)`` is called by the plugin (``process_hooks.setup_scheduler_process``) in
 each scheduler process before the distributed groups and the model exist; it registers the

@@ -1,6 +1,6 @@
 """The VPP scheduler loop: fold-back pipeline over SGLang's replicated schedulers.
 
-Replaces ``event_loop_pp`` for ``--pp-mode vpp | vpp-async | vpp-pack | vpp-taper`` (routed from
+Replaces ``event_loop_pp`` for ``--pp-mode vpp | vpp-async | vpp-pack | vpp-taper | vpp-stream`` (routed from
 ``_dispatch_event_loop_once``). Rank r runs virtual stages r and 2P-1-r.
 
 Data flow of one micro-batch (P = 2):

@@ -3,9 +3,9 @@
 SGLang retracts decode requests per micro-batch slot: ``ScheduleBatch.retract_decode`` frees the
 requests of the slot's own running batch, always keeping one, and when that last request still
 cannot get its next token it aborts it (HTTP 500, "Out of memory even after retracting all other
-requests in the decode batch"). Stock PP has P slots; VPP has 2P-1 (vpp-pack and vpp-taper twice
-that, see ``Controller.limits.slots``), so the same running requests are spread thinner, a slot
-often holds a single request, and a load that stock SGLang serves by retracting ends with
+requests in the decode batch"). Stock PP has P slots; VPP has 2P-1 (vpp-pack, vpp-taper and
+vpp-stream twice that, see ``Controller.limits.slots``), so the same running requests are spread
+thinner, a slot often holds a single request, and a load that stock SGLang serves by retracting ends with
 requests aborted under VPP (measured: 8 prompts of 200-291 tokens with 450 new tokens each,
 ``--max-total-tokens 3000``, pp 2: stock cpp served all 8, vpp-pack aborted 4).
 
