@@ -33,6 +33,8 @@ from sglang_vpp.schedule import (
     get_policy,
 )
 
+from sglang_vpp.sglang_plugin.options import DEFAULT_COMM_TIMEOUT_S, resolve_comm_timeout
+
 from .errors import VppConfigError
 
 __all__ = [
@@ -59,7 +61,7 @@ class VppConfig:
     """Physical pipeline ranks P; the layout has 2P virtual stages."""
     layer_split: tuple[int, ...] | None = None
     """Per-virtual-stage layer counts (2P values), or None for an even split."""
-    comm_timeout_s: float = 300.0
+    comm_timeout_s: float = DEFAULT_COMM_TIMEOUT_S
     """Longest wait for a peer's message before ``CommTimeoutError``."""
     heartbeat_s: float = 1.0
     """An idle rank 0 sends a heartbeat down the pipeline this often, so every wait can time out."""
@@ -96,7 +98,7 @@ class VppConfig:
             mode=mode,
             pp_size=pp_size,
             layer_split=layer_split,
-            comm_timeout_s=float(os.environ.get("SGLANG_VPP_COMM_TIMEOUT_S", "300")),
+            comm_timeout_s=resolve_comm_timeout(None),
             heartbeat_s=float(os.environ.get("SGLANG_VPP_HEARTBEAT_S", "1.0")),
             trace_dir=trace_dir,
             max_in_flight=int(max_in_flight) if max_in_flight else None,
