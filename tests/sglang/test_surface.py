@@ -134,7 +134,7 @@ def test_options_that_would_not_reach_the_schedulers_are_refused(monkeypatch):
     monkeypatch.setenv(EXPECTED_MODE_ENV, "vpp-pack")
     with pytest.raises(PpModeError, match="parsed --pp-mode vpp-pack but this scheduler process received no"):
         check_options_reached(argparse.Namespace())
-    check_options_reached(record if False else _with(PipelineOptions(pp_mode="vpp-pack")))
+    check_options_reached(_with(PipelineOptions(pp_mode="vpp-pack")))
     monkeypatch.delenv(EXPECTED_MODE_ENV)
     check_options_reached(argparse.Namespace())  # sglang.Engine(...): no launcher parsed flags
 
@@ -145,21 +145,32 @@ def _with(options: PipelineOptions) -> argparse.Namespace:
     return record
 
 
-def test_a_plugin_that_cannot_load_fails_loudly(monkeypatch, caplog):
+def test_a_plugin_that_cannot_load_fails_loudly(monkeypatch, caplog, capsys):
     from sglang_vpp.sglang_plugin import entry
 
     monkeypatch.delenv(EXPECTED_MODE_ENV, raising=False)
     with pytest.raises(SystemExit) as info:
         entry.cannot_load("SGLang 0.5.99 found", ["--model-path", "m", "--pp-mode=vpp", "--vpp-trace", "t"])
-    message = str(info.value)
-    assert "\n" not in message and "--pp-mode, --vpp-trace cannot be served: SGLang 0.5.99 found" in message
+    message = capsys.readouterr().err
+    assert info.value.code == 2 and message.count("\n") == 1
+    assert "--pp-mode, --vpp-trace cannot be served: SGLang 0.5.99 found" in message
     with caplog.at_level("WARNING"):
         entry.cannot_load("SGLang 0.5.99 found", ["--model-path", "m", "--pp-size", "2"])
     lines = [r.getMessage() for r in caplog.records if "sglang-vpp" in r.getMessage()]
     assert len(lines) == 1 and all(w in lines[0] for w in ("input guard", "failure report", "watchdog"))
     monkeypatch.setenv(EXPECTED_MODE_ENV, "vpp")  # a scheduler of a launcher that parsed --pp-mode vpp
-    with pytest.raises(SystemExit, match="--pp-mode vpp \\(from the launcher\\)"):
+    with pytest.raises(SystemExit):
         entry.cannot_load("SGLang 0.5.99 found", [])
+    assert "--pp-mode vpp (from the launcher) cannot be served" in capsys.readouterr().err
+
+
+def test_the_scopes_of_a_command_line():
+    from sglang_vpp.sglang_plugin.cli_args import scopes_of_argv
+
+    assert scopes_of_argv(["--pp-mode", "vpp-pack", "--pp-size", "2"], False) == (Scope.EVERY_MODE, Scope.VPP)
+    assert scopes_of_argv(["--pp-mode=dcpp", "--pipeline-parallel-size=2", "--vpp-trace", "t"], True) == (
+        Scope.EVERY_MODE, Scope.GENERIC_CPU, Scope.DCPP, Scope.STOCK_TRACE, Scope.STOCK_WATCHDOG)
+    assert scopes_of_argv(["--pp-mode", "nope"], False) == (Scope.EVERY_MODE,)
 
 
 # ----------------------------------------------------------------------------- upgrade drill
@@ -230,7 +241,30 @@ def test_upgrade_drill_a_real_launch_refuses_before_any_scheduler(tiny_model_dir
     """)
     result = _run(code, "--model-path", str(tiny_model_dir), "--device", "cpu", "--pp-size", "2",
                   "--pp-mode", "vpp", "--chunked-prefill-size", "64", "--port", "39117")
-    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    errors = [line for line in result.stderr.splitlines() if "sglang-vpp: error:" in line]
     assert result.returncode == 2, result.stderr[-3000:]
     assert len(errors) == 1 and all(name in errors[0] for name in _DRILL_NAMES), errors
     assert "sglang::scheduler" not in result.stderr and "Load weight" not in result.stderr
+
+
+@pytest.mark.sglang
+def test_doctor_prints_each_declared_name_with_its_status(monkeypatch):
+    pytest.importorskip("sglang.srt.plugins.hook_registry")
+    import json
+
+    from typer.testing import CliRunner
+
+    from sglang_vpp.cli.app import app
+    from sglang_vpp.sglang_plugin import surface
+
+    result = CliRunner().invoke(app, ["doctor", "--sglang"])
+    assert result.exit_code == 0, result.output
+    assert f"relies on: {len(SURFACE)}, 0 not ok" in result.output
+    ours = [line for line in result.output.splitlines() if line.startswith(("ok ", "FAIL", "    ", "SGLang names"))]
+    assert len(ours) > len(SURFACE) and all(len(line) <= 80 for line in ours)  # (SGLang's import warnings aside)
+    broken = (surface.SurfaceName("sglang.srt.managers.scheduler.Scheduler.no_such_method", Use.CALL, Scope.VPP),)
+    monkeypatch.setattr(surface, "SURFACE", surface.SURFACE + broken)
+    result = CliRunner().invoke(app, ["doctor", "--sglang", "--json"])
+    rows = {row["name"]: row for row in json.loads(result.output)["names"]}
+    assert result.exit_code == 1 and "is missing" in rows[broken[0].path]["problem"]
+    assert rows["sglang.srt.runtime_context.publish"]["problem"] is None

@@ -57,6 +57,7 @@ __all__ = [
     "check_pp_mode_name",
     "check_surface",
     "plugin_flags_in",
+    "scopes_of_argv",
 ]
 
 PLUGIN_FLAGS = ("--pp-mode", "--vpp-layer-split", "--vpp-trace", "--vpp-comm-timeout", "--vpp-cost-profile")
@@ -66,6 +67,28 @@ PLUGIN_FLAGS = ("--pp-mode", "--vpp-layer-split", "--vpp-trace", "--vpp-comm-tim
 def plugin_flags_in(argv: list[str]) -> list[str]:
     """The plugin flags among ``argv`` (``--flag`` or ``--flag=value``)."""
     return [arg.split("=", 1)[0] for arg in argv if arg.split("=", 1)[0] in PLUGIN_FLAGS]
+
+
+def _flag_value(argv: list[str], *names: str) -> str | None:
+    for at, arg in enumerate(argv):
+        name, _, value = arg.partition("=")
+        if name in names:
+            return value if value else (argv[at + 1] if at + 1 < len(argv) else None)
+    return None
+
+
+def scopes_of_argv(argv: list[str], generic_cpu: bool) -> tuple:
+    """The surface scopes a server started with ``argv`` relies on (before argparse runs)."""
+    from sglang_vpp.sglang_plugin.surface import scopes_for
+
+    mode = _flag_value(argv, "--pp-mode") or PpMode.CPP.value
+    pp_size = _flag_value(argv, "--pp-size", "--pipeline-parallel-size") or "1"
+    try:
+        check_pp_mode_name(mode)
+        pp = int(pp_size)
+    except (PpModeError, ValueError):
+        mode, pp = PpMode.CPP.value, 1  # argparse names the bad value later
+    return scopes_for(mode, pp, "--vpp-trace" in plugin_flags_in(argv), generic_cpu)
 
 _WRAPPED_MARK = "_sglang_vpp_parse_wrapped"
 

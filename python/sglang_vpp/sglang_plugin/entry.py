@@ -15,11 +15,13 @@ registered hooks. Hook targets, each declared in ``surface.py`` (SGLang 0.5.23):
   the tree (``failure_report.py``)
 
 [Note: loud failure] When the plugin cannot load (an SGLang version other than 0.5.23, or in the
-launcher a missing or changed name of the every-mode surface), it registers nothing and:
+launcher a missing or changed name among those the command line's mode relies on, see
+``cli_args.scopes_of_argv``), it registers nothing and:
 
 - a process started with a plugin flag (``cli_args.PLUGIN_FLAGS``), or a subprocess of a
-  launcher that parsed one (``options.EXPECTED_MODE_ENV``), exits with one line saying why
-  (SGLang catches a plugin's exceptions and would continue as stock SGLang);
+  launcher that parsed one (``options.EXPECTED_MODE_ENV``), exits with status 2 and one line
+  saying why, naming each missing or changed name (SGLang catches a plugin's exceptions and
+  would continue as stock SGLang);
 - any other launcher logs one warning line naming the protections that are off.
 """
 
@@ -42,7 +44,7 @@ PROTECTIONS_OFF = (
 _registered = False
 
 
-def _load_problem() -> str | None:
+def _load_problem(argv: list[str]) -> str | None:
     """Why the plugin cannot load in this process, or None."""
     from sglang_vpp.sglang_plugin.errors import SGLangVersionError
     from sglang_vpp.sglang_plugin.version import check_sglang_version
@@ -53,9 +55,11 @@ def _load_problem() -> str | None:
         return str(exc)
     if multiprocessing.parent_process() is not None:
         return None  # a scheduler checks its own scopes before the Scheduler exists (process_hooks)
-    from sglang_vpp.sglang_plugin.surface import Scope, find_problems
+    from sglang_vpp.sglang_plugin.cli_args import scopes_of_argv
+    from sglang_vpp.sglang_plugin.cpu_compat import is_generic_cpu_platform
+    from sglang_vpp.sglang_plugin.surface import find_problems
 
-    problems = find_problems((Scope.EVERY_MODE,))
+    problems = find_problems(scopes_of_argv(argv, is_generic_cpu_platform()))
     return f"this SGLang lacks or changed {'; '.join(problems)}" if problems else None
 
 
@@ -68,7 +72,9 @@ def cannot_load(reason: str, argv: list[str]) -> None:
     if os.environ.get(EXPECTED_MODE_ENV):
         wanted.append(f"--pp-mode {os.environ[EXPECTED_MODE_ENV]} (from the launcher)")
     if wanted:
-        sys.exit(f"sglang-vpp: error: the plugin cannot load, so {', '.join(wanted)} cannot be served: {reason}")
+        print(f"sglang-vpp: error: the plugin cannot load, so {', '.join(wanted)} cannot be served: {reason}",
+              file=sys.stderr)
+        sys.exit(2)
     if multiprocessing.parent_process() is None:
         logger.warning("sglang-vpp: plugin not loaded (%s); this server runs without %s", reason, PROTECTIONS_OFF)
 
@@ -78,7 +84,7 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    problem = _load_problem()
+    problem = _load_problem(sys.argv[1:])
     if problem is not None:
         cannot_load(problem, sys.argv[1:])
         _registered = True
