@@ -24,12 +24,13 @@ from sglang_vpp.sglang_plugin.options import (
     options_of,
     parse_layer_split,
 )
-from sglang_vpp.sglang_plugin.validate import model_num_layers, validate_pipeline_args
+from sglang_vpp.sglang_plugin.validate import VPP_REFUSALS, model_num_layers, validate_pipeline_args
 from sglang_vpp.sglang_plugin.version import SUPPORTED_SGLANG_VERSION, check_sglang_version
 
 
 def _args(model_dir: Path | None = None, **kwargs) -> argparse.Namespace:
-    base = dict(pp_size=1, chunked_prefill_size=None, model_path=str(model_dir) if model_dir else None)
+    base = {refusal.attr: None for refusal in VPP_REFUSALS}  # every refused flag exists on ServerArgs
+    base.update(pp_size=1, chunked_prefill_size=None, model_path=str(model_dir) if model_dir else None)
     base.update(kwargs)
     return argparse.Namespace(**base)
 
@@ -184,9 +185,10 @@ def test_rank_accounting_rewrites_its_files_only_when_something_is_new(tmp_path)
 @pytest.mark.sglang
 def test_every_hook_target_exists_in_the_installed_sglang():
     pytest.importorskip("sglang.srt.plugins.hook_registry")
-    from sglang_vpp.sglang_plugin.hook_targets import HookScope, find_target_problems
+    from sglang_vpp.sglang_plugin.hook_targets import find_target_problems
+    from sglang_vpp.sglang_plugin.surface import Scope
 
-    assert find_target_problems(tuple(HookScope)) == []
+    assert find_target_problems(tuple(Scope)) == []
 
 
 def test_every_hook_registration_goes_through_the_target_list():
@@ -215,13 +217,14 @@ def test_a_hook_sglang_did_not_apply_refuses_vpp(monkeypatch):
     from collections import defaultdict
 
     from sglang_vpp.sglang_plugin import hook_targets, process_hooks
+    from sglang_vpp.sglang_plugin.surface import Scope
 
     monkeypatch.setattr(registry.HookRegistry, "_hooks", defaultdict(list))
     monkeypatch.setattr(registry.HookRegistry, "_patched", set())
     monkeypatch.setattr(hook_targets, "_registered", {})
     target = "sglang.srt.managers.scheduler._dispatch_event_loop_once"
     hook_targets.register_hook(target, lambda original, scheduler: None, registry.HookType.AROUND)
-    assert hook_targets.find_unapplied(tuple(hook_targets.HookScope)) == [target]  # registered, never applied
+    assert hook_targets.find_unapplied(tuple(Scope)) == [target]  # registered, never applied
     with pytest.raises(ValueError, match="did not apply the plugin's hook on " + target.replace(".", r"\.")):
         process_hooks._check_hooks_applied(PipelineOptions(pp_mode="vpp"))
     process_hooks._check_hooks_applied(PipelineOptions())  # stock modes only log it

@@ -111,12 +111,13 @@ def test_one_refusal_list_for_the_launcher_and_the_scheduler_process():
     from sglang_vpp.sglang_plugin.validate import VPP_REFUSALS, check_vpp_features
     from sglang_vpp.sglang_plugin.vpp import _refuse_unsupported
 
-    base = dict(pp_size=2, tp_size=2, chunked_prefill_size=64)
+    base = {refusal.attr: None for refusal in VPP_REFUSALS}
+    base.update(pp_size=2, tp_size=2, chunked_prefill_size=64)
     check_vpp_features(argparse.Namespace(**base), "vpp")  # TP inside the stages is served
     _refuse_unsupported(argparse.Namespace(**base), "vpp-pack")
     assert len({r.flag for r in VPP_REFUSALS}) == len(VPP_REFUSALS)
     for refusal in VPP_REFUSALS:
-        args = argparse.Namespace(**base, **{refusal.attr: _on(refusal)})
+        args = argparse.Namespace(**{**base, refusal.attr: _on(refusal)})
         for check in (check_vpp_features, _refuse_unsupported):
             with pytest.raises(PpModeError, match=f"does not support {refusal.flag} .*{refusal.reason}"):
                 check(args, "vpp-async")

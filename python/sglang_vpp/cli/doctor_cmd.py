@@ -7,6 +7,9 @@ processes build a communicator (two groups per direction, warm-up, distinct-comm
 exchange in both directions at once, check the data bit for bit and time small round trips.
 Exit code: 0 when the self-test passed (or was skipped with ``--no-self-test``), 1 when it failed or
 the backend is unavailable, 2 for a bad option.
+
+``--sglang`` instead prints the SGLang surface the plugin declares (``sglang_plugin/surface.py``)
+with each name's status on the installed SGLang; exit 1 when a name is missing or changed.
 """
 
 from __future__ import annotations
@@ -59,8 +62,12 @@ def doctor(
     self_test: bool = typer.Option(True, "--self-test/--no-self-test", help="Run the 2-rank self-test."),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds allowed for the whole self-test."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    sglang: bool = typer.Option(False, "--sglang", help="Print every SGLang name the plugin declares "
+                                "(surface.py) with its status on the installed SGLang, instead."),
 ) -> None:
     """List communication backends and devices (versions, why unavailable), then self-test one."""
+    if sglang:
+        raise typer.Exit(_sglang_surface(as_json))
     positive(timeout, "--timeout")
     import torch
 
@@ -114,3 +121,49 @@ def _print_self_test(test: dict) -> None:
         comms = ", ".join(f"{k} = {v}" for k, v in value["communicators"].items())
         echo_wrapped(f"rank {rank}: distinct communicators [{comms}]; both directions at once, data exact: "
                       f"{'yes' if value['data_ok'] else 'NO'}; round trip {value['round_trip_us']:.0f} us", "  ")
+
+
+def _sglang_surface(as_json: bool) -> int:
+    """Print the declared SGLang surface, one name a row grouped by module; 1 if one fails."""
+    from ..sglang_plugin.surface import SURFACE, problem_of
+    from ..sglang_plugin.version import SUPPORTED_SGLANG_VERSION
+
+    try:
+        from sglang.version import __version__ as installed
+    except ImportError:
+        installed = None
+    rows = [{"name": n.path, "use": str(n.use), "scope": str(n.scope), "params": list(n.params),
+             "problem": problem_of(n) if installed else "sglang is not installed"} for n in SURFACE]
+    failed = sum(row["problem"] is not None for row in rows)
+    if as_json:
+        typer.echo(json.dumps({"sglang": installed, "declared_for": SUPPORTED_SGLANG_VERSION, "names": rows},
+                              indent=2))
+        return 1 if failed else 0
+    typer.echo(f"SGLang names sglang-vpp relies on: {len(rows)}, {failed} not ok")
+    typer.echo(f"(declared for SGLang {SUPPORTED_SGLANG_VERSION}, installed: {installed or 'none'})")
+    for row in rows:
+        status = "ok" if row["problem"] is None else "FAIL"
+        head = f"{status:<4} {row['use']:<10} {row['scope']:<14} "
+        name = row["name"]
+        if len(head) + len(name) <= 80:
+            typer.echo(head + name)
+        else:
+            typer.echo(head.rstrip())
+            for line in _dotted_lines(name, 76):
+                typer.echo("    " + line)
+        if row["problem"] is not None:
+            echo_wrapped(row["problem"], "    ")
+    return 1 if failed else 0
+
+
+def _dotted_lines(name: str, width: int) -> list[str]:
+    """A dotted path cut after dots into lines of at most ``width`` (a part longer stays whole)."""
+    lines = [""]
+    for part in name.split("."):
+        piece = part if not lines[-1] else "." + part
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines[-1] += "."
+            lines.append(part)
+        else:
+            lines[-1] += piece
+    return lines

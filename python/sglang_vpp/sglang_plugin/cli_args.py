@@ -11,8 +11,10 @@ Data flow (launcher process)::
         -> the ServerArgs is built by SGLang, then carries PipelineOptions as _sglang_vpp
         -> on --device cpu, SGLang's GPU crash diagnostics default to off (failure_report.py)
 
-After parsing, the launcher refuses to start (one line, status 2) unless the plugin's
-launcher-side hooks took effect: the input guard and the failure report.
+After parsing, the launcher refuses to start (one line, status 2) unless every SGLang name the
+server's mode relies on is there as declared (``surface.py``), the options survive the pickling
+that carries them to the scheduler processes, and the plugin's launcher-side hooks took effect:
+the input guard and the failure report.
 
 ``python -m sglang.launch_server`` and ``sglang serve`` both go through
 ``prepare_server_args``, so both get the flags (``sglang serve --help`` prints before plugins
@@ -23,9 +25,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
+import sys
 from typing import Any
 
-from sglang_vpp.comm.config import SERVED_COMM_TIMEOUT_S
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.failure_report import (
     SIGQUIT_HANDLER_TARGET,
@@ -35,20 +38,57 @@ from sglang_vpp.sglang_plugin.failure_report import (
 from sglang_vpp.sglang_plugin.input_guard import verify_guard_installed
 from sglang_vpp.sglang_plugin.hook_targets import require_applied
 from sglang_vpp.sglang_plugin.options import (
+    DEFAULT_COMM_TIMEOUT_S,
+    EXPECTED_MODE_ENV,
     PipelineOptions,
     PpMode,
     SERVED_MODES,
     attach,
+    check_options_travel,
 )
 from sglang_vpp.sglang_plugin.validate import validate_pipeline_args
 
 __all__ = [
+    "PLUGIN_FLAGS",
     "add_pipeline_args",
     "after_add_cli_args",
     "around_from_cli_args",
     "check_namespace",
     "check_pp_mode_name",
+    "check_surface",
+    "plugin_flags_in",
+    "scopes_of_argv",
 ]
+
+PLUGIN_FLAGS = ("--pp-mode", "--vpp-layer-split", "--vpp-trace", "--vpp-comm-timeout", "--vpp-cost-profile")
+"""Every flag the plugin adds (a server started with one needs the plugin loaded)."""
+
+
+def plugin_flags_in(argv: list[str]) -> list[str]:
+    """The plugin flags among ``argv`` (``--flag`` or ``--flag=value``)."""
+    return [arg.split("=", 1)[0] for arg in argv if arg.split("=", 1)[0] in PLUGIN_FLAGS]
+
+
+def _flag_value(argv: list[str], *names: str) -> str | None:
+    for at, arg in enumerate(argv):
+        name, _, value = arg.partition("=")
+        if name in names:
+            return value if value else (argv[at + 1] if at + 1 < len(argv) else None)
+    return None
+
+
+def scopes_of_argv(argv: list[str], generic_cpu: bool) -> tuple:
+    """The surface scopes a server started with ``argv`` relies on (before argparse runs)."""
+    from sglang_vpp.sglang_plugin.surface import scopes_for
+
+    mode = _flag_value(argv, "--pp-mode") or PpMode.CPP.value
+    pp_size = _flag_value(argv, "--pp-size", "--pipeline-parallel-size") or "1"
+    try:
+        check_pp_mode_name(mode)
+        pp = int(pp_size)
+    except (PpModeError, ValueError):
+        mode, pp = PpMode.CPP.value, 1  # argparse names the bad value later
+    return scopes_for(mode, pp, "--vpp-trace" in plugin_flags_in(argv), generic_cpu)
 
 _WRAPPED_MARK = "_sglang_vpp_parse_wrapped"
 
@@ -91,11 +131,12 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--vpp-comm-timeout",
         type=float,
-        default=SERVED_COMM_TIMEOUT_S,
+        default=None,  # options.resolve_comm_timeout: flag > SGLANG_VPP_COMM_TIMEOUT_S > default
         metavar="SECONDS",
         help="vpp modes: fail a pipeline send/receive that waits longer than this. cpp/dcpp "
         "with --pp-size > 1: stop the server when a rank's stock loop waits on its peers longer "
-        "than this (a stuck or dead rank).",
+        "than this (a stuck or dead rank). Default: SGLANG_VPP_COMM_TIMEOUT_S if set, else "
+        f"{DEFAULT_COMM_TIMEOUT_S:g}.",
     )
     group.add_argument(
         "--vpp-cost-profile",
@@ -129,10 +170,22 @@ def check_namespace(args: argparse.Namespace) -> PipelineOptions:
     return options
 
 
+def check_surface(args: argparse.Namespace, options: PipelineOptions) -> None:
+    """Raise PpModeError naming every SGLang name this server relies on that is missing or changed."""
+    from sglang_vpp.sglang_plugin.cpu_compat import is_generic_cpu_platform
+    from sglang_vpp.sglang_plugin.surface import find_problems, refusal, scopes_for
+
+    pp_size = int(getattr(args, "pp_size", 1) or 1)
+    problems = find_problems(scopes_for(options.pp_mode, pp_size, bool(options.vpp_trace), is_generic_cpu_platform()))
+    if problems:
+        raise PpModeError(refusal(options.pp_mode, problems))
+
+
 def _parse_and_check(parser: argparse.ArgumentParser, parse_args, *args: Any, **kwargs: Any):
     namespace = parse_args(*args, **kwargs)
     try:
-        check_namespace(namespace)
+        options = check_namespace(namespace)
+        check_surface(namespace, options)
         verify_guard_installed()
         require_applied(WATCHDOG_START_TARGET, SIGQUIT_HANDLER_TARGET)
     except ValueError as exc:  # PluginError, and the VPP package's own config errors
@@ -158,5 +211,11 @@ def around_from_cli_args(original, cls, args: argparse.Namespace):
         args.enable_dynamic_chunking = True
     server_args = original(cls, args)
     attach(server_args, options)
+    if hasattr(args, "pp_mode"):
+        try:
+            check_options_travel(server_args)
+        except PpModeError as exc:
+            sys.exit(f"sglang-vpp: error: {exc}")
+        os.environ[EXPECTED_MODE_ENV] = str(options.pp_mode)  # inherited by the scheduler processes
     use_cpu_crash_defaults(getattr(server_args, "device", None) or getattr(args, "device", None))
     return server_args

@@ -2,7 +2,7 @@
 
 SGLang's ``load_plugins()`` calls ``register()`` in the launcher (before argument parsing), in
 every scheduler process, in the detokenizer and in the DP controller, then applies all
-registered hooks. Hook targets, each a stable function of SGLang 0.5.23:
+registered hooks. Hook targets, each declared in ``surface.py`` (SGLang 0.5.23):
 
 - ``sglang.srt.server_args.ServerArgs.add_cli_args`` (AFTER): add --pp-mode, --vpp-* flags
 - ``sglang.srt.server_args.ServerArgs.from_cli_args`` (AROUND): dcpp switch; attach options
@@ -14,16 +14,69 @@ registered hooks. Hook targets, each a stable function of SGLang 0.5.23:
   (AROUND): one log line per failed rank, pending clients answered 503, then SGLang kills
   the tree (``failure_report.py``)
 
-A version other than 0.5.23 raises SGLangVersionError here; SGLang logs it ("Failed to execute
-general plugin") and continues as stock SGLang without ``--pp-mode``, so a vpp request then
-fails at argument parsing ("unrecognized arguments: --pp-mode") instead of running stock PP.
+[Note: loud failure] When the plugin cannot load (an SGLang version other than 0.5.23, or in the
+launcher a missing or changed name among those the command line's mode relies on, see
+``cli_args.scopes_of_argv``), it registers nothing and:
+
+- a process started with a plugin flag (``cli_args.PLUGIN_FLAGS``), or a subprocess of a
+  launcher that parsed one (``options.EXPECTED_MODE_ENV``), exits with status 2 and one line
+  saying why, naming each missing or changed name (SGLang catches a plugin's exceptions and
+  would continue as stock SGLang);
+- any other launcher logs one warning line naming the protections that are off.
 """
 
 from __future__ import annotations
 
-__all__ = ["register"]
+import logging
+import multiprocessing
+import os
+import sys
+
+__all__ = ["PROTECTIONS_OFF", "cannot_load", "register"]
+
+logger = logging.getLogger(__name__)
+
+PROTECTIONS_OFF = (
+    "the input guard (bad prompts crash the server), the failure report (which rank failed) and "
+    "the stock-loop watchdog (--vpp-comm-timeout)"
+)
 
 _registered = False
+
+
+def _load_problem(argv: list[str]) -> str | None:
+    """Why the plugin cannot load in this process, or None."""
+    from sglang_vpp.sglang_plugin.errors import SGLangVersionError
+    from sglang_vpp.sglang_plugin.version import check_sglang_version
+
+    try:
+        check_sglang_version()
+    except SGLangVersionError as exc:
+        return str(exc)
+    if multiprocessing.parent_process() is not None:
+        return None  # a scheduler checks its own scopes before the Scheduler exists (process_hooks)
+    from sglang_vpp.sglang_plugin.cli_args import scopes_of_argv
+    from sglang_vpp.sglang_plugin.cpu_compat import is_generic_cpu_platform
+    from sglang_vpp.sglang_plugin.surface import find_problems
+
+    problems = find_problems(scopes_of_argv(argv, is_generic_cpu_platform()))
+    return f"this SGLang lacks or changed {'; '.join(problems)}" if problems else None
+
+
+def cannot_load(reason: str, argv: list[str]) -> None:
+    """Exit (a plugin flag was given) or warn once (the launcher of a stock server)."""
+    from sglang_vpp.sglang_plugin.cli_args import plugin_flags_in
+    from sglang_vpp.sglang_plugin.options import EXPECTED_MODE_ENV
+
+    wanted = plugin_flags_in(argv)
+    if os.environ.get(EXPECTED_MODE_ENV):
+        wanted.append(f"--pp-mode {os.environ[EXPECTED_MODE_ENV]} (from the launcher)")
+    if wanted:
+        print(f"sglang-vpp: error: the plugin cannot load, so {', '.join(wanted)} cannot be served: {reason}",
+              file=sys.stderr)
+        sys.exit(2)
+    if multiprocessing.parent_process() is None:
+        logger.warning("sglang-vpp: plugin not loaded (%s); this server runs without %s", reason, PROTECTIONS_OFF)
 
 
 def register() -> None:
@@ -31,9 +84,11 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from sglang_vpp.sglang_plugin.version import check_sglang_version
-
-    check_sglang_version()
+    problem = _load_problem(sys.argv[1:])
+    if problem is not None:
+        cannot_load(problem, sys.argv[1:])
+        _registered = True
+        return
 
     from sglang.srt.plugins.hook_registry import HookType
 

@@ -10,11 +10,20 @@ Data flow::
 
 ServerArgs (a msgspec struct) seals its fields once resolution starts, but non-field
 underscore attributes stay writable and ``ServerArgs.__reduce__`` pickles them along with the
-fields, so the options reach every scheduler process without an environment variable.
+fields, so the options reach every scheduler process. Two checks keep that from failing
+silently (which would run stock PP under ``--pp-mode vpp``): ``check_options_travel`` pickles
+the launcher's ServerArgs once and compares, and the launcher names its mode in
+``EXPECTED_MODE_ENV`` (inherited by its subprocesses), which ``check_options_reached``
+compares with what a scheduler process received.
+
+``--vpp-comm-timeout`` precedence: the flag, else ``SGLANG_VPP_COMM_TIMEOUT_S``, else
+``DEFAULT_COMM_TIMEOUT_S`` (``resolve_comm_timeout``).
 """
 
 from __future__ import annotations
 
+import os
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,17 +32,43 @@ from sglang_vpp.schedule import FOLDBACK_MODES, Policy
 from sglang_vpp.sglang_plugin.errors import PpModeError
 
 __all__ = [
+    "COMM_TIMEOUT_ENV",
+    "DEFAULT_COMM_TIMEOUT_S",
+    "EXPECTED_MODE_ENV",
     "OPTIONS_ATTR",
     "PipelineOptions",
     "PpMode",
     "attach",
+    "check_options_reached",
+    "check_options_travel",
     "is_vpp_mode",
     "options_of",
     "parse_layer_split",
+    "resolve_comm_timeout",
 ]
 
 OPTIONS_ATTR = "_sglang_vpp"
 """Name of the ServerArgs attribute that carries the PipelineOptions."""
+
+EXPECTED_MODE_ENV = "SGLANG_VPP_EXPECTED_MODE"
+"""Set by the launcher that parsed ``--pp-mode``: the mode its scheduler processes must run."""
+
+COMM_TIMEOUT_ENV = "SGLANG_VPP_COMM_TIMEOUT_S"
+DEFAULT_COMM_TIMEOUT_S = SERVED_COMM_TIMEOUT_S
+"""``--vpp-comm-timeout`` when neither the flag nor ``COMM_TIMEOUT_ENV`` is given."""
+
+
+def resolve_comm_timeout(flag: float | None) -> float:
+    """Flag > ``SGLANG_VPP_COMM_TIMEOUT_S`` > ``DEFAULT_COMM_TIMEOUT_S``."""
+    if flag is not None:
+        return float(flag)
+    raw = os.environ.get(COMM_TIMEOUT_ENV)
+    if not raw:
+        return DEFAULT_COMM_TIMEOUT_S
+    try:
+        return float(raw)
+    except ValueError:
+        raise PpModeError(f"{COMM_TIMEOUT_ENV}={raw!r} is not a number of seconds; set e.g. {COMM_TIMEOUT_ENV}=60") from None
 
 
 # The mode names are the schedule core's policy names: one vocabulary from CLI to schedule.
@@ -57,8 +92,9 @@ class PipelineOptions:
     """Layers per virtual stage s_0 .. s_{2P-1} (``--vpp-layer-split 3,2,2,1``); None = even."""
     vpp_trace: str | None = None
     """Where the VPP code writes Perfetto/Chrome traces of the pipeline (``--vpp-trace``)."""
-    vpp_comm_timeout: float = SERVED_COMM_TIMEOUT_S
-    """Seconds any pipeline send/receive may wait before failing (``--vpp-comm-timeout``)."""
+    vpp_comm_timeout: float = DEFAULT_COMM_TIMEOUT_S
+    """Seconds any pipeline send/receive may wait before failing (``--vpp-comm-timeout``, see
+    ``resolve_comm_timeout``)."""
     vpp_cost_profile: str | None = None
     """A fitted cost model file for the VPP controller's estimates (``--vpp-cost-profile``)."""
 
@@ -78,7 +114,7 @@ class PipelineOptions:
             pp_mode=PpMode(getattr(namespace, "pp_mode", PpMode.CPP)),
             vpp_layer_split=parse_layer_split(getattr(namespace, "vpp_layer_split", None)),
             vpp_trace=getattr(namespace, "vpp_trace", None),
-            vpp_comm_timeout=float(getattr(namespace, "vpp_comm_timeout", SERVED_COMM_TIMEOUT_S)),
+            vpp_comm_timeout=resolve_comm_timeout(getattr(namespace, "vpp_comm_timeout", None)),
             vpp_cost_profile=getattr(namespace, "vpp_cost_profile", None),
         )
 
@@ -109,3 +145,30 @@ def options_of(server_args: Any) -> PipelineOptions:
     (e.g. ``sglang.Engine(**kwargs)``, which never goes through the command line)."""
     options = getattr(server_args, OPTIONS_ATTR, None)
     return options if options is not None else PipelineOptions()
+
+
+def check_options_travel(server_args: Any) -> None:
+    """Raise PpModeError unless the options survive the pickling that carries ServerArgs into
+    every scheduler process (an SGLang whose ``ServerArgs`` stopped pickling its ``__dict__``
+    would hand the schedulers stock options)."""
+    sent = getattr(server_args, OPTIONS_ATTR, None)
+    received = getattr(pickle.loads(pickle.dumps(server_args)), OPTIONS_ATTR, None)
+    if received != sent:
+        raise PpModeError(
+            f"this SGLang's ServerArgs does not carry {OPTIONS_ATTR} to its subprocesses (sent "
+            f"{sent}, a pickled copy holds {received}); the scheduler processes would run stock "
+            "pipeline parallelism: install the SGLang version the plugin supports"
+        )
+
+
+def check_options_reached(server_args: Any) -> None:
+    """Raise PpModeError when this (scheduler) process got other options than its launcher parsed."""
+    expected = os.environ.get(EXPECTED_MODE_ENV)
+    received = getattr(server_args, OPTIONS_ATTR, None)
+    if expected and (received is None or str(received.pp_mode) != expected):
+        got = "no pipeline options" if received is None else f"--pp-mode {received.pp_mode}"
+        raise PpModeError(
+            f"the launcher parsed --pp-mode {expected} but this scheduler process received {got} "
+            f"(ServerArgs.{OPTIONS_ATTR} did not travel); refusing to run another pipeline in its "
+            "place: install the SGLang version the plugin supports"
+        )

@@ -6,6 +6,8 @@ Data flow (each scheduler process, one per PP rank x TP rank)::
       load_plugins() -> entry.register()               its _sglang_vpp options)
       publish(server_args, role="scheduler", ...)    [BEFORE hook: before_publish]
         -> setup_scheduler_process(server_args)
+             check_options_reached(server_args)       (the launcher's --pp-mode arrived here)
+             surface.find_problems(scopes)            (every declared name this mode relies on)
              register_cpu_hooks()                     (generic CPU platform only)
              vpp.install(server_args)                 (vpp* modes only; raises if missing)
              dcpp.install_dcpp_hooks()                (dcpp only: retry a rejected profile fit)
@@ -26,10 +28,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sglang_vpp.sglang_plugin.errors import PluginError
 from sglang_vpp.sglang_plugin.hook_targets import require_applied
-from sglang_vpp.sglang_plugin.options import PpMode, options_of
+from sglang_vpp.sglang_plugin.options import PpMode, check_options_reached, options_of
 
-__all__ = ["PUBLISH_TARGET", "before_publish", "setup_scheduler_process"]
+__all__ = ["PUBLISH_TARGET", "before_publish", "check_scheduler_surface", "setup_scheduler_process"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +47,12 @@ def setup_scheduler_process(server_args: Any) -> None:
     if id(server_args) in _done_for:
         return  # publish may run again for the same record (last-publish-wins)
     _done_for.add(id(server_args))
-    from sglang_vpp.sglang_plugin.cpu_compat import register_cpu_hooks
+    from sglang_vpp.sglang_plugin.cpu_compat import is_generic_cpu_platform, register_cpu_hooks
 
-    register_cpu_hooks()
+    check_options_reached(server_args)
     options = options_of(server_args)
+    check_scheduler_surface(options, int(getattr(server_args, "pp_size", 1) or 1), is_generic_cpu_platform())
+    register_cpu_hooks()
     required: list[str] = []  # hooks registered here that this process must not run without
     if options.is_vpp:
         from sglang_vpp.sglang_plugin.vpp import install
@@ -76,11 +81,27 @@ def setup_scheduler_process(server_args: Any) -> None:
     require_applied(*required)
 
 
+def check_scheduler_surface(options: Any, pp_size: int, generic_cpu: bool) -> None:
+    """Raise (before the Scheduler exists) naming every SGLang name this process relies on that
+    is missing or changed; VppConfigError in vpp modes, PluginError in stock ones."""
+    from sglang_vpp.sglang_plugin.surface import find_problems, refusal, scopes_for
+
+    problems = find_problems(scopes_for(options.pp_mode, pp_size, bool(options.vpp_trace), generic_cpu))
+    if not problems:
+        return
+    if options.is_vpp:
+        from sglang_vpp.sglang_plugin.vpp.errors import VppConfigError
+
+        raise VppConfigError(refusal(options.pp_mode, problems))
+    raise PluginError(refusal(options.pp_mode, problems))
+
+
 def _check_hooks_applied(options: Any) -> None:
     """SGLang only logs a hook it could not apply: VPP refuses to run half-patched."""
-    from sglang_vpp.sglang_plugin.hook_targets import HookScope, find_unapplied
+    from sglang_vpp.sglang_plugin.hook_targets import find_unapplied
+    from sglang_vpp.sglang_plugin.surface import Scope
 
-    missing = find_unapplied(tuple(HookScope))
+    missing = find_unapplied(tuple(Scope))
     if not missing:
         return
     if options.is_vpp:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.options import PipelineOptions, PpMode, is_vpp_mode
 
-__all__ = ["VPP_REFUSALS", "Refusal", "check_vpp_features", "model_num_layers", "validate_pipeline_args"]
+__all__ = ["SCHEDULER_OPTIONS", "VPP_REFUSALS", "Refusal", "check_vpp_features", "model_num_layers", "validate_pipeline_args"]
 
 
 def _get(args: Any, name: str, default: Any = None) -> Any:
@@ -76,6 +76,10 @@ def _above_one(value: Any) -> bool:
     return int(value) > 1
 
 
+def _above_zero(value: Any) -> bool:
+    return int(value) > 0
+
+
 _PLACEHOLDERS = "its code paths touch the layers a rank does not own under fold-back placement"
 VPP_REFUSALS: tuple[Refusal, ...] = (
     Refusal("speculative_algorithm", "--speculative-algorithm", _truthy,
@@ -95,15 +99,62 @@ VPP_REFUSALS: tuple[Refusal, ...] = (
             "PD multiplexing runs its own scheduling loop, not the VPP loop"),
     Refusal("enable_dynamic_chunking", "--enable-dynamic-chunking", _truthy,
             "VPP chunks are fixed-size; --pp-mode dcpp is the dynamic-chunk mode"),
+    Refusal("pp_async_batch_depth", "--pp-async-batch-depth", _above_zero,
+            "it buffers outputs in stock PP's loop, which VPP replaces; the controller sets how many "
+            "micro-batches are in flight"),
+    Refusal("enable_mixed_chunk", "--enable-mixed-chunk", _truthy,
+            "a mixed batch runs decode requests inside a prefill chunk, which the controller counts "
+            "as prefill tokens in admission, packing and cost estimates, and no test covers"),
 )  # fmt: skip
 """Every feature refused with ``--pp-mode vpp*``: the one list, checked by the launcher
 (``validate_pipeline_args``) and again in each scheduler process (``vpp.install``)."""
 
 
+_BUILDS = "SGLang's own batch building (get_next_batch_to_run, PrefillAdder) makes every VPP micro-batch"
+_INGESTS = "SGLang's own ingest_requests takes every request into the VPP loop"
+_SIZES = "read where SGLang sizes its pools and caches at start-up, before any loop runs"
+_NO_LOOP = "SGLang dispatches --pp-size > 1 to its PP loop whatever it says, so stock PP ignores it too"
+SCHEDULER_OPTIONS: dict[str, str] = {
+    **dict.fromkeys((
+        "abort_on_priority_when_disabled", "default_priority_value", "disable_priority_preemption",
+        "enable_priority_scheduling", "priority_scheduling_preemption_threshold",
+        "schedule_low_priority_values_first", "schedule_policy", "schedule_conservativeness",
+        "max_running_requests", "max_prefill_tokens", "prefill_max_requests", "prefill_decode_interval",
+        "prefill_decode_interval_min_bs", "min_free_slots_delay", "retraction_policy",
+        "pp_max_micro_batch_size", "enable_prefill_delayer", "prefill_delayer_forward_passes_buckets",
+        "prefill_delayer_max_delay_ms", "prefill_delayer_max_delay_passes", "prefill_delayer_queue_min_ratio",
+        "prefill_delayer_token_usage_low_watermark", "prefill_delayer_wait_seconds_buckets",
+    ), _BUILDS),
+    **dict.fromkeys(("max_queued_requests", "scheduler_recv_interval"), _INGESTS),
+    **dict.fromkeys((
+        "c128_page_size", "page_size", "max_total_tokens", "mem_fraction_static", "mamba_full_memory_ratio",
+        "max_mamba_cache_size", "swa_full_tokens_ratio", "_swa_full_tokens_ratio_explicitly_set",
+        "disable_hybrid_swa_memory", "swa_prefix_tails", "disable_chunked_prefix_cache",
+        "prefill_only_disable_kv_cache",
+    ), _SIZES),
+    "disable_overlap_schedule": _NO_LOOP,
+    "num_continuous_decode_steps": "SGLang 0.5.23's scheduler never reads it",
+    "chunked_prefill_size": "the controller's chunk budget (a non-positive value is refused)",
+    "pp_size": "the fold-back layout's rank count",
+    **{refusal.attr: "refused (VPP_REFUSALS)" for refusal in VPP_REFUSALS},
+}  # fmt: skip
+"""How the VPP loop treats each scheduler-relevant SGLang option (SGLang's ``schedule`` group
+and its ``pp_*`` options): honoured (and why that holds) or refused. The VPP loop replaces
+SGLang's PP loop, so an option only that loop reads would be silently ignored; a test fails on
+an option of the installed SGLang that is missing here."""
+
+
 def check_vpp_features(args: Any, mode: str) -> None:
-    """Raise PpModeError for the first refused feature that ``args`` turns on."""
+    """Raise PpModeError for the first refused feature that ``args`` turns on, or naming every
+    refused flag this SGLang no longer has (a renamed flag would otherwise pass unrefused)."""
+    absent = [refusal.attr for refusal in VPP_REFUSALS if not hasattr(args, refusal.attr)]
+    if absent:
+        raise PpModeError(
+            f"--pp-mode {mode} cannot check its refused features: this SGLang has no "
+            f"{', '.join(absent)} in its arguments; install the SGLang version the plugin supports"
+        )
     for refusal in VPP_REFUSALS:
-        value = getattr(args, refusal.attr, None)
+        value = getattr(args, refusal.attr)
         if value is not None and refusal.is_on(value):
             raise PpModeError(
                 f"--pp-mode {mode} does not support {refusal.flag} (got {value!r}): {refusal.reason}. "

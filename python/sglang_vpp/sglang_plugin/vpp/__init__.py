@@ -67,15 +67,12 @@ def _refuse_unsupported(server_args: Any, mode: str) -> None:
 
 
 def _refuse_missing_hook_targets(mode: str) -> None:
-    """Every SGLang function the VPP mode hooks must exist with the parameters its hook uses."""
-    from sglang_vpp.sglang_plugin.hook_targets import HookScope, find_target_problems
+    """Every SGLang name the VPP mode relies on must be there as declared (``surface.py``)."""
+    from sglang_vpp.sglang_plugin.surface import Scope, find_problems, refusal
 
-    problems = find_target_problems((HookScope.EVERY_MODE, HookScope.VPP))
+    problems = find_problems((Scope.EVERY_MODE, Scope.VPP))
     if problems:
-        raise VppConfigError(
-            f"--pp-mode {mode} cannot hook this SGLang: {'; '.join(problems)}. "
-            "Install the SGLang version the plugin supports, or use --pp-mode cpp"
-        )
+        raise VppConfigError(refusal(mode, problems))
 
 
 def check_args(args: Any, options: Any) -> None:
@@ -107,17 +104,14 @@ def install(server_args: Any) -> None:
     _refuse_unsupported(server_args, mode)
     _refuse_missing_hook_targets(mode)
     config = VppConfig.from_env(mode, int(server_args.pp_size), split)
-    overrides = {}
+    overrides = {"comm_timeout_s": float(timeout)}  # options.resolve_comm_timeout: flag > env > default
     if trace:
         overrides["trace_dir"] = trace
-    if timeout:
-        overrides["comm_timeout_s"] = float(timeout)
     if cost_profile:
         overrides["cost_profile"] = cost_profile
-    if overrides:
-        from dataclasses import replace
+    from dataclasses import replace
 
-        config = replace(config, **overrides)
+    config = replace(config, **overrides)
     set_state(VppState(config=config, node_rank=int(getattr(server_args, "node_rank", 0) or 0)))
 
     def around_dispatch(original, scheduler):

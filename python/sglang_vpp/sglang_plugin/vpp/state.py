@@ -20,7 +20,6 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
-from sglang_vpp.comm.config import SERVED_COMM_TIMEOUT_S
 from sglang_vpp.trace_records import cost_record
 from sglang_vpp.schedule import (
     FOLDBACK_MODES,
@@ -35,6 +34,8 @@ from sglang_vpp.schedule import (
     controller_config,
     get_policy,
 )
+
+from sglang_vpp.sglang_plugin.options import DEFAULT_COMM_TIMEOUT_S, resolve_comm_timeout
 
 from .errors import VppConfigError
 
@@ -62,7 +63,7 @@ class VppConfig:
     """Physical pipeline ranks P; the layout has 2P virtual stages."""
     layer_split: tuple[int, ...] | None = None
     """Per-virtual-stage layer counts (2P values), or None for an even split."""
-    comm_timeout_s: float = SERVED_COMM_TIMEOUT_S
+    comm_timeout_s: float = DEFAULT_COMM_TIMEOUT_S
     """Longest wait for a peer's message before ``CommTimeoutError``."""
     heartbeat_s: float = 1.0
     """An idle rank 0 sends a heartbeat down the pipeline this often, so every wait can time out."""
@@ -99,7 +100,7 @@ class VppConfig:
             mode=mode,
             pp_size=pp_size,
             layer_split=layer_split,
-            comm_timeout_s=float(os.environ.get("SGLANG_VPP_COMM_TIMEOUT_S", SERVED_COMM_TIMEOUT_S)),
+            comm_timeout_s=resolve_comm_timeout(None),
             heartbeat_s=float(os.environ.get("SGLANG_VPP_HEARTBEAT_S", "1.0")),
             trace_dir=trace_dir,
             max_in_flight=int(max_in_flight) if max_in_flight else None,

@@ -1,0 +1,352 @@
+"""The SGLang surface: every SGLang name the project touches, what it relies on, and the check.
+
+An SGLang upgrade that renames a function, changes its parameters or drops an attribute must
+stop the server at start-up naming each such name, not fail at the first batch or run stock PP
+quietly. So every name the plugin (``sglang_plugin/``) and ``serving/`` hook, call, read, write,
+class-swap or replace is one ``SurfaceName`` in ``SURFACE`` (one line each), and:
+
+- ``find_problems(scopes)`` resolves each name of those scopes on the installed SGLang: a hook,
+  a call or a replaced function must exist with the declared leading parameters; an attribute
+  must exist on its module, or on its class (a class attribute, a struct or dataclass field, or
+  an attribute the class's own code assigns on ``self``, mixins included);
+- ``scopes_for`` says which scopes a server needs (``cli_args`` checks them in the launcher,
+  ``process_hooks`` again in each scheduler process, before the Scheduler exists);
+- tests/sglang/test_surface.py reads the project's code and fails on an SGLang name that is
+  used but not declared here, and drills an upgrade (renamed, re-signed, removed names);
+- ``sglang-vpp doctor --sglang`` prints every name with its status on the installed SGLang.
+
+``hook_targets.HOOK_TARGETS`` is the ``Use.HOOK`` part of this list. Importing this module
+imports neither sglang nor torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import pkgutil
+import textwrap
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+__all__ = ["Scope", "Use", "SurfaceName", "SURFACE", "find_problems", "problem_of", "scopes_for", "refusal"]
+
+
+class Scope(StrEnum):
+    """When a name must be there (a server checks the scopes it will use)."""
+
+    EVERY_MODE = "every-mode"  # argument parsing, the scheduler set-up, input guard, failure report
+    GENERIC_CPU = "generic-cpu"  # only on SGLang's generic CPU platform
+    DCPP = "dcpp"
+    STOCK_TRACE = "stock-trace"  # cpp / dcpp with --vpp-trace
+    STOCK_WATCHDOG = "stock-watchdog"  # cpp / dcpp with --pp-size > 1 (--vpp-comm-timeout)
+    VPP = "vpp"
+    SERVING = "serving"  # sglang-vpp bench-serve (checked before it starts a server)
+
+
+class Use(StrEnum):
+    HOOK = "hook"  # registered with HookRegistry (hook_targets.register_hook)
+    CALL = "call"  # called (a function, method or class)
+    READ = "read"  # attribute read
+    WRITE = "write"  # attribute assigned (read too, where it is)
+    SWAP = "class-swap"  # the live object's class replaced by a subclass overriding ``params``
+    REPLACE = "replace"  # a module function replaced in this process
+    MODULE = "module"  # a module imported or run by path
+
+
+@dataclass(frozen=True, slots=True)
+class SurfaceName:
+    path: str
+    """Dotted path under ``sglang`` (``HookRegistry.register``'s spelling for hooks)."""
+    use: Use
+    scope: Scope
+    params: tuple[str, ...] = ()
+    """HOOK / CALL / REPLACE: the leading parameter names relied on, in order (a class: its
+    constructor's, without ``self``). SWAP: the attributes the subclass overrides."""
+
+
+_S = "sglang.srt."
+_SCHED = _S + "managers.scheduler.Scheduler."
+_BATCH = _S + "managers.schedule_batch.ScheduleBatch."
+_REQ = _S + "managers.schedule_batch.Req."
+_TM = _S + "managers.tokenizer_manager."
+_PS = _S + "distributed.parallel_state."
+_GROUP = _PS + "GroupCoordinator."
+_ARGS = _S + "server_args.ServerArgs."
+_BENCH = "sglang.benchmark.serving."
+H, C, R, W, SW, RP, M = Use.HOOK, Use.CALL, Use.READ, Use.WRITE, Use.SWAP, Use.REPLACE, Use.MODULE
+E, CPU, DC, TR, WD, V, SV = (Scope.EVERY_MODE, Scope.GENERIC_CPU, Scope.DCPP, Scope.STOCK_TRACE,
+                             Scope.STOCK_WATCHDOG, Scope.VPP, Scope.SERVING)
+N = SurfaceName
+
+SURFACE: tuple[SurfaceName, ...] = (
+    # --- every mode: flags, options, scheduler set-up (cli_args, options, process_hooks, entry)
+    N(_ARGS + "add_cli_args", H, E, ("parser",)),
+    N(_ARGS + "from_cli_args", H, E, ("cls", "args")),
+    N(_ARGS + "__reduce__", C, E),  # pickles the options attribute into every subprocess
+    N(_ARGS + "pp_size", R, E),
+    N(_ARGS + "device", R, E),
+    N(_ARGS + "chunked_prefill_size", R, E),
+    N(_ARGS + "enable_dynamic_chunking", W, E),  # dcpp switches it on
+    N(_ARGS + "node_rank", R, V),
+    N(_S + "runtime_context.publish", H, E, ("server_args", "role")),
+    N(_S + "runtime_context.get_parallel", C, E),
+    N(_S + "runtime_context.ParallelContext.pp_rank", R, E),
+    N(_S + "runtime_context.ParallelContext.tp_rank", R, E),
+    N(_S + "plugins.hook_registry.HookRegistry.register", C, E, ("cls", "target", "hook", "hook_type")),
+    N(_S + "plugins.hook_registry.HookRegistry.apply_hooks", C, E),
+    N(_S + "plugins.hook_registry.HookType.AFTER", R, E),
+    N(_S + "plugins.hook_registry.HookType.AROUND", R, E),
+    N(_S + "plugins.hook_registry.HookType.BEFORE", R, E),
+    N(_S + "plugins.hook_registry.HookType", M, E),
+    N(_S + "plugins.hook_registry.HookRegistry", M, E),
+    N("sglang.version.__version__", R, E),
+    # --- every mode: input guard (input_guard.py)
+    N(_TM + "TokenizerManager._validate_one_request", H, E, ("self", "obj", "input_ids")),
+    N(_TM + "TokenizerManager", M, E),
+    N(_TM + "TokenizerManager.model_config", R, E),
+    # --- every mode: failure report (failure_report.py)
+    N(_S + "utils.watchdog.SubprocessWatchdog.start", H, E, ("self",)),
+    N(_S + "utils.watchdog.SubprocessWatchdog._processes", R, E),
+    N(_TM + "SignalHandler.running_phase_sigquit_handler", H, E, ("self",)),
+    N(_TM + "SignalHandler.tokenizer_manager", R, E),
+    N(_TM + "TokenizerManager._handle_abort_req", C, E, ("self", "recv_obj")),
+    N(_TM + "TokenizerManager.rid_to_state", R, E),
+    N(_TM + "TokenizerManager.event_loop", R, E),
+    N(_S + "managers.io_struct.AbortReq", C, E, ("rid",)),
+    N(_S + "managers.io_struct.AbortReq.finished_reason", R, E),
+    # --- stock pipeline: watchdog (stock_loop_watchdog.py), trace (stock_trace.py), dcpp (dcpp.py)
+    N(_SCHED + "ingest_requests", H, WD, ("self",)),
+    N(_SCHED + "run_batch", H, TR, ("self", "batch")),
+    N(_SCHED + "on_idle", H, TR, ("self",)),
+    N(_BATCH + "forward_mode", R, TR),
+    N(_BATCH + "extend_num_tokens", R, TR),
+    N(_BATCH + "forward_iter", R, TR),
+    N(_BATCH + "reqs", R, TR),
+    N(_S + "managers.scheduler_components.dynamic_chunk_sizer.DynamicChunkSizer.profile_and_fit", H, DC, ("self",)),
+    # --- generic CPU platform (cpu_compat.py)
+    N(_S + "platforms.current_platform", R, CPU),
+    N(_S + "platforms.interface.SRTPlatform", R, CPU),
+    N(_S + "layers.rotary_embedding.base", M, CPU),
+    N(_S + "layers.rotary_embedding.base._is_cpu", W, CPU),
+    N(_S + "layers.rotary_embedding.base.RotaryEmbedding.__init__",
+      H, CPU, ("self", "head_size", "rotary_dim", "max_position_embeddings", "base", "is_neox_style")),
+    N(_S + "models.deepseek_v2.DeepseekV2AttentionMLA.dispatch_attn_forward_method", H, CPU, ("self", "forward_batch")),
+    N(_S + "models.deepseek_common.attention_backend_handler._dispatch_mla_subtype", C, CPU, ("attn", "forward_batch")),
+    # --- VPP: layer ownership, KV pools, model checks (vpp/ownership.py, vpp/__init__.py)
+    N(_PS + "initialize_model_parallel", H, V),
+    N(_PS + "_PP", R, V),
+    N(_PS + "get_tp_group", C, V),
+    N(_PS + "get_world_group", C, V),
+    N(_PS + "GroupCoordinator", SW, V, ("is_first_rank", "is_last_rank")),
+    N(_GROUP + "world_size", R, V),
+    N(_GROUP + "rank_in_group", R, V),
+    N(_GROUP + "ranks", R, V),
+    N(_GROUP + "device", R, V),
+    N(_GROUP + "cpu_group", R, V),
+    N(_S + "distributed.utils.get_pp_indices", H, V, ("num_hidden_layers", "pp_rank", "pp_size")),
+    N(_S + "utils.common.make_layers", H, V, ("num_hidden_layers", "layer_fn", "pp_rank", "pp_size")),
+    N(_S + "layers.utils.PPMissingLayer", C, V),
+    N(_S + "layers.utils.get_layer_id", C, V, ("weight_name",)),
+    N(_S + "model_loader.loader.DefaultModelLoader._get_all_weights", H, V, ("self", "model_config", "model")),
+    N(_S + "model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
+      H, V, ("self", "kvc", "num_layers")),
+    N(_S + "mem_cache.memory_pool.MHATokenToKVPool._create_buffers_normal", H, V, ("self",)),
+    N(_S + "mem_cache.memory_pool.MLATokenToKVPool._create_buffers", H, V, ("self",)),
+    N(_S + "model_executor.model_runner.ModelRunner.load_model", H, V, ("self",)),
+    N(_S + "model_executor.model_runner.ModelRunner.model", R, V),
+    N(_S + "model_executor.model_runner.ModelRunner.is_draft_worker", R, V),
+    # --- VPP: the event loop, replicated schedulers, stage runs (vpp/event_loop.py, replica.py,
+    # stage_runner.py): the loop sets up the slot state SGLang's init_pp_loop_state would
+    N(_S + "managers.scheduler._dispatch_event_loop_once", H, V, ("scheduler",)),
+    N(_S + "utils.DynamicGradMode", C, V),
+    N(_SCHED + "ingest_requests", C, V, ("self",)),
+    N(_SCHED + "process_input_requests", C, V, ("self", "recv_reqs")),
+    N(_SCHED + "get_next_batch_to_run", C, V, ("self", "running_batch", "last_batch")),
+    N(_SCHED + "run_batch", C, V, ("self", "batch", "pp_proxy_tensors")),
+    N(_SCHED + "on_idle", C, V, ("self",)),
+    N(_SCHED + "_pp_prepare_tensor_dict", C, V, ("self", "result", "batch")),
+    N(_SCHED + "_pp_prep_batch_result", C, V, ("self", "batch", "mb_metadata", "pp_outputs")),
+    N(_SCHED + "_pp_process_batch_result", C, V, ("self", "batch")),
+    N(_SCHED + "init_pp_loop_state", R, V),  # the state below is what it sets up
+    N(_SCHED + "pp_loop_size", W, V),
+    N(_SCHED + "mbs", W, V),
+    N(_SCHED + "last_mbs", W, V),
+    N(_SCHED + "running_mbs", W, V),
+    N(_SCHED + "mb_metadata", W, V),
+    N(_SCHED + "pp_outputs", W, V),
+    N(_SCHED + "_pp_spec_relay", W, V),
+    N(_SCHED + "running_batch", W, V),
+    N(_SCHED + "last_batch", W, V),
+    N(_SCHED + "cur_batch_for_debug", W, V),
+    N(_SCHED + "forward_ct", W, V),
+    N(_SCHED + "_sched_idled", W, V),
+    N(_SCHED + "_engine_paused", R, V),
+    N(_SCHED + "gracefully_exit", R, V),
+    N(_SCHED + "chunked_req", R, V),
+    N(_SCHED + "max_total_num_tokens", R, V),
+    N(_SCHED + "max_running_requests", R, V),
+    N(_SCHED + "chunked_prefill_size", R, V),
+    N(_SCHED + "page_size", R, V),
+    N(_SCHED + "max_prefill_tokens", R, V),
+    N(_SCHED + "tp_worker", R, V),
+    N(_SCHED + "model_worker", R, V),
+    N(_SCHED + "future_map", R, V),
+    N(_SCHED + "dynamic_chunk_sizer", W, V),  # vpp/chunk_sizing.py: the controller's chunk sizes
+    N(_S + "managers.tp_worker.TpModelWorker.forward_batch_generation",
+      C, V, ("self", "batch", "forward_batch", "pp_proxy_tensors")),
+    N(_S + "managers.overlap_utils.resolve_forward_inputs", C, V, ("batch", "future_map")),
+    N(_S + "model_executor.forward_batch_info.ForwardBatch.init_new", H, V, ("cls", "batch", "model_runner")),
+    N(_S + "model_executor.forward_batch_info.ForwardBatch", M, V),
+    N(_S + "model_executor.forward_batch_info.PPProxyTensors", C, V, ("tensors",)),
+    N(_S + "managers.scheduler_pp_mixin.PPBatchMetadata", C, V, ("can_run_cuda_graph",)),
+    N(_S + "managers.schedule_batch.ScheduleBatch", C, V, ("reqs",)),
+    N(_BATCH + "batch_is_full", R, V),
+    N(_BATCH + "forward_mode", R, V),
+    N(_BATCH + "reqs", R, V),
+    N(_BATCH + "extend_num_tokens", R, V),
+    N(_BATCH + "prefix_lens", R, V),
+    N(_BATCH + "seq_lens", R, V),
+    N(_BATCH + "out_cache_loc", R, V),
+    N(_BATCH + "forward_iter", W, V),
+    N(_BATCH + "launch_ts", W, V),
+    N(_BATCH + "after_idle_gap", W, V),
+    N(_BATCH + "req_to_token_pool", R, V),
+    N(_REQ + "rid", R, V),
+    N(_REQ + "origin_input_ids", R, V),
+    N(_REQ + "output_ids", R, V),
+    N(_REQ + "prefix_len", R, V),
+    N(_REQ + "to_finish", W, V),
+    N(_REQ + "beam_group", R, V),
+    # --- VPP: chunk sizes and retraction (vpp/chunk_sizing.py, vpp/retraction.py)
+    N(_S + "managers.schedule_policy.PrefillAdder.add_one_req", H, V, ("self", "req")),
+    N(_S + "managers.schedule_policy.PrefillAdder.rem_chunk_tokens", W, V),
+    N(_S + "managers.schedule_policy.PrefillAdder.new_chunked_req", R, V),
+    N(_BATCH + "retract_decode", H, V, ("self",)),
+    N(_S + "managers.scheduler_components.new_token_ratio_tracker.NewTokenRatioTracker."
+      "estimate_new_token_ratio_after_retract", C, V, ("reqs",)),
+    # --- serving/: bench_serving with a workload file (file_load.py), the server launcher
+    N("sglang.launch_server", M, SV),
+    N("sglang.benchmark.serving", M, SV),
+    N(_BENCH + "get_dataset", RP, SV, ("args", "tokenizer")),
+    N(_BENCH + "get_request", RP, SV, ("input_requests", "request_rate")),
+    N(_BENCH + "cli_main", C, SV),
+    N(_BENCH + "DatasetRow", M, SV),
+    N("sglang.benchmark.datasets.random", M, SV),
+    N("sglang.benchmark.datasets.random.sample_random_requests",
+      C, SV, ("input_len", "output_len", "num_prompts", "range_ratio", "tokenizer", "dataset_path",
+              "random_sample", "return_text")),
+)  # fmt: skip
+
+
+def _refused_feature_fields() -> tuple[SurfaceName, ...]:
+    """Every ``VPP_REFUSALS`` flag is a ServerArgs field the refusal reads."""
+    from sglang_vpp.sglang_plugin.validate import VPP_REFUSALS
+
+    return tuple(N(_ARGS + refusal.attr, R, V) for refusal in VPP_REFUSALS)
+
+
+SURFACE = SURFACE + _refused_feature_fields()
+
+
+def scopes_for(pp_mode: str, pp_size: int, trace: bool, generic_cpu: bool) -> tuple[Scope, ...]:
+    """The scopes a server with these settings relies on."""
+    from sglang_vpp.sglang_plugin.options import PpMode, is_vpp_mode
+
+    scopes = [Scope.EVERY_MODE]
+    if generic_cpu:
+        scopes.append(Scope.GENERIC_CPU)
+    if is_vpp_mode(pp_mode):
+        scopes.append(Scope.VPP)
+    else:
+        if pp_mode == PpMode.DCPP:
+            scopes.append(Scope.DCPP)
+        if trace:
+            scopes.append(Scope.STOCK_TRACE)
+        if pp_size > 1:
+            scopes.append(Scope.STOCK_WATCHDOG)
+    return tuple(scopes)
+
+
+def find_problems(scopes: tuple[Scope, ...]) -> list[str]:
+    """One line per declared name of ``scopes`` that the installed SGLang lacks or changed."""
+    problems = [problem_of(name) for name in SURFACE if name.scope in scopes]
+    return [problem for problem in dict.fromkeys(problems) if problem is not None]
+
+
+def refusal(mode: str, problems: list[str]) -> str:
+    """The one start-up line naming every problem."""
+    from sglang_vpp.sglang_plugin.version import SUPPORTED_SGLANG_VERSION
+
+    return (
+        f"--pp-mode {mode} cannot hook this SGLang: {'; '.join(problems)}. Install "
+        f"sglang=={SUPPORTED_SGLANG_VERSION}, whose names the plugin declares ('sglang-vpp doctor "
+        "--sglang' lists them), or use --pp-mode cpp without the sglang-vpp plugin installed"
+    )
+
+
+def problem_of(name: SurfaceName) -> str | None:
+    """Why ``name`` does not hold on the installed SGLang, or None."""
+    try:
+        owner, attr, value = _resolve(name.path)
+    except (ImportError, AttributeError, ValueError) as exc:
+        return f"{name.path} is missing ({exc})"
+    if name.use in (Use.HOOK, Use.CALL, Use.REPLACE) and name.params:
+        return _signature_problem(name, value)
+    if name.use is Use.SWAP:
+        lost = [attr_ for attr_ in name.params if not hasattr(value, attr_)]
+        return f"{name.path} has no {', '.join(lost)} to override" if lost else None
+    return None
+
+
+def _signature_problem(name: SurfaceName, value: Any) -> str | None:
+    function = getattr(value, "__func__", value)
+    try:
+        params = tuple(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return f"{name.path} has no readable signature"
+    if isinstance(function, type) and params[:1] == ("self",):
+        params = params[1:]
+    if params[: len(name.params)] != name.params:
+        return f"{name.path} takes ({', '.join(params)}), the plugin needs ({', '.join(name.params)}, ...)"
+    return None
+
+
+_ABSENT = object()
+
+
+def _resolve(path: str) -> tuple[Any, str, Any]:
+    """(owner, attribute name, raw value) of ``path``; AttributeError when absent. An instance
+    attribute of a class (assigned on ``self`` in the class's code) resolves to ``None``."""
+    try:
+        return None, "", pkgutil.resolve_name(path)  # a module, or a plain module attribute
+    except (ImportError, AttributeError, ValueError):
+        pass
+    owner_path, attr = path.rsplit(".", 1)
+    owner = pkgutil.resolve_name(owner_path)
+    if not isinstance(owner, type):
+        raise AttributeError(f"{owner_path} has no attribute {attr!r}")
+    for klass in owner.__mro__:
+        if attr in klass.__dict__:
+            return owner, attr, klass.__dict__[attr]
+    fields = set(getattr(owner, "__struct_fields__", ())) | set(getattr(owner, "__dataclass_fields__", {}))
+    if attr in fields or any(attr in _self_attributes(klass) for klass in owner.__mro__):
+        return owner, attr, None
+    raise AttributeError(f"{owner_path} has no attribute {attr!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def _self_attributes(klass: type) -> frozenset[str]:
+    """Names the class's own code assigns on ``self`` (its instance attributes)."""
+    if klass.__module__ == "builtins":
+        return frozenset()
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+    except (OSError, TypeError, SyntaxError):
+        return frozenset()
+    return frozenset(
+        node.attr for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Name) and node.value.id == "self"
+    )
