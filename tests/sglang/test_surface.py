@@ -268,3 +268,20 @@ def test_doctor_prints_each_declared_name_with_its_status(monkeypatch):
     rows = {row["name"]: row for row in json.loads(result.output)["names"]}
     assert result.exit_code == 1 and "is missing" in rows[broken[0].path]["problem"]
     assert rows["sglang.srt.runtime_context.publish"]["problem"] is None
+
+
+@pytest.mark.sglang
+def test_the_vpp_loop_accounts_for_all_of_the_stock_pp_loop_state():
+    """The VPP loop sets up the slot state SGLang's ``init_pp_loop_state`` would (it never calls
+    it): every attribute that method assigns is set by the VPP replica or is stock PP's own."""
+    scheduler = pytest.importorskip("sglang.srt.managers.scheduler")
+    import ast
+    import inspect
+
+    from sglang_vpp.sglang_plugin.vpp.replica import PP_LOOP_STATE
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(scheduler.Scheduler.init_pp_loop_state)))
+    assigned = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store) and ast.unparse(node.value) == "self"}
+    assert assigned == set(PP_LOOP_STATE), "classify in vpp/replica.PP_LOOP_STATE: " + \
+        f"new {sorted(assigned - set(PP_LOOP_STATE))}, gone {sorted(set(PP_LOOP_STATE) - assigned)}"
