@@ -48,8 +48,14 @@ def test_every_sglang_name_the_code_touches_is_declared():
     touches = scan([PACKAGE / "sglang_plugin", PACKAGE / "serving"], ROOT)
     missing = [touch for touch in touches if not _declared(touch.name)]
     assert not missing, "SGLang names used but not declared; add one line each to SURFACE in " + SURFACE_FILE + \
-        ":\n" + "\n".join(f"  {t.file}:{t.line}: {t.name} ({t.how}): N(\"{t.name.lstrip('*.')}\", "
+        ":\n" + "\n".join(f"  {t.file}:{t.line}: {t.name} ({t.how}): N(\"{_suggested_path(t.name)}\", "
                           "<Use>, <Scope>, (<params relied on>))" for t in missing)
+
+
+def _suggested_path(name: str) -> str:
+    if name == CLASS_SWAP:
+        return "sglang.<module>.<Class whose instances get a new class>"
+    return "sglang.<module>.<Class>" + name[1:] if name.startswith("*.") else name
 
 
 def test_the_scanner_sees_what_it_must():
