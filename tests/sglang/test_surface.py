@@ -46,7 +46,7 @@ def _declared(name: str) -> bool:
 
 def test_every_sglang_name_the_code_touches_is_declared():
     touches = scan([PACKAGE / "sglang_plugin", PACKAGE / "serving"], ROOT)
-    missing = [touch for touch in touches if not _declared(touch.name)]
+    missing = [touch for touch in touches if not _declared(touch.name) and touch.file != SURFACE_FILE]
     assert not missing, "SGLang names used but not declared; add one line each to SURFACE in " + SURFACE_FILE + \
         ":\n" + "\n".join(f"  {t.file}:{t.line}: {t.name} ({t.how}): N(\"{_suggested_path(t.name)}\", "
                           "<Use>, <Scope>, (<params relied on>))" for t in missing)
