@@ -1,15 +1,16 @@
 """Benchmark: mixed traffic at pipeline depths P = 2, 4, 8, the paper's rules against vpp-stream.
 
 DeepSeek-V3.1 on Ascend 910C (shipped presets, analytic cost model), the mixed workload (60
-requests, concurrency 16), every mode at each chunk size of 8K-32K. Writes two tables into
+requests, concurrency 16), every mode at each chunk size of 8K-32K. Writes three tables into
 docs/simulator.md, between ``<!-- BEGIN sim_docs:mixed-depth -->`` and its END marker (and the same
-for ``mixed-depth-idle``):
+for ``mixed-depth-idle`` and ``mixed-depth-decode``):
 
 - per P: cpp, dcpp, vpp-pack (the paper's rules: one V per request, packing in the drain window),
   vpp-stream held to a 2P-1 window (the barrier alone removed) and vpp-stream, each at its best
   chunk size for TTFT and for throughput, on seed 0; then vpp-stream against the best of cpp and dcpp over seeds 0-4 as
   min / median / max (the simulator is deterministic: the spread is the workload's);
-- idle by cause (seconds per rank, mean over ranks) of each mode at its best TTFT chunk, seed 0.
+- idle by cause (seconds per rank, mean over ranks) of each mode at its best TTFT chunk, seed 0;
+- decode in steady state (``sim.decode``): 64 running requests at 16K context, per mode and P.
 
     python benchmarks/mixed_depth.py           # print the tables
     python benchmarks/mixed_depth.py --write   # rewrite the doc blocks
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from sglang_vpp.sim.config import SimConfig
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel
+from sglang_vpp.sim.decode import estimate_decode
 from sglang_vpp.sim.idle import IDLE_CAUSES
 from sglang_vpp.sim.preset_loader import load_hardware, load_model
 from sglang_vpp.sim.runner import RunConfig, run_mode
@@ -42,6 +44,8 @@ CHUNKS = [n * 1024 for n in (8, 16, 24, 32)]
 MODES = ("cpp", "dcpp", "vpp-pack", "vpp-stream")
 ABLATION = "vpp-stream, 2P-1 window"
 RIVALS = ("cpp", "dcpp")
+DECODE_MODES = ("cpp", "vpp-async", "vpp-pack", "vpp-stream")
+DECODE_RUNNING, DECODE_CONTEXT = 64, 16384
 SEEDS = (0, 1, 2, 3, 4)
 REQUESTS, CONCURRENCY = 60, 16
 
@@ -112,7 +116,21 @@ def compute_blocks() -> dict[str, str]:
             cells += [_spread([c[0] for c in changes]), _spread([c[1] for c in changes])]
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
     idle = _idle_table({p: runs[(p, SEEDS[0])] for p in DEPTHS}, shown)
-    return {"mixed-depth": "\n".join(lines), "mixed-depth-idle": idle}
+    return {"mixed-depth": "\n".join(lines), "mixed-depth-idle": idle,
+            "mixed-depth-decode": _decode_table(model, cost)}
+
+
+def _decode_table(model, cost) -> str:
+    """``sim.decode.estimate_decode``: ITL of ``DECODE_RUNNING`` requests at ``DECODE_CONTEXT``."""
+    lines = ["| P | mode | slots | requests per micro-batch | forwards per rank per round | ITL ms | vs cpp |",
+             "|---|---|---|---|---|---|---|"]
+    for p in DEPTHS:
+        estimates = [estimate_decode(mode, p, model.num_layers, cost, DECODE_RUNNING, DECODE_CONTEXT)
+                     for mode in DECODE_MODES]
+        for e in estimates:
+            lines.append(f"| {p} | {e.mode} | {e.slots} | {e.requests_per_micro_batch} | {e.forwards_per_round} | "
+                         f"{1000 * e.itl_s:.0f} | {e.itl_s / estimates[0].itl_s:.2f}x |")
+    return "\n".join(lines)
 
 
 def _idle_table(best_by_depth: dict[int, dict], modes: tuple[str, ...]) -> str:

@@ -1,5 +1,6 @@
 """Every command builds its controller in ``schedule/factory.py``: given one cost model,
-``schedule``, ``check``, ``simulate`` and ``bench`` cut every prompt into the same chunks."""
+``schedule``, ``check``, ``simulate`` and ``bench`` cut every prompt into the same chunks, and
+the SGLang plugin's controller (fold-back modes; its dcpp is SGLang's own) cuts them too."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 from sglang_vpp.cli.schedule_cmd import plan_from_options
 from sglang_vpp.runtime.control import make_planner
 from sglang_vpp.runtime.spec import RequestArrival, RunSpec
-from sglang_vpp.schedule import POLICIES, LinearAttentionCost, RequestSpec, build_layout, get_policy
+from sglang_vpp.schedule import (FOLDBACK_MODES, POLICIES, LinearAttentionCost, RequestSpec, build_layout, get_policy,
+                                 split_request)
+from sglang_vpp.sglang_plugin.vpp.state import VppConfig, VppState
 from sglang_vpp.sim.runner import RunConfig, plan_workload
 from sglang_vpp.sim.workloads import Workload
 
@@ -42,5 +45,10 @@ def test_commands_cut_identical_chunks(mode: str, length: int) -> None:
     assert _cuts(check.chunks) == expected
     assert _cuts(simulate.chunks) == expected
     assert _cuts(bench) == expected
+    if mode in FOLDBACK_MODES:
+        state = VppState(config=VppConfig(mode=mode, pp_size=pp), rank=0)
+        state.ensure_layout(LAYERS)
+        plugin = state.build_controller(CHUNK)
+        assert sorted(split_request(plugin.chunker, length)) == expected
     if mode == "dcpp" and length == 65536:
         assert len(expected) > length // CHUNK  # the curve shrinks later chunks

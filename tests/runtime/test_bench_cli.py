@@ -73,7 +73,7 @@ def test_bench_runs_every_mode(tmp_path):
     assert any("measured wall clock" in n for n in names) and any("replayed on dedicated hardware" in n for n in names)
     assert (tmp_path / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    from sglang_vpp.sim.cost.fitted import FittedCostModel
+    from sglang_vpp.schedule.fitted_cost import FittedCostModel
     from sglang_vpp.sim.cost.samples import read_samples
 
     fitted = FittedCostModel.load(tmp_path / "costs.json")

@@ -42,6 +42,13 @@ def test_four_ranks_equal_reference(pool4, matches_reference, mode):
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
+def test_vpp_stream_equals_reference(pool2, pool4, matches_reference, ranks):
+    # Three requests streaming through the V: later requests enter while earlier ones are in flight.
+    result = (pool2 if ranks == 2 else pool4).run(_spec("vpp-stream", ranks, [192, 96, 64], 32))
+    assert matches_reference(result) == 0.0
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
 def test_vpp_taper_equals_reference(pool2, pool4, matches_reference, ranks):
     # Chunk 128 tapers to 64-token first and last chunks: ramped chunking. Exact against the
     # same-chunk reference (== 0.0); against the whole-prompt forward only fp32 rounding, which

@@ -16,7 +16,7 @@ FIELDS = ["policy", "pp", "chunks", "requests", "actions", "computes", "sends", 
 
 def _rows():
     rows = []
-    for policy in ["cpp", "dcpp", "vpp", "vpp-async", "vpp-pack"]:
+    for policy in ["cpp", "dcpp", "vpp", "vpp-async", "vpp-pack", "vpp-stream"]:
         for pp, chunks, requests in [(2, 8, 1), (2, 16, 3), (3, 12, 2), (4, 32, 1), (4, 9, 4)]:
             lengths = [RequestSpec(chunks * 512 - 100 * i) for i in range(requests)]
             plan = build_schedule(policy, pp, 8 * pp, lengths, 512)

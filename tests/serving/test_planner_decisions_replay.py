@@ -13,7 +13,7 @@ from sglang_vpp.trace_records import cost_record, records_file
 COST = LinearAttentionCost()
 
 
-@pytest.mark.parametrize("mode", ["vpp", "vpp-async", "vpp-pack"])
+@pytest.mark.parametrize("mode", ["vpp", "vpp-async", "vpp-pack", "vpp-stream"])
 @pytest.mark.parametrize("pp", [2, 4])
 def test_planner_decisions_replay_like_a_server(mode, pp, tmp_path, monkeypatch):
     import sglang_vpp.schedule.factory as factory_module
@@ -38,5 +38,17 @@ def test_planner_decisions_replay_like_a_server(mode, pp, tmp_path, monkeypatch)
     result = replay_trace(tmp_path)
     assert result.ok, result.divergence.describe()
     assert result.num_admitted == recorder.num_admitted > 0
-    assert any(d["kind"] == "hold" for d in recorder.decisions[0])  # the barrier acted
+    in_flight, deepest = 0, 0
+    for d in recorder.decisions[0]:
+        in_flight += {"admit": 1, "left": -1}.get(d["kind"], 0)
+        deepest = max(deepest, in_flight)
+    if mode == "vpp-stream":
+        assert deepest > 2 * pp - 1  # the deep window was used
+    else:
+        assert any(d["kind"] == "hold" for d in recorder.decisions[0])  # the barrier acted
+        assert deepest <= 2 * pp - 1 + (2 * pp - 1 if mode == "vpp-pack" else 0)
     assert (result.num_packed > 0) == (mode == "vpp-pack")
+    # Rank 0 chose its last stage over a new stage 0 (vpp-stream once the V is full; vpp always).
+    finished_first = [d for d in recorder.decisions[0] if d["kind"] == "pick"
+                      and any(stage == 0 for stage, _ in d["ready"]) and d["chosen"][0] == 2 * pp - 1]
+    assert bool(finished_first) == (mode in ("vpp", "vpp-stream"))

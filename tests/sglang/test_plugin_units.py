@@ -43,7 +43,7 @@ def model_dir(tmp_path: Path) -> Path:
 
 def test_modes_are_the_schedule_policies():
     assert PpMode is Policy
-    assert [is_vpp_mode(m) for m in SERVED_MODES] == [False, False, True, True, True, True]
+    assert [is_vpp_mode(m) for m in SERVED_MODES] == [False, False, True, True, True, True, True]
     assert set(SERVED_MODES) == set(Policy)
 
 

@@ -44,7 +44,7 @@ def _planner_trace(mode, pp, tmp_path, monkeypatch, cost=None):
     return recorders[0].decisions
 
 
-@pytest.mark.parametrize("mode", ["vpp", "vpp-async", "vpp-pack"])
+@pytest.mark.parametrize("mode", ["vpp", "vpp-async", "vpp-pack", "vpp-stream"])
 @pytest.mark.parametrize("pp", [2, 4])
 def test_simulator_and_runtime_planner_take_the_traced_decisions(mode, pp, tmp_path, monkeypatch):
     traced = _planner_trace(mode, pp, tmp_path, monkeypatch)

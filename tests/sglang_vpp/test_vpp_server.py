@@ -1,4 +1,5 @@
-"""``--pp-mode vpp | vpp-async | vpp-pack | vpp-taper`` at --pp-size 2 serve real requests like stock SGLang.
+"""``--pp-mode vpp | vpp-async | vpp-pack | vpp-taper | vpp-stream`` at --pp-size 2 serve real requests like
+stock SGLang.
 
 One server per mode (module-scoped, parametrised; the pool holds one at a time). An 8-layer tiny
 Qwen2 gives 4 virtual stages of 2 layers. Chunk size 64; 8 concurrent prompts of 1 to 12 chunks,
@@ -41,7 +42,7 @@ from sglang_vpp.cli.app import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
 
-MODES = ("vpp", "vpp-async", "vpp-pack", "vpp-taper")
+MODES = ("vpp", "vpp-async", "vpp-pack", "vpp-taper", "vpp-stream")
 TAPER_CHUNK = 2 * CHUNK
 
 

@@ -30,6 +30,7 @@ from ..schedule import (
     Schedule,
     build_layout,
     get_policy,
+    validate_schedule,
 )
 from ..schedule.controller import hand_off_groups
 from ..sim import SimConfig, SimResult, simulate_schedule
@@ -148,6 +149,9 @@ def replay_cost(samples: Sequence[CostSample]) -> TableCostModel:
 def replay_run(spec: RunSpec, layout: Layout, reports: Sequence[RankReport]) -> ReplayResult:
     """Re-time the executed order with its own measured costs (module docstring)."""
     schedule = executed_schedule(spec, layout, reports)
+    # The recorded streams, checked as the dry run's were before the run: complete, causal and
+    # paired (here), and free of deadlock under rendezvous semantics (the simulator's dry run).
+    validate_schedule(schedule)
     samples = cost_samples(layout, reports)
     cost = replay_cost(samples)
     arrivals = {i: a for i, a in enumerate(reports[0].arrivals_s)}

@@ -66,12 +66,7 @@ class ControllerConfig:
             raise PolicyError(
                 f"mode {self.policy.name} needs a {self.policy.layout_kind} layout, got {self.layout.kind}"
             )
-        if self.max_in_flight is not None and self.max_in_flight < 1:
-            raise PolicyError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
-        if self.num_groups not in (None, 1, 2):
-            raise PolicyError(f"groups must be 1 or 2, got {self.num_groups}")
-        if self.token_budget is not None and self.token_budget < 1:
-            raise PolicyError(f"token budget must be >= 1 token, got {self.token_budget}")
+        # The limits are checked where they are used: ``Controller.__init__``.
 
     @property
     def in_flight_limit(self) -> int:

@@ -17,8 +17,9 @@ Data flow::
     any process: import torch -> torch_autoload.autoload()       (entry point torch.backends)
 
 Modules: ``entry`` (registration), ``options`` (PipelineOptions, how they travel), ``cli_args``
-(flags), ``validate`` (refusals), ``process_hooks`` (scheduler set-up), ``hook_targets``
-(every hooked SGLang function and the checks that it exists and took), ``input_guard`` (bad
+(flags), ``validate`` (refusals), ``process_hooks`` (scheduler set-up), ``surface`` (every
+SGLang name the project touches, declared, and the start-up check), ``hook_targets``
+(registering hooks and the checks that they took), ``input_guard`` (bad
 prompts -> 400), ``failure_report`` (which rank failed; fast exit on CPU),
 ``stock_loop_watchdog`` (--vpp-comm-timeout for cpp/dcpp), ``cpu_compat`` (rotary embedding
 without vllm), ``torch_autoload``

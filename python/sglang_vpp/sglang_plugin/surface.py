@@ -233,6 +233,7 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_BENCH + "get_request", RP, SV, ("input_requests", "request_rate")),
     N(_BENCH + "cli_main", C, SV),
     N(_BENCH + "DatasetRow", M, SV),
+    N(_BENCH + "DatasetRow.timestamp", R, SV),
     N("sglang.benchmark.datasets.random", M, SV),
     N("sglang.benchmark.datasets.random.sample_random_requests",
       C, SV, ("input_len", "output_len", "num_prompts", "range_ratio", "tokenizer", "dataset_path",

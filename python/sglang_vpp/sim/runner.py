@@ -26,6 +26,7 @@ from ..schedule import (
     default_in_flight_limit,
     get_policy,
     schedule_from_planner,
+    validate_schedule,
 )
 from .config import SimConfig
 from .cost.jitter import JitteredCostModel
@@ -147,6 +148,10 @@ def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunCon
              keep_schedule: bool = False) -> ModeResult:
     """Plan and simulate one mode; the planner's estimate is ``cost`` itself."""
     planned = plan_workload(mode, workload, cost, config, num_layers)
+    if config.sim.check_deadlock:
+        # The dry run's streams, before they run: complete, causal and paired (the deadlock dry
+        # run follows in ``simulate_schedule``).
+        validate_schedule(planned.schedule)
     sim_config = config.sim
     layout = planned.schedule.layout
     if sim_config.max_in_flight is None and layout.stages[-1].rank != layout.stages[0].rank:

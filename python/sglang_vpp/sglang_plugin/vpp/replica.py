@@ -25,7 +25,21 @@ import torch
 
 from .errors import SchedulerDivergenceError
 
-__all__ = ["Replica", "batch_signature", "outputs_to_cpu"]
+__all__ = ["PP_LOOP_STATE", "Replica", "batch_signature", "outputs_to_cpu"]
+
+_SET_HERE = "set by Replica.__init__ for VPP's slots"
+_STOCK_COMM = "stock PP's own send/receive state; the VPP loop sends through sglang_vpp.comm"
+PP_LOOP_STATE: dict[str, str] = {
+    **dict.fromkeys(("pp_loop_size", "mbs", "last_mbs", "running_mbs", "mb_metadata", "pp_outputs",
+                     "_pp_spec_relay"), _SET_HERE),
+    **dict.fromkeys(("last_rank_comm_queue", "send_req_work", "send_proxy_work", "send_output_work",
+                     "send_proxy_requires_forward_fence", "launch_event", "pp_proxy_recv_event",
+                     "pp_send_done_event", "pp_comm_stream", "pp_comm_stream_ctx", "_pp_tensor_dict_inbox"),
+                    _STOCK_COMM),
+}  # fmt: skip
+"""Every attribute SGLang's ``Scheduler.init_pp_loop_state`` sets (the VPP loop replaces the
+loop that calls it), and why the VPP loop does or does not set it; a test compares this with
+the installed SGLang's code, so new loop state in an upgrade is not silently left unset."""
 
 
 def batch_signature(batch: Any) -> tuple | None:

@@ -1,0 +1,83 @@
+"""Decode in steady state: the time per generated token (ITL) of running requests under a mode.
+
+The event simulation plans prefill only; this is the closed-form steady state of decode with the
+same cost model, for the question prefill cannot answer: what a mode's micro-batch slots and
+forwards cost per generated token.
+
+Model (``estimate_decode``): ``running`` requests, each with ``context`` tokens of KV, are spread
+evenly over the mode's micro-batch slots ``S`` (``Controller.limits.slots``: P for stock PP,
+2P-1 for vpp and vpp-async, 2(2P-1) for the packing modes and vpp-stream), as SGLang's PP loop
+keeps one running batch per slot. One *round* moves every slot's micro-batch one token:
+
+- every rank runs each of its stages once per micro-batch (one forward per micro-batch under
+  stock PP, two under fold-back), so a round costs rank r ``S * sum of its stage times``, each
+  stage time the cost model's for a forward of ``running / S`` one-token requests (weight
+  streaming, host gap and TP collectives are paid per forward, so more, smaller micro-batches
+  cost more per token);
+- a micro-batch's trip through every stage and pipeline hop takes ``T``; with at most ``W``
+  micro-batches in flight (the controller's in-flight limit), a round takes at least ``S / W * T``.
+
+``itl_s`` is the larger of the two. Not modelled: KV-cache reads (the analytic model counts
+attention as FLOPs), prefill micro-batches interleaved with decode, and uneven slots.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..schedule import ChunkSpec, Controller, StageCostModel, build_layout, get_policy
+from .cost.base import stage_time
+
+__all__ = ["DecodeEstimate", "estimate_decode", "decode_micro_batch"]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeEstimate:
+    mode: str
+    slots: int
+    """Micro-batches the running requests are spread over."""
+    requests_per_micro_batch: int
+    """Of the fullest slot."""
+    forwards_per_round: int
+    """Forwards each rank runs while every running request gains one token."""
+    rank_round_s: float
+    """The busiest rank's compute per round."""
+    trip_s: float
+    """One micro-batch through every stage and hop."""
+    itl_s: float
+
+    @property
+    def bound(self) -> str:
+        return "ranks busy" if self.rank_round_s >= self.itl_s else "trips in flight"
+
+
+def decode_micro_batch(num_requests: int, context: int) -> ChunkSpec:
+    """One decode forward: ``num_requests`` requests, one new token each after ``context`` tokens."""
+    rest = tuple(ChunkSpec(i, 0, context, 1, True) for i in range(1, num_requests))
+    return ChunkSpec(0, 0, context, 1, True, batch=rest)
+
+
+def estimate_decode(mode: str, num_ranks: int, num_layers: int, cost: StageCostModel, running: int,
+                    context: int) -> DecodeEstimate:
+    """The steady state of ``running`` decoding requests with ``context`` tokens each (module doc)."""
+    if running < 1:
+        raise ValueError(f"running requests must be >= 1, got {running}")
+    if context < 0:
+        raise ValueError(f"context must be >= 0 tokens, got {context}")
+    spec = get_policy(mode)
+    layout = build_layout(num_ranks, num_layers, spec.layout_kind)
+    limits = Controller(spec, layout, cost).limits
+    slots = min(limits.slots, running)
+    per_slot = math.ceil(running / slots)
+    chunk = decode_micro_batch(per_slot, context)
+    times = [stage_time(cost, stage, chunk).total_s for stage in layout.stages]
+    hops = sum(cost.transfer_cost(stage, chunk) for stage, after in zip(layout.stages, layout.stages[1:])
+               if stage.rank != after.rank)
+    trip = sum(times) + hops
+    per_rank = [sum(times[s.stage_index] for s in layout.stages if s.rank == rank) for rank in range(num_ranks)]
+    rank_round = slots * max(per_rank)
+    in_flight = min(limits.in_flight, slots)  # decode is never packed
+    itl = max(rank_round, slots / in_flight * trip)
+    forwards = slots * len(layout.stages) // num_ranks
+    return DecodeEstimate(str(spec.name), slots, per_slot, forwards, rank_round, trip, itl)
