@@ -8,7 +8,14 @@ from typing import Any
 
 import typer
 
-from sglang_vpp.serving.bench_serving import LoadPlan, ServingPass, merge_passes, run_pass
+from sglang_vpp.serving.bench_serving import (
+    LoadPlan,
+    ServingPass,
+    check_fits_context,
+    merge_passes,
+    run_pass,
+    server_context_len,
+)
 
 from .common import emit_json
 
@@ -40,17 +47,33 @@ def _url_tags(run: dict[str, Any]) -> dict[str, Any]:
             "sglang_version": info.get("version") or sglang_version(), "device": info.get("device")}
 
 
+NO_VERDICT = ("no verdict: some requests failed (above), and a failed request is not a served one; fix the "
+              "load or the server, or pass --allow-failures to compare the requests that were served")
+
+
 def finish(runs: list[dict[str, Any]], document: dict[str, Any], verdicts: list, json_out: Path | None,
            output_file: Path | None, plot: Path | None, fmt: str, tags: list[dict[str, Any]],
-           spans: dict[str, Any] | None = None) -> None:
-    """Print (``--format``), write JSON, tagged lines and plots; exit 1 if any request failed."""
-    from sglang_vpp.serving.report import render_tables
+           spans: dict[str, Any] | None = None, *, notes: list[str] = (), allow_failures: bool = False,
+           work_dir: Path | None = None) -> None:
+    """Print (``--format``), write JSON, tagged lines and plots. A run in which any request failed
+    gets no verdict and exits 1, unless ``allow_failures``."""
+    from sglang_vpp.serving.report import render_tables, wrap
     from sglang_vpp.serving.results import append_results
 
+    failed = any(run["summary"]["num_failed"] for run in runs)
+    if failed and not allow_failures:
+        verdicts = []
+        if "verdicts" in document:
+            document["verdicts"] = []
+            document["no_verdict"] = NO_VERDICT
     if fmt == "json":
         emit_json(document)
     else:
-        typer.echo(render_tables(runs, fmt))
+        typer.echo(render_tables(runs, fmt, notes))
+        if failed and not allow_failures:
+            typer.echo(wrap(NO_VERDICT))
+        elif failed and verdicts:
+            typer.echo(wrap("--allow-failures: the verdicts compare the requests that were served"))
         for verdict in verdicts:
             typer.echo("\n".join(verdict.lines()))
     if json_out is not None:
@@ -77,7 +100,9 @@ def finish(runs: list[dict[str, Any]], document: dict[str, Any], verdicts: list,
             gantt = plot.with_name(plot.stem + "-gantt" + plot.suffix)
             write_rank_gantt(spans, gantt, title="bench-serve: replayed prefill of the first measured repeat")
             typer.echo(f"wrote {gantt}", err=fmt == "json")
-    if any(run["summary"]["num_failed"] for run in runs):
+    if work_dir is not None:
+        typer.echo(f"work dir (logs, traces, JSONL): {work_dir}", err=fmt == "json")
+    if failed and not allow_failures:
         raise typer.Exit(1)
 
 
@@ -100,7 +125,8 @@ def _launch_verdicts(launched: list) -> list:
 
 
 def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir: Path, json_out: Path | None,
-                   output_file: Path | None, plot: Path | None, fmt: str) -> None:
+                   output_file: Path | None, plot: Path | None, fmt: str, allow_failures: bool = False,
+                   kept: bool = True) -> None:
     """--launch: one server per mode, bench_serving passes against each (bench_serve_launch.run_launched)."""
     from rich.console import Console
 
@@ -140,6 +166,7 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
     _current = [modes[0]]  # the mode whose server is up (set from run_launched's events)
 
     def warm_up(url: str) -> int:
+        check_fits_context(plan, url, server_context_len(url))  # before any request is sent
         if plan.warmup <= 0:
             return 0
         out, log = jsonl(_current[0])
@@ -190,4 +217,5 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
     document = {"runs": runs, "verdicts": [v.to_dict() for v in verdicts]}
     tags = [launch_tags(run.mode, spec.pp_size, spec.chunked_prefill_size, spec.device, spec.server_args)
             for run in launched]
-    finish(runs, document, verdicts, json_out, output_file, plot, fmt, tags, spans)
+    finish(runs, document, verdicts, json_out, output_file, plot, fmt, tags, spans, allow_failures=allow_failures,
+           work_dir=out_dir)

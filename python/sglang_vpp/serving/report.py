@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["render_tables"]
+__all__ = ["render_tables", "wrap"]
 
 SERVED_NOTE = ("times: SGLang's bench_serving, wall clock on this host (servers run one after another; "
                "not a pipeline speedup measurement)")
@@ -61,7 +61,7 @@ def _text_table(title: str, header: list[str], rows: list[list[str]]) -> str:
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
     # A title naming six modes is longer than 80 columns: it wraps, the table does not.
-    return "\n".join([_wrap(title), line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
+    return "\n".join([wrap(title), line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
 
 
 def _md_table(title: str, header: list[str], rows: list[list[str]]) -> str:
@@ -69,21 +69,35 @@ def _md_table(title: str, header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def _wrap(text: str, width: int = 80) -> str:
+def wrap(text: str, width: int = 80) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(text, width))
 
 
-def render_tables(runs: Sequence[dict[str, Any]], fmt: str = "table") -> str:
-    """The served-times table, and the pipeline table when any run has pipeline records."""
+def _failure_lines(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per server with failed requests: how many, and the first reason."""
+    out = []
+    for run in runs:
+        summary = run["summary"]
+        if summary["num_failed"]:
+            reason = (summary.get("errors") or ["?"])[0]
+            out.append(wrap(f"FAILED ({run['label'] or run['url']}): {summary['num_failed']} of "
+                            f"{summary['num_requests']} requests not served (left out of every time): {reason}"))
+    return out
+
+
+def render_tables(runs: Sequence[dict[str, Any]], fmt: str = "table", notes: Sequence[str] = ()) -> str:
+    """The served-times table (with its failed requests), and the pipeline table when any run has
+    pipeline records; ``notes`` about the whole comparison (e.g. servers sharing this host) follow."""
     names = ", ".join(str(run["label"] or run["url"]) for run in runs)
     table = _md_table if fmt == "md" else _text_table
-    parts = [table(f"bench-serve [{names}]: served times, ms (tok/s)", *_served_rows(runs)), _wrap(SERVED_NOTE)]
+    parts = [table(f"bench-serve [{names}]: served times, ms (tok/s)", *_served_rows(runs)),
+             *_failure_lines(runs), *(wrap(f"note: {note}") for note in notes), wrap(SERVED_NOTE)]
     if any(run.get("pipeline") for run in runs):
         parts += [table(f"bench-serve [{names}]: prefill pipeline per rank", *_pipeline_rows(runs)),
-                  _wrap(PIPELINE_NOTE)]
+                  wrap(PIPELINE_NOTE)]
     for run in runs:
         for note in run.get("notes") or []:
-            parts.append(_wrap(f"note ({run['label']}): {note}"))
+            parts.append(wrap(f"note ({run['label']}): {note}"))
     return "\n\n".join(parts)
