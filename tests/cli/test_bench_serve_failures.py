@@ -133,3 +133,21 @@ def test_launch_checks_the_plugin_and_the_device_before_any_server_starts(monkey
     if not torch.cuda.is_available():
         result = CliRunner().invoke(app, ["bench-serve", "--launch", "cpp", "--device", "cuda", "--no-progress"])
         assert result.exit_code == 2 and "--device cuda needs" in result.output, result.output
+
+
+def test_bench_prints_a_progress_line_per_run_when_stderr_is_not_a_terminal(capsys):
+    from sglang_vpp.cli.bench_cmd import _RichProgress
+
+    with _RichProgress(enabled=True) as progress:
+        progress.start(2)
+        for repeat in range(2):
+            progress.run_started("cpp", repeat)
+            progress.run_finished("cpp", repeat, None)
+        progress.phase("equal-cost replay")
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("] ", 1)[1] for line in lines if "] " in line] == [
+        "cpp repeat 1: done in 0.0 s (run 1 of 2)", "cpp repeat 2: done in 0.0 s (run 2 of 2)", "equal-cost replay"]
+    assert all(line.startswith("[") and " s] " in line for line in lines if line.strip())
+    with _RichProgress(enabled=False) as quiet:  # --quiet
+        quiet.phase("x")
+    assert capsys.readouterr().err == ""
