@@ -115,3 +115,39 @@ def test_min_cost_replay_refuses_repeats_of_different_shape():
     runs = [measure_idle(_cpp_records([1.0, 2.0]), 2), measure_idle(_cpp_records([1.0, 2.0, 3.0]), 2)]
     assert min_cost_idle(runs) is None
     assert min_cost_idle(runs[:1]) is None
+
+
+def _stage_records(num_stages: int, per_layer: float, layers: int, micro_batches: int = 6) -> list[dict]:
+    """Prefill records of 64-token micro-batches; rank r runs stages r, r + 2, ... in stage order."""
+    return [{"rank": stage % 2, "stage": stage, "seq": seq, "num_tokens": 64, "is_prefill": True,
+             "start_s": stage * 100 + seq, "cpu_s": layers * per_layer * (1 + 0.1 * seq)}
+            for stage in range(num_stages) for seq in range(micro_batches)]
+
+
+def test_equal_cost_replay_times_every_mode_on_one_cost_model():
+    """cpp's 4-layer stages measured 40 % dearer per layer than vpp's 2-layer stages (cache effects,
+    not the schedule): the own-cost replays differ by a third, the shared model by the schedule only."""
+    from sglang_vpp.schedule import build_layout, get_policy
+    from sglang_vpp.serving.pipeline_report import EQUAL_COST_METHOD, equal_cost_idle
+    from sglang_vpp.serving.timeline import equal_costs
+
+    layouts = {mode: build_layout(2, 8, get_policy(mode).layout_kind) for mode in ("cpp", "vpp")}
+    idle = {"cpp": [measure_idle(_stage_records(2, 1.4, 4), 2) for _ in range(3)],
+            "vpp": [measure_idle(_stage_records(4, 1.0, 2), 2) for _ in range(3)]}
+
+    def makespan(run):
+        return max(rank.makespan_s for rank in run.ranks)
+
+    own = makespan(idle["vpp"][0]) / makespan(idle["cpp"][0]) - 1
+    shared, models = equal_cost_idle(idle, layouts)
+    assert len(models) == 3 and all(len(runs) == 3 for runs in shared.values())
+    equal = makespan(shared["vpp"][0]) / makespan(shared["cpp"][0]) - 1
+    assert own < -0.3 and -0.15 < equal < 0, (own, equal)
+    assert shared["cpp"][0].method == EQUAL_COST_METHOD
+    # One cost per layer for both modes: a 4-layer compute costs what two 2-layer ones do.
+    cpp_cost = equal_costs(idle["cpp"][0].window, layouts["cpp"], models[0])
+    vpp_cost = equal_costs(idle["vpp"][0].window, layouts["vpp"], models[0])
+    for seq in range(6):
+        cpp = cpp_cost({"stage": 0, "seq": seq})
+        vpp = vpp_cost({"stage": 0, "seq": seq}) + vpp_cost({"stage": 1, "seq": seq})
+        assert cpp == pytest.approx(vpp, rel=1e-6)

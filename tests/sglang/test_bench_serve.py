@@ -49,9 +49,7 @@ def test_merge_passes_and_80_column_table():
     assert summary["itl_ms"]["mean"] == pytest.approx(20.0) and summary["e2e_ms"]["median"] == pytest.approx(140.0)
     assert summary["output_tokens"] == 6 and summary["output_throughput"] == pytest.approx(6 / 4.0)
     assert summary["errors"] == ["HTTP 500"]
-    pipeline = {"replayed_makespan_s": [0.7, 0.8], "min_cost_makespan_s": 0.65,
-                "idle_spread": [{"rank": 0, "idle_fraction": {"median": 0.1}},
-                                {"rank": 1, "idle_fraction": {"median": 0.3}}]}
+    pipeline = {"equal_cost": {"makespan_s": [0.7, 0.8], "idle_fraction": [{"median": 0.1}, {"median": 0.3}]}}
     runs = [{"label": m, "url": "http://h", "summary": summary, "pipeline": pipeline} for m in ("cpp", "vpp-pack")]
     text = render_tables(runs)
     assert "bench-serve [cpp, vpp-pack]: served times" in text and "prefill pipeline per rank" in text

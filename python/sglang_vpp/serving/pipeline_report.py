@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from .timeline import RankTimeline, equal_costs, replay_executed, shared_cost_model
 
 if TYPE_CHECKING:
+    from ..runtime.equal_cost import SharedCostModel
     from ..schedule import Layout
 
 __all__ = [
@@ -184,20 +185,22 @@ EQUAL_COST_METHOD = ("re-timed on one cost model shared by all modes (runtime/eq
 
 
 def equal_cost_idle(idle: Mapping[str, Sequence[PipelineIdle]],
-                    layouts: Mapping[str, Layout]) -> dict[str, list[PipelineIdle]]:
+                    layouts: Mapping[str, Layout]) -> tuple[dict[str, list[PipelineIdle]], list[SharedCostModel]]:
     """Per mode and repeat ``j``: that repeat's window re-timed on one cost model shared by all
     modes, fitted on the *other* repeats (all repeats when there is one; a position the others
-    never ran falls back to the model of all repeats), as ``sglang-vpp bench`` does. Empty when
-    some mode has no prefill records to fit."""
+    never ran falls back to the model of all repeats), as ``sglang-vpp bench`` does; and the model
+    of each repeat. Empty when some mode has no prefill records to fit."""
     repeats = min((len(runs) for runs in idle.values()), default=0)
     windows = {mode: [run.window for run in runs[:repeats]] for mode, runs in idle.items()}
     if not repeats or any(not window for mode_windows in windows.values() for window in mode_windows):
-        return {}
+        return {}, []
     everything = shared_cost_model(windows, layouts)
     out: dict[str, list[PipelineIdle]] = {mode: [] for mode in idle}
+    models = []
     for j in range(repeats):
         others = {mode: [w for i, w in enumerate(ws) if i != j] for mode, ws in windows.items()}
         model = shared_cost_model(others, layouts, fallback=everything) if repeats > 1 else everything
+        models.append(model)
         for mode, runs in idle.items():
             window = windows[mode][j]
             out[mode].append(PipelineIdle(
@@ -205,4 +208,4 @@ def equal_cost_idle(idle: Mapping[str, Sequence[PipelineIdle]],
                 num_micro_batches=runs[j].num_micro_batches,
                 ranks=replay_executed(window, runs[j].num_ranks, equal_costs(window, layouts[mode], model)),
                 window=window, method=EQUAL_COST_METHOD))  # fmt: skip
-    return out
+    return out, models

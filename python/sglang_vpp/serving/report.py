@@ -16,9 +16,11 @@ __all__ = ["render_tables", "wrap"]
 
 SERVED_NOTE = ("times: SGLang's bench_serving, wall clock on this host (servers run one after another; "
                "not a pipeline speedup measurement)")
-PIPELINE_NOTE = ("replayed: each stage compute's thread CPU time replayed as if every rank had its own device "
-                 "(transfers cost 0), a derived timeline; min-cost: each compute's minimum over the repeats, "
-                 "replayed once (interference only adds time); idle: median over repeats")
+PIPELINE_NOTE = ("equal-cost: each mode's executed prefill re-timed as if every rank had its own device "
+                 "(transfers cost 0) on ONE cost model fitted on the per-stage thread CPU times of every mode "
+                 "(repeat j: fitted on the other repeats), so only the schedules differ; the pipeline verdict "
+                 "compares these. idle: median over repeats. Own-cost replays (each mode's own CPU times, "
+                 "which include its cache effects) are in --json only")
 
 
 def _ms(stats: dict[str, float] | None, key: str) -> str:
@@ -40,16 +42,15 @@ def _served_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[s
 
 
 def _pipeline_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    header = ["mode", "replayed makespan s", "min-cost s", "idle per rank (replayed)"]
+    header = ["mode", "equal-cost makespan s", "idle per rank (equal-cost)"]
     rows = []
     for run in runs:
-        pipeline = run.get("pipeline") or {}
-        values = pipeline.get("replayed_makespan_s") or []
+        shared = (run.get("pipeline") or {}).get("equal_cost") or {}
+        values = shared.get("makespan_s") or []
         makespan = "-" if not values else f"{statistics.median(values):.3f}" + (
             f" [{min(values):.3f}-{max(values):.3f}]" if len(values) > 1 else "")
-        min_cost = pipeline.get("min_cost_makespan_s")
-        idle = " ".join(f"r{r['rank']} {r['idle_fraction']['median']:.0%}" for r in pipeline.get("idle_spread") or [])
-        rows.append([str(run["label"]), makespan, "-" if min_cost is None else f"{min_cost:.3f}", idle or "-"])
+        idle = " ".join(f"r{rank} {spread['median']:.0%}" for rank, spread in enumerate(shared.get("idle_fraction") or []))
+        rows.append([str(run["label"]), makespan, idle or "-"])
     return header, rows
 
 
