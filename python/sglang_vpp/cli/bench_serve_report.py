@@ -106,7 +106,7 @@ def finish(runs: list[dict[str, Any]], document: dict[str, Any], verdicts: list,
         raise typer.Exit(1)
 
 
-PIPELINE_METRIC = "equal-cost prefill makespan: every mode re-timed on one shared cost model"
+PIPELINE_METRIC = "equal-cost prefill makespan (one cost model for all modes)"
 SERVED_METRIC = "each pass's median served TTFT (wall clock, shared host)"
 
 
