@@ -128,6 +128,9 @@ def test_launch_checks_the_plugin_and_the_device_before_any_server_starts(monkey
     result = CliRunner().invoke(app, ["bench-serve", "--launch", "cpp,vpp", "--pp-size", "1", "--no-progress"])
     assert result.exit_code == 2, result.output
     assert "--launch vpp: --pp-mode vpp needs pipeline parallelism but --pp-size is 1" in result.output
+    # The docs' tiny model has an 8192-token context: --workload long's 8k prompts cannot fit.
+    result = CliRunner().invoke(app, ["bench-serve", "--launch", "cpp", "--workload", "long", "--no-progress"])
+    assert result.exit_code == 2 and "(8208) do not fit the server's context length 8192" in result.output
     import torch
 
     if not torch.cuda.is_available():

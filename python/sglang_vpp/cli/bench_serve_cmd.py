@@ -220,9 +220,10 @@ def bench_serve(
             chunked_prefill_size=sizes["--chunked-prefill-size"], device=device, server_args=tuple(server_arg or ()),
             startup_timeout=startup_timeout, work_dir=out_dir, first_port=port or 0,
         )  # fmt: skip
-        from .bench_serve_launch import check_launch_args
+        from .bench_serve_launch import check_launch_args, model_context_len
 
         check_launch_args(spec, modes)  # the checks bench and the plugin make, before any server starts
+        check_fits_context(plan, f"--model-path {spec.model_dir}", model_context_len(spec))
         if plan.tokenizer is None:
             from dataclasses import replace
 

@@ -31,7 +31,7 @@ from sglang_vpp.schedule.policies.spec import Policy
 from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangServer
 from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
 
-__all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args", "parse_modes", "run_launched", "default_model_dir"]
+__all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args", "model_context_len", "parse_modes", "run_launched", "default_model_dir"]
 
 ALL_MODES = tuple(p.value for p in Policy)
 """What ``--launch all`` starts: every mode the plugin serves."""
@@ -95,6 +95,28 @@ def check_launch_args(spec: LaunchSpec, modes: list[str]) -> None:
             check_namespace(namespace)
         except ValueError as error:
             raise LaunchError(f"--launch {mode}: {error}") from None
+
+
+def model_context_len(spec: LaunchSpec) -> int | None:
+    """The context length the servers will have, before any starts: ``--context-length`` among
+    ``--server-arg``, else the model's ``max_position_embeddings`` (what SGLang derives it from),
+    else None (not readable here: each server's own answer is checked when it is up)."""
+    import json
+
+    from sglang_vpp.serving.results import option_value
+
+    given = option_value(spec.server_args, "--context-length")
+    if given is not None:
+        return int(given) if given.isdigit() else None
+    config = Path(spec.model_dir).expanduser() / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    for section in (data, data.get("text_config") or {}):
+        if isinstance(section.get("max_position_embeddings"), int):
+            return section["max_position_embeddings"]
+    return None
 
 
 def default_model_dir() -> str:
