@@ -22,12 +22,13 @@ def _record(**fields):
 def test_a_request_with_no_token_or_fewer_tokens_than_asked_is_a_failure():
     # bench_serving's view of a rejected streamed request: "success", TTFT 0, no text.
     rejected = _record(ttfts=[0.1, 0.0, 0.1], generated_texts=["abcd", "", "abcd"])
-    assert [bool(e) for e in _failures(rejected, 4, streamed=True)] == [False, True, False]
-    short = _record(itls=[[0.01] * 3, [0.01], [0.01] * 3])
-    assert _failures(short, 4, streamed=True) == ["", "2 of 4 output tokens", ""]
-    assert _failures(short, None, streamed=True) == ["", "", ""]  # the dataset sets its own lengths
-    errored = _record(errors=["", "Bad Request: too long", ""])
-    assert _failures(errored, 4, streamed=True)[1] == "Bad Request: too long"
+    assert [bool(e) for e in _failures(rejected, 4)] == [False, True, False]
+    short = _record(output_lens=[4, 2, 4])
+    assert _failures(short, 4) == ["", "2 of 4 output tokens", ""]
+    assert _failures(short, None) == ["", "", ""]  # the dataset sets its own lengths
+    # bench_serving lists output lengths of its successful requests only: aligned, not shifted.
+    errored = _record(errors=["", "Bad Request: too long", ""], output_lens=[4, 2])
+    assert _failures(errored, 4) == ["", "Bad Request: too long", "2 of 4 output tokens"]
 
 
 def _served(label, failed):

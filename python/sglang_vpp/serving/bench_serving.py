@@ -337,24 +337,24 @@ def _aligned_output_lens(record: dict[str, Any]) -> list[int]:
     return [0 if error else next(done, 0) for error in record.get("errors") or [""] * len(record.get("ttfts") or [])]
 
 
-def _failures(record: dict[str, Any], expected: int | None, streamed: bool) -> list[str]:
+def _failures(record: dict[str, Any], expected: int | None) -> list[str]:
     """Per request: bench_serving's error, else why the request was not served, else "".
 
     bench_serving counts a request whose stream carried no token (SGLang streams a rejection such
     as a prompt longer than the context as an error event) as a success with TTFT 0 and the asked
-    length; its streamed tokens are the first one plus one per inter-token gap."""
+    length; otherwise its length is the server's last ``completion_tokens``."""
     errors = [e or "" for e in record.get("errors") or []]
-    ttfts, itls = record.get("ttfts") or [], record.get("itls") or []
-    texts = record.get("generated_texts") or []
+    ttfts, texts = record.get("ttfts") or [], record.get("generated_texts") or []
+    lengths = _aligned_output_lens(record)
     out = []
     for i in range(max(len(ttfts), len(errors))):
         error = errors[i] if i < len(errors) else ""
-        got = 1 + len(itls[i]) if i < len(itls) else 1
+        got = lengths[i] if i < len(lengths) else 0
         if error:
             out.append(error)
         elif (i < len(ttfts) and not ttfts[i] > 0) or (i < len(texts) and not texts[i]):
             out.append("no output: the server sent no token (rejected?)")
-        elif streamed and expected is not None and got < expected:
+        elif expected is not None and got < expected:
             out.append(f"{got} of {expected} output tokens")
         else:
             out.append("")
@@ -387,6 +387,6 @@ def run_pass(plan: LoadPlan, url: str, output_file: Path, log_file: Path, *, see
                  if k not in ("ttfts", "itls", "input_lens", "output_lens", "errors", "generated_texts")},
         ttfts=list(record.get("ttfts") or []), itls=[list(x) for x in record.get("itls") or []],
         input_lens=list(record.get("input_lens") or []), output_lens=_aligned_output_lens(record),
-        errors=_failures(record, plan.expected_output_len(), "--disable-stream" not in plan.extra_args),
+        errors=_failures(record, plan.expected_output_len()),
         output_file=str(output_file),
     )  # fmt: skip
