@@ -57,6 +57,7 @@ class Comparison:
     """``mode / baseline - 1``: per repeat when paired, else (median, min-max bounds) of the ratio."""
     significant: bool
     repeats: int
+    paired: bool = True
 
     @property
     def median(self) -> float:
@@ -77,19 +78,30 @@ class Comparison:
             return "no significant difference"
         return "faster" if self.median < 0 else "slower"
 
+    @property
+    def reason(self) -> str:
+        """Why a difference is not significant ("" when it is, or with one repeat)."""
+        if self.significant or self.repeats < 2:
+            return ""
+        if not self.paired:
+            return "min-max ranges overlap"
+        return f"under the {MIN_EFFECT:.0%} floor" if abs(self.median) < MIN_EFFECT else "repeats disagree in sign"
+
     def text(self) -> str:
         spread = f"{self.median:+.1%}" if self.repeats < 2 else f"{self.median:+.1%} [{self.low:+.1%} .. {self.high:+.1%}]"
-        return f"{self.mode} vs {self.baseline}: {spread} -> {self.outcome}"
+        why = f" ({self.reason})" if self.reason else ""
+        return f"{self.mode} vs {self.baseline}: {spread} -> {self.outcome}{why}"
 
     def lines(self, indent: str = "  ") -> list[str]:
         """``text()`` wrapped to ``WIDTH`` columns; the range and the outcome each stay on one line."""
         spread = f"[{self.low:+.1%} .. {self.high:+.1%}]" if self.repeats >= 2 else ""
-        return _wrap(self.text(), indent, keep=[k for k in (spread, f"-> {self.outcome}") if k])
+        why = f"({self.reason})" if self.reason else ""
+        return _wrap(self.text(), indent, keep=[k for k in (spread, f"-> {self.outcome}", why) if k])
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "baseline": self.baseline, "relative_median": self.median,
                 "relative_min": self.low, "relative_max": self.high, "repeats": self.repeats,
-                "significant": self.significant, "outcome": self.outcome}
+                "significant": self.significant, "outcome": self.outcome, "reason": self.reason}
 
 
 def compare(values: Mapping[str, Sequence[float]], mode: str, baseline: str, *, paired: bool) -> Comparison:
@@ -106,7 +118,7 @@ def compare(values: Mapping[str, Sequence[float]], mode: str, baseline: str, *, 
         base = statistics.median(theirs)
         relative = (statistics.median(ours) / base - 1.0, min(ours) / base - 1.0, max(ours) / base - 1.0)
         significant = repeats >= 2 and (max(ours) < min(theirs) or min(ours) > max(theirs))
-    return Comparison(mode, baseline, relative, significant, repeats)
+    return Comparison(mode, baseline, relative, significant, repeats, paired)
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,13 @@ class Verdict:
     repeats: int
     repeat_flag: str = "--repeat"
     """The command's flag for the number of repeats (named when one repeat gives no verdict)."""
+    paired: bool = True
+
+    def rule(self) -> str:
+        """When a difference counts (printed under the headline, so each line explains itself)."""
+        if self.paired:
+            return f"significant: |median| >= {MIN_EFFECT:.0%} and the repeats agree in sign (1 in 5 may not)"
+        return "significant: the min-max ranges over repeats do not overlap"
 
     def statement(self) -> str:
         """What the verdict says, in words that do not change with noise-level differences."""
@@ -138,10 +157,13 @@ class Verdict:
         comparison, each line at most ``WIDTH`` columns."""
         keep = [f"{self.winner} wins"] if self.winner else []
         head = [*_wrap(f"verdict ({self.metric}):", ""), *_wrap(self.statement(), "  ", keep=keep)]
+        if self.repeats >= 2:
+            head += _wrap(self.rule(), "  ")
         return head + [line for c in self.comparisons for line in c.lines()]
 
     def to_dict(self) -> dict:
         return {"metric": self.metric, "winner": self.winner, "repeats": self.repeats, "headline": self.headline(),
+                "rule": self.rule(),
                 "comparisons": [c.to_dict() for c in self.comparisons]}
 
 
@@ -157,4 +179,4 @@ def make_verdict(values: Mapping[str, Sequence[float]], metric: str, *, paired: 
         others = [compare(values, mode, other, paired=paired) for other in modes if other != mode]
         if others and all(c.outcome == "faster" for c in others):
             winner = mode
-    return Verdict(metric, comparisons, winner, repeats, repeat_flag)
+    return Verdict(metric, comparisons, winner, repeats, repeat_flag, paired)

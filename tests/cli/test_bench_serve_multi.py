@@ -13,10 +13,11 @@ from typer.testing import CliRunner
 from sglang_vpp.cli.app import app
 
 
-def _fake_server(num_tokens: int, model_dir: str, seen: list | None = None):
-    """Answers what SGLang's bench_serving asks of an sglang backend: /v1/models (ready check and
-    model id), /model_info (tokenizer) and a streamed /generate; ``seen`` collects each /generate
-    body with its arrival time."""
+def _fake_server(num_tokens: int | None, model_dir: str, seen: list | None = None, context_len: int | None = None):
+    """Answers what SGLang's bench_serving asks of an sglang backend: /v1/models (ready check, model
+    id, context length), /model_info (tokenizer) and a streamed /generate of ``num_tokens`` tokens
+    (None: as many as asked; 0: a rejection as SGLang streams it, an error event and no token);
+    ``seen`` collects each /generate body with its arrival time."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - http.server API
@@ -31,14 +32,19 @@ def _fake_server(num_tokens: int, model_dir: str, seen: list | None = None):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            for i in range(1, num_tokens + 1):
+            if num_tokens == 0:
+                error = {"error": {"message": "The input is longer than the model's context length"}}
+                self.wfile.write(f"data: {json.dumps(error)}\n\n".encode())
+            asked = body.get("sampling_params", {}).get("max_new_tokens", 1)
+            for i in range(1, (asked if num_tokens is None else num_tokens) + 1):
                 event = {"text": "x" * i, "meta_info": {"completion_tokens": i, "prompt_tokens": prompt}}
                 self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
 
         def do_GET(self):  # noqa: N802
-            answers = {"/v1/models": {"data": [{"id": model_dir}]}, "/model_info": {"model_path": model_dir}}
+            card = {"id": model_dir, **({"max_model_len": context_len} if context_len else {})}
+            answers = {"/v1/models": {"data": [card]}, "/model_info": {"model_path": model_dir}}
             if self.path not in answers:
                 self.send_response(404)
                 self.end_headers()
@@ -75,8 +81,8 @@ def two_servers():
 def test_side_by_side_runs_bench_serving(tmp_path, two_servers):
     out, lines, work = tmp_path / "runs.json", tmp_path / "results.jsonl", tmp_path / "work"
     args = ["bench-serve", "--url", f"cpp={two_servers[0]}", "--url", f"vpp-pack={two_servers[1]}",
-            "--workload", "short", "--num-requests", "4", "--input-len", "16", "--output-len", "4",
-            "--warmup", "0", "--no-progress", "--json", str(out), "--output-file", str(lines),
+            "--workload", "short", "--num-requests", "4", "--input-len", "16", "--output-len", "3",
+            "--warmup", "0", "--no-progress", "--allow-shared-host", "--json", str(out), "--output-file", str(lines),
             "--work-dir", str(work), "--plot", str(tmp_path / "times.png")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -90,7 +96,9 @@ def test_side_by_side_runs_bench_serving(tmp_path, two_servers):
         assert own["completed"] == 4 and len(own["ttfts"]) == 4
         assert [len(itl) for itl in own["itls"]] == [tokens - 1] * 4
     assert "bench-serve [cpp, vpp-pack]: served times" in result.output and "ITL med" in result.output
-    assert max(len(line) for line in result.output.splitlines() if not line.startswith("wrote ")) <= 80
+    assert max(len(line) for line in result.output.splitlines() if not line.startswith(("wrote ", "work dir"))) <= 80
+    assert "note: shared host: cpp, vpp-pack ran on this host at once" in result.output
+    assert f"work dir (logs, traces, JSONL): {work}" in result.output
     runs = json.loads(out.read_text())["runs"]
     assert [r["label"] for r in runs] == ["cpp", "vpp-pack"]
     assert [r["summary"]["itl_ms"]["count"] for r in runs] == [4 * 2, 4 * 4]

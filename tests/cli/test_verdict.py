@@ -79,6 +79,20 @@ def test_headline_prints_as_metric_then_statement():
     values = {"cpp": [2.0, 2.4, 2.2], "dcpp": [2.1, 2.5, 2.3], "vpp-pack": [1.8, 2.2, 2.0]}
     lines = make_verdict(values, "equal-cost makespan", paired=True).lines()
     assert lines[:2] == ["verdict (equal-cost makespan):", "  vpp-pack wins (significantly lower than every other mode)"]
-    assert lines[2] == "  dcpp vs cpp: +4.5% [+4.2% .. +5.0%] -> slower" and len(lines) == 2 + 4
+    assert lines[2] == "  significant: |median| >= 1% and the repeats agree in sign (1 in 5 may not)"
+    assert lines[3] == "  dcpp vs cpp: +4.5% [+4.2% .. +5.0%] -> slower" and len(lines) == 3 + 4
     lines = make_verdict({"cpp": [2.0, 2.0], "vpp": [2.0, 2.0]}, "TTFT", paired=True).lines()
     assert lines[:2] == ["verdict (TTFT):", "  no mode is significantly lower than all others"]
+
+
+def test_each_line_says_why_a_difference_is_not_significant():
+    """A -0.7 % next to a -10 % "faster", or a -40 % next to it, explains itself."""
+    paired = make_verdict({"cpp": [1.0, 1.0, 1.0], "vpp": [0.993, 0.994, 0.993], "vpp-pack": [0.5, 1.2, 0.6]},
+                          "m", paired=True)
+    texts = {c.mode: c.text() for c in paired.comparisons}
+    assert texts["vpp"].endswith("-> no significant difference (under the 1% floor)")
+    assert texts["vpp-pack"].endswith("-> no significant difference (repeats disagree in sign)")
+    unpaired = make_verdict({"cpp": [1.0, 1.1, 1.0], "vpp": [0.5, 1.05, 0.6]}, "m", paired=False)
+    assert unpaired.comparisons[0].text().endswith("(min-max ranges overlap)")
+    assert "ranges over repeats do not overlap" in "\n".join(unpaired.lines())
+    assert unpaired.to_dict()["rule"] == unpaired.rule() and paired.to_dict()["comparisons"][0]["reason"]

@@ -115,3 +115,81 @@ def test_min_cost_replay_refuses_repeats_of_different_shape():
     runs = [measure_idle(_cpp_records([1.0, 2.0]), 2), measure_idle(_cpp_records([1.0, 2.0, 3.0]), 2)]
     assert min_cost_idle(runs) is None
     assert min_cost_idle(runs[:1]) is None
+
+
+def _stage_records(num_stages: int, per_layer: float, layers: int, micro_batches: int = 6) -> list[dict]:
+    """Prefill records of 64-token micro-batches; rank r runs stages r, r + 2, ... in stage order."""
+    return [{"rank": stage % 2, "stage": stage, "seq": seq, "num_tokens": 64, "is_prefill": True,
+             "start_s": stage * 100 + seq, "cpu_s": layers * per_layer * (1 + 0.1 * seq)}
+            for stage in range(num_stages) for seq in range(micro_batches)]
+
+
+def test_equal_cost_replay_times_every_mode_on_one_cost_model():
+    """cpp's 4-layer stages measured 40 % dearer per layer than vpp's 2-layer stages (cache effects,
+    not the schedule): the own-cost replays differ by a third, the shared model by the schedule only."""
+    from sglang_vpp.schedule import build_layout, get_policy
+    from sglang_vpp.serving.pipeline_report import EQUAL_COST_METHOD, equal_cost_idle
+    from sglang_vpp.serving.timeline import equal_costs
+
+    layouts = {mode: build_layout(2, 8, get_policy(mode).layout_kind) for mode in ("cpp", "vpp")}
+    idle = {"cpp": [measure_idle(_stage_records(2, 1.4, 4), 2) for _ in range(3)],
+            "vpp": [measure_idle(_stage_records(4, 1.0, 2), 2) for _ in range(3)]}
+
+    def makespan(run):
+        return max(rank.makespan_s for rank in run.ranks)
+
+    own = makespan(idle["vpp"][0]) / makespan(idle["cpp"][0]) - 1
+    shared, models = equal_cost_idle(idle, layouts)
+    assert len(models) == 3 and all(len(runs) == 3 for runs in shared.values())
+    equal = makespan(shared["vpp"][0]) / makespan(shared["cpp"][0]) - 1
+    assert own < -0.3 and -0.15 < equal < 0, (own, equal)
+    assert shared["cpp"][0].method == EQUAL_COST_METHOD
+    # One cost per layer for both modes: a 4-layer compute costs what two 2-layer ones do.
+    cpp_cost = equal_costs(idle["cpp"][0].window, layouts["cpp"], models[0])
+    vpp_cost = equal_costs(idle["vpp"][0].window, layouts["vpp"], models[0])
+    for seq in range(6):
+        cpp = cpp_cost({"stage": 0, "seq": seq})
+        vpp = vpp_cost({"stage": 0, "seq": seq}) + vpp_cost({"stage": 1, "seq": seq})
+        assert cpp == pytest.approx(vpp, rel=1e-6)
+
+
+def test_launch_report_compares_modes_on_the_shared_cost_model(tmp_path, monkeypatch, capsys):
+    """bench-serve --launch's table, Gantt spans and pipeline verdict come from the equal-cost
+    replay: cpp's own CPU times are 40 % dearer per layer, yet on one cost model vpp is within the
+    schedule's difference, and the verdict says which metric and which rule it applies."""
+    import typer
+
+    from sglang_vpp.cli import bench_serve_launch, bench_serve_report
+    from sglang_vpp.cli.bench_serve_launch import LaunchedRun, LaunchSpec
+    from sglang_vpp.serving.bench_serving import LoadPlan, ServingPass, Workload
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 8}))
+    records = {"cpp": lambda: _stage_records(2, 1.4, 4), "vpp": lambda: _stage_records(4, 1.0, 2)}
+
+    def fake_run_launched(spec, modes, **_kwargs):
+        passes = [ServingPass({"duration": 1.0, "median_ttft_ms": 100.0 + r}, ttfts=[0.1], itls=[[0.01]],
+                              input_lens=[8], output_lens=[2], errors=[""]) for r in range(3)]
+        return [LaunchedRun(mode, "http://x", "log", 1.0, passes, [measure_idle(records[mode](), 2)] * 3)
+                for mode in modes]
+
+    monkeypatch.setattr(bench_serve_launch, "run_launched", fake_run_launched)
+    spec = LaunchSpec(model_dir=str(model), pp_size=2, chunked_prefill_size=64)
+    plan = LoadPlan(Workload.LONG, 1, 768, 2, 1, progress=False)
+    out = tmp_path / "out.json"
+    bench_serve_report.bench_launched(["cpp", "vpp"], spec, plan, 3, tmp_path, out, None, None, "table")
+    text = capsys.readouterr().out
+    assert "equal-cost makespan s" in text and "verdict (equal-cost prefill makespan" in text
+    assert "significant: |median| >= 1%" in text and "min-max ranges over repeats do not overlap" in text
+    report = json.loads(out.read_text())
+    shared = {run["label"]: run["pipeline"]["equal_cost"]["makespan_s"] for run in report["runs"]}
+    own = {run["label"]: run["pipeline"]["replayed_makespan_s"] for run in report["runs"]}
+    assert own["vpp"][0] / own["cpp"][0] - 1 < -0.3 < shared["vpp"][0] / shared["cpp"][0] - 1 < 0
+    comparison = report["verdicts"][0]["comparisons"][0]
+    assert comparison["relative_median"] == pytest.approx(shared["vpp"][0] / shared["cpp"][0] - 1)
+    assert len(report["equal_cost_models"]) == 3
+    with pytest.raises(typer.Exit):  # a failed request: no verdict, exit 1
+        monkeypatch.setattr(ServingPass, "num_failed", property(lambda self: 1))
+        bench_serve_report.bench_launched(["cpp", "vpp"], spec, plan, 3, tmp_path, out, None, None, "table")
+    assert json.loads(out.read_text())["verdicts"] == []

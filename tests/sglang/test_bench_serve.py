@@ -49,9 +49,7 @@ def test_merge_passes_and_80_column_table():
     assert summary["itl_ms"]["mean"] == pytest.approx(20.0) and summary["e2e_ms"]["median"] == pytest.approx(140.0)
     assert summary["output_tokens"] == 6 and summary["output_throughput"] == pytest.approx(6 / 4.0)
     assert summary["errors"] == ["HTTP 500"]
-    pipeline = {"replayed_makespan_s": [0.7, 0.8], "min_cost_makespan_s": 0.65,
-                "idle_spread": [{"rank": 0, "idle_fraction": {"median": 0.1}},
-                                {"rank": 1, "idle_fraction": {"median": 0.3}}]}
+    pipeline = {"equal_cost": {"makespan_s": [0.7, 0.8], "idle_fraction": [{"median": 0.1}, {"median": 0.3}]}}
     runs = [{"label": m, "url": "http://h", "summary": summary, "pipeline": pipeline} for m in ("cpp", "vpp-pack")]
     text = render_tables(runs)
     assert "bench-serve [cpp, vpp-pack]: served times" in text and "prefill pipeline per rank" in text
@@ -133,9 +131,10 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "bench-serve [cpp, vpp-pack]: prefill pipeline per rank" in done.stdout
-    assert "replayed makespan s" in done.stdout and "ITL med" in done.stdout
-    assert "verdict (replayed prefill makespan):" in done.stdout and "vpp-pack vs cpp: " in done.stdout
-    assert max(len(line) for line in done.stdout.splitlines() if not line.startswith("wrote ")) <= 80
+    assert "equal-cost makespan s" in done.stdout and "ITL med" in done.stdout
+    assert "verdict (equal-cost prefill makespan" in done.stdout and "vpp-pack vs cpp: " in done.stdout
+    assert "significant: |median| >= 1%" in done.stdout and f"work dir (logs, traces, JSONL): {work}" in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines() if not line.startswith(("wrote ", "work dir"))) <= 80
     report = json.loads(out.read_text())
     runs = {run["label"]: run for run in report["runs"]}
     assert list(runs) == ["cpp", "vpp-pack"]
@@ -167,6 +166,9 @@ def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_mod
                 assert rank["busy_s"] > 0 and 0 <= rank["idle_s"] <= rank["makespan_s"]
         makespans = run["pipeline"]["replayed_makespan_s"]
         assert len(makespans) == 2 and all(m > 0 for m in makespans)
+        shared = run["pipeline"]["equal_cost"]  # one cost model for both modes, per repeat
+        assert len(shared["makespan_s"]) == 2 and all(m > 0 for m in shared["makespan_s"])
+        assert "shared by all modes" in shared["method"]
         min_cost = run["pipeline"]["min_cost"]  # same work in both repeats: comparable
         assert min_cost["num_prefill_computes"] == 12 * num_stages and "minimum" in min_cost["method"]
         spread = run["pipeline"]["idle_spread"]

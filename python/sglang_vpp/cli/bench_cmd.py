@@ -25,9 +25,12 @@ LARGE_RUN_TOKENS = 128 * 1024
 
 
 class _RichProgress:
-    """A ``BenchProgress`` drawing one bar over all runs and one over the current run's chunks."""
+    """A ``BenchProgress`` drawing one bar over all runs and one over the current run's chunks,
+    and printing one line per finished run with the elapsed time: a log (CI, ``| tee``, nohup)
+    gets no live bar, and a terminal keeps the lines above it."""
 
     def __init__(self, enabled: bool) -> None:
+        import time
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -43,6 +46,13 @@ class _RichProgress:
         )
         self.runs = self.progress.add_task("runs", total=1)
         self.chunks = self.progress.add_task("chunks", total=1, visible=False)
+        self.enabled, self.clock = enabled, time.monotonic
+        self.began = self.run_began = self.clock()
+        self.done = self.total = 0
+
+    def _line(self, text: str) -> None:
+        if self.enabled:
+            self.progress.console.print(f"[{self.clock() - self.began:5.0f} s] {text}", highlight=False, markup=False)
 
     def __enter__(self) -> _RichProgress:
         self.progress.__enter__()
@@ -52,12 +62,15 @@ class _RichProgress:
         self.progress.__exit__(*exc)
 
     def start(self, total_runs: int) -> None:
+        self.total = total_runs
         self.progress.update(self.runs, total=total_runs, completed=0)
 
     def phase(self, text: str) -> None:
         self.progress.update(self.runs, description=text)
+        self._line(text)
 
     def run_started(self, mode: str, repeat: int) -> None:
+        self.run_began = self.clock()
         self.progress.update(self.runs, description=f"{mode} (repeat {repeat + 1})")
         self.progress.update(self.chunks, description="  last-stage chunks", completed=0, total=1, visible=True)
 
@@ -65,6 +78,9 @@ class _RichProgress:
         self.progress.update(self.chunks, completed=done, total=max(known, done, 1))
 
     def run_finished(self, mode: str, repeat: int, measurement: object) -> None:
+        self.done += 1
+        self._line(f"{mode} repeat {repeat + 1}: done in {self.clock() - self.run_began:.1f} s "
+                   f"(run {self.done} of {self.total})")
         self.progress.advance(self.runs)
         self.progress.update(self.chunks, visible=False)
 

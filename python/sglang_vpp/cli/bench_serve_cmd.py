@@ -27,8 +27,11 @@ from sglang_vpp.serving.bench_serving import (
     LoadPlan,
     Workload,
     bench_serving_missing,
+    check_fits_context,
     check_reachable,
+    local_targets,
     run_pass,
+    server_context_len,
 )
 
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
@@ -119,6 +122,8 @@ def bench_serve(
     output_file: Optional[Path] = typer.Option(None, "--output-file", help="Append one JSON line per server run, tagged with its configuration (pp-mode, pp/tp size, chunk size, layer split, SGLang version, device)."),
     fmt: str = typer.Option("table", "--format", help="table (fits 80 columns), md, or json (the --json document on stdout)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (bench_serving's bar, server start-up)."),
+    allow_failures: bool = typer.Option(False, "--allow-failures", help="Exit 0 and give the verdict over the requests served even when some failed (an error, no output or fewer output tokens than asked)."),
+    allow_shared_host: bool = typer.Option(False, "--allow-shared-host", help="Compare several --url servers that run on this host at once (each steals CPU from the others: the table says so)."),
 ) -> None:
     """Measure TTFT, ITL and end-to-end latency of SGLang servers with SGLang's bench_serving.
 
@@ -193,10 +198,18 @@ def bench_serve(
             check_targets()  # before any server starts; each pass checks again
         except HookTargetMissing as error:
             raise BenchServeError(str(error)) from None
+    shared = local_targets(targets) if len(targets) > 1 else []
+    if len(shared) > 1 and not allow_shared_host:
+        raise BenchServeError(
+            f"--url {', '.join(shared)}: these servers run on this host at once, and an idle SGLang scheduler "
+            "busy-waits about a core, so each would be measured while the others steal CPU; compare them one "
+            "at a time (bench-serve --launch MODES starts and stops each in turn), or pass --allow-shared-host")
     for _name, target in targets:
         check_reachable(target)  # every --url checked before any load
+        check_fits_context(plan, target, server_context_len(target))
     if launch is not None:
         check_can_launch()  # SGLang and transformers, before the default model is built
+    kept = work_dir is None
     out_dir = work_dir or Path(tempfile.mkdtemp(prefix="sglang-vpp-bench-serve-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     if launch is not None:
@@ -207,13 +220,18 @@ def bench_serve(
             chunked_prefill_size=sizes["--chunked-prefill-size"], device=device, server_args=tuple(server_arg or ()),
             startup_timeout=startup_timeout, work_dir=out_dir, first_port=port or 0,
         )  # fmt: skip
+        from .bench_serve_launch import check_launch_args, model_context_len
+
+        check_launch_args(spec, modes)  # the checks bench and the plugin make, before any server starts
+        check_fits_context(plan, f"--model-path {spec.model_dir}", model_context_len(spec))
         if plan.tokenizer is None:
             from dataclasses import replace
 
             plan = replace(plan, tokenizer=spec.model_dir)
         from .bench_serve_report import bench_launched
 
-        bench_launched(modes, spec, plan, repeats, out_dir, json_out, output_file, plot, fmt)
+        bench_launched(modes, spec, plan, repeats, out_dir, json_out, output_file, plot, fmt, allow_failures,
+                       kept)
         return
     from .bench_serve_report import finish, run_entry
 
@@ -225,5 +243,12 @@ def bench_serve(
         shown = name if (label is not None or len(url) > 1) else None
         runs.append(run_entry(shown, target, plan.describe(), [serving_pass]))
     document = runs[0] if len(runs) == 1 else {"runs": runs}
+    notes = []
+    if len(shared) > 1:
+        notes.append(f"shared host: {', '.join(shared)} ran on this host at once (--allow-shared-host); each idle "
+                     "SGLang scheduler busy-waits about a core, so each server's times include the others' load: "
+                     "not a comparison of the servers")
+        document["shared_host"] = shared
     finish(runs, document, [], json_out, output_file, plot, fmt,
-           tags=[{"label": run["label"], "url": run["url"]} for run in runs])
+           tags=[{"label": run["label"], "url": run["url"]} for run in runs], notes=notes,
+           allow_failures=allow_failures, work_dir=out_dir)

@@ -31,7 +31,7 @@ from sglang_vpp.schedule.policies.spec import Policy
 from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangServer
 from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
 
-__all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "parse_modes", "run_launched", "default_model_dir"]
+__all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args", "model_context_len", "parse_modes", "run_launched", "default_model_dir"]
 
 ALL_MODES = tuple(p.value for p in Policy)
 """What ``--launch all`` starts: every mode the plugin serves."""
@@ -66,6 +66,57 @@ def check_can_launch() -> None:
     if missing:
         raise LaunchError(f"--launch needs {' and '.join(missing)} in this environment (not installed); "
                           "run scripts/install_sglang_cpu.sh, or use --url with a running server")
+
+
+def check_launch_args(spec: LaunchSpec, modes: list[str]) -> None:
+    """What ``bench`` and the plugin refuse, refused here before any server starts: a device this
+    host lacks, and each mode's server command line as the plugin's argument check sees it."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_vpp.runtime.bench import check_device
+    from sglang_vpp.runtime.spec import Device
+    from sglang_vpp.sglang_plugin.cli_args import add_pipeline_args, check_namespace
+
+    if spec.device in tuple(Device):
+        check_device(Device(spec.device))
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    if "--pp-mode" not in parser._option_string_actions:  # the plugin's hook adds them when loaded
+        add_pipeline_args(parser)
+    for mode in modes:
+        command = spec.config(mode, Path("trace")).command(port=1)
+        try:
+            namespace, _unknown = parser.parse_known_args(command[3:])
+        except (argparse.ArgumentError, SystemExit):
+            return  # a --server-arg SGLang's parser refuses: the server says so in its own words
+        try:
+            check_namespace(namespace)
+        except ValueError as error:
+            raise LaunchError(f"--launch {mode}: {error}") from None
+
+
+def model_context_len(spec: LaunchSpec) -> int | None:
+    """The context length the servers will have, before any starts: ``--context-length`` among
+    ``--server-arg``, else the model's ``max_position_embeddings`` (what SGLang derives it from),
+    else None (not readable here: each server's own answer is checked when it is up)."""
+    import json
+
+    from sglang_vpp.serving.results import option_value
+
+    given = option_value(spec.server_args, "--context-length")
+    if given is not None:
+        return int(given) if given.isdigit() else None
+    config = Path(spec.model_dir).expanduser() / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    for section in (data, data.get("text_config") or {}):
+        if isinstance(section.get("max_position_embeddings"), int):
+            return section["max_position_embeddings"]
+    return None
 
 
 def default_model_dir() -> str:

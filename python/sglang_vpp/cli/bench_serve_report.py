@@ -8,7 +8,14 @@ from typing import Any
 
 import typer
 
-from sglang_vpp.serving.bench_serving import LoadPlan, ServingPass, merge_passes, run_pass
+from sglang_vpp.serving.bench_serving import (
+    LoadPlan,
+    ServingPass,
+    check_fits_context,
+    merge_passes,
+    run_pass,
+    server_context_len,
+)
 
 from .common import emit_json
 
@@ -40,17 +47,33 @@ def _url_tags(run: dict[str, Any]) -> dict[str, Any]:
             "sglang_version": info.get("version") or sglang_version(), "device": info.get("device")}
 
 
+NO_VERDICT = ("no verdict: some requests failed (above), and a failed request is not a served one; fix the "
+              "load or the server, or pass --allow-failures to compare the requests that were served")
+
+
 def finish(runs: list[dict[str, Any]], document: dict[str, Any], verdicts: list, json_out: Path | None,
            output_file: Path | None, plot: Path | None, fmt: str, tags: list[dict[str, Any]],
-           spans: dict[str, Any] | None = None) -> None:
-    """Print (``--format``), write JSON, tagged lines and plots; exit 1 if any request failed."""
-    from sglang_vpp.serving.report import render_tables
+           spans: dict[str, Any] | None = None, *, notes: list[str] = (), allow_failures: bool = False,
+           work_dir: Path | None = None) -> None:
+    """Print (``--format``), write JSON, tagged lines and plots. A run in which any request failed
+    gets no verdict and exits 1, unless ``allow_failures``."""
+    from sglang_vpp.serving.report import render_tables, wrap
     from sglang_vpp.serving.results import append_results
 
+    failed = any(run["summary"]["num_failed"] for run in runs)
+    if failed and not allow_failures:
+        verdicts = []
+        if "verdicts" in document:
+            document["verdicts"] = []
+            document["no_verdict"] = NO_VERDICT
     if fmt == "json":
         emit_json(document)
     else:
-        typer.echo(render_tables(runs, fmt))
+        typer.echo(render_tables(runs, fmt, notes))
+        if failed and not allow_failures:
+            typer.echo(wrap(NO_VERDICT))
+        elif failed and verdicts:
+            typer.echo(wrap("--allow-failures: the verdicts compare the requests that were served"))
         for verdict in verdicts:
             typer.echo("\n".join(verdict.lines()))
     if json_out is not None:
@@ -75,39 +98,74 @@ def finish(runs: list[dict[str, Any]], document: dict[str, Any], verdicts: list,
         typer.echo(f"wrote {plot}", err=fmt == "json")
         if spans:
             gantt = plot.with_name(plot.stem + "-gantt" + plot.suffix)
-            write_rank_gantt(spans, gantt, title="bench-serve: replayed prefill of the first measured repeat")
+            write_rank_gantt(spans, gantt, title="bench-serve: first measured repeat, equal-cost replayed prefill")
             typer.echo(f"wrote {gantt}", err=fmt == "json")
-    if any(run["summary"]["num_failed"] for run in runs):
+    if work_dir is not None:
+        typer.echo(f"work dir (logs, traces, JSONL): {work_dir}", err=fmt == "json")
+    if failed and not allow_failures:
         raise typer.Exit(1)
 
 
-def _launch_verdicts(launched: list) -> list:
-    """Each mode vs cpp and dcpp (when launched) on the replayed prefill makespan and the served
-    median TTFT, per repeat. Servers run one after another: unpaired, ranges must not overlap."""
+PIPELINE_METRIC = "equal-cost prefill makespan (one cost model for all modes)"
+SERVED_METRIC = "each pass's median served TTFT (wall clock, shared host)"
+
+
+def _layouts(modes: list[str], spec) -> dict[str, Any] | None:
+    """Each mode's layer layout (the shared cost model counts layers per stage); None when the
+    model's layer count cannot be read here."""
+    from sglang_vpp.schedule import build_layout, get_policy
+    from sglang_vpp.serving.results import option_value
+    from sglang_vpp.sglang_plugin.validate import model_num_layers
+
+    num_layers = model_num_layers(spec.model_dir)
+    if num_layers is None:
+        return None
+    split = option_value(spec.server_args, "--vpp-layer-split")
+    layouts = {}
+    for mode in modes:
+        kind = get_policy(mode).layout_kind
+        own = [int(x) for x in split.split(",")] if split and mode.startswith("vpp") else None
+        layouts[mode] = build_layout(spec.pp_size, num_layers, kind, own)
+    return layouts
+
+
+def _launch_verdicts(launched: list, equal_cost: dict[str, list]) -> list:
+    """Each mode vs cpp and dcpp (when launched) on two metrics, each per repeat:
+
+    - the equal-cost prefill makespan (every mode's executed prefill re-timed on one cost model
+      shared by all modes, as ``bench``'s verdict: only the schedules differ), paired by repeat;
+    - the served median TTFT (wall clock): servers ran one after another, so unpaired, and the
+      ranges must not overlap."""
     from sglang_vpp.verdict import make_verdict
 
     verdicts = []
-    makespans = {run.mode: run.replayed_makespans() for run in launched}
-    if all(makespans.values()):
-        verdicts.append(make_verdict(makespans, "replayed prefill makespan", paired=False, repeat_flag="--repeats"))
+    makespans = {mode: [max(r.makespan_s for r in idle.ranks) for idle in runs] for mode, runs in equal_cost.items()}
+    if makespans and all(makespans.values()):
+        verdicts.append(make_verdict(makespans, PIPELINE_METRIC, paired=True, repeat_flag="--repeats"))
     ttfts = {run.mode: [p.metrics["median_ttft_ms"] / 1e3 for p in run.passes if p.metrics.get("median_ttft_ms")]
              for run in launched}
     if all(ttfts.values()):
         # Per pass, not the table's pooled median: the ranges must be over repeats.
-        verdicts.append(make_verdict(ttfts, "each pass's median served TTFT (wall clock, shared host)", paired=False,
-                                     repeat_flag="--repeats"))
+        verdicts.append(make_verdict(ttfts, SERVED_METRIC, paired=False, repeat_flag="--repeats"))
     return verdicts
 
 
+def _spread(values: list[float]) -> dict[str, float]:
+    import statistics
+
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
 def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir: Path, json_out: Path | None,
-                   output_file: Path | None, plot: Path | None, fmt: str) -> None:
+                   output_file: Path | None, plot: Path | None, fmt: str, allow_failures: bool = False,
+                   kept: bool = True) -> None:
     """--launch: one server per mode, bench_serving passes against each (bench_serve_launch.run_launched)."""
     from rich.console import Console
 
     from sglang_vpp.serving.launcher import ServerStartError
     from sglang_vpp.serving.pipeline_report import TraceUnavailableError
     from sglang_vpp.serving.results import launch_tags
-    from sglang_vpp.serving.timeline import executed_spans
+    from sglang_vpp.serving.timeline import equal_costs, executed_spans
 
     from .bench_serve_launch import run_launched
 
@@ -140,6 +198,7 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
     _current = [modes[0]]  # the mode whose server is up (set from run_launched's events)
 
     def warm_up(url: str) -> int:
+        check_fits_context(plan, url, server_context_len(url))  # before any request is sent
         if plan.warmup <= 0:
             return 0
         out, log = jsonl(_current[0])
@@ -165,6 +224,10 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
     status.stop()
+    from sglang_vpp.serving.pipeline_report import equal_cost_idle
+
+    layouts = _layouts(modes, spec)
+    equal_cost, models = equal_cost_idle({run.mode: run.idle for run in launched}, layouts) if layouts else ({}, [])
     runs, spans = [], {}
     for run in launched:
         min_cost = run.min_cost_idle()
@@ -182,12 +245,24 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
             "min_cost_makespan_s": max((r.makespan_s for r in min_cost.ranks), default=None)
             if min_cost is not None else None,
         }  # fmt: skip
-        entry["notes"] = run.notes
+        shared = equal_cost.get(run.mode) or []
+        if shared:
+            entry["pipeline"]["equal_cost"] = {
+                "method": shared[0].method, "per_repeat": [idle.to_json() for idle in shared],
+                "makespan_s": [max(r.makespan_s for r in idle.ranks) for idle in shared],
+                "idle_fraction": [_spread([idle.ranks[k].idle_fraction for idle in shared])
+                                  for k in range(shared[0].num_ranks)],
+            }  # fmt: skip
+        entry["notes"] = run.notes if layouts else [*run.notes, f"{spec.model_dir}: layer count unknown here, so "
+                                                    "no equal-cost replay (and no pipeline verdict)"]
         runs.append(entry)
-        if run.idle and run.idle[0].window:
-            spans[run.mode] = executed_spans(run.idle[0].window, spec.pp_size)
-    verdicts = _launch_verdicts(launched)
-    document = {"runs": runs, "verdicts": [v.to_dict() for v in verdicts]}
+        if shared:
+            window = shared[0].window
+            spans[run.mode] = executed_spans(window, spec.pp_size, equal_costs(window, layouts[run.mode], models[0]))
+    verdicts = _launch_verdicts(launched, equal_cost)
+    document = {"runs": runs, "verdicts": [v.to_dict() for v in verdicts],
+                "equal_cost_models": [model.to_dict() for model in models]}
     tags = [launch_tags(run.mode, spec.pp_size, spec.chunked_prefill_size, spec.device, spec.server_args)
             for run in launched]
-    finish(runs, document, verdicts, json_out, output_file, plot, fmt, tags, spans)
+    finish(runs, document, verdicts, json_out, output_file, plot, fmt, tags, spans, allow_failures=allow_failures,
+           work_dir=out_dir)

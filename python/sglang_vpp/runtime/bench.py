@@ -257,9 +257,17 @@ def check_config(config: BenchConfig) -> None:
         status = probe_backend(name)
         if not status.available:
             raise RunConfigError(f"--backend {name} is not available here: {status.reason}. Fix: {status.fix}")
-    if config.device is Device.CUDA and not _cuda_available():
+    check_device(config.device)
+
+
+def check_device(device: Device) -> None:
+    """A device this host cannot run on is a user error before anything starts (``bench`` and
+    ``bench-serve --launch``)."""
+    from .errors import RunConfigError
+
+    if device is Device.CUDA and not _cuda_available():
         raise RunConfigError("--device cuda needs a CUDA build of torch and a visible GPU; use --device cpu here")
-    if config.device is Device.NPU and importlib.util.find_spec("torch_npu") is None:
+    if device is Device.NPU and importlib.util.find_spec("torch_npu") is None:
         raise RunConfigError("--device npu needs torch_npu (the Ascend stack); use --device cpu here")
 
 

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["BENCH_SERVING_MODULE", "FILE_NEEDS_PATH", "BenchServeError", "LoadPlan", "ServingPass", "Workload", "WORKLOAD_DEFAULTS",
-           "bench_serving_missing", "check_reachable", "merge_passes", "run_pass"]
+           "bench_serving_missing", "check_fits_context", "check_reachable", "local_targets", "merge_passes",
+           "run_pass", "server_context_len"]
 
 BENCH_SERVING_MODULE = "sglang.benchmark.serving"
 
@@ -99,6 +100,50 @@ def check_reachable(url: str, timeout: float = 10.0) -> None:
         raise BenchServeError(f"{url} does not answer ({text}); is the server up?") from None
 
 
+def server_context_len(url: str, timeout: float = 10.0) -> int | None:
+    """The server's context length (``max_model_len`` of ``/v1/models``), or None if it does not say."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout) as response:
+            cards = json.loads(response.read()).get("data") or []
+    except (OSError, ValueError):
+        return None
+    lengths = [card.get("max_model_len") for card in cards if isinstance(card, dict)]
+    return next((int(n) for n in lengths if isinstance(n, int) and n > 0), None)
+
+
+def _is_local_address(address: str) -> bool:
+    import ipaddress
+    import socket
+
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:  # only an address of one of this host's interfaces can be bound here
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def local_targets(targets: list[tuple[str, str]]) -> list[str]:
+    """The labels of ``(label, url)`` targets served from this host (loopback or a local address)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    local = []
+    for name, url in targets:
+        host = urlsplit(url).hostname or ""
+        try:
+            addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        except (OSError, UnicodeError):
+            continue  # check_reachable reports a host that does not resolve
+        if any(_is_local_address(address) for address in addresses):
+            local.append(name)
+    return local
+
+
 @dataclass(frozen=True)
 class LoadPlan:
     """One bench_serving pass's flags, the same for every server and repeat but the seed."""
@@ -141,6 +186,20 @@ class LoadPlan:
         if self.dataset() in ("random", "sharegpt") and self.dataset_path is None:
             raise BenchServeError(f"--dataset-name {self.dataset()} samples ShareGPT, which would be downloaded; give "
                                   "--dataset-path FILE (a local ShareGPT JSON) or use random-ids")
+
+    def longest_prompt(self) -> int | None:
+        """The longest prompt a pass sends, where this plan sets it (None for other datasets)."""
+        if self.workload == Workload.FILE:
+            return self.input_len
+        if self.dataset() not in ("random-ids", "random"):
+            return None
+        return self.max_input_len or 2 * self.input_len if self.workload == Workload.MIXED else self.input_len
+
+    def expected_output_len(self) -> int | None:
+        """Output tokens every request asks for (bench_serving ignores EOS), where the plan sets it."""
+        if self.workload == Workload.FILE or self.dataset() not in ("random-ids", "random", "sharegpt"):
+            return None  # per-request (workload file) or the dataset's own lengths
+        return self.output_len
 
     def argv(self, url: str, output_file: Path, *, seed_offset: int, num_requests: int | None = None,
              warmup: int | None = None, paced: bool = True) -> list[str]:
@@ -258,6 +317,50 @@ def merge_passes(passes: list[ServingPass]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def check_fits_context(plan: LoadPlan, url: str, context_len: int | None) -> None:
+    """Refuse a load whose prompts (plus their output) do not fit the server's context: SGLang
+    rejects each such request, which would otherwise reach the table as a served one."""
+    longest = plan.longest_prompt()
+    if context_len is None or longest is None:
+        return
+    need = longest + plan.output_len
+    if need > context_len:
+        raise BenchServeError(
+            f"{url}: prompts of up to {longest} tokens plus {plan.output_len} output tokens ({need}) do not fit "
+            f"the server's context length {context_len}; lower --input-len (mixed: --max-input-len) to at most "
+            f"{max(1, context_len - plan.output_len)}, or serve a model with a longer context")
+
+
+def _aligned_output_lens(record: dict[str, Any]) -> list[int]:
+    """Output tokens per request: bench_serving lists them for its successful requests only."""
+    done = iter(record.get("output_lens") or [])
+    return [0 if error else next(done, 0) for error in record.get("errors") or [""] * len(record.get("ttfts") or [])]
+
+
+def _failures(record: dict[str, Any], expected: int | None) -> list[str]:
+    """Per request: bench_serving's error, else why the request was not served, else "".
+
+    bench_serving counts a request whose stream carried no token (SGLang streams a rejection such
+    as a prompt longer than the context as an error event) as a success with TTFT 0 and the asked
+    length; otherwise its length is the server's last ``completion_tokens``."""
+    errors = [e or "" for e in record.get("errors") or []]
+    ttfts, texts = record.get("ttfts") or [], record.get("generated_texts") or []
+    lengths = _aligned_output_lens(record)
+    out = []
+    for i in range(max(len(ttfts), len(errors))):
+        error = errors[i] if i < len(errors) else ""
+        got = lengths[i] if i < len(lengths) else 0
+        if error:
+            out.append(error)
+        elif (i < len(ttfts) and not ttfts[i] > 0) or (i < len(texts) and not texts[i]):
+            out.append("no output: the server sent no token (rejected?)")
+        elif expected is not None and got < expected:
+            out.append(f"{got} of {expected} output tokens")
+        else:
+            out.append("")
+    return out
+
+
 def run_pass(plan: LoadPlan, url: str, output_file: Path, log_file: Path, *, seed_offset: int = 0,
              num_requests: int | None = None, warmup: int | None = None, paced: bool = True) -> ServingPass:
     """Run bench_serving once against ``url``; its stdout goes to ``log_file``, its JSONL line to
@@ -283,6 +386,7 @@ def run_pass(plan: LoadPlan, url: str, output_file: Path, log_file: Path, *, see
         metrics={k: v for k, v in record.items()
                  if k not in ("ttfts", "itls", "input_lens", "output_lens", "errors", "generated_texts")},
         ttfts=list(record.get("ttfts") or []), itls=[list(x) for x in record.get("itls") or []],
-        input_lens=list(record.get("input_lens") or []), output_lens=list(record.get("output_lens") or []),
-        errors=[e or "" for e in record.get("errors") or []], output_file=str(output_file),
+        input_lens=list(record.get("input_lens") or []), output_lens=_aligned_output_lens(record),
+        errors=_failures(record, plan.expected_output_len()),
+        output_file=str(output_file),
     )  # fmt: skip

@@ -11,6 +11,8 @@ Data flow::
       -> PipelineIdle (per rank: busy, idle, makespan; counts)
     min_cost_idle(repeats)                   one replay of each compute's minimum CPU time over
                                              repeats of the same work (least disturbed estimate)
+    equal_cost_idle({mode: repeats}, layouts) every mode's windows re-timed on ONE cost model
+                                             shared by all modes: what compares modes
 
 Only prefill computes count (the comparison is about chunked prefill); decode steps are left out.
 """
@@ -19,14 +21,22 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..trace_records import records_file
-from .timeline import RankTimeline, replay_executed
+from .timeline import RankTimeline, equal_costs, replay_executed, shared_cost_model
+
+if TYPE_CHECKING:
+    from ..runtime.equal_cost import SharedCostModel
+    from ..schedule import Layout
 
 __all__ = [
+    "EQUAL_COST_METHOD",
     "PipelineIdle",
+    "equal_cost_idle",
     "TraceUnavailableError",
     "measure_idle",
     "min_cost_idle",
@@ -164,3 +174,35 @@ def min_cost_idle(runs: list[PipelineIdle]) -> PipelineIdle | None:
         method=f"replayed from the minimum thread CPU time of each stage compute over {len(runs)} repeats "
         "(dedicated-hardware estimate, transfers cost 0)",
     )
+
+
+EQUAL_COST_METHOD = ("re-timed on one cost model shared by all modes (runtime/equal_cost.py), fitted on every "
+                     "mode's per-stage thread CPU times of the other repeats (dedicated-hardware estimate, "
+                     "transfers cost 0)")
+
+
+def equal_cost_idle(idle: Mapping[str, Sequence[PipelineIdle]],
+                    layouts: Mapping[str, Layout]) -> tuple[dict[str, list[PipelineIdle]], list[SharedCostModel]]:
+    """Per mode and repeat ``j``: that repeat's window re-timed on one cost model shared by all
+    modes, fitted on the *other* repeats (all repeats when there is one; a position the others
+    never ran falls back to the model of all repeats), as ``sglang-vpp bench`` does; and the model
+    of each repeat. Empty when some mode has no prefill records to fit."""
+    repeats = min((len(runs) for runs in idle.values()), default=0)
+    windows = {mode: [run.window for run in runs[:repeats]] for mode, runs in idle.items()}
+    if not repeats or any(not window for mode_windows in windows.values() for window in mode_windows):
+        return {}, []
+    everything = shared_cost_model(windows, layouts)
+    out: dict[str, list[PipelineIdle]] = {mode: [] for mode in idle}
+    models = []
+    for j in range(repeats):
+        others = {mode: [w for i, w in enumerate(ws) if i != j] for mode, ws in windows.items()}
+        model = shared_cost_model(others, layouts, fallback=everything) if repeats > 1 else everything
+        models.append(model)
+        for mode, runs in idle.items():
+            window = windows[mode][j]
+            out[mode].append(PipelineIdle(
+                num_ranks=runs[j].num_ranks, num_prefill_computes=len(window),
+                num_micro_batches=runs[j].num_micro_batches,
+                ranks=replay_executed(window, runs[j].num_ranks, equal_costs(window, layouts[mode], model)),
+                window=window, method=EQUAL_COST_METHOD))  # fmt: skip
+    return out, models

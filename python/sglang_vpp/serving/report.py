@@ -12,13 +12,15 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["render_tables"]
+__all__ = ["render_tables", "wrap"]
 
 SERVED_NOTE = ("times: SGLang's bench_serving, wall clock on this host (servers run one after another; "
                "not a pipeline speedup measurement)")
-PIPELINE_NOTE = ("replayed: each stage compute's thread CPU time replayed as if every rank had its own device "
-                 "(transfers cost 0), a derived timeline; min-cost: each compute's minimum over the repeats, "
-                 "replayed once (interference only adds time); idle: median over repeats")
+PIPELINE_NOTE = ("equal-cost: each mode's executed prefill re-timed as if every rank had its own device "
+                 "(transfers cost 0) on ONE cost model fitted on the per-stage thread CPU times of every mode "
+                 "(repeat j: fitted on the other repeats), so only the schedules differ; the pipeline verdict "
+                 "compares these. idle: median over repeats. Own-cost replays (each mode's own CPU times, "
+                 "which include its cache effects) are in --json only")
 
 
 def _ms(stats: dict[str, float] | None, key: str) -> str:
@@ -40,16 +42,15 @@ def _served_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[s
 
 
 def _pipeline_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    header = ["mode", "replayed makespan s", "min-cost s", "idle per rank (replayed)"]
+    header = ["mode", "equal-cost makespan s", "idle per rank (equal-cost)"]
     rows = []
     for run in runs:
-        pipeline = run.get("pipeline") or {}
-        values = pipeline.get("replayed_makespan_s") or []
+        shared = (run.get("pipeline") or {}).get("equal_cost") or {}
+        values = shared.get("makespan_s") or []
         makespan = "-" if not values else f"{statistics.median(values):.3f}" + (
             f" [{min(values):.3f}-{max(values):.3f}]" if len(values) > 1 else "")
-        min_cost = pipeline.get("min_cost_makespan_s")
-        idle = " ".join(f"r{r['rank']} {r['idle_fraction']['median']:.0%}" for r in pipeline.get("idle_spread") or [])
-        rows.append([str(run["label"]), makespan, "-" if min_cost is None else f"{min_cost:.3f}", idle or "-"])
+        idle = " ".join(f"r{rank} {spread['median']:.0%}" for rank, spread in enumerate(shared.get("idle_fraction") or []))
+        rows.append([str(run["label"]), makespan, idle or "-"])
     return header, rows
 
 
@@ -61,7 +62,7 @@ def _text_table(title: str, header: list[str], rows: list[list[str]]) -> str:
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
     # A title naming six modes is longer than 80 columns: it wraps, the table does not.
-    return "\n".join([_wrap(title), line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
+    return "\n".join([wrap(title), line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
 
 
 def _md_table(title: str, header: list[str], rows: list[list[str]]) -> str:
@@ -69,21 +70,35 @@ def _md_table(title: str, header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def _wrap(text: str, width: int = 80) -> str:
+def wrap(text: str, width: int = 80) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(text, width))
 
 
-def render_tables(runs: Sequence[dict[str, Any]], fmt: str = "table") -> str:
-    """The served-times table, and the pipeline table when any run has pipeline records."""
+def _failure_lines(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per server with failed requests: how many, and the first reason."""
+    out = []
+    for run in runs:
+        summary = run["summary"]
+        if summary["num_failed"]:
+            reason = (summary.get("errors") or ["?"])[0]
+            out.append(wrap(f"FAILED ({run['label'] or run['url']}): {summary['num_failed']} of "
+                            f"{summary['num_requests']} requests not served (left out of every time): {reason}"))
+    return out
+
+
+def render_tables(runs: Sequence[dict[str, Any]], fmt: str = "table", notes: Sequence[str] = ()) -> str:
+    """The served-times table (with its failed requests), and the pipeline table when any run has
+    pipeline records; ``notes`` about the whole comparison (e.g. servers sharing this host) follow."""
     names = ", ".join(str(run["label"] or run["url"]) for run in runs)
     table = _md_table if fmt == "md" else _text_table
-    parts = [table(f"bench-serve [{names}]: served times, ms (tok/s)", *_served_rows(runs)), _wrap(SERVED_NOTE)]
+    parts = [table(f"bench-serve [{names}]: served times, ms (tok/s)", *_served_rows(runs)),
+             *_failure_lines(runs), *(wrap(f"note: {note}") for note in notes), wrap(SERVED_NOTE)]
     if any(run.get("pipeline") for run in runs):
         parts += [table(f"bench-serve [{names}]: prefill pipeline per rank", *_pipeline_rows(runs)),
-                  _wrap(PIPELINE_NOTE)]
+                  wrap(PIPELINE_NOTE)]
     for run in runs:
         for note in run.get("notes") or []:
-            parts.append(_wrap(f"note ({run['label']}): {note}"))
+            parts.append(wrap(f"note ({run['label']}): {note}"))
     return "\n\n".join(parts)

@@ -16,13 +16,36 @@ the computes with those durations and the pipeline's dependencies:
 A record is a dict with ``rank``, ``stage``, ``seq`` (micro-batch id, the same on every rank) and
 ``cpu_s``; ``start_s`` orders a rank's records. Output per rank: busy time, idle time inside the
 makespan, and the makespan.
+
+Which costs: each record's own ``cpu_s`` by default (one mode's timeline, with that mode's own
+measuring noise and cache effects: the same layers cost a contiguous stage more than two fold-back
+stages), or, to compare modes, ``shared_cost_model`` + ``equal_costs``: every mode's records
+re-timed on ONE cost model fitted on all modes' records (``runtime.equal_cost.SharedCostModel``,
+the model ``sglang-vpp bench``'s verdict uses), so only the executed orders differ. The records
+carry no per-request prefix, so a micro-batch's chunk position is keyed by the prefill tokens
+before it in its measured window: modes that ran the same micro-batches in the same order share
+each position's per-layer cost; a position only one mode ran keeps that mode's own samples.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["RankTimeline", "executed_spans", "replay_executed", "replay_as_contiguous"]
+if TYPE_CHECKING:
+    from ..runtime.equal_cost import SharedCostModel
+    from ..schedule import Layout
+
+__all__ = ["RankTimeline", "equal_costs", "executed_spans", "replay_executed", "replay_as_contiguous",
+           "shared_cost_model"]
+
+Cost = Callable[[dict], float]
+"""Seconds a record's compute takes in the replay."""
+
+
+def _own_cost(record: dict) -> float:
+    return record["cpu_s"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +73,14 @@ def _summarise(num_ranks: int, spans: dict[int, list[tuple[float, float]]]) -> l
     return out
 
 
-def replay_executed(records: list[dict], num_ranks: int) -> list[RankTimeline]:
+def replay_executed(records: list[dict], num_ranks: int, cost: Cost = _own_cost) -> list[RankTimeline]:
     """Replay measured records in each rank's executed order (module docstring)."""
-    spans = executed_spans(records, num_ranks)
+    spans = executed_spans(records, num_ranks, cost)
     return _summarise(num_ranks, {rank: [(s, e) for s, e, _stage, _seq in items] for rank, items in spans.items()})
 
 
-def executed_spans(records: list[dict], num_ranks: int) -> dict[int, list[tuple[float, float, int, int]]]:
+def executed_spans(records: list[dict], num_ranks: int,
+                   cost: Cost = _own_cost) -> dict[int, list[tuple[float, float, int, int]]]:
     """Per rank: (start, end, stage, seq) of each replayed compute (what a Gantt chart draws)."""
     finish: dict[tuple[int, int], float] = {}
     free = [0.0] * num_ranks
@@ -75,7 +99,7 @@ def executed_spans(records: list[dict], num_ranks: int) -> dict[int, list[tuple[
                 if dep[0] in stages_of_seq[record["seq"]] and dep not in finish:
                     break
                 start = max(free[rank], finish.get(dep, 0.0))
-                end = start + record["cpu_s"]
+                end = start + cost(record)
                 finish[(record["stage"], record["seq"])] = end
                 free[rank] = end
                 spans.setdefault(rank, []).append((start, end, record["stage"], record["seq"]))
@@ -104,3 +128,46 @@ def replay_as_contiguous(records: list[dict], num_ranks: int) -> list[RankTimeli
             free[rank] = ready = end
             spans.setdefault(rank, []).append((start, end))
     return _summarise(num_ranks, spans)
+
+
+def _positions(window: Sequence[dict]) -> dict[int, tuple[int, int]]:
+    """Per micro-batch of ``window``: (prefill tokens before it in the window, its tokens)."""
+    tokens: dict[int, int] = {}
+    for record in window:
+        tokens.setdefault(record["seq"], int(record["num_tokens"]))
+    out, before = {}, 0
+    for seq in sorted(tokens):
+        out[seq] = (before, tokens[seq])
+        before += tokens[seq]
+    return out
+
+
+def _samples(window: Sequence[dict], layout: Layout) -> list:
+    from ..sim.cost.samples import CostSample
+
+    positions = _positions(window)
+    return [CostSample("compute", r["stage"], 0, 0, positions[r["seq"]][0], positions[r["seq"]][1], r["cpu_s"],
+                       layout.stages[r["stage"]].num_layers, r["rank"]) for r in window]
+
+
+def shared_cost_model(windows: Mapping[str, Sequence[Sequence[dict]]], layouts: Mapping[str, Layout],
+                      fallback: SharedCostModel | None = None) -> SharedCostModel:
+    """One cost model fitted on the measured windows of every mode (``{mode: [window, ...]}``)."""
+    from ..runtime.equal_cost import MeasuredRunCosts, SharedCostModel
+
+    runs = [MeasuredRunCosts(mode, layouts[mode], [s for window in mode_windows for s in _samples(window, layouts[mode])])
+            for mode, mode_windows in windows.items()]
+    return SharedCostModel.fit(runs, fallback=fallback)
+
+
+def equal_costs(window: Sequence[dict], layout: Layout, model: SharedCostModel) -> Cost:
+    """The cost of each record of ``window`` on the shared ``model`` (``replay_executed``'s ``cost``)."""
+    positions = _positions(window)
+    last = layout.num_stages - 1
+
+    def cost(record: dict) -> float:
+        prefix, tokens = positions[record["seq"]]
+        stage = record["stage"]
+        return model.compute(layout.stages[stage].num_layers, stage == 0, stage == last, prefix, tokens)
+
+    return cost
