@@ -46,7 +46,7 @@ def parse_modes(text: str) -> list[str]:
     modes = list(ALL_MODES) if text.strip() == "all" else [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in ALL_MODES]
     if bad or not modes:
-        raise LaunchError(f"--launch {text!r}: unknown mode(s) {bad}; choose from {', '.join(ALL_MODES)} or 'all'")
+        raise LaunchError(f"--launch {text!r}: unknown mode(s) {', '.join(bad)}; choose from {', '.join(ALL_MODES)} or 'all'")
     if len(set(modes)) != len(modes):
         raise LaunchError(f"--launch {text!r} names a mode twice")
     return modes
