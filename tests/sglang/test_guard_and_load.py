@@ -6,7 +6,8 @@ that mode (module-scoped fixture: pytest groups the tests per server).
 - Input guard: the three crashing inputs (empty text, id >= vocab, id -1) and their relatives
   on /generate, /v1/completions and /v1/chat/completions, single and batch; after each refusal
   the same server answers a valid request.
-- Abort and disconnect mid-prefill with three long prompts in flight (packing under vpp-pack).
+- Abort and disconnect mid-prefill of two long prompts queued behind a short one (under
+  vpp-pack one of them is packed into the short one's drain window, and the test checks it).
 - KV pool exhausted in decode: six long prompts need more KV than the pool holds; every request
   is served in full (retracted and resumed, none aborted) with the same greedy ids under both.
 - Load: 64 requests (prompt 20-600 tokens) with 16 in flight, every 4th streamed, every 8th
@@ -123,7 +124,7 @@ def _selected_runs(request) -> list[str]:
 def _require_both_modes(request) -> None:
     missing = sorted(set(MODES) - set(_selected_runs(request)))
     if missing:
-        pytest.fail(f"this test compares {' and '.join(MODES)}; the selection dropped {missing}: "
+        pytest.fail(f"this test compares {' and '.join(MODES)}; the selection dropped {', '.join(missing)}: "
                     "select both (e.g. -k 'test_load_all_end')", pytrace=False)
 
 
@@ -208,44 +209,55 @@ def test_load_all_end_kv_idle_and_greedy_equal_to_cpp(server, request):
     _check_against_the_other_mode(request, _samples, server.config.pp_mode, [item["output_ids"] for item in out])
 
 
-def _disconnect_after(url: str, payload: dict[str, Any], seconds: float) -> None:
-    """Send a streamed request and close the connection after ``seconds`` (a client that leaves)."""
+def _disconnect_when(url: str, payload: dict[str, Any], leave: threading.Event) -> None:
+    """Send a streamed request and close the connection once ``leave`` is set (a client that leaves)."""
     import http.client
 
     host, port = url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
     connection.request("POST", "/generate", json.dumps(payload), {"Content-Type": "application/json"})
     response = connection.getresponse()
-    time.sleep(seconds)
+    leave.wait(timeout=300)
     response.close()
     connection.close()
 
 
+CHUNK = 64  # the servers' --chunked-prefill-size
+
+
 def test_abort_and_disconnect_mid_prefill_while_packing(server):
-    """Three long prompts at once (vpp-pack packs the next one into the drain window): one is
-    aborted and one disconnected during prefill; the third completes, KV returns to idle."""
-    prompts = [[(31 * i + 11 * k) % 11000 + 2 for k in range(2500)] for i in range(3)]
+    """A 10-chunk prompt, then two 39-chunk prompts that queue behind it (whole chunks, so no
+    partial last chunk lets the next request join a micro-batch: vpp-pack packs the next one's
+    first chunks into the first one's drain window). When the first is answered, the second is
+    aborted and the third's client leaves, both mid-prefill; KV returns to idle, the server
+    keeps serving, and under vpp-pack one of them was packed."""
+    kept_ids, *long_ids = [[(31 * i + 11 * k) % 11000 + 2 for k in range(n * CHUNK)] for i, n in enumerate((10, 39, 39))]
     params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
-    rids = ("mid-prefill-abort", "mid-prefill-left", "mid-prefill-kept")
-    aborted = {"input_ids": prompts[0], "rid": rids[0], "sampling_params": params}
-    left = {"input_ids": prompts[1], "rid": rids[1], "sampling_params": params, "stream": True}
-    kept = {"input_ids": prompts[2], "rid": rids[2], "sampling_params": params}
+    rids = ("mid-prefill-kept", "mid-prefill-abort", "mid-prefill-left")
+    kept = {"input_ids": kept_ids, "rid": rids[0], "sampling_params": params}
+    aborted = {"input_ids": long_ids[0], "rid": rids[1], "sampling_params": params}
+    left = {"input_ids": long_ids[1], "rid": rids[2], "sampling_params": params, "stream": True}
+    leave = threading.Event()
     with ThreadPoolExecutor(3) as pool:
-        abort_reply = pool.submit(_post, server.url + "/generate", aborted)
-        pool.submit(_disconnect_after, server.url, left, 0.5)
         kept_reply = pool.submit(_post, server.url + "/generate", kept)
-        time.sleep(0.5)
-        _post(server.url + "/abort_request", {"rid": "mid-prefill-abort"})
+        time.sleep(0.3)  # the short prompt is admitted first; the long ones queue behind it
+        abort_reply = pool.submit(_post, server.url + "/generate", aborted)
+        gone = pool.submit(_disconnect_when, server.url, left, leave)
+        try:
+            status, body = kept_reply.result(timeout=300)
+            assert status == 200 and len(json.loads(body)["output_ids"]) == 4, body[:1000]
+            _post(server.url + "/abort_request", {"rid": rids[1]})
+        finally:
+            leave.set()
         status, body = abort_reply.result(timeout=300)
         assert status == 200 and json.loads(body)["meta_info"]["finish_reason"]["type"] == "abort", body[:1000]
-        status, body = kept_reply.result(timeout=300)
-        assert status == 200 and len(json.loads(body)["output_ids"]) == 4, body[:1000]
+        gone.result(timeout=300)
     deadline = time.monotonic() + 60
     while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
         time.sleep(1)
     assert _kv_tokens_in_use(server) == 0
     _assert_still_serving(server)
-    if server.trace_dir is not None:  # a packing mode: one of these requests entered a drain window
+    if server.trace_dir is not None:  # vpp-pack: a queued request entered the drain window
 
         def packed_here(data: dict) -> bool:
             return any(rec["kind"] == "admit" and rec["decision"] == "packed" and set(rec["requests"]) & set(rids)

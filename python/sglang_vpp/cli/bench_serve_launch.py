@@ -70,9 +70,15 @@ def check_can_launch() -> None:
 
 def default_model_dir() -> str:
     """The embedded default: a tiny 8-layer Qwen2 built locally (seeded weights, local tokenizer)."""
-    from sglang_vpp.models.tiny_hf import TinyModelSpec, cached_tiny_model
+    from sglang_vpp.models.tiny_hf import TinyModelSpec, cache_dir, cached_tiny_model
 
-    return str(cached_tiny_model(TinyModelSpec("qwen2-tiny", num_layers=8)))
+    from .common import echo_wrapped
+
+    path = cached_tiny_model(TinyModelSpec("qwen2-tiny", num_layers=8))
+    # Built once and kept: say where, and what moves it (the user never named this directory).
+    echo_wrapped(f"model: {path} (the tiny default, built once under {cache_dir()}; set "
+                 "SGLANG_VPP_CACHE_DIR to keep it elsewhere)", err=True)
+    return str(path)
 
 
 @dataclass(frozen=True)
