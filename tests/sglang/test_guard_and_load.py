@@ -6,8 +6,8 @@ that mode (module-scoped fixture: pytest groups the tests per server).
 - Input guard: the three crashing inputs (empty text, id >= vocab, id -1) and their relatives
   on /generate, /v1/completions and /v1/chat/completions, single and batch; after each refusal
   the same server answers a valid request.
-- Abort and disconnect mid-prefill of two long prompts queued behind a short one (under
-  vpp-pack one of them is packed into the short one's drain window, and the test checks it).
+- Abort mid-prefill and a client that leaves, with two long prompts queued behind a short one
+  (under vpp-pack one of them is packed into the short one's drain window; the test checks it).
 - KV pool exhausted in decode: six long prompts need more KV than the pool holds; every request
   is served in full (retracted and resumed, none aborted) with the same greedy ids under both.
 - Load: 64 requests (prompt 20-600 tokens) with 16 in flight, every 4th streamed, every 8th
@@ -228,10 +228,12 @@ CHUNK = 64  # the servers' --chunked-prefill-size
 def test_abort_and_disconnect_mid_prefill_while_packing(server):
     """A 10-chunk prompt, then two 39-chunk prompts that queue behind it (whole chunks, so no
     partial last chunk lets the next request join a micro-batch: vpp-pack packs the next one's
-    first chunks into the first one's drain window). When the first is answered, the second is
-    aborted and the third's client leaves, both mid-prefill; KV returns to idle, the server
-    keeps serving, and under vpp-pack one of them was packed."""
-    kept_ids, *long_ids = [[(31 * i + 11 * k) % 11000 + 2 for k in range(n * CHUNK)] for i, n in enumerate((10, 39, 39))]
+    first chunks into the first one's drain window). Once the second holds KV for two chunks it
+    is aborted mid-prefill and the third's client leaves (queued or prefilling); the first is
+    answered, KV returns to idle, the server keeps serving, and under vpp-pack one of them was
+    packed."""
+    lengths = (10 * CHUNK, 39 * CHUNK, 39 * CHUNK)
+    kept_ids, *long_ids = [[(31 * i + 11 * k) % 11000 + 2 for k in range(n)] for i, n in enumerate(lengths)]
     params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
     rids = ("mid-prefill-kept", "mid-prefill-abort", "mid-prefill-left")
     kept = {"input_ids": kept_ids, "rid": rids[0], "sampling_params": params}
@@ -244,13 +246,18 @@ def test_abort_and_disconnect_mid_prefill_while_packing(server):
         abort_reply = pool.submit(_post, server.url + "/generate", aborted)
         gone = pool.submit(_disconnect_when, server.url, left, leave)
         try:
-            status, body = kept_reply.result(timeout=300)
-            assert status == 200 and len(json.loads(body)["output_ids"]) == 4, body[:1000]
+            # SGLang runs queued prefill before decode, so the short prompt's answer would come
+            # only after the second's whole prefill: watch KV instead.
+            deadline = time.monotonic() + 120
+            while _kv_tokens_in_use(server) < lengths[0] + 2 * CHUNK and time.monotonic() < deadline:
+                time.sleep(0.01)
             _post(server.url + "/abort_request", {"rid": rids[1]})
         finally:
             leave.set()
         status, body = abort_reply.result(timeout=300)
         assert status == 200 and json.loads(body)["meta_info"]["finish_reason"]["type"] == "abort", body[:1000]
+        status, body = kept_reply.result(timeout=300)
+        assert status == 200 and len(json.loads(body)["output_ids"]) == 4, body[:1000]
         gone.result(timeout=300)
     deadline = time.monotonic() + 60
     while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
