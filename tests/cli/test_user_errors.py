@@ -6,6 +6,8 @@ what makes the test fast (an unreachable --url proves no request was sent first)
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -84,6 +86,28 @@ CASES = [
     (["simulate", "--workload", "file", "--file", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
     (["doctor", "--timeout", "0"], "--timeout"),
     (["doctor", "--backend", "nope"], "nope"),
+    # Output paths that exist but cannot be written (even by root): checked by creating the file.
+    (["simulate", "--json", "/proc/sglang-vpp-out.json"], "--json '/proc/sglang-vpp-out.json' cannot be written"),
+    (["simulate", "--plot", "/proc/gantt.png"], "--plot '/proc/gantt.png' cannot be written"),
+    (["simulate", "--trace", "/proc/a/trace.json"], "--trace '/proc/a/trace.json' cannot be written"),
+    (_BENCH + ["--json", "/proc/out.json"], "--json '/proc/out.json' cannot be written"),
+    (_BENCH + ["--trace", "/proc/trace.json"], "--trace '/proc/trace.json' cannot be written"),
+    (_BENCH + ["--plot", "/proc/gantt"], "--plot '/proc/gantt.png' cannot be written"),
+    (_BENCH + ["--costs", "/proc/costs.json"], "--costs '/proc/costs.json' cannot be written"),
+    (_URL + ["--json", "/proc/out.json"], "--json '/proc/out.json' cannot be written"),
+    (_URL + ["--plot", "/proc/plot.png"], "--plot '/proc/plot.png' cannot be written"),
+    # Sizes and counts of the plan commands name their flag.
+    (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "0", "--chunk-size", "8"], "--seq-len '0'"),
+    (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "1x"], "--chunk-size '1x'"),
+    (["schedule", "--mode", "cpp", "--pp", "0", "--seq-len", "64", "--chunk-size", "8"], "--pp must be >= 1"),
+    (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--layers", "0"],
+     "--layers must be >= 1"),
+    (["check", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "0"], "--chunk-size '0'"),
+    (["check", "--mode", "cpp", "--pp", "2", "--seq-len", "-5", "--chunk-size", "8"], "--seq-len '-5'"),
+    (["check", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--groups", "0"],
+     "--groups must be 1 or 2"),
+    (["layout", "--pp", "2", "--layers", "8", "--mode", "foo"], "expected one of contiguous, cpp, dcpp,"),
+    (["layout", "--pp", "0", "--layers", "8"], "--pp must be >= 1"),
 ]
 
 
@@ -93,7 +117,7 @@ def _assert_one_line_error(result, fragment: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     assert fragment in lines[0], result.output
     # No Python value or signature leaks into the message.
-    assert not any(leak in lines[0] for leak in ("got None", "format None", "exists: ", "__init__()")), lines[0]
+    assert not any(leak in lines[0] for leak in ("got None", "format None", "exists: ", "__init__()", "['")), lines[0]
 
 
 def _case_id(args: list[str]) -> str:
@@ -126,3 +150,47 @@ def test_bench_serve_without_sglang_says_so(monkeypatch):
 
     monkeypatch.setattr(bench_serve_cmd, "bench_serving_missing", lambda: "bench-serve needs sglang (not installed)")
     _assert_one_line_error(CliRunner().invoke(app, _URL), "not installed")
+
+
+def test_bare_simulate_runs_the_documented_default():
+    from sglang_vpp.cli.simulate_cmd import DEFAULT_LONG_SEQ_LEN
+
+    result = CliRunner().invoke(app, ["simulate", "--modes", "cpp"])
+    assert result.exit_code == 0, result.output
+    assert DEFAULT_LONG_SEQ_LEN == "128k" and "1 x [131072] tokens" in result.output
+    assert f"defaults to {DEFAULT_LONG_SEQ_LEN}" in (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
+
+
+def test_plot_without_suffix_is_written_and_named_as_png(tmp_path):
+    result = CliRunner().invoke(app, ["simulate", "--seq-len", "8k", "--modes", "cpp", "--plot", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert f"plot: {tmp_path / 'out.png'}" in result.output and (tmp_path / "out.png").is_file()
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_checked_output_path_leaves_nothing_behind(tmp_path):
+    from sglang_vpp.cli.common import check_output_path
+
+    check_output_path(tmp_path / "a" / "b" / "out.json", "--json")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "kept.json").write_text("old")
+    check_output_path(tmp_path / "kept.json", "--json")
+    assert (tmp_path / "kept.json").read_text() == "old"
+
+
+@pytest.mark.parametrize("command", ["layout", "schedule", "check", "simulate", "bench", "bench-serve", "doctor"])
+def test_help_keeps_every_option_name_whole_in_80_columns(command):
+    import re
+
+    import typer.main
+
+    result = CliRunner().invoke(app, [command, "--help"], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert "…" not in result.output
+    # A hyphenated name is never split across lines (``--pp-`` / ``mode``).
+    assert not [line for line in lines if re.search(r"\w-$", line)], result.output
+    params = typer.main.get_command(app).commands[command].params
+    for name in (o for p in params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")):
+        assert re.search(re.escape(name) + r"(?![\w-])", result.output), f"{command} --help cuts {name}"

@@ -6,6 +6,7 @@ import pytest
 
 from sglang_vpp.schedule import (
     ChunkingError,
+    FixedChunker,
     RequestSpec,
     TaperedChunker,
     build_schedule,
@@ -59,3 +60,22 @@ def test_vpp_taper_plans_valid_deadlock_free_schedules(num_ranks):
     assert not check_deadlock(schedule).deadlock
     first = [c.num_tokens for c in schedule.chunks if c.request_index == 0]
     assert first[0] < max(first) and first[-1] < max(first)  # ramped at both ends
+
+
+@pytest.mark.parametrize("chunk_size", [16, 64, 65, 96, 128, 256, 8192])
+def test_tapers_says_whether_any_chunk_differs_from_fixed(chunk_size):
+    chunker = TaperedChunker(chunk_size, ratio=4, min_chunks=6, min_body=2048)
+    differs = any(sizes(chunker, n) != sizes(FixedChunker(chunk_size), n) for n in (3 * chunk_size, 40 * chunk_size + 7))
+    assert chunker.tapers == differs
+    assert chunker.tapers == (chunk_size > 64)  # one alignment unit leaves the ramps nothing to cut
+
+
+def test_vpp_taper_start_up_note_only_when_nothing_tapers():
+    from types import SimpleNamespace
+
+    from sglang_vpp.sglang_plugin.vpp.chunk_sizing import taper_note
+
+    note = taper_note(SimpleNamespace(chunker=TaperedChunker(64, min_body=2048)), 64)
+    assert note is not None and "--chunked-prefill-size 64" in note and "as vpp-pack does" in note
+    assert taper_note(SimpleNamespace(chunker=TaperedChunker(128, min_body=2048)), 128) is None
+    assert taper_note(SimpleNamespace(chunker=FixedChunker(64)), 64) is None

@@ -9,6 +9,9 @@ use the same fixtures.
 from __future__ import annotations
 
 import importlib.util
+import json
+import time
+from pathlib import Path
 
 import pytest
 
@@ -29,10 +32,12 @@ __all__ = [
     "ServerPool",
     "SGLangServer",
     "ServerStartError",
+    "all_admitted_left",
     "close_idle_pools",
     "free_port",
     "get_json",
     "post_json",
+    "wait_for_json",
 ]
 
 
@@ -69,3 +74,30 @@ def close_idle_pools(item: pytest.Item, nextitem: pytest.Item | None) -> None:
 
 
 _POOL_MODULES: dict[int, set] = {}
+
+
+def wait_for_json(path: Path, timeout: float = 30.0, until=None) -> dict:
+    """The JSON at ``path`` once it exists (and, with ``until``, once ``until(data)`` holds: the loop
+    rewrites it each time it goes idle, which may come a moment after the last response)."""
+    deadline = time.monotonic() + timeout
+    data = None
+    while time.monotonic() < deadline:
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError:  # caught mid-write
+                data = None
+            if data is not None and (until is None or until(data)):
+                return data
+        time.sleep(0.5)
+    # Data that does not meet ``until`` is stale: returning it would let a check pass on old records.
+    if data is not None:
+        raise AssertionError(f"{path} did not reach the awaited state within {timeout:.0f} s; "
+                             f"last counters: {data.get('counters')}")
+    raise AssertionError(f"{path} was not written (the VPP loop writes it when it goes idle)")
+
+
+def all_admitted_left(data: dict) -> bool:
+    """Every admitted micro-batch has left the pipeline: the records were written at idle."""
+    kinds = [rec["kind"] for rec in data.get("decisions", ())]
+    return kinds.count("admit") > 0 and kinds.count("admit") == kinds.count("left")

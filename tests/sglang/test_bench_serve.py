@@ -100,7 +100,7 @@ def test_bench_serve_reports_ttft_of_a_real_cpu_server(server_pool, tiny_model_d
     [
         ((), "either --url"),
         (("--url", "http://127.0.0.1:1", "--launch", "cpp"), "not both"),
-        (("--launch", "cpp,zpp"), "unknown mode(s) ['zpp']"),
+        (("--launch", "cpp,zpp"), "unknown mode(s) zpp;"),
         (("--launch", "cpp,cpp"), "names a mode twice"),
         (("--launch", "cpp", "--model-path", "/nonexistent", "--repeats", "0"), "--repeats must be >= 1"),
         (("--launch", "vpp", "--model-path", "/nonexistent", "--chunked-prefill-size", "0"), "--chunked-prefill-size"),

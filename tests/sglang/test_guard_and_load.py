@@ -6,7 +6,8 @@ that mode (module-scoped fixture: pytest groups the tests per server).
 - Input guard: the three crashing inputs (empty text, id >= vocab, id -1) and their relatives
   on /generate, /v1/completions and /v1/chat/completions, single and batch; after each refusal
   the same server answers a valid request.
-- Abort and disconnect mid-prefill with three long prompts in flight (packing under vpp-pack).
+- Abort mid-prefill and a client that leaves, with two long prompts queued behind a short one
+  (under vpp-pack one of them is packed into the short one's drain window; the test checks it).
 - KV pool exhausted in decode: six long prompts need more KV than the pool holds; every request
   is served in full (retracted and resumed, none aborted) with the same greedy ids under both.
 - Load: 64 requests (prompt 20-600 tokens) with 16 in flight, every 4th streamed, every 8th
@@ -32,7 +33,7 @@ from typing import Any
 
 import pytest
 from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
-from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, post_json
+from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, post_json, wait_for_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
 
@@ -88,11 +89,43 @@ def _with_model_fields(path: str, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module", params=MODES, ids=[f"pp2-{mode}" for mode in MODES])
-def server(request, server_pool, tiny_model_dir: Path) -> SGLangServer:
+def server(request, server_pool, tiny_model_dir: Path, tmp_path_factory) -> SGLangServer:
     config_json = json.loads((tiny_model_dir / "config.json").read_text())
     assert config_json["vocab_size"] == VOCAB
-    config = ServerConfig(model_dir=str(tiny_model_dir), pp_size=2, pp_mode=request.param, chunked_prefill_size=64)
-    return server_pool.get(config, timeout=400)
+    # vpp-pack writes its decisions (to check that it packed); cpp's config stays the one
+    # test_server_generate.py starts, so that server is shared.
+    trace_dir = tmp_path_factory.mktemp(f"trace-{request.param}") if request.param != "cpp" else None
+    config = ServerConfig(model_dir=str(tiny_model_dir), pp_size=2, pp_mode=request.param, chunked_prefill_size=64,
+                          extra_args=("--vpp-trace", str(trace_dir)) if trace_dir else ())
+    server = server_pool.get(config, timeout=400)
+    server.trace_dir = trace_dir
+    return server
+
+
+def _check_against_the_other_mode(request, store: dict, mode: str, outputs) -> None:
+    """Record ``outputs`` for ``mode``; the mode that runs second compares. Each test of the pair
+    checks at its start (``_require_both_modes``) that the other is selected: a ``-k`` that
+    deselects one mode must not silently drop the cross-mode check."""
+    store[mode] = outputs
+    runs = _selected_runs(request)
+    if runs.index(mode) == len(runs) - 1:
+        missing = [m for m in runs if m not in store]
+        assert not missing, f"{missing} ran earlier in this session but recorded no outputs (it failed)"
+        assert store["vpp-pack"] == store["cpp"]
+
+
+def _selected_runs(request) -> list[str]:
+    """The modes this test runs under in this session, in run order."""
+    name = request.node.originalname
+    return [item.callspec.params["server"] for item in request.session.items
+            if getattr(item, "originalname", None) == name and getattr(item, "module", None) is request.node.module]
+
+
+def _require_both_modes(request) -> None:
+    missing = sorted(set(MODES) - set(_selected_runs(request)))
+    if missing:
+        pytest.fail(f"this test compares {' and '.join(MODES)}; the selection dropped {', '.join(missing)}: "
+                    "select both (e.g. -k 'test_load_all_end')", pytrace=False)
 
 
 def _assert_still_serving(server: SGLangServer) -> None:
@@ -158,7 +191,8 @@ def _kv_tokens_in_use(server: SGLangServer) -> int:
     return sum(int(load["num_used_tokens"]) for load in loads)
 
 
-def test_load_all_end_kv_idle_and_greedy_equal_to_cpp(server):
+def test_load_all_end_kv_idle_and_greedy_equal_to_cpp(server, request):
+    _require_both_modes(request)
     rng = random.Random(7)
     prompts = [[rng.randrange(2, 11000) for _ in range(rng.randrange(20, 600))] for _ in range(NUM_LOAD_REQUESTS)]
     with ThreadPoolExecutor(NUM_IN_FLIGHT) as pool:
@@ -172,59 +206,84 @@ def test_load_all_end_kv_idle_and_greedy_equal_to_cpp(server):
         server.url + "/generate",
         {"input_ids": SAMPLE_PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}},
     )
-    _samples[server.config.pp_mode] = [item["output_ids"] for item in out]
-    if len(_samples) == len(MODES):
-        assert _samples["vpp-pack"] == _samples["cpp"]
+    _check_against_the_other_mode(request, _samples, server.config.pp_mode, [item["output_ids"] for item in out])
 
 
-def _disconnect_after(url: str, payload: dict[str, Any], seconds: float) -> None:
-    """Send a streamed request and close the connection after ``seconds`` (a client that leaves)."""
+def _disconnect_when(url: str, payload: dict[str, Any], leave: threading.Event) -> None:
+    """Send a streamed request and close the connection once ``leave`` is set (a client that leaves)."""
     import http.client
 
     host, port = url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
     connection.request("POST", "/generate", json.dumps(payload), {"Content-Type": "application/json"})
     response = connection.getresponse()
-    time.sleep(seconds)
+    leave.wait(timeout=300)
     response.close()
     connection.close()
 
 
+CHUNK = 64  # the servers' --chunked-prefill-size
+
+
 def test_abort_and_disconnect_mid_prefill_while_packing(server):
-    """Three long prompts at once (vpp-pack packs the next one into the drain window): one is
-    aborted and one disconnected during prefill; the third completes, KV returns to idle."""
-    prompts = [[(31 * i + 11 * k) % 11000 + 2 for k in range(2500)] for i in range(3)]
+    """A 10-chunk prompt, then two 39-chunk prompts that queue behind it (whole chunks, so no
+    partial last chunk lets the next request join a micro-batch: vpp-pack packs the next one's
+    first chunks into the first one's drain window). Once the second holds KV for two chunks it
+    is aborted mid-prefill and the third's client leaves (queued or prefilling); the first is
+    answered, KV returns to idle, the server keeps serving, and under vpp-pack one of them was
+    packed."""
+    lengths = (10 * CHUNK, 39 * CHUNK, 39 * CHUNK)
+    kept_ids, *long_ids = [[(31 * i + 11 * k) % 11000 + 2 for k in range(n)] for i, n in enumerate(lengths)]
     params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
-    aborted = {"input_ids": prompts[0], "rid": "mid-prefill-abort", "sampling_params": params}
-    left = {"input_ids": prompts[1], "sampling_params": params, "stream": True}
-    kept = {"input_ids": prompts[2], "sampling_params": params}
+    rids = ("mid-prefill-kept", "mid-prefill-abort", "mid-prefill-left")
+    kept = {"input_ids": kept_ids, "rid": rids[0], "sampling_params": params}
+    aborted = {"input_ids": long_ids[0], "rid": rids[1], "sampling_params": params}
+    left = {"input_ids": long_ids[1], "rid": rids[2], "sampling_params": params, "stream": True}
+    leave = threading.Event()
     with ThreadPoolExecutor(3) as pool:
-        abort_reply = pool.submit(_post, server.url + "/generate", aborted)
-        pool.submit(_disconnect_after, server.url, left, 0.5)
         kept_reply = pool.submit(_post, server.url + "/generate", kept)
-        time.sleep(0.5)
-        _post(server.url + "/abort_request", {"rid": "mid-prefill-abort"})
+        time.sleep(0.3)  # the short prompt is admitted first; the long ones queue behind it
+        abort_reply = pool.submit(_post, server.url + "/generate", aborted)
+        gone = pool.submit(_disconnect_when, server.url, left, leave)
+        try:
+            # SGLang runs queued prefill before decode, so the short prompt's answer would come
+            # only after the second's whole prefill: watch KV instead.
+            deadline = time.monotonic() + 120
+            while _kv_tokens_in_use(server) < lengths[0] + 2 * CHUNK and time.monotonic() < deadline:
+                time.sleep(0.01)
+            _post(server.url + "/abort_request", {"rid": rids[1]})
+        finally:
+            leave.set()
         status, body = abort_reply.result(timeout=300)
         assert status == 200 and json.loads(body)["meta_info"]["finish_reason"]["type"] == "abort", body[:1000]
         status, body = kept_reply.result(timeout=300)
         assert status == 200 and len(json.loads(body)["output_ids"]) == 4, body[:1000]
+        gone.result(timeout=300)
     deadline = time.monotonic() + 60
     while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
         time.sleep(1)
     assert _kv_tokens_in_use(server) == 0
     _assert_still_serving(server)
+    if server.trace_dir is not None:  # vpp-pack: a queued request entered the drain window
+
+        def packed_here(data: dict) -> bool:
+            return any(rec["kind"] == "admit" and rec["decision"] == "packed" and set(rec["requests"]) & set(rids)
+                       for rec in data["decisions"])
+
+        wait_for_json(server.trace_dir / "vpp_rank0.records.json", timeout=60, until=packed_here)
 
 
 KV_PRESSURE_PROMPTS = [[(17 * i + 5 * k) % 11000 + 2 for k in range(2650)] for i in range(6)]
 _kv_pressure: dict[str, list[list[int]]] = {}
 
 
-def test_kv_pool_exhausted_in_decode_every_request_is_served_and_equal_to_cpp(server):
+def test_kv_pool_exhausted_in_decode_every_request_is_served_and_equal_to_cpp(server, request):
     """Six 2650-token prompts with 120 new tokens each need more KV (16620 tokens) than the
     pool holds (--max-total-tokens 16384): SGLang retracts decode requests and serves them
     later. VPP spreads the running requests over more micro-batch slots than stock PP, so a
     slot often holds one request; that request must be retracted too, never aborted (500),
     while others hold KV. Every request is answered in full, the same greedy ids as cpp."""
+    _require_both_modes(request)
     params = {"temperature": 0, "max_new_tokens": 120, "ignore_eos": True}
     with ThreadPoolExecutor(len(KV_PRESSURE_PROMPTS)) as pool:
         replies = list(pool.map(lambda ids: _post(server.url + "/generate", {"input_ids": ids, "sampling_params": params},
@@ -239,9 +298,7 @@ def test_kv_pool_exhausted_in_decode_every_request_is_served_and_equal_to_cpp(se
     assert _kv_tokens_in_use(server) == 0
     if server.config.pp_mode != "cpp":  # the load reached the case the retraction hook exists for
         assert "retracted instead of aborted" in server.log_path.read_text(errors="replace")
-    _kv_pressure[server.config.pp_mode] = outputs
-    if len(_kv_pressure) == len(MODES):
-        assert _kv_pressure["vpp-pack"] == _kv_pressure["cpp"]
+    _check_against_the_other_mode(request, _kv_pressure, server.config.pp_mode, outputs)
 
 
 # Only the vpp-pack server (its last test; cpp's server goes on to test_server_generate.py).

@@ -151,3 +151,18 @@ def test_server_dies_with_an_owner_that_exits_without_stopping_it(tmp_path: Path
         if _running(process):
             process.kill()
     assert not survived, "the launcher outlived the process that started it"
+
+
+def test_wait_for_json_fails_on_records_that_never_reach_the_state(tmp_path: Path):
+    from sglang_harness import all_admitted_left, wait_for_json
+
+    path = tmp_path / "vpp_rank0.records.json"
+    busy = {"counters": {"num_packed": 0}, "decisions": [{"kind": "admit", "seq": 0}]}
+    path.write_text(json.dumps(busy))
+    with pytest.raises(AssertionError, match="did not reach the awaited state"):
+        wait_for_json(path, timeout=1.0, until=all_admitted_left)
+    idle = {**busy, "decisions": [*busy["decisions"], {"kind": "left", "seq": 0}]}
+    path.write_text(json.dumps(idle))
+    assert wait_for_json(path, timeout=1.0, until=all_admitted_left) == idle
+    with pytest.raises(AssertionError, match="was not written"):
+        wait_for_json(tmp_path / "missing.json", timeout=1.0)

@@ -32,7 +32,11 @@ LOGPROB_TOLERANCE = 1e-4
 # stock with chunks of 64): same configs, so both are started once for the two modules.
 CASES = {
     "pp2-cpp": dict(pp_size=2, pp_mode="cpp", chunked_prefill_size=64),
-    "pp2-dcpp": dict(pp_size=2, pp_mode="dcpp", chunked_prefill_size=128),
+    # SGLang rejects a noisy latency fit and serves fixed chunks; the plugin profiles again, and
+    # here often enough (a rejection came about one start in two on 2 vCPUs: 0.5**8 < 0.5 %) that
+    # a fallback is a failure of the mode, not of the host.
+    "pp2-dcpp": dict(pp_size=2, pp_mode="dcpp", chunked_prefill_size=128,
+                     extra_env=(("SGLANG_VPP_DCPP_PROFILE_ATTEMPTS", "8"),)),
     "pp1": dict(pp_size=1, pp_mode=None, chunked_prefill_size=64),
 }
 
@@ -137,14 +141,11 @@ def test_mode_reached_the_server(server):
     assert args["enable_dynamic_chunking"] is dynamic
     log = server.log_path.read_text(errors="replace")
     if dynamic:
-        # SGLang's own dynamic chunking profiled on rank 0 (the DCPP baseline). Whether its
-        # quadratic fit succeeds depends on timing noise: on a tiny model under load SGLang may
-        # reject a fit with a <= 0 and fall back to fixed chunks, and it says so. Both are
-        # SGLang's behaviour; what this test owns is that the mode reached the scheduler.
+        # SGLang's own dynamic chunking profiled on rank 0 and its predictor serves: a dcpp that
+        # fell back to fixed chunks after every profile is cpp under another name, not a baseline.
         assert "[PP Dynamic Chunk] [PP0] Profiled" in log, server.log_tail(3000)
-        fitted = "Predictor ready" in log
-        fell_back = "Failed to fit the chunk-size predictor" in log
-        assert fitted or fell_back, server.log_tail(3000)
+        assert "no usable chunk-size predictor" not in log, server.log_tail(3000)
+        assert "Predictor ready" in log, server.log_tail(3000)
     if server.config.pp_size > 1:
         assert " PP1]" in log, "no log line from pipeline rank 1"
 

@@ -26,6 +26,7 @@ from vpp_checks import (
     QWEN2_8L,
     Reference,
     abort_mid_prefill,
+    all_admitted_left,
     check_answer,
     generate,
     generate_concurrently,
@@ -82,7 +83,7 @@ def _waiting_behind_a_long_request(server, seed: int) -> None:
 def test_accounting_written_and_packing_exercised(server):
     packing = server.config.pp_mode in ("vpp-pack", "vpp-taper")
     leader_path = server.trace_dir / "vpp_rank0.records.json"
-    records = wait_for_json(leader_path, until=lambda d: not packing or d["counters"].get("num_packed", 0) > 0)
+    records = wait_for_json(leader_path, until=all_admitted_left)
     # Whether the mixed load packs depends on when SGLang forms its batches: a request whose last
     # chunk is partial lets the next request join that micro-batch, and then no drain window is
     # left to pack. So a packing mode that did not pack gets a load made for it: a long request of
@@ -91,8 +92,10 @@ def test_accounting_written_and_packing_exercised(server):
     for round_seed in range(3):
         if not packing or records["counters"].get("num_packed", 0) > 0:
             break
+        before = sum(rec["kind"] == "admit" for rec in records["decisions"])
         _waiting_behind_a_long_request(server, seed=100 + round_seed)
-        records = wait_for_json(leader_path, until=lambda d: d["counters"].get("num_packed", 0) > 0)
+        records = wait_for_json(leader_path, until=lambda d: all_admitted_left(d) and sum(
+            rec["kind"] == "admit" for rec in d["decisions"]) > before)
     follower = wait_for_json(server.trace_dir / "vpp_rank1.records.json")
     assert records["summary"]["num_computes"] > 0 and follower["summary"]["num_computes"] > 0
     stages0 = {r["stage"] for r in records["records"]}

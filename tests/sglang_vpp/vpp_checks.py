@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from sglang_harness import SGLangServer, get_json, post_json
+from sglang_harness import SGLangServer, all_admitted_left, get_json, post_json, wait_for_json  # noqa: F401 (re-exported)
 from sglang_vpp.models.tiny_hf import TinyModelSpec, load_transformers_model
 
 CHUNK = 64
@@ -109,25 +109,6 @@ def abort_mid_prefill(server: SGLangServer, num_tokens: int = 3000, wait_s: floa
         assert response.status == 200
     thread.join(timeout=300)
     return result["answer"]
-
-
-def wait_for_json(path: Path, timeout: float = 30.0, until=None) -> dict:
-    """The JSON at ``path`` once it exists (and, with ``until``, once ``until(data)`` holds: the loop
-    rewrites it each time it goes idle, which may come a moment after the last response)."""
-    deadline = time.monotonic() + timeout
-    data = None
-    while time.monotonic() < deadline:
-        if path.exists():
-            try:
-                data = json.loads(path.read_text())
-            except json.JSONDecodeError:  # caught mid-write
-                data = None
-            if data is not None and (until is None or until(data)):
-                return data
-        time.sleep(0.5)
-    if data is not None:
-        return data
-    raise AssertionError(f"{path} was not written (the VPP loop writes it when it goes idle)")
 
 
 def load_then_wait_for_decisions(server: SGLangServer, num_ranks: int) -> None:

@@ -62,7 +62,7 @@ def test_user_errors_exit_2_with_the_fix():
     assert bad_model.exit_code == 2 and "valid:" in bad_model.output
     bad_mode = RUNNER.invoke(app, ["simulate", "--seq-len", "64k", "--modes", "cpp,fast"])
     assert bad_mode.exit_code == 2 and "valid modes" in bad_mode.output
-    no_len = RUNNER.invoke(app, ["simulate", "--workload", "long"])
+    no_len = RUNNER.invoke(app, ["simulate", "--workload", "short"])  # long has a default length
     assert no_len.exit_code == 2 and "--seq-len" in no_len.output
 
 

@@ -3,6 +3,13 @@
 vpp-taper at or below both CPP and DCPP at P = 2, 4, 8 for every chunk size from 8K to 64K, and
 within 5 % of the run's makespan lower bound (the smallest bound over every mode and chunk size)
 at its best chunk size.
+
+The tapered chunker's constants were chosen on that very sweep, so that test is a regression
+guard only. ``test_vpp_taper_off_the_tuning_sweep`` checks models, hardware, lengths and depths
+it was not tuned on, with the claim that holds there: its best chunk size is within 5 % of the
+bound and, on long prompts, at or below the best of CPP and DCPP. On short prompts at P = 2 it
+is not ahead of them (measured 1.0 % and 3.5 % slower in the two such cases below); there the
+test checks only the bound.
 """
 
 from __future__ import annotations
@@ -36,3 +43,35 @@ def test_vpp_taper_keeps_its_lead_on_deep_pipelines(deepseek, num_ranks):
     bound = min(r.result.lower_bound_s for r in rows)
     best = min(makespan[("vpp-taper", chunk)] for chunk in CHUNKS)
     assert best <= 1.05 * bound, (num_ranks, best, bound)
+
+
+# (model, hardware, prompt tokens, P, ahead of cpp/dcpp expected); none of these is the sweep
+# the tapered chunker was tuned on.
+OFF_SWEEP = [
+    ("glm-5.2", "h200", 256 * 1024, 4, True),
+    ("qwen3-coder-30b-a3b", "h200", 256 * 1024, 4, True),
+    ("deepseek-v3.1", "h200", 1024 * 1024, 3, True),
+    ("deepseek-v3.1", "ascend-910c", 192 * 1024, 6, True),
+    ("glm-5.2", "ascend-910c", 512 * 1024, 8, True),
+    ("qwen3-coder-30b-a3b", "ascend-910c", 384 * 1024, 3, True),
+    ("qwen3-coder-30b-a3b", "h200", 128 * 1024, 2, False),
+    ("glm-5.2", "h200", 96 * 1024, 2, False),
+]
+OFF_SWEEP_CHUNKS = [8192, 16384, 32768]
+
+
+@pytest.mark.parametrize("model_name,hardware,length,num_ranks,ahead", OFF_SWEEP,
+                         ids=[f"{m}-{h}-{n // 1024}k-p{p}" for m, h, n, p, _ in OFF_SWEEP])
+def test_vpp_taper_off_the_tuning_sweep(model_name, hardware, length, num_ranks, ahead):
+    model = load_model(model_name)
+    cost = AnalyticCostModel(model, load_hardware(hardware))
+    rows = simulate_matrix(long_workload([length]), cost, model.num_layers, "cpp,dcpp,vpp-taper", OFF_SWEEP_CHUNKS,
+                           num_ranks, sim=SimConfig(record_timeline=False))
+
+    def best(mode: str) -> float:
+        return min(r.result.sim.makespan_s for r in rows if r.result.mode == mode)
+
+    bound = min(r.result.lower_bound_s for r in rows)
+    assert best("vpp-taper") <= 1.05 * bound, (best("vpp-taper"), bound)
+    if ahead:
+        assert best("vpp-taper") <= min(best("cpp"), best("dcpp")), (best("vpp-taper"), best("cpp"), best("dcpp"))

@@ -11,12 +11,36 @@ import importlib
 
 import typer
 
+
+def _wrap_help_at_spaces_only() -> None:
+    """Rich's help table cuts long option names at 80 columns (``--chunked-prefill…``), so the
+    app uses click's plain help, which keeps every name whole. Its text wrapper would break
+    hyphenated names in the help text (``--pp-`` / ``mode``, ``vpp-`` / ``pack``); this makes it
+    wrap at spaces only. The click that formats Typer's help is the copy Typer ships
+    (``typer._click``); ``wrap_text`` looks the wrapper class up at each call. Without that
+    module (another Typer) the help still keeps names whole, only wrapped at hyphens too."""
+    try:
+        from typer._click import _textwrap
+    except ImportError:
+        return
+    base = _textwrap.TextWrapper
+
+    class SpaceWrapper(base):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **{**kwargs, "break_on_hyphens": False})
+
+    _textwrap.TextWrapper = SpaceWrapper
+
+
+_wrap_help_at_spaces_only()
+
 app = typer.Typer(
     name="sglang-vpp",
     help="Virtual Pipeline Parallelism for chunked prefill: plan, check, simulate and benchmark.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 # (command name, module, function). The names are a public contract (tests/cli/test_cli_surface.py).

@@ -17,6 +17,7 @@ import typer
 
 from ..runtime.spec import BACKEND_FOR_DEVICE, DEFAULT_MODES
 from .common import at_least, check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option, positive, user_errors
+from .common import png_path
 
 TOLERANCE = 1e-5
 #: Above this many prompt tokens in total a CPU run takes long (attention grows with the square of
@@ -166,6 +167,7 @@ def bench(
     at_least(requests, 1, "--requests")
     at_least(repeat, 1, "--repeat")
     at_least(arrival_interval, 0, "--arrival-interval")
+    plot = png_path(plot)  # matplotlib writes out.png for --plot out
     for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot"), (costs, "--costs")):
         check_output_path(path, flag)
     layer_split = parse_int_list(split, "--split")

@@ -37,6 +37,7 @@ from sglang_vpp.serving.bench_serving import (
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
 from .common import at_least, check_output_path, parse_size_option, positive, user_errors
+from .common import png_path
 
 __all__ = ["BenchServeError", "bench_serve"]
 
@@ -147,6 +148,7 @@ def bench_serve(
     positive(request_rate, "--request-rate")
     positive(timeout, "--timeout")
     positive(startup_timeout, "--startup-timeout")
+    plot = png_path(plot)  # matplotlib writes out.png for --plot out
     for path, flag in ((json_out, "--json"), (output_file, "--output-file"), (plot, "--plot")):
         check_output_path(path, flag)
     sizes = {flag: parse_size_option(text, flag) for flag, text in (

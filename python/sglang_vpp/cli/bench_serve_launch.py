@@ -46,7 +46,7 @@ def parse_modes(text: str) -> list[str]:
     modes = list(ALL_MODES) if text.strip() == "all" else [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in ALL_MODES]
     if bad or not modes:
-        raise LaunchError(f"--launch {text!r}: unknown mode(s) {bad}; choose from {', '.join(ALL_MODES)} or 'all'")
+        raise LaunchError(f"--launch {text!r}: unknown mode(s) {', '.join(bad)}; choose from {', '.join(ALL_MODES)} or 'all'")
     if len(set(modes)) != len(modes):
         raise LaunchError(f"--launch {text!r} names a mode twice")
     return modes
@@ -121,9 +121,15 @@ def model_context_len(spec: LaunchSpec) -> int | None:
 
 def default_model_dir() -> str:
     """The embedded default: a tiny 8-layer Qwen2 built locally (seeded weights, local tokenizer)."""
-    from sglang_vpp.models.tiny_hf import TinyModelSpec, cached_tiny_model
+    from sglang_vpp.models.tiny_hf import TinyModelSpec, cache_dir, cached_tiny_model
 
-    return str(cached_tiny_model(TinyModelSpec("qwen2-tiny", num_layers=8)))
+    from .common import echo_wrapped
+
+    path = cached_tiny_model(TinyModelSpec("qwen2-tiny", num_layers=8))
+    # Built once and kept: say where, and what moves it (the user never named this directory).
+    echo_wrapped(f"model: {path} (the tiny default, built once under {cache_dir()}; set "
+                 "SGLANG_VPP_CACHE_DIR to keep it elsewhere)", err=True)
+    return str(path)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ def check(
     if missing:
         raise ValueError(f"missing {', '.join(missing)}; give --mode, --pp, --seq-len and --chunk-size, "
                          "or --trace DIR to replay a server's decisions")
+    if groups is not None and groups not in (1, 2):
+        raise ValueError(f"--groups must be 1 or 2, got {groups}")
     from ..schedule import check_deadlock, find_issues
 
     plan = plan_from_options(mode, pp, seq_len, chunk_size, requests, layers, None if split is None else split, groups)

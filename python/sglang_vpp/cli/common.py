@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -20,6 +19,7 @@ __all__ = [
     "emit_json",
     "parse_int_list",
     "parse_size_option",
+    "png_path",
     "positive",
     "user_errors",
 ]
@@ -96,7 +96,10 @@ def positive(value: float | None, flag: str) -> None:
 
 
 def check_output_path(path: Path | None, flag: str) -> None:
-    """Fail before the work if an output file could not be written afterwards ('-' is stdout)."""
+    """Fail before the work if an output file could not be written afterwards ('-' is stdout).
+
+    The file is created (with any missing folders) and removed again: permission bits say
+    nothing for root, nor for /proc or a read-only mount, where only a real write tells."""
     if path is None or str(path) == "-":
         return
     if path.is_dir():
@@ -106,5 +109,26 @@ def check_output_path(path: Path | None, flag: str) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise CliInputError(f"{flag} {str(path)!r}: {str(parent)!r} is a file, not a directory")
-    if not os.access(parent, os.W_OK):
-        raise CliInputError(f"{flag} {str(path)!r}: cannot write in {str(parent)!r}; choose another path")
+    existed = path.exists()
+    made = [d for d in reversed(path.parents) if not d.exists()]
+    try:
+        for folder in made:
+            folder.mkdir()
+        with path.open("a"):
+            pass
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise CliInputError(f"{flag} {str(path)!r} cannot be written ({reason}); choose another path") from None
+    finally:
+        if not existed and path.is_file():
+            path.unlink()
+        for folder in reversed(made):
+            if folder.is_dir():
+                folder.rmdir()
+
+
+def png_path(path: Path | None) -> Path | None:
+    """A ``--plot`` path as matplotlib writes it: ``out`` becomes ``out.png``."""
+    if path is None or path.suffix:
+        return path
+    return path.with_name(path.name + ".png")

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from .common import emit_json, parse_int_list, user_errors
+from .common import at_least, emit_json, parse_int_list, user_errors
 
 
 @user_errors
@@ -20,6 +20,8 @@ def layout(
     """Print the stage -> rank -> layers layout (layers as half-open ranges)."""
     from ..schedule import build_layout
 
+    at_least(pp, 1, "--pp")
+    at_least(layers, 1, "--layers")
     result = build_layout(pp, layers, mode, parse_int_list(split, "--split"))
     if as_json:
         emit_json(result.to_dict())

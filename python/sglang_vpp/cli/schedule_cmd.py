@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from .common import emit_json, parse_int_list, user_errors
+from .common import at_least, emit_json, parse_int_list, parse_size_option, user_errors
 
 
 def plan_from_options(mode: str, pp: int, seq_len: str, chunk_size: str, requests: int,
@@ -14,13 +14,13 @@ def plan_from_options(mode: str, pp: int, seq_len: str, chunk_size: str, request
     """Build the schedule the schedule/check commands print (shared by both). ``cost``: the
     controller's estimate (None: the schedule core's default), for tests that compare commands
     on one cost model."""
-    from ..schedule import RequestSpec, build_schedule, parse_size
+    from ..schedule import RequestSpec, build_schedule
 
-    if requests < 1:
-        raise ValueError(f"--requests must be >= 1, got {requests}")
-    length = parse_size(seq_len)
+    for value, flag in ((pp, "--pp"), (requests, "--requests"), (layers, "--layers")):
+        at_least(value, 1, flag)
+    length = parse_size_option(seq_len, "--seq-len")
     return build_schedule(
-        mode, pp, layers, [RequestSpec(length) for _ in range(requests)], parse_size(chunk_size),
+        mode, pp, layers, [RequestSpec(length) for _ in range(requests)], parse_size_option(chunk_size, "--chunk-size"),
         split=parse_int_list(split, "--split"), cost=cost, num_groups=groups,
     )
 

@@ -9,9 +9,10 @@ from typing import Optional
 import typer
 
 from ..schedule.policies.spec import Policy
-from .common import check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option, user_errors
+from .common import check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option, png_path, user_errors
 
-
+DEFAULT_LONG_SEQ_LEN = "128k"
+"""The long workload's prompt length when --seq-len is not given (docs/cli.md)."""
 
 def _sizes(text: str, what: str) -> list[int]:
     sizes = [parse_size_option(part.strip(), what) for part in text.split(",") if part.strip()]
@@ -56,7 +57,7 @@ def simulate(
     pp: int = typer.Option(2, "--pp", help="Pipeline ranks P."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Chips per rank (default: the hardware preset's)."),
     workload: str = typer.Option("long", "--workload", help="long, short, mixed or file."),
-    seq_len: Optional[str] = typer.Option(None, "--seq-len", help="Prompt length(s): 512k; long takes a list (64k,128k)."),
+    seq_len: Optional[str] = typer.Option(None, "--seq-len", help=f"Prompt length(s): 512k; long takes a list (64k,128k) and defaults to {DEFAULT_LONG_SEQ_LEN}."),
     chunk_size: str = typer.Option("24k", "--chunk-size", help="Chunk size (base size for dcpp)."),
     modes: str = typer.Option(",".join(Policy), "--modes", help="Comma-separated modes."),
     requests: Optional[int] = typer.Option(None, "--requests", help="Requests (long: per length, default 1; short: 100; mixed: 500)."),
@@ -83,6 +84,9 @@ def simulate(
     from ..sim.sweep import best_by_mode, format_idle_table, format_table, simulate_matrix, size_label
     from ..sim.workloads import build_workload
 
+    plot = png_path(plot)
+    if workload == "long" and seq_len is None:
+        seq_len = DEFAULT_LONG_SEQ_LEN
     for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot")):
         check_output_path(path, flag)
     model_spec = load_model(model)

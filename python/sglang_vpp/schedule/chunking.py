@@ -87,6 +87,15 @@ class TaperedChunker:
         if self.alignment < 1:
             raise ChunkingError(f"alignment must be >= 1, got {self.alignment}")
 
+    @property
+    def tapers(self) -> bool:
+        """Whether any request is cut otherwise than in fixed chunks of ``chunk_size``. The ramps
+        step down to ``floor``, which is at least one alignment unit: a chunk size of one unit
+        or less (64 tokens by default) leaves them nothing to cut."""
+        body = self.chunk_size
+        align = min(self.alignment, body)
+        return max(align, body // self.ratio // align * align) < body
+
     def body_size(self, length: int) -> int:
         """Tokens of a chunk in the middle of a ``length``-token request."""
         align = min(self.alignment, self.chunk_size)

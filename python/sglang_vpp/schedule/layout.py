@@ -128,7 +128,7 @@ def build_layout(
     if isinstance(kind, str) and not isinstance(kind, LayoutKind):
         if kind not in _KIND_ALIASES:
             raise LayoutError(
-                f"unknown layout kind {kind!r}; expected one of {sorted(_KIND_ALIASES)}"
+                f"unknown layout kind {kind!r}; expected one of {', '.join(sorted(_KIND_ALIASES))}"
             )
         kind = _KIND_ALIASES[kind]
     if not isinstance(num_ranks, int) or num_ranks < 1:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["write_distribution_plot", "write_rank_gantt"]
+__all__ = ["rank_gantt_figure", "write_distribution_plot", "write_rank_gantt"]
 
 
 def _pyplot():
@@ -54,24 +54,44 @@ def write_rank_gantt(spans_per_mode: Mapping[str, Mapping[int, Sequence[tuple[fl
                      path: Path, title: str | None = None) -> None:
     """One panel per mode, one row per rank: the replayed prefill computes of one repeat
     (``timeline.executed_spans``), coloured by micro-batch and labelled with the stage."""
+    _save(rank_gantt_figure(spans_per_mode), path, title)
+
+
+def rank_gantt_figure(spans_per_mode: Mapping[str, Mapping[int, Sequence[tuple[float, float, int, int]]]]):
+    """The figure of ``write_rank_gantt``. The panels share one time axis (same scale, so modes
+    compare by length) and one colour legend: the n-th micro-batch of each mode has the n-th
+    colour."""
     plt = _pyplot()
+    from matplotlib.patches import Patch
+
     modes = [mode for mode, spans in spans_per_mode.items() if spans]
-    fig, axes = plt.subplots(len(modes) or 1, 1, figsize=(10, 1.2 + 0.9 * sum(len(spans_per_mode[m]) for m in modes)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(modes) or 1, 1, figsize=(10, 1.6 + 0.9 * sum(len(spans_per_mode[m]) for m in modes)),
+                             squeeze=False, sharex=True)
     colours = plt.get_cmap("tab20").colors
+    end = max((e for m in modes for items in spans_per_mode[m].values() for _, e, *_ in items), default=1.0) or 1.0
+    most = 0
     for ax, mode in zip(axes[:, 0], modes):
         spans = spans_per_mode[mode]
         seqs = sorted({seq for items in spans.values() for *_, seq in items})
+        most = max(most, len(seqs))
         colour_of = {seq: colours[i % len(colours)] for i, seq in enumerate(seqs)}
         for rank, items in spans.items():
-            for start, end, stage, seq in items:
-                ax.broken_barh([(start, end - start)], (rank - 0.4, 0.8), facecolors=colour_of[seq],
+            for start, stop, stage, seq in items:
+                ax.broken_barh([(start, stop - start)], (rank - 0.4, 0.8), facecolors=colour_of[seq],
                                edgecolors="black", linewidth=0.3)
-                if end - start > 0:
-                    ax.text((start + end) / 2, rank, str(stage), ha="center", va="center", fontsize=6)
+                if stop - start > end * 0.015:
+                    ax.text((start + stop) / 2, rank, str(stage), ha="center", va="center", fontsize=6)
         ax.set_yticks(sorted(spans), [f"rank {r}" for r in sorted(spans)])
         ax.invert_yaxis()
-        ax.set_title(f"{mode}: replayed prefill per rank (label: stage; colour: micro-batch)", fontsize=9)
-        ax.set_xlabel("seconds (replayed from per-stage CPU time)")
+        ax.set_title(f"{mode}: replayed prefill per rank (label: stage)", fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
-    _save(fig, path, title)
+    bottom = axes[-1, 0]
+    bottom.set_xlim(0, end * 1.01)
+    bottom.set_xlabel("seconds (replayed from per-stage CPU time; one scale for every mode)")
+    shown = min(most, len(colours))
+    handles = [Patch(facecolor=colours[i], edgecolor="black", linewidth=0.3, label=f"mb {i + 1}") for i in range(shown)]
+    if handles:
+        repeat = f"\n(repeat after {len(colours)})" if most > len(colours) else ""
+        axes[0, 0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=6,
+                          ncol=1 + (shown - 1) // 12, title=f"colour: n-th\nmicro-batch{repeat}", title_fontsize=7)
+    return fig

@@ -67,12 +67,12 @@ def _build(cls, kind: str, name: str):
     known = {f.name for f in dataclasses.fields(cls)} - {"sources", "calibration_note"}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise PresetError(f"{_what(kind)} preset {name!r}: unknown fields {unknown}; known fields: {sorted(known)}")
+        raise PresetError(f"{_what(kind)} preset {name!r}: unknown fields {', '.join(unknown)}; known fields: {', '.join(sorted(known))}")
     required = sorted(f.name for f in dataclasses.fields(cls) if f.name in known and f.default is dataclasses.MISSING
                       and f.default_factory is dataclasses.MISSING)
     missing = [field for field in required if field not in values]
     if missing:
-        raise PresetError(f"{_what(kind)} preset {name!r}: missing fields {missing}; copy a shipped preset "
+        raise PresetError(f"{_what(kind)} preset {name!r}: missing fields {', '.join(missing)}; copy a shipped preset "
                           f"({', '.join(_names(kind))}) and edit it")
     extra = {"calibration_note": note} if cls is HardwareSpec else {}
     try:

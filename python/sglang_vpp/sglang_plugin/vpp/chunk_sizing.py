@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from sglang_vpp.schedule import Controller
+from sglang_vpp.schedule import Controller, TaperedChunker
 
-__all__ = ["ControllerChunkSizer", "install_chunk_sizer", "around_add_one_req", "ADD_ONE_REQ"]
+__all__ = ["ControllerChunkSizer", "install_chunk_sizer", "around_add_one_req", "taper_note", "ADD_ONE_REQ"]
 
 ADD_ONE_REQ = "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req"
 
@@ -55,6 +55,17 @@ def install_chunk_sizer(scheduler: Any, controller: Controller) -> ControllerChu
     _sizer = ControllerChunkSizer(scheduler, controller)
     scheduler.dynamic_chunk_sizer = _sizer
     return _sizer
+
+
+def taper_note(controller: Controller, chunk_size: int) -> str | None:
+    """A start-up line when vpp-taper's chunker has nothing to taper at this chunk size (the
+    server then cuts chunks exactly as vpp-pack does), else None."""
+    chunker = controller.chunker
+    if not isinstance(chunker, TaperedChunker) or chunker.tapers:
+        return None
+    return (f"vpp-taper: at --chunked-prefill-size {chunk_size} every chunk is the full size (the ramps "
+            f"step in units of {chunker.alignment} tokens), so this server cuts chunks as vpp-pack does; "
+            f"use a chunk size above {chunker.alignment} to taper")
 
 
 def _length(req: Any) -> int:

@@ -53,7 +53,7 @@ from sglang_vpp.schedule import Admission, Controller, MicroBatch
 
 from sglang_vpp.sglang_plugin.accounting import RankAccounting
 from sglang_vpp.trace_records import ADMIT, HOLD, LEFT, PICK, micro_batch_record
-from .chunk_sizing import install_chunk_sizer
+from .chunk_sizing import install_chunk_sizer, taper_note
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
 from .replica import Replica, batch_signature, outputs_to_cpu
 from .stage_runner import StageJob, run_stage
@@ -95,7 +95,11 @@ class _LoopBase:
         self.rank = state.rank
         self.num_ranks = state.layout.num_ranks
         self.last_stage = state.layout.last_stage
-        self.controller = state.build_controller(int(getattr(scheduler, "chunked_prefill_size", 0) or 0))
+        chunk_size = int(getattr(scheduler, "chunked_prefill_size", 0) or 0)
+        self.controller = state.build_controller(chunk_size)
+        note = taper_note(self.controller, chunk_size)
+        if note is not None and self.rank == 0:
+            logger.warning(note)
         self.blocking = self.controller.blocking
         num_slots = self.controller.limits.slots
         self.replica = Replica(scheduler, num_slots, self.rank)
