@@ -9,7 +9,7 @@ from sglang_vpp.schedule import (
     FixedChunker,
     MicroBatch,
     Planner,
-    PlannerConfig,
+    ControllerConfig,
     RequestSpec,
     StageCostModel,
     build_layout,
@@ -98,7 +98,7 @@ def test_other_ranks_order_as_vpp_async_whatever_is_in_flight():
 
 def _plan(mode: str, lengths: list[int]) -> Planner:
     spec = get_policy(mode)
-    planner = Planner(PlannerConfig(spec, build_layout(2, 8, spec.layout_kind), FixedChunker(64), UnitStage()))
+    planner = Planner(ControllerConfig(spec, build_layout(2, 8, spec.layout_kind), FixedChunker(64), UnitStage()))
     for length in lengths:
         planner.submit(RequestSpec(length))
     planner.advance()
