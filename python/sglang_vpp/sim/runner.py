@@ -27,6 +27,7 @@ from ..schedule import (
     get_policy,
     schedule_from_planner,
 )
+from ..schedule.auto_size import auto_chunker
 from .config import SimConfig
 from .engine import simulate_schedule
 from .errors import SimError
@@ -44,7 +45,7 @@ class RunConfig:
     num_ranks: int
     """P, the number of pipeline ranks."""
     chunk_size: int
-    """Tokens per chunk (the base size for dcpp)."""
+    """Tokens per chunk (the base size for dcpp); with ``auto_chunk`` the largest size allowed."""
     split: tuple[int, ...] | None = None
     """Per-stage layer counts; None splits evenly (remainder to the first stages)."""
     dcpp_smooth_factor: float = 1.0
@@ -57,6 +58,9 @@ class RunConfig:
     does with its chunked-prefill budget (``Controller.joins_batch``); False: one request per
     forward."""
     sim: SimConfig = field(default_factory=SimConfig)
+    auto_chunk: bool = False
+    """Let the controller's ``auto`` chunker pick the chunk size and batch budget per situation
+    (``schedule/auto_size.py``): the requests sent together, then the ones in flight at each send."""
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:
@@ -73,6 +77,8 @@ class PlannedWorkload:
     arrivals: dict[int, float]
     """Each request's own arrival time (the planner's copies of gated requests carry estimated
     send times instead)."""
+    auto_sizes: tuple[int, ...] = ()
+    """With ``auto_chunk``: the size chosen at each decision, in order."""
 
 
 @dataclass
@@ -82,6 +88,8 @@ class ModeResult:
     sim: SimResult
     lower_bound_s: float
     schedule: Schedule | None = None
+    auto_sizes: tuple[int, ...] = ()
+    """Sizes an ``auto`` run chose, in decision order (empty: a fixed chunk size)."""
 
     @property
     def gap_to_bound(self) -> float:
@@ -99,6 +107,7 @@ class ModeResult:
             "gap_to_bound": self.gap_to_bound, "num_requests": len(s.request_ttft_s),
             "num_tokens": s.num_tokens, "deadlock": s.deadlock is not None,
             "per_rank": [r.to_dict() for r in s.per_rank],
+            **({"auto_chunk_sizes": sorted(set(self.auto_sizes))} if self.auto_sizes else {}),
         }
 
 
@@ -121,31 +130,45 @@ def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: R
     spec = get_policy(mode)
     layout = build_layout(config.num_ranks, num_layers, spec.layout_kind,
                           list(config.split) if config.split else None)
-    chunker = _chunker(spec, config, layout, cost, workload.max_length)
+    if config.auto_chunk:
+        def at_size(size: int, max_length: int):
+            return _chunker(spec, dataclasses.replace(config, chunk_size=size, auto_chunk=False), layout, cost,
+                            max_length)
+
+        chunker = auto_chunker(spec, layout, cost, config.chunk_size, max_in_flight=config.max_in_flight,
+                               chunker_for=at_size, batch=config.batch_requests)
+    else:
+        chunker = _chunker(spec, config, layout, cost, workload.max_length)
     pending = list(workload.requests)
     concurrency = workload.concurrency if workload.concurrency is not None else len(pending)
     first, pending = pending[:concurrency], pending[concurrency:]
     arrivals = [r.arrival for r in first]
     gates: list[int | None] = [None] * len(first)
+    active = {i: r.length for i, r in enumerate(first)}
 
     def on_complete(request_index: int, end: float) -> list[RequestSpec]:
+        active.pop(request_index, None)
         if not pending:
             return []
         request = pending.pop(0)
         gates.append(request_index)
         arrivals.append(request.arrival)
+        active[len(arrivals) - 1] = request.length
+        planner.controller.resize(list(active.values()))
         return [RequestSpec(request.length, max(request.arrival, end))]
 
     budget = config.chunk_size if config.batch_requests else None
     planner = Planner(PlannerConfig(spec, layout, chunker, cost, config.max_in_flight, token_budget=budget),
                       on_complete=on_complete)
+    planner.controller.resize([r.length for r in first])
     for request in first:
         planner.submit(request)
     planner.advance()
     schedule = schedule_from_planner(planner)
     assert len(schedule.requests) == len(workload.requests), (len(schedule.requests), len(workload.requests))
     release_after = {j: g for j, g in enumerate(gates) if g is not None}
-    return PlannedWorkload(schedule, release_after, dict(enumerate(arrivals)))
+    sizes = tuple(c.chunk_size for c in getattr(chunker, "history", ()))
+    return PlannedWorkload(schedule, release_after, dict(enumerate(arrivals)), sizes)
 
 
 def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig, num_layers: int,
@@ -160,4 +183,5 @@ def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunCon
     sim = simulate_schedule(planned.schedule, cost, sim_config, arrivals=planned.arrivals,
                             release_after=planned.release_after)
     bound = lower_bound(planned.schedule, cost, sim) if sim.ok else 0.0
-    return ModeResult(mode, config.chunk_size, sim, bound, planned.schedule if keep_schedule else None)
+    return ModeResult(mode, config.chunk_size, sim, bound, planned.schedule if keep_schedule else None,
+                      planned.auto_sizes)

@@ -1,0 +1,182 @@
+"""``auto`` chunk size and batch budget: the schedule core plans the situation at each candidate.
+
+Given the controller's cost estimate (the analytic preset, a fitted profile or the server's
+``--vpp-cost-profile``), the layout (P, fold-back or not), the policy and the *situation* (the
+prompt lengths waiting and in flight), ``AutoSizer.choose`` plans the situation with the real
+``Planner`` once per candidate size (chunks of that size for a long request, a token budget of
+that size for a batch of short ones, as SGLang's ``--chunked-prefill-size`` is both) and keeps
+the candidate with the smallest estimated makespan; among candidates within ``TIE_TOLERANCE``
+of it, the smallest mean completion (TTFT), then the smallest size. The planner's estimated
+clock is the simulator's engine without its transport detail, so the choice is what a
+simulator sweep over the candidates finds best for that situation (``benchmarks/auto_sweep.py``
+and ``tests/schedule/test_auto_size.py`` check it).
+
+Only the prompt lengths and the cost estimate enter the choice, never a clock, so every rank
+that sees the same situation computes the same size, and a recorded choice replays exactly.
+
+``AutoChunker`` is the chunker the controller holds in ``auto`` mode: ``resize(lengths)``
+(reached through ``Controller.resize``) picks the size for a situation; until then, or for a
+request the executor never describes, a request is cut at the size chosen for it alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .chunking import Chunker
+from .cost import StageCostModel
+from .errors import ChunkingError
+from .ir import RequestSpec
+from .layout import Layout
+from .planner import Planner, PlannerConfig
+from .policies import PolicySpec
+from .schedule import default_chunker
+
+__all__ = ["AUTO", "CANDIDATES", "WINDOW", "TIE_TOLERANCE", "AutoChoice", "AutoSizer", "AutoChunker",
+           "is_auto", "candidates_up_to", "auto_chunker"]
+
+AUTO = "auto"
+
+CANDIDATES = (2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
+"""Sizes ``auto`` chooses among: the range the method's authors and SGLang users sweep, with
+the 1.5x steps that separate optima in the simulator (an optimum between two steps costs at
+most a few percent, the spread of a sweep's neighbouring cells)."""
+
+WINDOW = 128
+"""Requests of a situation that are planned (the oldest first). A batch's best budget depends
+on how many requests share the pipeline (a 16-request window picks 8K for 100 x 4K on CPP at
+P = 4 where the 100 requests run best at 16K), so the window covers the paper's 100-request
+loads whole; planning 128 requests at 9 sizes takes about a second."""
+
+TIE_TOLERANCE = 0.002
+"""Makespans within this fraction count as equal; the mean completion then decides."""
+
+
+def is_auto(text: object) -> bool:
+    return isinstance(text, str) and text.strip().lower() == AUTO
+
+
+def candidates_up_to(cap: int | None) -> tuple[int, ...]:
+    """The candidates at most ``cap`` tokens (``cap`` itself when it is below all of them)."""
+    if cap is None:
+        return CANDIDATES
+    if cap < 1:
+        raise ChunkingError(f"auto chunk size cap must be >= 1 token, got {cap}")
+    kept = tuple(c for c in CANDIDATES if c <= cap)
+    return kept if kept else (cap,)
+
+
+@dataclass(frozen=True, slots=True)
+class AutoChoice:
+    chunk_size: int
+    situation: tuple[int, ...]
+    """The planned prompt lengths (at most ``WINDOW``, in the order given)."""
+    scores: tuple[tuple[int, float, float], ...]
+    """(candidate, estimated makespan s, estimated mean completion s) for each candidate planned."""
+
+    def to_record(self) -> dict:
+        return {"chunk_size": self.chunk_size, "situation": list(self.situation),
+                "scores": [list(s) for s in self.scores]}
+
+
+ChunkerFactory = Callable[[int, int], Chunker]
+"""(chunk size, longest prompt) -> the mode's chunker at that size."""
+
+
+class AutoSizer:
+    """Picks a chunk size (and batch budget) per situation; see the module docstring."""
+
+    def __init__(self, policy: PolicySpec, layout: Layout, cost: StageCostModel, chunker_for: ChunkerFactory, *,
+                 max_in_flight: int | None = None, candidates: Sequence[int] = CANDIDATES,
+                 window: int = WINDOW, batch: bool = True) -> None:
+        """``chunker_for``: the mode's chunker at a size (fixed, tapered or the DCPP curve);
+        ``batch``: the executor batches whole short requests up to the size (SGLang does)."""
+        if not candidates or any(not isinstance(c, int) or c < 1 for c in candidates):
+            raise ChunkingError(f"auto needs candidate sizes >= 1 token, got {list(candidates)}")
+        if window < 1:
+            raise ChunkingError(f"auto window must be >= 1 request, got {window}")
+        self.policy = policy
+        self.layout = layout
+        self.cost = cost
+        self.chunker_for = chunker_for
+        self.max_in_flight = max_in_flight
+        self.candidates = tuple(sorted(set(candidates)))
+        self.window = window
+        self.batch = batch
+        self._cache: dict[tuple[int, ...], AutoChoice] = {}
+
+    def choose(self, lengths: Sequence[int]) -> AutoChoice:
+        """The best candidate for the prompts ``lengths`` (waiting and in flight, oldest first)."""
+        situation = tuple(int(n) for n in lengths[: self.window])
+        if not situation or min(situation) < 1:
+            raise ChunkingError(f"auto needs prompt lengths >= 1 token, got {list(lengths)[:8]}")
+        cached = self._cache.get(situation)
+        if cached is not None:
+            return cached
+        total = sum(situation)
+        scores = []
+        for size in self.candidates:
+            scores.append((size, *self._plan(size, situation)))
+            if size >= total:  # larger sizes cut and batch exactly like this one
+                break
+        best_makespan = min(m for _, m, _ in scores)
+        close = [s for s in scores if s[1] <= best_makespan * (1 + TIE_TOLERANCE)]
+        size = min(close, key=lambda s: (s[2], s[0]))[0]
+        choice = AutoChoice(size, situation, tuple(scores))
+        self._cache[situation] = choice
+        return choice
+
+    def _plan(self, size: int, situation: tuple[int, ...]) -> tuple[float, float]:
+        chunker = self.chunker_for(size, max(situation))
+        config = PlannerConfig(self.policy, self.layout, chunker, self.cost, self.max_in_flight,
+                               token_budget=size if self.batch else None)
+        planner = Planner(config)
+        for length in situation:
+            planner.submit(RequestSpec(length))
+        planner.advance()
+        finish = planner.request_finish
+        return max(finish.values()), sum(finish.values()) / len(finish)
+
+
+class AutoChunker:
+    """The controller's chunker in ``auto`` mode (module docstring)."""
+
+    def __init__(self, sizer: AutoSizer) -> None:
+        self.sizer = sizer
+        self.choice: AutoChoice | None = None
+        self.history: list[AutoChoice] = []
+        """Every choice ``resize`` made, in order (executors report them)."""
+        self._chunkers: dict[tuple[int, int], Chunker] = {}
+
+    def resize(self, lengths: Sequence[int]) -> AutoChoice:
+        self.choice = self.sizer.choose(lengths)
+        self.history.append(self.choice)
+        return self.choice
+
+    def size_for(self, length: int) -> int:
+        """The chunk size a ``length``-token request is cut at now."""
+        choice = self.choice if self.choice is not None else self.sizer.choose((length,))
+        return choice.chunk_size
+
+    def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
+        length = prefix_len + remaining
+        size = self.size_for(length)
+        key = (size, length)
+        chunker = self._chunkers.get(key)
+        if chunker is None:
+            chunker = self._chunkers[key] = self.sizer.chunker_for(size, length)
+        return chunker.next_chunk_size(prefix_len, remaining)
+
+
+def auto_chunker(policy: PolicySpec, layout: Layout, cost: StageCostModel, cap: int | None = None, *,
+                 max_in_flight: int | None = None, chunker_for: ChunkerFactory | None = None,
+                 batch: bool = True) -> AutoChunker:
+    """An ``auto`` chunker choosing among the candidates up to ``cap`` tokens (the executor's
+    largest forward); ``chunker_for`` defaults to ``default_chunker``'s chunker for the mode."""
+    if chunker_for is None:
+        def chunker_for(size: int, max_length: int) -> Chunker:
+            return default_chunker(policy, size, layout, cost, max_length)
+    sizer = AutoSizer(policy, layout, cost, chunker_for, max_in_flight=max_in_flight,
+                      candidates=candidates_up_to(cap), batch=batch)
+    return AutoChunker(sizer)
