@@ -33,15 +33,20 @@ from .planner import Planner, PlannerConfig
 from .policies import PolicySpec
 from .schedule import default_chunker
 
-__all__ = ["AUTO", "CANDIDATES", "WINDOW", "TIE_TOLERANCE", "AutoChoice", "AutoSizer", "AutoChunker",
+__all__ = ["AUTO", "CANDIDATES", "MAX_PLANNED_CHUNKS", "WINDOW", "TIE_TOLERANCE", "AutoChoice", "AutoSizer", "AutoChunker",
            "is_auto", "candidates_up_to", "auto_chunker"]
 
 AUTO = "auto"
 
-CANDIDATES = (2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
-"""Sizes ``auto`` chooses among: the range the method's authors and SGLang users sweep, with
-the 1.5x steps that separate optima in the simulator (an optimum between two steps costs at
-most a few percent, the spread of a sweep's neighbouring cells)."""
+CANDIDATES = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
+"""Sizes ``auto`` chooses among: powers of two from the tiny CPU runs' 256 up to the 64K that
+long-context serving sweeps, with the 1.5x steps in between where the simulator's optima lie
+(an optimum between two steps costs at most a few percent, the spread of neighbouring cells)."""
+
+MAX_PLANNED_CHUNKS = 2048
+"""A candidate that cuts the situation into more chunks than this is not planned (the smallest
+candidate above it always is): planning time grows with chunks, and on hardware whose per-chunk
+cost is not negligible so many chunks are never best."""
 
 WINDOW = 128
 """Requests of a situation that are planned (the oldest first). A batch's best budget depends
@@ -116,7 +121,10 @@ class AutoSizer:
             return cached
         total = sum(situation)
         scores = []
+        largest = self.candidates[-1]
         for size in self.candidates:
+            if -(-total // size) > MAX_PLANNED_CHUNKS and size != largest:
+                continue
             scores.append((size, *self._plan(size, situation)))
             if size >= total:  # larger sizes cut and batch exactly like this one
                 break
