@@ -92,7 +92,7 @@ def test_bad_situations_are_refused():
 ])
 def test_auto_matches_the_best_of_a_simulator_sweep(mode, num_ranks, kind, length):
     """The planner's estimated clock stands for the engine: auto's simulated throughput is the
-    sweep.s best over the candidates from 2K (within the tie tolerance plus 0.5 %; auto may
+    sweep's best over the candidates from 2K (within the tie tolerance plus 0.5 %; auto may
     also pick a smaller one)."""
     model = load_model("deepseek-v3.1")
     cost = AnalyticCostModel(model, load_hardware("ascend-910c"))

@@ -47,6 +47,7 @@ from ..schedule import (
     default_chunker,
     get_policy,
 )
+from ..schedule.auto_size import auto_chunker
 from .spec import RunSpec
 
 __all__ = ["Advance", "CoordinatorFeed", "End", "FollowerFeed", "Heartbeat", "PlanFeed", "StaticFeed", "Submit", "make_planner"]
@@ -85,7 +86,10 @@ def make_planner(spec: RunSpec, layout: Layout) -> Planner:
     """The planner every rank builds identically from the spec."""
     policy = get_policy(spec.mode)
     cost = spec.planner_cost if spec.planner_cost is not None else LinearAttentionCost()
-    chunker = default_chunker(policy, spec.chunk_size, layout, cost, spec.max_length)  # type: ignore[arg-type]
+    if spec.auto_chunk:
+        chunker = auto_chunker(policy, layout, cost, spec.chunk_size, batch=False)  # type: ignore[arg-type]
+    else:
+        chunker = default_chunker(policy, spec.chunk_size, layout, cost, spec.max_length)  # type: ignore[arg-type]
     return Planner(PlannerConfig(policy, layout, chunker, cost))  # type: ignore[arg-type]
 
 

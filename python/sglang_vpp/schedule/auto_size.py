@@ -155,6 +155,9 @@ class AutoChunker:
         self.choice: AutoChoice | None = None
         self.history: list[AutoChoice] = []
         """Every choice ``resize`` made, in order (executors report them)."""
+        self.on_choice: Callable[..., None] | None = None
+        """Called with ``prefix``, ``remaining`` and ``size`` after every ``next_chunk_size``
+        (an executor that records decisions for ``check --trace``)."""
         self._chunkers: dict[tuple[int, int], Chunker] = {}
 
     def resize(self, lengths: Sequence[int]) -> AutoChoice:
@@ -174,7 +177,10 @@ class AutoChunker:
         chunker = self._chunkers.get(key)
         if chunker is None:
             chunker = self._chunkers[key] = self.sizer.chunker_for(size, length)
-        return chunker.next_chunk_size(prefix_len, remaining)
+        cut = chunker.next_chunk_size(prefix_len, remaining)
+        if self.on_choice is not None:
+            self.on_choice(prefix=prefix_len, remaining=remaining, size=cut)
+        return cut
 
 
 def auto_chunker(policy: PolicySpec, layout: Layout, cost: StageCostModel, cap: int | None = None, *,

@@ -9,7 +9,9 @@ inputs (mode, layout, limits, cost model) -> the rank's recorded calls replayed 
   recorded decision (``yes`` / ``packed`` for an admission, ``no`` for a hold);
 - ``left`` records (a micro-batch finished the last stage) update the controller's in-flight set;
 - ``pick`` records (every rank, whenever two stages were ready) carry the ready items: the
-  controller must choose the recorded one.
+  controller must choose the recorded one;
+- ``chunk`` records (``--chunked-prefill-size auto``: the inputs carry ``auto_chunk_cap``) carry
+  each chunk size the ``auto`` chunker gave: the controller must give the same size.
 
 The first mismatch is a ``Divergence`` naming the rank, the micro-batch and both decisions.
 
@@ -44,6 +46,7 @@ from ..schedule import (
     get_policy,
     split_request,
 )
+from ..schedule.auto_size import auto_chunker
 
 __all__ = ["TraceError", "Divergence", "ReplayResult", "replay_trace", "load_trace", "ServerWorkload",
            "server_workload", "DecisionRecorder", "OrderComparison", "compare_decisions"]
@@ -132,7 +135,11 @@ def _build_controller(inputs: dict, rank: int) -> Controller:
         policy = get_policy(inputs["mode"])
         stage_layers = [int(n) for n in inputs["stage_layers"]]
         layout = build_layout(int(inputs["pp_size"]), sum(stage_layers), policy.layout_kind, stage_layers)
-        return Controller(policy, layout, _cost_model(inputs["cost"]), inputs.get("max_in_flight"))
+        cost = _cost_model(inputs["cost"])
+        cap = inputs.get("auto_chunk_cap")
+        chunker = None if cap is None else auto_chunker(policy, layout, cost, int(cap),
+                                                        max_in_flight=inputs.get("max_in_flight"))
+        return Controller(policy, layout, cost, inputs.get("max_in_flight"), chunker=chunker)
     except (KeyError, TypeError) as exc:
         raise TraceError(f"rank {rank}: the controller inputs in the trace are incomplete ({exc!r})") from None
 
@@ -170,6 +177,14 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
                 if seq not in controller.in_flight_seqs:
                     return Divergence(rank, index, seq, "no such micro-batch in flight", f"micro-batch {seq} left")
                 controller.on_left(seq)
+            elif kind == "chunk":
+                if controller.chunker is None:
+                    raise TraceError(f"rank {rank}, decision {index}: a chunk-size record in a trace without "
+                                     "auto_chunk_cap in its controller inputs")
+                expected_size = controller.next_chunk_size(int(record["prefix"]), int(record["remaining"]))
+                if expected_size != int(record["size"]):
+                    return Divergence(rank, index, None, f"a chunk of {expected_size} tokens after prefix "
+                                      f"{record['prefix']}", f"{record['size']} tokens")
             elif kind == "pick":
                 ready = [(int(stage), int(seq)) for stage, seq in record["ready"]]
                 expected_item = controller.pick(rank, ready)

@@ -38,6 +38,7 @@ from sglang_vpp.sglang_plugin.options import (
     PpMode,
     SERVED_MODES,
     attach,
+    is_vpp_mode,
 )
 from sglang_vpp.sglang_plugin.validate import validate_pipeline_args
 
@@ -47,13 +48,55 @@ __all__ = [
     "around_from_cli_args",
     "check_namespace",
     "check_pp_mode_name",
+    "accept_auto_chunk",
+    "resolve_auto_chunk",
+    "AUTO_CHUNK_CAP",
 ]
 
 _WRAPPED_MARK = "_sglang_vpp_parse_wrapped"
 
 
+AUTO_CHUNK_CAP = 16384
+"""What SGLang gets as ``--chunked-prefill-size`` with ``auto`` (below its default
+``--max-prefill-tokens``, so one chunk always fits a prefill batch): the largest chunk the
+controller may pick, and the token budget of a batch of new short requests."""
+
+
+def _size_or_auto(text: str) -> int | str:
+    """``--chunked-prefill-size``'s type: SGLang's integer, or ``auto``."""
+    from sglang_vpp.schedule.auto_size import AUTO, is_auto
+
+    return AUTO if is_auto(text) else int(text)
+
+
+def accept_auto_chunk(parser: argparse.ArgumentParser) -> None:
+    """Let SGLang's ``--chunked-prefill-size`` take ``auto`` (``resolve_auto_chunk`` then gives
+    SGLang the cap); a no-op on a parser without the flag."""
+    for action in parser._actions:
+        if "--chunked-prefill-size" in action.option_strings and action.type is int:
+            action.type = _size_or_auto
+            action.help = f"{action.help or ''} sglang-vpp: 'auto' with a vpp --pp-mode lets the controller size each chunk."
+
+
+def resolve_auto_chunk(args: argparse.Namespace) -> None:
+    """``--chunked-prefill-size auto`` -> the cap for SGLang and ``vpp_auto_chunk`` for the plugin."""
+    from sglang_vpp.schedule.auto_size import is_auto
+
+    if not is_auto(getattr(args, "chunked_prefill_size", None)):
+        return
+    mode = str(getattr(args, "pp_mode", PpMode.CPP.value))
+    if not is_vpp_mode(mode):  # check_pp_mode_name ran first: the name is valid
+        raise PpModeError(
+            f"--chunked-prefill-size auto is sized by the VPP controller, which --pp-mode {mode} does not run; "
+            "use --pp-mode vpp, vpp-async, vpp-pack or vpp-taper, or pass a size such as 4096"
+        )
+    args.chunked_prefill_size = AUTO_CHUNK_CAP
+    args.vpp_auto_chunk = True
+
+
 def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     """Add the plugin's flags to ``parser`` (idempotent)."""
+    accept_auto_chunk(parser)
     if any("--pp-mode" in action.option_strings for action in parser._actions):
         return
     group = parser.add_argument_group("sglang-vpp pipeline modes")
@@ -118,6 +161,7 @@ def check_pp_mode_name(name: str) -> None:
 def check_namespace(args: argparse.Namespace) -> PipelineOptions:
     """Parse and validate the plugin's part of ``args``; raise a PluginError when refused."""
     check_pp_mode_name(getattr(args, "pp_mode", PpMode.CPP.value))
+    resolve_auto_chunk(args)
     options = PipelineOptions.from_namespace(args)
     validate_pipeline_args(args, options)
     if options.is_vpp:

@@ -32,6 +32,7 @@ from sglang_vpp.schedule import (
     default_chunker,
     get_policy,
 )
+from sglang_vpp.schedule.auto_size import AutoChunker, auto_chunker
 
 from .errors import VppConfigError
 
@@ -69,6 +70,9 @@ class VppConfig:
     """Micro-batches between stage 0 and the end of the last stage; None: the controller's 2P-1."""
     cost_profile: str | None = None
     """Fitted cost model file for the controller's estimates (``--vpp-cost-profile``); None: analytic."""
+    auto_chunk: bool = False
+    """``--chunked-prefill-size auto``: the controller's ``auto`` chunker sizes each request's
+    chunks (at most SGLang's chunked-prefill size, the cap the launcher passed)."""
 
     def __post_init__(self) -> None:
         if self.mode not in VPP_MODES:
@@ -155,7 +159,11 @@ class VppState:
         keeps a receive posted on every link, so each link carries one direction (transport.py)."""
         assert self.layout is not None
         cost = self.cost_model()
-        chunker = default_chunker(self.config.policy, chunk_size, self.layout, cost, chunk_size)
+        if self.config.auto_chunk:
+            chunker = auto_chunker(self.config.policy, self.layout, cost, chunk_size,
+                                   max_in_flight=self.config.max_in_flight)
+        else:
+            chunker = default_chunker(self.config.policy, chunk_size, self.layout, cost, chunk_size)
         return Controller(self.config.policy, self.layout, cost, self.config.max_in_flight,
                           chunker=chunker, num_groups=2)
 
@@ -167,13 +175,16 @@ class VppState:
                            "attention_per_pair": cost.attention_per_pair, "fixed_per_chunk": cost.fixed_per_chunk}
         else:
             cost_record = {"kind": "fitted", "model": cost.to_json()}
-        return {
+        inputs = {
             "mode": self.config.mode,
             "pp_size": self.config.pp_size,
             "stage_layers": [stage.num_layers for stage in self.layout.stages],
             "max_in_flight": self.config.max_in_flight,
             "cost": cost_record,
         }
+        if isinstance(controller.chunker, AutoChunker):
+            inputs["auto_chunk_cap"] = max(controller.chunker.sizer.candidates)
+        return inputs
 
     def owned_stages(self) -> tuple[int, ...]:
         assert self.layout is not None and self.rank is not None
