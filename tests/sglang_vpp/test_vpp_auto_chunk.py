@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from sglang_vpp.cli.app import app
 from sglang_vpp.schedule import split_request
 from sglang_vpp.schedule.auto_size import AutoChunker
-from sglang_vpp.sglang_plugin.cli_args import AUTO_CHUNK_CAP, add_pipeline_args, check_namespace
+from sglang_vpp.schedule.auto_size import SERVER_CAP
+from sglang_vpp.sglang_plugin.cli_args import add_pipeline_args, check_namespace
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.vpp import chunk_sizing, state as vpp_state
 from sglang_vpp.sglang_plugin.vpp.state import VppConfig, VppState
@@ -30,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
 def test_auto_gives_sglang_the_cap_and_the_plugin_the_flag():
     args = _parser().parse_args(["--chunked-prefill-size", "auto", "--pp-mode", "vpp-pack", "--pp-size", "2"])
     options = check_namespace(args)
-    assert args.chunked_prefill_size == AUTO_CHUNK_CAP and options.vpp_auto_chunk
+    assert args.chunked_prefill_size == SERVER_CAP and options.vpp_auto_chunk
     plain = _parser().parse_args(["--chunked-prefill-size", "512", "--pp-mode", "vpp-pack", "--pp-size", "2"])
     assert plain.chunked_prefill_size == 512 and not check_namespace(plain).vpp_auto_chunk
     stock = _parser().parse_args(["--chunked-prefill-size", "auto", "--pp-mode", "cpp", "--pp-size", "2"])
@@ -106,3 +107,12 @@ def test_check_trace_replays_the_auto_sizes(monkeypatch, tmp_path):
     result = CliRunner().invoke(app, ["check", "--trace", write(wrong)])
     assert result.exit_code == 1
     assert f"controller expected a chunk of {records[0]['size']} tokens" in result.output
+
+
+def test_bench_serve_launch_passes_auto_to_vpp_modes_and_the_cap_to_stock(tmp_path):
+    from sglang_vpp.cli.bench_serve_launch import LaunchSpec
+
+    spec = LaunchSpec(model_dir="m", pp_size=2, chunked_prefill_size="auto")
+    commands = {mode: spec.config(mode, tmp_path).command(30000) for mode in ("cpp", "dcpp", "vpp-pack")}
+    size = {mode: cmd[cmd.index("--chunked-prefill-size") + 1] for mode, cmd in commands.items()}
+    assert size == {"cpp": str(SERVER_CAP), "dcpp": str(SERVER_CAP), "vpp-pack": "auto"}

@@ -33,7 +33,7 @@ from .planner import Planner, PlannerConfig
 from .policies import PolicySpec
 from .schedule import default_chunker
 
-__all__ = ["AUTO", "CANDIDATES", "MAX_PLANNED_CHUNKS", "WINDOW", "TIE_TOLERANCE", "AutoChoice", "AutoSizer", "AutoChunker",
+__all__ = ["AUTO", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_CAP", "WINDOW", "TIE_TOLERANCE", "AutoChoice", "AutoSizer", "AutoChunker",
            "is_auto", "candidates_up_to", "auto_chunker"]
 
 AUTO = "auto"
@@ -47,6 +47,11 @@ MAX_PLANNED_CHUNKS = 2048
 """A candidate that cuts the situation into more chunks than this is not planned (the smallest
 candidate above it always is): planning time grows with chunks, and on hardware whose per-chunk
 cost is not negligible so many chunks are never best."""
+
+SERVER_CAP = 16384
+"""What a server started with ``--chunked-prefill-size auto`` gives SGLang as its chunked-prefill
+size (SGLang's default ``--max-prefill-tokens``, so one chunk always fits a prefill batch): the
+largest chunk the controller may pick there, and the token budget of a batch of new requests."""
 
 WINDOW = 128
 """Requests of a situation that are planned (the oldest first). A batch's best budget depends

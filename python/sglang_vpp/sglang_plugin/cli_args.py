@@ -25,6 +25,7 @@ import argparse
 import functools
 from typing import Any
 
+from sglang_vpp.schedule.auto_size import AUTO, SERVER_CAP, is_auto
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.failure_report import (
     SIGQUIT_HANDLER_TARGET,
@@ -50,22 +51,13 @@ __all__ = [
     "check_pp_mode_name",
     "accept_auto_chunk",
     "resolve_auto_chunk",
-    "AUTO_CHUNK_CAP",
 ]
 
 _WRAPPED_MARK = "_sglang_vpp_parse_wrapped"
 
 
-AUTO_CHUNK_CAP = 16384
-"""What SGLang gets as ``--chunked-prefill-size`` with ``auto`` (below its default
-``--max-prefill-tokens``, so one chunk always fits a prefill batch): the largest chunk the
-controller may pick, and the token budget of a batch of new short requests."""
-
-
 def _size_or_auto(text: str) -> int | str:
     """``--chunked-prefill-size``'s type: SGLang's integer, or ``auto``."""
-    from sglang_vpp.schedule.auto_size import AUTO, is_auto
-
     return AUTO if is_auto(text) else int(text)
 
 
@@ -80,8 +72,6 @@ def accept_auto_chunk(parser: argparse.ArgumentParser) -> None:
 
 def resolve_auto_chunk(args: argparse.Namespace) -> None:
     """``--chunked-prefill-size auto`` -> the cap for SGLang and ``vpp_auto_chunk`` for the plugin."""
-    from sglang_vpp.schedule.auto_size import is_auto
-
     if not is_auto(getattr(args, "chunked_prefill_size", None)):
         return
     mode = str(getattr(args, "pp_mode", PpMode.CPP.value))
@@ -90,7 +80,7 @@ def resolve_auto_chunk(args: argparse.Namespace) -> None:
             f"--chunked-prefill-size auto is sized by the VPP controller, which --pp-mode {mode} does not run; "
             "use --pp-mode vpp, vpp-async, vpp-pack or vpp-taper, or pass a size such as 4096"
         )
-    args.chunked_prefill_size = AUTO_CHUNK_CAP
+    args.chunked_prefill_size = SERVER_CAP
     args.vpp_auto_chunk = True
 
 
