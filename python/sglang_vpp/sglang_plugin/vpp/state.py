@@ -151,6 +151,11 @@ class VppState:
         """Where the controller's estimates come from, for the start-up log."""
         if self.config.cost_profile:
             return f"fitted cost model from --vpp-cost-profile {self.config.cost_profile}"
+        if self.config.auto_chunk:
+            # It has no per-forward cost, so every extra chunk looks free to the auto planner.
+            return ("the analytic linear + attention estimate (no --vpp-cost-profile): it has no per-forward "
+                    "cost, so --chunked-prefill-size auto will pick the smallest chunks; pass --vpp-cost-profile "
+                    "FILE from 'sglang-vpp bench --costs FILE'")
         return "the analytic linear + attention estimate (no --vpp-cost-profile)"
 
     def build_controller(self, chunk_size: int) -> Controller:
