@@ -5,8 +5,10 @@ Given the controller's cost estimate (the analytic preset, a fitted profile or t
 prompt lengths waiting and in flight), ``AutoSizer.choose`` plans the situation with the real
 ``Planner`` once per candidate size (chunks of that size for a long request, a token budget of
 that size for a batch of short ones, as SGLang's ``--chunked-prefill-size`` is both) and keeps
-the candidate with the smallest estimated makespan; among candidates within ``TIE_TOLERANCE``
-of it, the smallest mean completion (TTFT), then the smallest size. The planner's estimated
+the candidate whose larger relative loss, in estimated makespan (throughput) and in mean
+completion (TTFT) against the best candidate of each, is smallest (``score``): a size that
+wins throughput by 1 % but costs 10 % TTFT loses to one within 3 % of both. Scores within
+``TIE_TOLERANCE`` tie; the smaller makespan, then the smaller size decide. The planner's estimated
 clock is the simulator's engine without its transport detail, so the choice is what a
 simulator sweep over the candidates finds best for that situation (``benchmarks/auto_sweep.py``
 and ``tests/schedule/test_auto_size.py`` check it).
@@ -34,7 +36,7 @@ from .policies import PolicySpec
 from .schedule import default_chunker
 
 __all__ = ["AUTO", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_CAP", "WINDOW", "TIE_TOLERANCE", "AutoChoice", "AutoSizer", "AutoChunker",
-           "is_auto", "candidates_up_to", "auto_chunker"]
+           "is_auto", "candidates_up_to", "auto_chunker", "score"]
 
 AUTO = "auto"
 
@@ -60,7 +62,15 @@ P = 4 where the 100 requests run best at 16K), so the window covers the paper's 
 loads whole; planning 128 requests at 9 sizes takes about a second."""
 
 TIE_TOLERANCE = 0.002
-"""Makespans within this fraction count as equal; the mean completion then decides."""
+"""Scores within this fraction count as equal; the makespan, then the size decides."""
+
+
+def score(scores: Sequence[tuple[int, float, float]]) -> dict[int, float]:
+    """Per candidate of ``(size, makespan, mean completion)``: the larger of its relative losses
+    against the smallest makespan and the smallest mean completion among ``scores``."""
+    best_makespan = min(m for _, m, _ in scores)
+    best_ttft = min(t for _, _, t in scores)
+    return {size: max(m / best_makespan, t / best_ttft) - 1.0 for size, m, t in scores}
 
 
 def is_auto(text: object) -> bool:
@@ -133,9 +143,10 @@ class AutoSizer:
             scores.append((size, *self._plan(size, situation)))
             if size >= total:  # larger sizes cut and batch exactly like this one
                 break
-        best_makespan = min(m for _, m, _ in scores)
-        close = [s for s in scores if s[1] <= best_makespan * (1 + TIE_TOLERANCE)]
-        size = min(close, key=lambda s: (s[2], s[0]))[0]
+        loss = score(scores)
+        best = min(loss.values())
+        close = [s for s in scores if loss[s[0]] <= best + TIE_TOLERANCE]
+        size = min(close, key=lambda s: (s[1], s[0]))[0]
         choice = AutoChoice(size, situation, tuple(scores))
         self._cache[situation] = choice
         return choice
