@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(run_cell(model, args.hardware, pp, workload))
                 print(f"{model} P={pp} {workload}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     seconds = time.perf_counter() - started
-    out = f"{table(cells)}\n\nIdle by cause, short cells:\n\n{idle_table([c for c in cells if c['workload'].startswith('short')])}"
+    shorts = [c for c in cells if c["workload"].startswith("short")]
+    out = f"{table(cells)}\n\nIdle by cause, short cells:\n\n{idle_table(shorts)}"
     print(out)
     print(f"\n{len(cells)} cells in {seconds:.0f} s", file=sys.stderr)
     if args.json:

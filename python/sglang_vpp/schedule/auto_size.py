@@ -35,8 +35,8 @@ from .planner import Planner, PlannerConfig
 from .policies import PolicySpec
 from .schedule import default_chunker
 
-__all__ = ["AUTO", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_CAP", "WINDOW", "TIE_TOLERANCE", "AutoChoice", "AutoSizer", "AutoChunker",
-           "is_auto", "candidates_up_to", "auto_chunker", "score"]
+__all__ = ["AUTO", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_CAP", "WINDOW", "TIE_TOLERANCE", "AutoChoice",
+           "AutoSizer", "AutoChunker", "is_auto", "candidates_up_to", "auto_chunker", "score"]
 
 AUTO = "auto"
 

@@ -67,7 +67,8 @@ def accept_auto_chunk(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
         if "--chunked-prefill-size" in action.option_strings and action.type is int:
             action.type = _size_or_auto
-            action.help = f"{action.help or ''} sglang-vpp: 'auto' with a vpp --pp-mode lets the controller size each chunk."
+            action.help = (f"{action.help or ''} sglang-vpp: 'auto' with a vpp --pp-mode lets the controller "
+                           "size each chunk.")
 
 
 def resolve_auto_chunk(args: argparse.Namespace) -> None:
