@@ -47,6 +47,8 @@ CASES = [
      2, "needs at least 8 layers"),
     ("vpp-speculative", ["--pp-mode", "vpp", "--pp-size", "2", "--speculative-algorithm", "EAGLE"],
      2, "does not support --speculative-algorithm"),
+    ("auto-chunk-stock", ["--pp-size", "2", "--chunked-prefill-size", "auto"], 2, "auto is sized by the VPP controller"),
+    ("auto-chunk-vpp", ["--pp-mode", "vpp-pack", "--pp-size", "2", "--chunked-prefill-size", "auto"], 0, None),
     ("unknown-mode", ["--pp-mode", "zigzag"], 2, "invalid choice: 'zigzag' (choose from cpp, dcpp, vpp, vpp-async, vpp-pack, vpp-taper, vpp-stream)"),
 ]  # fmt: skip
 
@@ -68,7 +70,9 @@ _SCRIPT = textwrap.dedent(
             # What a spawned scheduler process receives: the pickled record.
             child = pickle.loads(pickle.dumps(args))
             out.update(pp_mode=str(options_of(child).pp_mode),
-                       enable_dynamic_chunking=child.enable_dynamic_chunking)
+                       enable_dynamic_chunking=child.enable_dynamic_chunking,
+                       chunked_prefill_size=child.chunked_prefill_size,
+                       auto_chunk=options_of(child).vpp_auto_chunk)
         except SystemExit as exc:
             out["status"] = exc.code
         out["stderr"] = err.getvalue()
@@ -110,6 +114,13 @@ def parsed(runs) -> dict:
     marker = [line for line in done.stdout.splitlines() if line.startswith("RESULTS")]
     assert marker, f"parser script failed ({done.returncode}):\n{done.stderr[-4000:]}"
     return json.loads(marker[0][len("RESULTS") :])
+
+
+def test_auto_chunk_reaches_the_scheduler_as_the_cap(parsed):
+    from sglang_vpp.schedule.auto_size import SERVER_CAP
+
+    result = parsed["auto-chunk-vpp"]
+    assert (result["chunked_prefill_size"], result["auto_chunk"]) == (SERVER_CAP, True), result
 
 
 @pytest.mark.parametrize("name,argv,status,message", CASES, ids=[c[0] for c in CASES])

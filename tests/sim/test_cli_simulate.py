@@ -85,3 +85,17 @@ def test_balance_auto_reports_its_split_choice_and_refuses_a_manual_split(tmp_pa
     assert both.exit_code == 2 and both.output.strip().startswith("error: --balance auto chooses the layer split")
     bad = RUNNER.invoke(app, ["simulate", "--seq-len", "64k", "--balance", "best"])
     assert bad.exit_code == 2 and "--balance must be one of even, auto" in bad.output
+
+
+def test_chunk_size_auto(tmp_path):
+    out = tmp_path / "auto.json"
+    result = RUNNER.invoke(app, ["simulate", "--pp", "2", "--workload", "long", "--seq-len", "128k",
+                                 "--sweep-chunk", "16k,auto", "--modes", "cpp,vpp-pack", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "  auto  vpp-pack" in result.output or "  auto* vpp-pack" in result.output
+    rows = json.loads(out.read_text())["results"]
+    auto = [r for r in rows if "auto_chunk_sizes" in r]
+    assert [r["mode"] for r in auto] == ["cpp", "vpp-pack"]
+    assert all(len(r["auto_chunk_sizes"]) == 1 for r in auto)
+    bad = RUNNER.invoke(app, ["simulate", "--seq-len", "64k", "--chunk-size", "autox"])
+    assert bad.exit_code != 0 and "autox" in bad.output

@@ -138,7 +138,7 @@ def bench(
     model: str = typer.Option("tiny-qwen3", "--model", help="Preset (tiny-qwen3, tiny-llama, tiny-qwen3-moe, tiny-deepseek) or a local HF model directory."),
     pp: int = typer.Option(2, "--pp", help="Pipeline ranks (one process each)."),
     seq_len: str = typer.Option("8k", "--seq-len", help="Prompt length per request (8k, 16k, 3000, ...)."),
-    chunk_size: str = typer.Option("512", "--chunk-size", help="Chunk size (base size for dcpp)."),
+    chunk_size: str = typer.Option("512", "--chunk-size", help="Chunk size (base size for dcpp), or auto: the controller picks each request's."),
     modes: str = typer.Option(",".join(DEFAULT_MODES), "--modes", help="Comma-separated modes."),
     requests: int = typer.Option(2, "--requests", help="Requests of --seq-len tokens."),
     arrival_interval: float = typer.Option(0.0, "--arrival-interval", help="Seconds between request arrivals (0: all queued at start)."),
@@ -171,9 +171,15 @@ def bench(
     for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot"), (costs, "--costs")):
         check_output_path(path, flag)
     layer_split = parse_int_list(split, "--split")
+    from ..schedule.auto_size import CANDIDATES, is_auto
+
+    prompt_len = parse_size_option(seq_len, "--seq-len")
+    auto = is_auto(chunk_size)
     config = BenchConfig(
-        model=model, num_ranks=pp, seq_len=parse_size_option(seq_len, "--seq-len"),
-        chunk_size=parse_size_option(chunk_size, "--chunk-size"),
+        model=model, num_ranks=pp, seq_len=prompt_len,
+        # auto: profile and cap at the prompt, the largest chunk a request can use
+        chunk_size=min(prompt_len, max(CANDIDATES)) if auto else parse_size_option(chunk_size, "--chunk-size"),
+        auto_chunk=auto,
         modes=tuple(m.strip() for m in modes.split(",") if m.strip()), num_requests=requests,
         arrival_interval_s=arrival_interval, repeat=repeat, device=device_kind, backend=backend, seed=seed,
         split=tuple(layer_split) if layer_split else None, timeouts=Timeouts(comm_s=timeout),
@@ -185,7 +191,7 @@ def bench(
         echo_wrapped(f"warning: {requests} x {config.seq_len} prompt tokens is a large CPU run (it may take "
                      "hours); try --seq-len 8k first", err=True)
     echo_wrapped(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk "
-                 f"{config.chunk_size}, {device_kind} / {backend or BACKEND_FOR_DEVICE[device_kind]}, repeat {repeat}",
+                 f"{'auto' if auto else config.chunk_size}, {device_kind} / {backend or BACKEND_FOR_DEVICE[device_kind]}, repeat {repeat}",
                  err=True)
     try:
         with _RichProgress(enabled=not quiet) as progress:

@@ -93,7 +93,7 @@ def bench_serve(
     launch: Optional[str] = typer.Option(None, "--launch", help="Instead of --url: start one server per --pp-mode in turn (e.g. cpp,vpp-pack or all) and compare them, with per-rank prefill idle."),
     model_path: Optional[str] = typer.Option(None, "--model-path", help="--launch: the model (default: a tiny 8-layer Qwen2 built locally)."),
     pp_size: int = typer.Option(2, "--pp-size", help="--launch: pipeline ranks."),
-    chunked_prefill_size: str = typer.Option("64", "--chunked-prefill-size", help="--launch: the chunk size (dcpp: its base chunk); 64, 1k, ..."),
+    chunked_prefill_size: str = typer.Option("64", "--chunked-prefill-size", help="--launch: the chunk size (dcpp: its base chunk); 64, 1k, ...; auto: vpp modes size their own chunks, cpp/dcpp get auto's cap."),
     device: str = typer.Option("cpu", "--device", help="--launch: SGLang --device (cpu adds torch_native attention and fp32)."),
     server_arg: Optional[list[str]] = typer.Option(None, "--server-arg", help="--launch: one more launch_server argument, repeatable (e.g. --server-arg=--max-total-tokens --server-arg=32768)."),
     repeats: int = typer.Option(3, "--repeats", help="--launch: measured bench_serving passes per server (idle spread and verdict ranges are over repeats; 1 gives no verdict)."),
@@ -151,9 +151,14 @@ def bench_serve(
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
     for path, flag in ((json_out, "--json"), (output_file, "--output-file"), (plot, "--plot")):
         check_output_path(path, flag)
+    from ..schedule.auto_size import AUTO, is_auto
+
+    auto_chunk = is_auto(chunked_prefill_size)
     sizes = {flag: parse_size_option(text, flag) for flag, text in (
         ("--input-len", input_len), ("--output-len", output_len), ("--max-input-len", max_input_len),
-        ("--chunked-prefill-size", chunked_prefill_size))}  # fmt: skip
+        ("--chunked-prefill-size", None if auto_chunk else chunked_prefill_size))}  # fmt: skip
+    if auto_chunk:
+        sizes["--chunked-prefill-size"] = AUTO
     for flag in ("--input-len", "--output-len", "--max-input-len"):
         at_least(sizes[flag], 1, flag)
     default_num, default_in, default_out, default_conc = WORKLOAD_DEFAULTS[workload]

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from sglang_vpp.schedule.auto_size import AUTO, SERVER_CAP, is_auto
+from sglang_vpp.schedule.policies import FOLDBACK_MODES
 from sglang_vpp.schedule.policies.spec import Policy
 from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangServer
 from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
@@ -136,7 +138,9 @@ def default_model_dir() -> str:
 class LaunchSpec:
     model_dir: str
     pp_size: int
-    chunked_prefill_size: int
+    chunked_prefill_size: int | str
+    """Tokens, or ``auto``: vpp modes get ``auto`` (the controller sizes each chunk), cpp and dcpp
+    the cap SGLang gets with it (``auto_size.SERVER_CAP``)."""
     device: str = "cpu"
     server_args: tuple[str, ...] = ()
     startup_timeout: float = 600.0
@@ -148,12 +152,15 @@ class LaunchSpec:
     def config(self, mode: str, trace_dir: Path) -> ServerConfig:
         if self.pp_size < 1:
             raise LaunchError(f"--pp-size must be >= 1, got {self.pp_size}")
-        if self.chunked_prefill_size < 1:
+        size = self.chunked_prefill_size
+        if is_auto(size):
+            size = AUTO if Policy(mode) in FOLDBACK_MODES else SERVER_CAP
+        elif size < 1:
             raise LaunchError(f"--chunked-prefill-size must be >= 1, got {self.chunked_prefill_size}")
         platform = CPU_PLATFORM_ARGS if self.device == "cpu" else ("--device", self.device)
         return ServerConfig(
             model_dir=self.model_dir, pp_size=self.pp_size, pp_mode=mode,
-            chunked_prefill_size=self.chunked_prefill_size, platform_args=platform,
+            chunked_prefill_size=size, platform_args=platform,
             extra_args=(*self.server_args, "--vpp-trace", str(trace_dir)),
         )  # fmt: skip
 

@@ -14,8 +14,12 @@ from .common import check_output_path, echo_wrapped, emit_json, parse_int_list, 
 DEFAULT_LONG_SEQ_LEN = "128k"
 """The long workload's prompt length when --seq-len is not given (docs/cli.md)."""
 
-def _sizes(text: str, what: str) -> list[int]:
-    sizes = [parse_size_option(part.strip(), what) for part in text.split(",") if part.strip()]
+def _sizes(text: str, what: str, auto: bool = False) -> list:
+    """Sizes of a comma-separated flag; with ``auto`` an entry may be ``auto`` (kept as the string)."""
+    from ..schedule.auto_size import AUTO, is_auto
+
+    sizes = [AUTO if auto and is_auto(part) else parse_size_option(part.strip(), what)
+             for part in text.split(",") if part.strip()]
     if not sizes:
         raise ValueError(f"{what} needs at least one size, e.g. 24k or 8k,16k")
     return sizes
@@ -58,13 +62,13 @@ def simulate(
     tp: Optional[int] = typer.Option(None, "--tp", help="Chips per rank (default: the hardware preset's)."),
     workload: str = typer.Option("long", "--workload", help="long, short, mixed or file."),
     seq_len: Optional[str] = typer.Option(None, "--seq-len", help=f"Prompt length(s): 512k; long takes a list (64k,128k) and defaults to {DEFAULT_LONG_SEQ_LEN}."),
-    chunk_size: str = typer.Option("24k", "--chunk-size", help="Chunk size (base size for dcpp)."),
+    chunk_size: str = typer.Option("24k", "--chunk-size", help="Chunk size (base size for dcpp), or auto: the controller picks the size and batch budget per situation."),
     modes: str = typer.Option(",".join(Policy), "--modes", help="Comma-separated modes."),
     requests: Optional[int] = typer.Option(None, "--requests", help="Requests (long: per length, default 1; short: 100; mixed: 500)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed-loop clients (default: long 1, short all, mixed 16, file open loop)."),
     file: Optional[Path] = typer.Option(None, "--file", help="JSONL of {\"length\", \"arrival\"} for --workload file."),
     seed: int = typer.Option(0, "--seed", help="Seed of the mixed workload."),
-    sweep_chunk: Optional[str] = typer.Option(None, "--sweep-chunk", help="Chunk sizes to sweep (8k,16k,24k,32k); * marks each mode's best."),
+    sweep_chunk: Optional[str] = typer.Option(None, "--sweep-chunk", help="Chunk sizes to sweep (8k,16k,24k,32k; auto allowed); * marks each mode's best."),
     split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts (P or 2P entries by layout)."),
     balance: str = typer.Option("even", "--balance", help="Layer split: even, or auto (the planner picks one for the cost model's tau curve)."),
     costs: Optional[Path] = typer.Option(None, "--costs", help="Fitted or table cost JSON from measured samples instead of the analytic model."),
@@ -81,7 +85,7 @@ def simulate(
     """
     from ..sim.config import SimConfig
     from ..sim.preset_loader import load_hardware, load_model
-    from ..sim.sweep import best_by_mode, format_idle_table, format_table, simulate_matrix, size_label
+    from ..sim.sweep import best_by_mode, chunk_label, format_idle_table, format_table, simulate_matrix
     from ..sim.workloads import build_workload
 
     plot = png_path(plot)
@@ -93,7 +97,7 @@ def simulate(
     hardware_spec = load_hardware(hardware)
     cost = _cost_model(model_spec, hardware_spec, tp, costs)
     lengths = _sizes(seq_len, "--seq-len") if seq_len else None
-    chunk_sizes = _sizes(sweep_chunk, "--sweep-chunk") if sweep_chunk else _sizes(chunk_size, "--chunk-size")
+    chunk_sizes = _sizes(sweep_chunk, "--sweep-chunk", True) if sweep_chunk else _sizes(chunk_size, "--chunk-size", True)
     layer_split = parse_int_list(split, "--split")
     sim_config = SimConfig(record_timeline=bool(trace or plot))
     if workload == "long" and lengths:
@@ -133,8 +137,11 @@ def simulate(
         if sweep_chunk:
             chosen = [row for key, row in best_by_mode(rows).items() if key[0] == first]
         else:
-            chosen = [row for row in rows if row.seq_len == first and row.result.chunk_size == chunk_sizes[0]]
-        timelines = {f"{row.result.mode} chunk {size_label(row.result.chunk_size)}": row.result.sim
+            wanted = str(chunk_sizes[0]) if isinstance(chunk_sizes[0], str) else None
+            chosen = [row for row in rows if row.seq_len == first and (
+                chunk_label(row.result) == wanted if wanted else
+                not row.result.auto_sizes and row.result.chunk_size == chunk_sizes[0])]
+        timelines = {f"{row.result.mode} chunk {chunk_label(row.result)}": row.result.sim
                      for row in chosen if row.result.sim.ok}
         if trace:
             from ..sim.trace import write_perfetto_trace

@@ -91,13 +91,16 @@ class BenchConfig:
     """Give the planner (and dcpp's chunk curve) a cost estimate profiled on this model at start-up
     (``profile.profiled_cost_model``), as SGLang's dynamic chunking profiles rank 0; False: the
     schedule core's generic ``LinearAttentionCost``."""
+    auto_chunk: bool = False
+    """``--chunk-size auto``: the controller picks each request's chunk size (``chunk_size`` is
+    the largest it may pick); ``RunSpec.auto_chunk``."""
 
     def run_spec(self, mode: str, planner_cost: Any = None) -> RunSpec:
         requests = tuple(RequestArrival(self.seq_len, i * self.arrival_interval_s) for i in range(self.num_requests))
         return RunSpec(model=self.model, mode=mode, num_ranks=self.num_ranks, requests=requests,
                        chunk_size=self.chunk_size, seed=self.seed, num_layers=self.num_layers, split=self.split,
                        device=self.device, backend=self.backend, timeouts=self.timeouts, fault=self.fault,
-                       planner_cost=planner_cost)
+                       planner_cost=planner_cost, auto_chunk=self.auto_chunk)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -392,7 +395,7 @@ def write_outputs(report: BenchReport, json_path: Path | None = None, trace_path
     if trace_path is not None or plot_path is not None:
         config = report.config
         title = (f"{config.model}, pp={config.num_ranks}, {config.num_requests} x {config.seq_len} tokens, "
-                 f"chunk {config.chunk_size}")
+                 f"chunk {'auto' if config.auto_chunk else config.chunk_size}")
         write_traces(trace_path, plot_path, report.timelines(), title)
         written += [p for p in (trace_path, plot_path) if p is not None]
     if costs_path is not None:

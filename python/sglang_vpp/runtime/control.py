@@ -82,7 +82,7 @@ def make_planner(spec: RunSpec, layout: Layout) -> Planner:
     """The planner every rank builds identically from the spec."""
     # The runtime's model runs one request per forward: no batching.
     return Planner(controller_config(spec.mode, layout, spec.chunk_size, spec.planner_cost,  # type: ignore[arg-type]
-                                     spec.max_length, batching=False))
+                                     spec.max_length, batching=False, auto_chunk=spec.auto_chunk))
 
 
 class PlanFeed(ABC):

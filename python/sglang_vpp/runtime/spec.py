@@ -104,7 +104,7 @@ class RunSpec:
     num_ranks: int
     requests: tuple[RequestArrival, ...]
     chunk_size: int
-    """Fixed chunk size (the base size for dcpp)."""
+    """Fixed chunk size (the base size for dcpp); with ``auto_chunk`` the largest allowed."""
     seed: int = 0
     """Weights seed (presets) and prompt token seed."""
     num_layers: int | None = None
@@ -127,6 +127,9 @@ class RunSpec:
     """Write the last stage's outputs (hidden states, logits) for comparison with the reference."""
     num_threads: int = 1
     """torch intra-op threads per rank; 1 makes thread CPU time equal the compute's CPU cost."""
+    auto_chunk: bool = False
+    """Cut each request at the size the controller's ``auto`` chunker picks for it
+    (``schedule/auto_size.py``) from the planner's cost estimate."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", Device(self.device))

@@ -8,7 +8,8 @@ hence the simulator and the reference runtime) and the SGLang loops (leader and 
   stage, in the order the executor saw it.
 - ``pick(rank, ready)``: which of a rank's ready ``(stage, seq)`` items runs first.
 - ``next_chunk_size(prefix_len, remaining)``: the size of a request's next chunk (the chunker the
-  controller was built with: fixed, tapered or the DCPP curve).
+  controller was built with: fixed, tapered, the DCPP curve or ``auto``; ``resize(lengths)``
+  lets an ``auto`` chunker pick the size and token budget for the prompts waiting).
 - ``hand_off(stage)``: the group and the communication semantics of the hand-off of ``stage``'s
   output to the next stage (None when both stages share a rank, or for the last stage).
 
@@ -297,6 +298,18 @@ class Controller:
         assert self.chunker is not None, "this controller was built without a chunker"
         size = self.chunker.next_chunk_size(prefix_len, remaining)
         assert 1 <= size <= remaining, (size, prefix_len, remaining)
+        return size
+
+    def resize(self, lengths: Sequence[int]) -> int | None:
+        """Tell an ``auto`` chunker (``auto_size.py``) the prompt lengths waiting and in flight
+        (oldest first): it picks the chunk size of the next requests and, when this controller
+        batches, the token budget. Returns the size; None when the chunker is not ``auto``."""
+        resize = getattr(self.chunker, "resize", None)
+        if resize is None:
+            return None
+        size = resize(lengths).chunk_size
+        if self.token_budget is not None:
+            self.token_budget = size
         return size
 
     def batch_budget(self, prefix_len: int, remaining: int, max_tokens: int) -> int:

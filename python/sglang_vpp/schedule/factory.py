@@ -79,17 +79,27 @@ class ControllerConfig:
 
 def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int, cost: StageCostModel | None,
                       max_length: int, *, batching: bool = True, max_in_flight: int | None = None,
-                      num_groups: int | None = None, chunker: Chunker | None = None) -> ControllerConfig:
+                      num_groups: int | None = None, chunker: Chunker | None = None, auto_chunk: bool = False,
+                      forward_batches: bool | None = None) -> ControllerConfig:
     """The configuration of ``policy``'s controller on ``layout`` with base chunk ``chunk_size``.
 
     ``cost``: the estimate the controller decides with (None: ``LinearAttentionCost``).
     ``max_length``: the longest prompt the executor will chunk (the DCPP fit's range).
     ``batching``: whole requests join a forward up to ``chunk_size`` tokens, as SGLang's prefill
     adder fills a batch; False for executors that run one request per forward.
-    ``chunker``: replaces the policy's (tests and what-ifs only)."""
+    ``chunker``: replaces the policy's (tests and what-ifs only).
+    ``auto_chunk``: the ``auto`` chunker (``auto_size.py``) picks each size among the candidates
+    up to ``chunk_size``, planning with whole short requests batched when ``forward_batches``
+    (default: ``batching``; an SGLang server batches although its controller does not form
+    the batches)."""
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
     estimate = cost if cost is not None else LinearAttentionCost()
-    if chunker is None:
+    if chunker is None and auto_chunk:
+        from .auto_size import auto_chunker  # auto_size plans with the planner, which imports this module
+
+        batches = batching if forward_batches is None else forward_batches
+        chunker = auto_chunker(spec, layout, estimate, chunk_size, max_in_flight=max_in_flight, batch=batches)
+    elif chunker is None:
         chunker = default_chunker(spec, chunk_size, layout, estimate, max_length)
     return ControllerConfig(spec, layout, chunker, estimate, max_in_flight, num_groups,
                             chunk_size if batching else None)

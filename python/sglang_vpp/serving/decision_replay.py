@@ -9,7 +9,9 @@ inputs (mode, layout, limits, cost model) -> the rank's recorded calls replayed 
   recorded decision (``yes`` / ``packed`` for an admission, ``no`` for a hold);
 - ``left`` records (a micro-batch finished the last stage) update the controller's in-flight set;
 - ``pick`` records (every rank, whenever two stages were ready) carry the ready items: the
-  controller must choose the recorded one.
+  controller must choose the recorded one;
+- ``chunk`` records (``--chunked-prefill-size auto``: the inputs carry ``auto_chunk_cap``) carry
+  each chunk size the ``auto`` chunker gave: the controller must give the same size.
 
 The first mismatch is a ``Divergence`` naming the rank, the micro-batch and both decisions.
 
@@ -146,10 +148,12 @@ def _build_controller(inputs: dict, rank: int) -> Controller:
         stage_layers = [int(n) for n in inputs["stage_layers"]]
         layout = build_layout(int(inputs["pp_size"]), sum(stage_layers), policy.layout_kind, stage_layers)
         # Admission and order never read the chunker; traces written before chunk sizes were
-        # recorded replay with any.
-        chunk_size = int(inputs.get("chunk_size") or 1)
+        # recorded replay with any. An ``auto`` server records its cap instead.
+        cap = inputs.get("auto_chunk_cap")
+        chunk_size = int(cap if cap is not None else (inputs.get("chunk_size") or 1))
         config = controller_config(policy, layout, chunk_size, _cost_model(inputs["cost"]), chunk_size,
-                                   batching=False, max_in_flight=inputs.get("max_in_flight"), num_groups=2)
+                                   batching=False, max_in_flight=inputs.get("max_in_flight"), num_groups=2,
+                                   auto_chunk=cap is not None, forward_batches=True)
         return build_controller(config)
     except (KeyError, TypeError) as exc:
         raise TraceError(f"rank {rank}: the controller inputs in the trace are incomplete ({exc!r})") from None
@@ -179,6 +183,14 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
                 if seq not in controller.in_flight_seqs:
                     return Divergence(rank, index, seq, "no such micro-batch in flight", f"micro-batch {seq} left")
                 controller.on_left(seq)
+            elif kind == "chunk":
+                if controller.chunker is None:
+                    raise TraceError(f"rank {rank}, decision {index}: a chunk-size record in a trace without "
+                                     "auto_chunk_cap in its controller inputs")
+                expected_size = controller.next_chunk_size(int(record["prefix"]), int(record["remaining"]))
+                if expected_size != int(record["size"]):
+                    return Divergence(rank, index, None, f"a chunk of {expected_size} tokens after prefix "
+                                      f"{record['prefix']}", f"{record['size']} tokens")
             elif kind == "pick":
                 ready = [(int(stage), int(seq)) for stage, seq in record["ready"]]
                 expected_item = controller.pick(rank, ready)

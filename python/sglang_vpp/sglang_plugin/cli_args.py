@@ -29,6 +29,7 @@ import os
 import sys
 from typing import Any
 
+from sglang_vpp.schedule.auto_size import AUTO, SERVER_CAP, is_auto
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.failure_report import (
     SIGQUIT_HANDLER_TARGET,
@@ -45,6 +46,7 @@ from sglang_vpp.sglang_plugin.options import (
     SERVED_MODES,
     attach,
     check_options_travel,
+    is_vpp_mode,
 )
 from sglang_vpp.sglang_plugin.validate import validate_pipeline_args
 
@@ -58,6 +60,8 @@ __all__ = [
     "check_surface",
     "plugin_flags_in",
     "scopes_of_argv",
+    "accept_auto_chunk",
+    "resolve_auto_chunk",
 ]
 
 PLUGIN_FLAGS = ("--pp-mode", "--vpp-layer-split", "--vpp-trace", "--vpp-comm-timeout", "--vpp-cost-profile")
@@ -93,8 +97,38 @@ def scopes_of_argv(argv: list[str], generic_cpu: bool) -> tuple:
 _WRAPPED_MARK = "_sglang_vpp_parse_wrapped"
 
 
+def _size_or_auto(text: str) -> int | str:
+    """``--chunked-prefill-size``'s type: SGLang's integer, or ``auto``."""
+    return AUTO if is_auto(text) else int(text)
+
+
+def accept_auto_chunk(parser: argparse.ArgumentParser) -> None:
+    """Let SGLang's ``--chunked-prefill-size`` take ``auto`` (``resolve_auto_chunk`` then gives
+    SGLang the cap); a no-op on a parser without the flag."""
+    for action in parser._actions:
+        if "--chunked-prefill-size" in action.option_strings and action.type is int:
+            action.type = _size_or_auto
+            action.help = (f"{action.help or ''} sglang-vpp: 'auto' with a vpp --pp-mode lets the controller "
+                           "size each chunk.")
+
+
+def resolve_auto_chunk(args: argparse.Namespace) -> None:
+    """``--chunked-prefill-size auto`` -> the cap for SGLang and ``vpp_auto_chunk`` for the plugin."""
+    if not is_auto(getattr(args, "chunked_prefill_size", None)):
+        return
+    mode = str(getattr(args, "pp_mode", PpMode.CPP.value))
+    if not is_vpp_mode(mode):  # check_pp_mode_name ran first: the name is valid
+        raise PpModeError(
+            f"--chunked-prefill-size auto is sized by the VPP controller, which --pp-mode {mode} does not run; "
+            "use --pp-mode vpp, vpp-async, vpp-pack or vpp-taper, or pass a size such as 4096"
+        )
+    args.chunked_prefill_size = SERVER_CAP
+    args.vpp_auto_chunk = True
+
+
 def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     """Add the plugin's flags to ``parser`` (idempotent)."""
+    accept_auto_chunk(parser)
     if any("--pp-mode" in action.option_strings for action in parser._actions):
         return
     group = parser.add_argument_group("sglang-vpp pipeline modes")
@@ -161,6 +195,7 @@ def check_pp_mode_name(name: str) -> None:
 def check_namespace(args: argparse.Namespace) -> PipelineOptions:
     """Parse and validate the plugin's part of ``args``; raise a PluginError when refused."""
     check_pp_mode_name(getattr(args, "pp_mode", PpMode.CPP.value))
+    resolve_auto_chunk(args)
     options = PipelineOptions.from_namespace(args)
     validate_pipeline_args(args, options)
     if options.is_vpp:

@@ -97,6 +97,8 @@ class PipelineOptions:
     ``resolve_comm_timeout``)."""
     vpp_cost_profile: str | None = None
     """A fitted cost model file for the VPP controller's estimates (``--vpp-cost-profile``)."""
+    vpp_auto_chunk: bool = False
+    """``--chunked-prefill-size auto``: SGLang gets a cap, the controller sizes each chunk."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pp_mode", PpMode(self.pp_mode))
@@ -116,6 +118,7 @@ class PipelineOptions:
             vpp_trace=getattr(namespace, "vpp_trace", None),
             vpp_comm_timeout=resolve_comm_timeout(getattr(namespace, "vpp_comm_timeout", None)),
             vpp_cost_profile=getattr(namespace, "vpp_cost_profile", None),
+            vpp_auto_chunk=bool(getattr(namespace, "vpp_auto_chunk", False)),
         )
 
 

@@ -46,7 +46,7 @@ class RunConfig:
     num_ranks: int
     """P, the number of pipeline ranks."""
     chunk_size: int
-    """Tokens per chunk (the base size for dcpp)."""
+    """Tokens per chunk (the base size for dcpp); with ``auto_chunk`` the largest size allowed."""
     split: tuple[int, ...] | None = None
     """Per-stage layer counts; None splits evenly (remainder to the first stages)."""
     max_in_flight: int | None = None
@@ -61,6 +61,9 @@ class RunConfig:
     estimates. 0: none."""
     jitter_seed: int = 0
     sim: SimConfig = field(default_factory=SimConfig)
+    auto_chunk: bool = False
+    """Let the controller's ``auto`` chunker pick the chunk size and batch budget per situation
+    (``schedule/auto_size.py``): the requests sent together, then the ones in flight at each send."""
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:
@@ -77,6 +80,8 @@ class PlannedWorkload:
     arrivals: dict[int, float]
     """Each request's own arrival time (the planner's copies of gated requests carry estimated
     send times instead)."""
+    auto_sizes: tuple[int, ...] = ()
+    """With ``auto_chunk``: the size chosen at each decision, in order."""
 
 
 @dataclass
@@ -86,6 +91,8 @@ class ModeResult:
     sim: SimResult
     lower_bound_s: float
     schedule: Schedule | None = None
+    auto_sizes: tuple[int, ...] = ()
+    """Sizes an ``auto`` run chose, in decision order (empty: a fixed chunk size)."""
 
     @property
     def gap_to_bound(self) -> float:
@@ -103,6 +110,7 @@ class ModeResult:
             "gap_to_bound": self.gap_to_bound, "num_requests": len(s.request_ttft_s),
             "num_tokens": s.num_tokens, "deadlock": s.deadlock is not None,
             "per_rank": [r.to_dict() for r in s.per_rank],
+            **({"auto_chunk_sizes": sorted(set(self.auto_sizes))} if self.auto_sizes else {}),
         }
 
 
@@ -123,25 +131,32 @@ def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: R
     first, pending = pending[:concurrency], pending[concurrency:]
     arrivals = [r.arrival for r in first]
     gates: list[int | None] = [None] * len(first)
+    active = {i: r.length for i, r in enumerate(first)}
 
     def on_complete(request_index: int, end: float) -> list[RequestSpec]:
+        active.pop(request_index, None)
         if not pending:
             return []
         request = pending.pop(0)
         gates.append(request_index)
         arrivals.append(request.arrival)
+        active[len(arrivals) - 1] = request.length
+        planner.controller.resize(list(active.values()))
         return [RequestSpec(request.length, max(request.arrival, end))]
 
     planner = Planner(controller_config(spec, layout, config.chunk_size, cost, workload.max_length,
-                                        batching=config.batch_requests, max_in_flight=config.max_in_flight),
+                                        batching=config.batch_requests, max_in_flight=config.max_in_flight,
+                                        auto_chunk=config.auto_chunk),
                       on_complete=on_complete, durations=stage_durations(cost, config))
+    planner.controller.resize([r.length for r in first])
     for request in first:
         planner.submit(request)
     planner.advance()
     schedule = schedule_from_planner(planner)
     assert len(schedule.requests) == len(workload.requests), (len(schedule.requests), len(workload.requests))
     release_after = {j: g for j, g in enumerate(gates) if g is not None}
-    return PlannedWorkload(schedule, release_after, dict(enumerate(arrivals)))
+    sizes = tuple(c.chunk_size for c in getattr(planner.controller.chunker, "history", ()))
+    return PlannedWorkload(schedule, release_after, dict(enumerate(arrivals)), sizes)
 
 
 def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig, num_layers: int,
@@ -156,9 +171,11 @@ def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunCon
     layout = planned.schedule.layout
     if sim_config.max_in_flight is None and layout.stages[-1].rank != layout.stages[0].rank:
         # SGLang's micro-batch slots: the window the controller admitted with.
-        sim_config = dataclasses.replace(sim_config, max_in_flight=config.max_in_flight or default_in_flight_limit(layout))
+        sim_config = dataclasses.replace(sim_config, max_in_flight=config.max_in_flight
+                                         or default_in_flight_limit(layout, get_policy(mode)))
     durations = stage_durations(cost, config)
     sim = simulate_schedule(planned.schedule, durations, sim_config, arrivals=planned.arrivals,
                             release_after=planned.release_after)
     bound = lower_bound(planned.schedule, durations, sim) if sim.ok else 0.0
-    return ModeResult(mode, config.chunk_size, sim, bound, planned.schedule if keep_schedule else None)
+    return ModeResult(mode, config.chunk_size, sim, bound, planned.schedule if keep_schedule else None,
+                      planned.auto_sizes)

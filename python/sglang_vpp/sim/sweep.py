@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..schedule.auto_size import AUTO, CANDIDATES, is_auto
 from ..schedule import BALANCE_MODES, RequestSpec, StageCostModel, balance_split, parse_policies
 from .errors import SimError
 from .config import SimConfig
@@ -17,7 +18,8 @@ from .idle import IDLE_CAUSES
 from .runner import ModeResult, RunConfig, run_mode
 from .workloads import Workload
 
-__all__ = ["SweepRow", "simulate_matrix", "format_table", "format_idle_table", "best_by_mode", "size_label"]
+__all__ = ["SweepRow", "simulate_matrix", "format_table", "format_idle_table", "best_by_mode", "size_label",
+           "chunk_label"]
 
 
 @dataclass
@@ -32,7 +34,7 @@ class SweepRow:
 
 
 def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, modes: str | Sequence[str],
-                    chunk_sizes: Sequence[int], num_ranks: int, split: Sequence[int] | None = None,
+                    chunk_sizes: Sequence[int | str], num_ranks: int, split: Sequence[int] | None = None,
                     sim: SimConfig | None = None, seq_len: int | None = None,
                     keep_schedules: bool = False, balance: str = "even",
                     batch_requests: bool = True, jitter: float = 0.0, jitter_seed: int = 0) -> list[SweepRow]:
@@ -40,7 +42,8 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
 
     ``balance="auto"``: each (mode, chunk size) runs on the layer split ``balance_split``
     chooses for this cost model from the workload's first requests (up to 8).
-    ``batch_requests``, ``jitter``, ``jitter_seed``: see ``RunConfig``.
+    ``batch_requests``, ``jitter``, ``jitter_seed``: see ``RunConfig``. A chunk size ``"auto"``
+    runs the controller's ``auto`` chunker (``RunConfig.auto_chunk``) with every candidate allowed.
     """
     if balance not in BALANCE_MODES:
         raise SimError(f"--balance must be one of {', '.join(BALANCE_MODES)}, got {balance!r}")
@@ -49,13 +52,15 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
     specs = parse_policies(modes if isinstance(modes, str) else ",".join(modes))
     probe = [RequestSpec(r.length) for r in workload.requests[:8]]
     rows = []
-    for chunk_size in chunk_sizes:
+    for entry in chunk_sizes:
+        auto = is_auto(entry)
+        chunk_size = max(CANDIDATES) if auto else int(entry)
         for spec in specs:
             chosen = tuple(split) if split else None
             if balance == "auto":
                 chosen = balance_split(spec, num_ranks, num_layers, probe, chunk_size, cost)
             config = RunConfig(num_ranks, chunk_size, chosen, batch_requests=batch_requests, jitter=jitter,
-                               jitter_seed=jitter_seed, sim=sim or SimConfig())
+                               jitter_seed=jitter_seed, sim=sim or SimConfig(), auto_chunk=auto)
             rows.append(SweepRow(workload.name, seq_len,
                                  run_mode(str(spec.name), workload, cost, config, num_layers, keep_schedules)))
     return rows
@@ -84,8 +89,13 @@ def size_label(tokens: int | None) -> str:
 WIDTH = 80
 
 
+def chunk_label(result: ModeResult) -> str:
+    """The chunk size of a row: its size, or ``auto`` when the controller chose per situation."""
+    return AUTO if result.auto_sizes else size_label(result.chunk_size)
+
+
 def _key(row: SweepRow, mark: str = " ") -> str:
-    return f"{size_label(row.seq_len):>6} {size_label(row.result.chunk_size):>6}{mark} {row.result.mode:<10}"
+    return f"{size_label(row.seq_len):>6} {chunk_label(row.result):>6}{mark} {row.result.mode:<10}"
 
 
 _KEY_HEADER = f"{'seq':>6} {'chunk':>6}  {'mode':<10}"

@@ -46,12 +46,12 @@ __all__ = [
 _P = "sglang.srt."
 
 
-def _options(server_args: Any) -> tuple[str, tuple[int, ...] | None, str | None, float | None, str | None]:
+def _options(server_args: Any) -> tuple[str, tuple[int, ...] | None, str | None, float | None, str | None, bool]:
     from sglang_vpp.sglang_plugin.options import options_of
 
     options = options_of(server_args)
     return (str(options.pp_mode), options.vpp_layer_split, options.vpp_trace, options.vpp_comm_timeout,
-            options.vpp_cost_profile)
+            options.vpp_cost_profile, options.vpp_auto_chunk)
 
 
 def _refuse_unsupported(server_args: Any, mode: str) -> None:
@@ -98,7 +98,7 @@ def install(server_args: Any) -> None:
     from .retraction import RETRACT_DECODE, around_retract_decode
     from .stage_runner import around_forward_batch_init_new
 
-    mode, split, trace, timeout, cost_profile = _options(server_args)
+    mode, split, trace, timeout, cost_profile, auto_chunk = _options(server_args)
     if mode not in VPP_MODES:
         raise VppConfigError(f"install() called for --pp-mode {mode}; expected one of {VPP_MODES}")
     _refuse_unsupported(server_args, mode)
@@ -109,6 +109,8 @@ def install(server_args: Any) -> None:
         overrides["trace_dir"] = trace
     if cost_profile:
         overrides["cost_profile"] = cost_profile
+    if auto_chunk:
+        overrides["auto_chunk"] = True
     from dataclasses import replace
 
     config = replace(config, **overrides)
@@ -138,7 +140,7 @@ def install(server_args: Any) -> None:
     )
     register(_P + "managers.scheduler._dispatch_event_loop_once", around_dispatch, HookType.AROUND)
     register(RETRACT_DECODE, around_retract_decode, HookType.AROUND)
-    if config.policy.tapered_chunks:
+    if config.policy.tapered_chunks or config.auto_chunk:
         from . import chunk_sizing
 
         register(chunk_sizing.ADD_ONE_REQ, chunk_sizing.around_add_one_req, HookType.AROUND)

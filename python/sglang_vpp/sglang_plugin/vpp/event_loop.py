@@ -41,6 +41,7 @@ every ``heartbeat_s``; the last rank echoes it back up, so no channel is silent 
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import time
@@ -50,6 +51,7 @@ from typing import Any
 import torch
 
 from sglang_vpp.schedule import Admission, Controller, MicroBatch
+from sglang_vpp.schedule.auto_size import AutoChunker
 
 from sglang_vpp.sglang_plugin.accounting import RankAccounting
 from sglang_vpp.trace_records import ADMIT, HOLD, LEFT, PICK, micro_batch_record
@@ -107,6 +109,8 @@ class _LoopBase:
         self.jobs: dict[int, StageJob] = {}
         self.acct = RankAccounting(self.rank, self.config.trace_dir)
         self.acct.controller = state.controller_inputs(self.controller)
+        if isinstance(self.controller.chunker, AutoChunker):  # check --trace replays each size
+            self.controller.chunker.on_choice = functools.partial(self.acct.decision, "chunk")
         logger.info("VPP controller: rank %d estimates stage costs with %s", self.rank, state.cost_source())
         self.inbox = Inbox(self.config.comm_timeout_s)
         self.fwd_items: deque[Message] = deque()

@@ -34,6 +34,7 @@ from sglang_vpp.schedule import (
     controller_config,
     get_policy,
 )
+from sglang_vpp.schedule.auto_size import AutoChunker
 
 from sglang_vpp.sglang_plugin.options import DEFAULT_COMM_TIMEOUT_S, resolve_comm_timeout
 
@@ -73,6 +74,9 @@ class VppConfig:
     """Micro-batches between stage 0 and the end of the last stage; None: the controller's 2P-1."""
     cost_profile: str | None = None
     """Fitted cost model file for the controller's estimates (``--vpp-cost-profile``); None: analytic."""
+    auto_chunk: bool = False
+    """``--chunked-prefill-size auto``: the controller's ``auto`` chunker sizes each request's
+    chunks (at most SGLang's chunked-prefill size, the cap the launcher passed)."""
 
     def __post_init__(self) -> None:
         if self.mode not in VPP_MODES:
@@ -151,6 +155,11 @@ class VppState:
         """Where the controller's estimates come from, for the start-up log."""
         if self.config.cost_profile:
             return f"fitted cost model from --vpp-cost-profile {self.config.cost_profile}"
+        if self.config.auto_chunk:
+            # It has no per-forward cost, so every extra chunk looks free to the auto planner.
+            return ("the analytic linear + attention estimate (no --vpp-cost-profile): it has no per-forward "
+                    "cost, so --chunked-prefill-size auto will pick the smallest chunks; pass --vpp-cost-profile "
+                    "FILE from 'sglang-vpp bench --costs FILE'")
         return "the analytic linear + attention estimate (no --vpp-cost-profile)"
 
     def build_controller(self, chunk_size: int) -> Controller:
@@ -159,14 +168,16 @@ class VppState:
         keeps a receive posted on every link, so each link carries one direction (transport.py)."""
         assert self.layout is not None
         # SGLang forms its own batches (the controller only sizes them: batch_budget), and the
-        # chunkers the plugin serves (fixed, tapered) do not read the longest prompt.
+        # chunkers the plugin serves (fixed, tapered) do not read the longest prompt; ``auto``
+        # plans SGLang's batching of whole short requests.
         config = controller_config(self.config.policy, self.layout, chunk_size, self.cost_model(), chunk_size,
-                                   batching=False, max_in_flight=self.config.max_in_flight, num_groups=2)
+                                   batching=False, max_in_flight=self.config.max_in_flight, num_groups=2,
+                                   auto_chunk=self.config.auto_chunk, forward_batches=True)
         return build_controller(config)
 
     def controller_inputs(self, controller: Controller) -> dict:
         """What ``check --trace`` needs to rebuild ``controller`` offline."""
-        return {
+        inputs = {
             "mode": self.config.mode,
             "pp_size": self.config.pp_size,
             "stage_layers": [stage.num_layers for stage in self.layout.stages],
@@ -174,6 +185,9 @@ class VppState:
             "chunk_size": getattr(controller.chunker, "chunk_size", None),
             "cost": cost_record(controller.cost),
         }
+        if isinstance(controller.chunker, AutoChunker):
+            inputs["auto_chunk_cap"] = max(controller.chunker.sizer.candidates)
+        return inputs
 
     def owned_stages(self) -> tuple[int, ...]:
         assert self.layout is not None and self.rank is not None

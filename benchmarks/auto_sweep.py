@@ -1,0 +1,174 @@
+"""Benchmark: ``auto`` chunk size against swept chunk sizes, through the simulator.
+
+Per cell (model x P x workload) on a hardware preset (default ascend-910c): cpp and dcpp at every
+swept chunk size, vpp-pack at every swept size, and vpp-pack with ``--chunk-size auto``
+(``schedule/auto_size.py``). The table compares auto with the best of cpp and dcpp (each metric
+at its own best size) and with vpp-pack's best swept size, in mean TTFT and throughput; the
+idle table splits the short cells' bubble by cause. The simulator is deterministic, so each
+cell is one run (no spread to report).
+
+    python benchmarks/auto_sweep.py                          # the full grid, table to stdout
+    python benchmarks/auto_sweep.py --markdown docs/auto-chunk.md --json out.json
+    python benchmarks/auto_sweep.py --models deepseek-v3.1 --pp 2 --workloads long-64k
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from sglang_vpp.sim.config import SimConfig
+from sglang_vpp.sim.cost.analytic import AnalyticCostModel
+from sglang_vpp.sim.idle import IDLE_CAUSES
+from sglang_vpp.sim.preset_loader import load_hardware, load_model
+from sglang_vpp.sim.sweep import simulate_matrix
+from sglang_vpp.sim.workloads import build_workload
+
+MODELS = ("deepseek-v3.1", "qwen3-coder-30b-a3b", "glm-5.2")
+RANKS = (2, 4, 8)
+WORKLOADS = ("long-64k", "long-256k", "long-1m", "short-4k", "short-16k", "mixed")
+CHUNKS = tuple(n * 1024 for n in (4, 8, 12, 16, 24, 32, 48))
+VPP_MODE = "vpp-pack"
+MIXED_REQUESTS = 60
+"""Mixed cells run 60 requests at concurrency 16 (the default 500 takes minutes per cell on 2
+cores; 60 is the size the pipeline-depth comparison of mixed traffic used)."""
+
+
+def _workload(name: str):
+    kind, _, size = name.partition("-")
+    length = {"64k": 64 << 10, "256k": 256 << 10, "1m": 1 << 20, "4k": 4 << 10, "16k": 16 << 10}.get(size)
+    if kind == "long":
+        return build_workload("long", lengths=[length])
+    if kind == "short":
+        return build_workload("short", lengths=[length], num_requests=100)
+    if kind == "mixed":
+        return build_workload("mixed", num_requests=MIXED_REQUESTS, seed=0)
+    raise SystemExit(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
+
+
+def _metrics(row) -> dict:
+    s = row.result.sim
+    return {"mode": row.result.mode, "chunk": "auto" if row.result.auto_sizes else row.result.chunk_size,
+            "auto_sizes": sorted(set(row.result.auto_sizes)), "ttft_s": s.ttft_s,
+            "throughput_tok_s": s.throughput_tok_s, "bubble_s": s.bubble_s,
+            "idle_by_cause_s": {c: s.idle_by_cause.get(c, 0.0) for c in IDLE_CAUSES}}
+
+
+def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str) -> dict:
+    model = load_model(model_name)
+    cost = AnalyticCostModel(model, load_hardware(hardware))
+    work = _workload(workload_name)
+    sim = SimConfig(record_timeline=False)
+    rows = simulate_matrix(work, cost, model.num_layers, f"cpp,dcpp,{VPP_MODE}", list(CHUNKS), num_ranks, sim=sim)
+    rows += simulate_matrix(work, cost, model.num_layers, VPP_MODE, ["auto"], num_ranks, sim=sim)
+    runs = [_metrics(r) for r in rows if r.result.sim.ok]
+    base = [r for r in runs if r["mode"] in ("cpp", "dcpp")]
+    vpp = [r for r in runs if r["mode"] == VPP_MODE and r["chunk"] != "auto"]
+    auto = next(r for r in runs if r["chunk"] == "auto")
+    best = {
+        "base_ttft": min(base, key=lambda r: r["ttft_s"]),
+        "base_tput": max(base, key=lambda r: r["throughput_tok_s"]),
+        "vpp_ttft": min(vpp, key=lambda r: r["ttft_s"]),
+        "vpp_tput": max(vpp, key=lambda r: r["throughput_tok_s"]),
+    }
+    return {"model": model_name, "pp": num_ranks, "workload": workload_name, "auto": auto, "best": best,
+            "runs": runs, "deadlocks": sum(not r.result.sim.ok for r in rows)}
+
+
+def _pct_worse_ttft(auto: float, best: float) -> float:
+    return 100.0 * (auto - best) / best
+
+
+def _pct_worse_tput(auto: float, best: float) -> float:
+    return 100.0 * (best - auto) / best
+
+
+def _size(run: dict) -> str:
+    chunk = run["chunk"]
+    if chunk == "auto":
+        return "/".join(f"{s // 1024}k" for s in run["auto_sizes"]) or "-"
+    return f"{chunk // 1024}k"
+
+
+def table(cells: list[dict]) -> str:
+    """One line per cell; "+x%" is how much worse auto is (TTFT higher, throughput lower)."""
+    head = ("| model | P | workload | auto size | TTFT auto s | vs cpp/dcpp | vs vpp best | "
+            "tok/s auto | vs cpp/dcpp | vs vpp best |")
+    lines = [head, "|" + "---|" * 10]
+    for c in cells:
+        a, b = c["auto"], c["best"]
+        lines.append(
+            f"| {c['model']} | {c['pp']} | {c['workload']} | {_size(a)} | {a['ttft_s']:.3f} | "
+            f"{_pct_worse_ttft(a['ttft_s'], b['base_ttft']['ttft_s']):+.1f}% "
+            f"({b['base_ttft']['mode']} {_size(b['base_ttft'])}) | "
+            f"{_pct_worse_ttft(a['ttft_s'], b['vpp_ttft']['ttft_s']):+.1f}% ({_size(b['vpp_ttft'])}) | "
+            f"{a['throughput_tok_s']:.0f} | "
+            f"{_pct_worse_tput(a['throughput_tok_s'], b['base_tput']['throughput_tok_s']):+.1f}% "
+            f"({b['base_tput']['mode']} {_size(b['base_tput'])}) | "
+            f"{_pct_worse_tput(a['throughput_tok_s'], b['vpp_tput']['throughput_tok_s']):+.1f}% "
+            f"({_size(b['vpp_tput'])}) |")
+    return "\n".join(lines)
+
+
+def idle_table(cells: list[dict]) -> str:
+    """Bubble per rank by cause (s, mean over ranks): auto against the best-throughput cpp/dcpp run."""
+    shown = [c for c in IDLE_CAUSES if any(abs(r["idle_by_cause_s"][c]) > 1e-9
+                                           for cell in cells for r in (cell["auto"], cell["best"]["base_tput"]))]
+    lines = ["| model | P | workload | run | bubble s | " + " | ".join(shown) + " |",
+             "|" + "---|" * (5 + len(shown))]
+    for c in cells:
+        for label, run in (("vpp-pack auto", c["auto"]), (f"{c['best']['base_tput']['mode']} "
+                                                          f"{_size(c['best']['base_tput'])}", c["best"]["base_tput"])):
+            causes = " | ".join(f"{run['idle_by_cause_s'][k]:.3f}" for k in shown)
+            lines.append(f"| {c['model']} | {c['pp']} | {c['workload']} | {label} | {run['bubble_s']:.3f} | {causes} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hardware", default="ascend-910c")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--pp", default=",".join(map(str, RANKS)))
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path, help="write the tables into this file between the markers")
+    args = parser.parse_args(argv)
+    cells = []
+    started = time.perf_counter()
+    for model in args.models.split(","):
+        for pp in (int(p) for p in args.pp.split(",")):
+            for workload in args.workloads.split(","):
+                t0 = time.perf_counter()
+                cells.append(run_cell(model, args.hardware, pp, workload))
+                print(f"{model} P={pp} {workload}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    seconds = time.perf_counter() - started
+    shorts = [c for c in cells if c["workload"].startswith("short")]
+    out = f"{table(cells)}\n\nIdle by cause, short cells:\n\n{idle_table(shorts)}"
+    print(out)
+    print(f"\n{len(cells)} cells in {seconds:.0f} s", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps({"hardware": args.hardware, "chunks": CHUNKS, "cells": cells}, indent=1))
+    if args.markdown:
+        _write_markdown(args.markdown, cells, args.hardware, seconds)
+    return 0
+
+
+BEGIN, END = "<!-- auto_sweep:begin -->", "<!-- auto_sweep:end -->"
+
+
+def _write_markdown(path: Path, cells: list[dict], hardware: str, seconds: float) -> None:
+    shorts = [c for c in cells if c["workload"].startswith("short")]
+    body = (f"{BEGIN}\nGenerated by `python benchmarks/auto_sweep.py --markdown {path}` ({hardware}, "
+            f"{len(cells)} cells, {seconds:.0f} s on the 2-core dev machine). Swept sizes: "
+            f"{', '.join(f'{c // 1024}k' for c in CHUNKS)}. Positive % = auto worse.\n\n{table(cells)}\n\n"
+            f"Bubble per rank by cause (s, mean over ranks), short cells:\n\n{idle_table(shorts)}\n{END}")
+    text = path.read_text() if path.exists() else f"{BEGIN}\n{END}\n"
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    path.write_text(text[:start] + body + text[end:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""``auto`` chunk size and batch budget: the schedule core plans the situation at each candidate.
+
+Given the controller's cost estimate (the analytic preset, a fitted profile or the server's
+``--vpp-cost-profile``), the layout (P, fold-back or not), the policy and the *situation* (the
+prompt lengths waiting and in flight), ``AutoSizer.choose`` plans the situation with the real
+``Planner`` once per candidate size (chunks of that size for a long request, a token budget of
+that size for a batch of short ones, as SGLang's ``--chunked-prefill-size`` is both) and keeps
+the candidate whose larger relative loss, in estimated makespan (throughput) and in mean
+completion (TTFT) against the best candidate of each, is smallest (``score``): a size that
+wins throughput by 1 % but costs 10 % TTFT loses to one within 3 % of both. Scores within
+``TIE_TOLERANCE`` tie; the smaller makespan, then the smaller size decide. The planner's estimated
+clock is the simulator's engine without its transport detail, so the choice is what a
+simulator sweep over the candidates finds best for that situation (``benchmarks/auto_sweep.py``
+and ``tests/schedule/test_auto_size.py`` check it).
+
+Only the prompt lengths and the cost estimate enter the choice, never a clock, so every rank
+that sees the same situation computes the same size, and a recorded choice replays exactly.
+
+``AutoChunker`` is the chunker the controller holds in ``auto`` mode: ``resize(lengths)``
+(reached through ``Controller.resize``) picks the size for a situation; until then, or for a
+request the executor never describes, a request is cut at the size chosen for it alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .chunking import Chunker
+from .cost import StageCostModel
+from .errors import ChunkingError
+from .ir import RequestSpec
+from .layout import Layout
+from .planner import Planner
+from .policies import PolicySpec
+from .factory import ControllerConfig, default_chunker
+
+__all__ = ["AUTO", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_CAP", "WINDOW", "TIE_TOLERANCE", "AutoChoice",
+           "AutoSizer", "AutoChunker", "is_auto", "candidates_up_to", "auto_chunker", "score"]
+
+AUTO = "auto"
+
+CANDIDATES = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
+"""Sizes ``auto`` chooses among: powers of two from the tiny CPU runs' 256 up to the 64K that
+long-context serving sweeps, with the 1.5x steps in between where the simulator's optima lie
+(an optimum between two steps costs at most a few percent, the spread of neighbouring cells)."""
+
+MAX_PLANNED_CHUNKS = 2048
+"""A candidate that cuts the situation into more chunks than this is not planned (the smallest
+candidate above it always is): planning time grows with chunks, and on hardware whose per-chunk
+cost is not negligible so many chunks are never best."""
+
+SERVER_CAP = 16384
+"""What a server started with ``--chunked-prefill-size auto`` gives SGLang as its chunked-prefill
+size (SGLang's default ``--max-prefill-tokens``, so one chunk always fits a prefill batch): the
+largest chunk the controller may pick there, and the token budget of a batch of new requests."""
+
+WINDOW = 128
+"""Requests of a situation that are planned (the oldest first). A batch's best budget depends
+on how many requests share the pipeline (a 16-request window picks 8K for 100 x 4K on CPP at
+P = 4 where the 100 requests run best at 16K), so the window covers the paper's 100-request
+loads whole; planning 128 requests at 9 sizes takes about a second."""
+
+TIE_TOLERANCE = 0.002
+"""Scores within this fraction count as equal; the makespan, then the size decides."""
+
+
+def score(scores: Sequence[tuple[int, float, float]]) -> dict[int, float]:
+    """Per candidate of ``(size, makespan, mean completion)``: the larger of its relative losses
+    against the smallest makespan and the smallest mean completion among ``scores``."""
+    best_makespan = min(m for _, m, _ in scores)
+    best_ttft = min(t for _, _, t in scores)
+    return {size: max(m / best_makespan, t / best_ttft) - 1.0 for size, m, t in scores}
+
+
+def is_auto(text: object) -> bool:
+    return isinstance(text, str) and text.strip().lower() == AUTO
+
+
+def candidates_up_to(cap: int | None) -> tuple[int, ...]:
+    """The candidates at most ``cap`` tokens (``cap`` itself when it is below all of them)."""
+    if cap is None:
+        return CANDIDATES
+    if cap < 1:
+        raise ChunkingError(f"auto chunk size cap must be >= 1 token, got {cap}")
+    kept = tuple(c for c in CANDIDATES if c <= cap)
+    return kept if kept else (cap,)
+
+
+@dataclass(frozen=True, slots=True)
+class AutoChoice:
+    chunk_size: int
+    situation: tuple[int, ...]
+    """The planned prompt lengths (at most ``WINDOW``, in the order given)."""
+    scores: tuple[tuple[int, float, float], ...]
+    """(candidate, estimated makespan s, estimated mean completion s) for each candidate planned."""
+
+    def to_record(self) -> dict:
+        return {"chunk_size": self.chunk_size, "situation": list(self.situation),
+                "scores": [list(s) for s in self.scores]}
+
+
+ChunkerFactory = Callable[[int, int], Chunker]
+"""(chunk size, longest prompt) -> the mode's chunker at that size."""
+
+
+class AutoSizer:
+    """Picks a chunk size (and batch budget) per situation; see the module docstring."""
+
+    def __init__(self, policy: PolicySpec, layout: Layout, cost: StageCostModel, chunker_for: ChunkerFactory, *,
+                 max_in_flight: int | None = None, candidates: Sequence[int] = CANDIDATES,
+                 window: int = WINDOW, batch: bool = True) -> None:
+        """``chunker_for``: the mode's chunker at a size (fixed, tapered or the DCPP curve);
+        ``batch``: the executor batches whole short requests up to the size (SGLang does)."""
+        if not candidates or any(not isinstance(c, int) or c < 1 for c in candidates):
+            raise ChunkingError(f"auto needs candidate sizes >= 1 token, got {list(candidates)}")
+        if window < 1:
+            raise ChunkingError(f"auto window must be >= 1 request, got {window}")
+        self.policy = policy
+        self.layout = layout
+        self.cost = cost
+        self.chunker_for = chunker_for
+        self.max_in_flight = max_in_flight
+        self.candidates = tuple(sorted(set(candidates)))
+        self.window = window
+        self.batch = batch
+        self._cache: dict[tuple[int, ...], AutoChoice] = {}
+
+    def choose(self, lengths: Sequence[int]) -> AutoChoice:
+        """The best candidate for the prompts ``lengths`` (waiting and in flight, oldest first)."""
+        situation = tuple(int(n) for n in lengths[: self.window])
+        if not situation or min(situation) < 1:
+            raise ChunkingError(f"auto needs prompt lengths >= 1 token, got {list(lengths)[:8]}")
+        cached = self._cache.get(situation)
+        if cached is not None:
+            return cached
+        total = sum(situation)
+        scores = []
+        largest = self.candidates[-1]
+        for size in self.candidates:
+            if -(-total // size) > MAX_PLANNED_CHUNKS and size != largest:
+                continue
+            scores.append((size, *self._plan(size, situation)))
+            if size >= total:  # larger sizes cut and batch exactly like this one
+                break
+        loss = score(scores)
+        best = min(loss.values())
+        close = [s for s in scores if loss[s[0]] <= best + TIE_TOLERANCE]
+        size = min(close, key=lambda s: (s[1], s[0]))[0]
+        choice = AutoChoice(size, situation, tuple(scores))
+        self._cache[situation] = choice
+        return choice
+
+    def _plan(self, size: int, situation: tuple[int, ...]) -> tuple[float, float]:
+        chunker = self.chunker_for(size, max(situation))
+        config = ControllerConfig(self.policy, self.layout, chunker, self.cost, self.max_in_flight,
+                                  token_budget=size if self.batch else None)
+        planner = Planner(config)
+        for length in situation:
+            planner.submit(RequestSpec(length))
+        planner.advance()
+        finish = planner.request_finish
+        return max(finish.values()), sum(finish.values()) / len(finish)
+
+
+class AutoChunker:
+    """The controller's chunker in ``auto`` mode (module docstring)."""
+
+    def __init__(self, sizer: AutoSizer) -> None:
+        self.sizer = sizer
+        self.choice: AutoChoice | None = None
+        self.history: list[AutoChoice] = []
+        """Every choice ``resize`` made, in order (executors report them)."""
+        self.on_choice: Callable[..., None] | None = None
+        """Called with ``prefix``, ``remaining`` and ``size`` after every ``next_chunk_size``
+        (an executor that records decisions for ``check --trace``)."""
+        self._chunkers: dict[tuple[int, int], Chunker] = {}
+
+    def resize(self, lengths: Sequence[int]) -> AutoChoice:
+        self.choice = self.sizer.choose(lengths)
+        self.history.append(self.choice)
+        return self.choice
+
+    def size_for(self, length: int) -> int:
+        """The chunk size a ``length``-token request is cut at now."""
+        choice = self.choice if self.choice is not None else self.sizer.choose((length,))
+        return choice.chunk_size
+
+    def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
+        length = prefix_len + remaining
+        size = self.size_for(length)
+        key = (size, length)
+        chunker = self._chunkers.get(key)
+        if chunker is None:
+            chunker = self._chunkers[key] = self.sizer.chunker_for(size, length)
+        cut = chunker.next_chunk_size(prefix_len, remaining)
+        if self.on_choice is not None:
+            self.on_choice(prefix=prefix_len, remaining=remaining, size=cut)
+        return cut
+
+
+def auto_chunker(policy: PolicySpec, layout: Layout, cost: StageCostModel, cap: int | None = None, *,
+                 max_in_flight: int | None = None, chunker_for: ChunkerFactory | None = None,
+                 batch: bool = True) -> AutoChunker:
+    """An ``auto`` chunker choosing among the candidates up to ``cap`` tokens (the executor's
+    largest forward); ``chunker_for`` defaults to ``default_chunker``'s chunker for the mode."""
+    if chunker_for is None:
+        def chunker_for(size: int, max_length: int) -> Chunker:
+            return default_chunker(policy, size, layout, cost, max_length)
+    sizer = AutoSizer(policy, layout, cost, chunker_for, max_in_flight=max_in_flight,
+                      candidates=candidates_up_to(cap), batch=batch)
+    return AutoChunker(sizer)

@@ -1,0 +1,32 @@
+"""``benchmarks/auto_sweep.py``: sampled cells of the table in docs/auto-chunk.md match the code,
+and in a long cell auto is the best swept vpp-pack size."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("auto_sweep", ROOT / "benchmarks" / "auto_sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("model,pp,workload", [
+    ("deepseek-v3.1", 2, "long-64k"), ("qwen3-coder-30b-a3b", 4, "long-64k"), ("qwen3-coder-30b-a3b", 2, "short-4k"),
+])
+def test_sampled_doc_rows_match_the_code(bench, model, pp, workload):
+    cell = bench.run_cell(model, "ascend-910c", pp, workload)
+    row = bench.table([cell]).splitlines()[-1]
+    doc = (ROOT / "docs" / "auto-chunk.md").read_text()
+    assert row in doc, f"{row}\nnot in docs/auto-chunk.md: run python benchmarks/auto_sweep.py --markdown docs/auto-chunk.md"
+    if workload.startswith("long"):
+        best = cell["best"]["vpp_tput"]["throughput_tok_s"]
+        assert cell["auto"]["throughput_tok_s"] >= best * 0.995
