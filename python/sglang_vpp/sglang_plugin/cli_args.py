@@ -10,6 +10,7 @@ Data flow (launcher process)::
         -> dcpp sets enable_dynamic_chunking on the namespace first (it is a stock field)
         -> the ServerArgs is built by SGLang, then carries PipelineOptions as _sglang_vpp
         -> on --device cpu, SGLang's GPU crash diagnostics default to off (failure_report.py)
+           and a PD server gets the CPU guards of cpu_compat.apply_cpu_pd_args
 
 After parsing, the launcher refuses to start (one line, status 2) unless the plugin's
 launcher-side hooks took effect: the input guard and the failure report.
@@ -23,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 from typing import Any
 
+from sglang_vpp.sglang_plugin.cpu_compat import apply_cpu_pd_args
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.failure_report import (
     SIGQUIT_HANDLER_TARGET,
@@ -48,6 +51,8 @@ __all__ = [
     "check_namespace",
     "check_pp_mode_name",
 ]
+
+logger = logging.getLogger(__name__)
 
 _WRAPPED_MARK = "_sglang_vpp_parse_wrapped"
 
@@ -154,6 +159,8 @@ def around_from_cli_args(original, cls, args: argparse.Namespace):
     if options.pp_mode == PpMode.DCPP:
         # dcpp is exactly stock PP with SGLang's dynamic chunking switched on.
         args.enable_dynamic_chunking = True
+    for flag in apply_cpu_pd_args(args):
+        logger.info("sglang-vpp: --device cpu with --disaggregation-mode: %s (CUDA-only path)", flag)
     server_args = original(cls, args)
     attach(server_args, options)
     use_cpu_crash_defaults(getattr(server_args, "device", None) or getattr(args, "device", None))

@@ -35,6 +35,7 @@ __all__ = ["HookScope", "HookTarget", "HOOK_TARGETS", "register_hook", "find_tar
 class HookScope(StrEnum):
     EVERY_MODE = "every-mode"  # argument parsing and the scheduler-process set-up
     GENERIC_CPU = "generic-cpu"  # only on SGLang's generic CPU platform
+    CPU_PD = "cpu-pd"  # --device cpu with --disaggregation-mode prefill
     DCPP = "dcpp"
     STOCK_TRACE = "stock-trace"  # cpp / dcpp with --vpp-trace
     STOCK_WATCHDOG = "stock-watchdog"  # cpp / dcpp with --pp-size > 1 (--vpp-comm-timeout)
@@ -66,6 +67,8 @@ HOOK_TARGETS: tuple[HookTarget, ...] = (
                HookScope.GENERIC_CPU),
     HookTarget(_S + "models.deepseek_v2.DeepseekV2AttentionMLA.dispatch_attn_forward_method",
                ("self", "forward_batch"), HookScope.GENERIC_CPU),
+    HookTarget(_S + "disaggregation.mooncake.conn.MooncakeKVSender.__init__",
+               ("self", "mgr", "bootstrap_addr", "bootstrap_room"), HookScope.CPU_PD),
     HookTarget(_S + "managers.scheduler_components.dynamic_chunk_sizer.DynamicChunkSizer.profile_and_fit",
                ("self",), HookScope.DCPP),
     HookTarget(_S + "managers.scheduler.Scheduler.run_batch", ("self", "batch"), HookScope.STOCK_TRACE),

@@ -7,6 +7,7 @@ Data flow (each scheduler process, one per PP rank x TP rank)::
       publish(server_args, role="scheduler", ...)    [BEFORE hook: before_publish]
         -> setup_scheduler_process(server_args)
              register_cpu_hooks()                     (generic CPU platform only)
+             register_cpu_pd_hooks()                  (--device cpu prefill servers only)
              vpp.install(server_args)                 (vpp* modes only; raises if missing)
              dcpp.install_dcpp_hooks()                (dcpp only: retry a rejected profile fit)
              stock_trace.install_stock_trace(dir)     (cpp / dcpp with --vpp-trace only)
@@ -44,11 +45,13 @@ def setup_scheduler_process(server_args: Any) -> None:
     if id(server_args) in _done_for:
         return  # publish may run again for the same record (last-publish-wins)
     _done_for.add(id(server_args))
-    from sglang_vpp.sglang_plugin.cpu_compat import register_cpu_hooks
+    from sglang_vpp.sglang_plugin.cpu_compat import PD_SENDER_INIT_TARGET, register_cpu_hooks, register_cpu_pd_hooks
 
     register_cpu_hooks()
     options = options_of(server_args)
     required: list[str] = []  # hooks registered here that this process must not run without
+    if register_cpu_pd_hooks(server_args):
+        required.append(PD_SENDER_INIT_TARGET)
     if options.is_vpp:
         from sglang_vpp.sglang_plugin.vpp import install
 
