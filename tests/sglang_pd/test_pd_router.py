@@ -4,18 +4,28 @@ One decode server (pp 1) serves every prefill server of the module in turn; the 
 restarted for each prefill server and waited on until a request through it succeeds. Four
 prompts of different lengths (several chunks of 64 each; the last one sent while the others are
 in prefill) go through the router concurrently: the decode server's greedy ids must equal
-transformers' greedy continuation, for every prefill server.
+transformers' greedy continuation, for every prefill server. Then bad input and faults on the
+same servers: 32 concurrent mixed requests, an unreachable bootstrap address, an abort during
+prefill/transfer (KV back to 0 on both sides each time), and last, kill -9 of prefill rank 1
+(named in the log, the router's clients get an error instead of hanging).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import time
+import json
+import random
+import signal
+import threading
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from sglang_harness import SKIP_NO_SGLANG, ServerConfig, get_json, post_json
+from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
+from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, get_json, post_json
 
 from sglang_vpp.models.tiny_hf import TinyModelSpec
 from sglang_vpp.serving.pd_launcher import PdDeployment, decode_config, prefill_config
@@ -44,16 +54,19 @@ def model_dir(tiny_model) -> Path:
     return tiny_model(MODEL)
 
 
+def _prompts(lengths, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 10000) for _ in range(n)] for n in lengths]
+
+
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    import random
-
-    rng = random.Random(1919)
-    return [[rng.randrange(2, 10000) for _ in range(n)] for n in PROMPT_LENGTHS]
+    return _prompts(PROMPT_LENGTHS, 1919)
 
 
 @pytest.fixture(scope="module")
-def reference(model_dir: Path, prompts) -> list[list[int]]:
+def greedy(model_dir: Path):
+    """transformers' greedy continuation of a prompt (the oracle), memoised."""
     import torch
     from transformers import GenerationConfig
 
@@ -61,9 +74,21 @@ def reference(model_dir: Path, prompts) -> list[list[int]]:
 
     model = load_transformers_model(model_dir)
     config = GenerationConfig(max_new_tokens=NUM_NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=1)
-    with torch.no_grad():
-        return [model.generate(torch.tensor([ids]), generation_config=config)[0, len(ids):].tolist()
-                for ids in prompts]
+    cache: dict[tuple[int, ...], list[int]] = {}
+
+    def continuation(ids: list[int]) -> list[int]:
+        if tuple(ids) not in cache:
+            with torch.no_grad():
+                out = model.generate(torch.tensor([ids]), generation_config=config)
+            cache[tuple(ids)] = out[0, len(ids):].tolist()
+        return cache[tuple(ids)]
+
+    return continuation
+
+
+@pytest.fixture(scope="module")
+def reference(greedy, prompts) -> list[list[int]]:
+    return [greedy(ids) for ids in prompts]
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +126,92 @@ def test_concurrent_prompts_equal_transformers(router, deployment, prompts, refe
             f"prefill log tail:\n{deployment.prefill.log_tail(3000)}\ndecode log tail:\n"
             f"{deployment.decode.log_tail(3000)}"
         )
+
+
+MIXED_LENGTHS = (5, 37, 64, 130, 300, 450, 200, 90)
+NUM_MIXED = 32
+
+
+def _kv_in_use(server: SGLangServer) -> int:
+    return sum(int(load["num_used_tokens"]) for load in get_json(server.url + "/v1/loads")["loads"])
+
+
+def _assert_kv_idle(deployment: PdDeployment, bound_s: float = 60.0) -> None:
+    deadline = time.monotonic() + bound_s
+    servers = {"prefill": deployment.prefill, "decode": deployment.decode}
+    while time.monotonic() < deadline:
+        used = {name: _kv_in_use(server) for name, server in servers.items()}
+        if not any(used.values()):
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"KV tokens still in use {bound_s:.0f} s after the last request: {used}")
+
+
+def test_32_concurrent_mixed_all_served_equal_transformers_kv_idle(router, deployment, greedy):
+    prompts = _prompts([MIXED_LENGTHS[i % len(MIXED_LENGTHS)] for i in range(NUM_MIXED)], 32)
+    with ThreadPoolExecutor(NUM_MIXED) as pool:
+        answers = list(pool.map(lambda ids: _generate(router.url, ids), prompts))
+    wrong = [(len(ids), a["output_ids"], greedy(ids)) for ids, a in zip(prompts, answers)
+             if a["output_ids"] != greedy(ids)]
+    assert not wrong, f"{len(wrong)} of {NUM_MIXED} differ from transformers, e.g. {wrong[:2]}"
+    _assert_kv_idle(deployment)
+
+
+def _post_status(url: str, payload: dict, timeout: float) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+@pytest.mark.parametrize("where", ["unreachable-host", "closed-port"])
+def test_bad_bootstrap_address_is_a_client_error(router, deployment, prompts, reference, where):
+    """A client that names a bootstrap server nobody runs gets an error, not a hang, and the
+    pair keeps serving."""
+    host, port = ("10.255.255.1", 8998) if where == "unreachable-host" else ("127.0.0.1", 1)
+    payload = {"input_ids": prompts[-1], "bootstrap_host": host, "bootstrap_port": port,
+               "bootstrap_room": random.Random(5).getrandbits(62),
+               "sampling_params": {"temperature": 0, "max_new_tokens": 2, "ignore_eos": True}}
+    status, body = _post_status(deployment.decode.url + "/generate", payload, timeout=120)
+    assert 400 <= status < 500 or '"abort"' in body, f"decode answered {status}: {body[:500]}"
+    assert _generate(router.url, prompts[-1])["output_ids"] == reference[-1]
+    _assert_kv_idle(deployment)
+
+
+def test_abort_during_prefill_and_transfer_frees_kv_and_keeps_serving(router, deployment, prompts, reference):
+    """A long request is aborted on both servers while the prefill runs: the client gets an
+    answer (an abort or an error), KV returns to 0 on both sides, the next request is served."""
+    long_prompt = _prompts((1500,), 77)[0]
+    result: dict = {}
+
+    def client() -> None:
+        result["answer"] = _post_status(router.url + "/generate", {
+            "input_ids": long_prompt,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}}, timeout=300)
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    time.sleep(2.0)
+    for server in (deployment.prefill, deployment.decode):
+        _post_status(server.url + "/abort_request", {"abort_all": True}, timeout=30)
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the aborted request's client still waits 120 s after the abort"
+    status, body = result["answer"]
+    assert status != 200 or '"abort"' in body, f"the aborted request was answered in full: {body[:300]}"
+    _assert_kv_idle(deployment)
+    assert _generate(router.url, prompts[0])["output_ids"] == reference[0]
+
+
+def test_killed_prefill_rank_is_named_and_router_clients_get_an_error(router, deployment, prompts):
+    """Last use of the prefill server: kill -9 of pp rank 1 ends it with one log line naming
+    the rank; a request through the router then fails within a bound instead of hanging."""
+    assert_fault_ends_the_server(deployment.prefill, "pd-cpp-kill-rank1-idle", signal.SIGKILL, 1, "idle",
+                                 KILL_BOUND_S)
+    began = time.monotonic()
+    status, body = _post_status(router.url + "/generate", {
+        "input_ids": prompts[0], "sampling_params": {"max_new_tokens": 2}}, timeout=120)
+    assert status >= 400, f"router answered {status} with its prefill server gone: {body[:300]}"
+    assert time.monotonic() - began < 120

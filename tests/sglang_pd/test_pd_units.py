@@ -1,0 +1,82 @@
+"""The CPU guards of a prefill-decode server (cpu_compat), without starting a server."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sglang_vpp.sglang_plugin.cpu_compat import _sender_without_host_indices, apply_cpu_pd_args
+
+SKIP_NO_SGLANG = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")
+
+
+def _ns(**kwargs) -> argparse.Namespace:
+    base = dict(device="cpu", disaggregation_mode="null", disaggregation_decode_retraction_backup=None,
+                disable_overlap_schedule=False)
+    base.update(kwargs)
+    return argparse.Namespace(**base)
+
+
+def test_cpu_decode_defaults_retraction_backup_to_none():
+    args = _ns(disaggregation_mode="decode")
+    assert apply_cpu_pd_args(args) == ["--disaggregation-decode-retraction-backup none"]
+    assert args.disaggregation_decode_retraction_backup == "none"
+    assert args.disable_overlap_schedule is False
+
+
+def test_cpu_prefill_turns_the_overlap_schedule_off():
+    args = _ns(disaggregation_mode="prefill")
+    assert apply_cpu_pd_args(args) == ["--disable-overlap-schedule"]
+    assert args.disable_overlap_schedule is True
+
+
+def test_user_choice_kept_and_other_devices_untouched():
+    kept = _ns(disaggregation_mode="decode", disaggregation_decode_retraction_backup="cpu_tensor")
+    assert apply_cpu_pd_args(kept) == [] and kept.disaggregation_decode_retraction_backup == "cpu_tensor"
+    for device in ("cuda", "npu", None):
+        args = _ns(device=device, disaggregation_mode="prefill")
+        assert apply_cpu_pd_args(args) == [] and args.disable_overlap_schedule is False
+    assert apply_cpu_pd_args(_ns()) == []
+
+
+def test_sender_hook_shadows_the_class_flag():
+    class Sender:
+        supports_host_tensor_indices = True
+
+        def __init__(self, value):
+            self.value = value
+
+    sender = Sender.__new__(Sender)
+    _sender_without_host_indices(Sender.__init__, sender, 3)
+    assert sender.value == 3 and sender.supports_host_tensor_indices is False
+    assert Sender.supports_host_tensor_indices is True
+
+
+@SKIP_NO_SGLANG
+@pytest.mark.slow
+def test_sender_hook_applies_on_cpu_prefill_only():
+    """In a fresh process (the hook patches SGLang's class): a cpu prefill registers and applies
+    it (require_applied passes), a cuda prefill or a cpu decode registers nothing."""
+    code = textwrap.dedent("""
+        import types
+        from sglang.srt.plugins.hook_registry import HookRegistry
+        from sglang_vpp.sglang_plugin import cpu_compat
+        from sglang_vpp.sglang_plugin.hook_targets import require_applied
+        from sglang.srt.disaggregation.mooncake.conn import MooncakeKVSender
+        assert "__init__" not in vars(MooncakeKVSender)  # inherited until the hook wraps it
+        ns = types.SimpleNamespace
+        assert not cpu_compat.register_cpu_pd_hooks(ns(device="cuda", disaggregation_mode="prefill"))
+        assert not cpu_compat.register_cpu_pd_hooks(ns(device="cpu", disaggregation_mode="decode"))
+        assert cpu_compat.register_cpu_pd_hooks(ns(device="cpu", disaggregation_mode="prefill"))
+        HookRegistry.apply_hooks()
+        require_applied(cpu_compat.PD_SENDER_INIT_TARGET)
+        assert "__init__" in vars(MooncakeKVSender)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
