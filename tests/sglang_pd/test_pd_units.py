@@ -80,3 +80,49 @@ def test_sender_hook_applies_on_cpu_prefill_only():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def _decode_manager(mode: str = "decode"):
+    import types
+
+    return types.SimpleNamespace(server_args=types.SimpleNamespace(disaggregation_mode=mode))
+
+
+def _request(host, port, room=5):
+    import types
+
+    return types.SimpleNamespace(bootstrap_host=host, bootstrap_port=port, bootstrap_room=room)
+
+
+def test_bootstrap_guard_refuses_unreachable_and_bad_values():
+    import socket
+
+    from sglang_vpp.sglang_plugin.errors import InputRejectedError
+    from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        check_bootstrap_address(_decode_manager(), _request("127.0.0.1", port))
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        closed_port = closed.getsockname()[1]  # bound, not listening: refused
+        with pytest.raises(InputRejectedError, match=f"127.0.0.1:{closed_port} is unreachable"):
+            check_bootstrap_address(_decode_manager(), _request("127.0.0.1", closed_port))
+    for port_value in (0, 70000, "8998"):
+        with pytest.raises(InputRejectedError, match="bootstrap_port must be a TCP port"):
+            check_bootstrap_address(_decode_manager(), _request("127.0.0.1", port_value))
+    for room in (-1, 2**63, "7"):
+        with pytest.raises(InputRejectedError, match="bootstrap_room must be an integer"):
+            check_bootstrap_address(_decode_manager(), _request("127.0.0.1", 1, room))
+
+
+def test_bootstrap_guard_leaves_other_requests_alone():
+    from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address
+
+    check_bootstrap_address(_decode_manager("prefill"), _request("127.0.0.1", 1))  # prefill: its own host
+    check_bootstrap_address(_decode_manager("null"), _request("127.0.0.1", 1))
+    check_bootstrap_address(_decode_manager(), _request(None, None))
+    check_bootstrap_address(_decode_manager(), _request("2.2.2.2", 1))  # SGLang's warm-up room
+    check_bootstrap_address(_decode_manager(), _request(["127.0.0.1"], [1]))  # a batch: per item

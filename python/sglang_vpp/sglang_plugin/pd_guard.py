@@ -1,0 +1,56 @@
+"""Refuse a decode request whose bootstrap address cannot work, with a 400 instead of a 500.
+
+On a decode server of a prefill-decode split, a request names the prefill server's bootstrap
+address (``bootstrap_host``, ``bootstrap_port``) and a ``bootstrap_room``. Stock SGLang accepts
+any value and only tries the address in the scheduler: an unreachable host or a closed port then
+ends as HTTP 500 ("Decode handshake failed"). The guard, called from the input guard's hook
+(``input_guard.check_request_tokens``), checks the values' types and ranges and connects once to
+each new address (``CONNECT_TIMEOUT_S``; reachable addresses are remembered, so the router's
+one address costs one connect per decode server) and raises ``InputRejectedError`` (400).
+
+A room that no prefill server ever serves cannot be told apart from one still on its way; SGLang's
+own waiting timeout ends it. The warm-up address SGLang uses itself (``FAKE_BOOTSTRAP_HOST``) and
+every non-decode server are left alone.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from sglang_vpp.sglang_plugin.errors import InputRejectedError
+
+__all__ = ["CONNECT_TIMEOUT_S", "check_bootstrap_address"]
+
+CONNECT_TIMEOUT_S = 1.0
+"""One TCP connect to a new bootstrap address: the tokenizer's event loop waits this long at most."""
+_FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+"""SGLang's warm-up requests name this host (``disaggregation/utils.py``); it is never dialled."""
+_MAX_ROOM = 2**63
+_reachable: set[tuple[str, int]] = set()
+
+
+def check_bootstrap_address(manager: Any, obj: Any) -> None:
+    """Raise InputRejectedError for a decode request whose bootstrap address cannot work."""
+    server_args = getattr(manager, "server_args", None)
+    if getattr(server_args, "disaggregation_mode", None) != "decode":
+        return
+    host, port, room = (getattr(obj, name, None) for name in ("bootstrap_host", "bootstrap_port", "bootstrap_room"))
+    if isinstance(host, list) or host is None or host == _FAKE_BOOTSTRAP_HOST:
+        return  # a batch is checked item by item; no host: SGLang's own rules apply
+    if room is not None and (type(room) is not int or not 0 <= room < _MAX_ROOM):
+        raise InputRejectedError(f"bootstrap_room must be an integer in [0, 2**63); got {room!r}")
+    if port is None:
+        return
+    if type(port) is not int or not 0 < port < 65536:
+        raise InputRejectedError(f"bootstrap_port must be a TCP port in 1..65535; got {port!r}")
+    if (host, port) in _reachable:
+        return
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, UnicodeError) as exc:
+        raise InputRejectedError(
+            f"the bootstrap server {host}:{port} is unreachable from this decode server ({exc}); "
+            "send the prefill server's host and --disaggregation-bootstrap-port (the router does)"
+        ) from None
+    _reachable.add((host, port))
