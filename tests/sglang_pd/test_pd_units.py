@@ -94,6 +94,7 @@ def _request(host, port, room=5):
     return types.SimpleNamespace(bootstrap_host=host, bootstrap_port=port, bootstrap_room=room)
 
 
+@SKIP_NO_SGLANG
 def test_bootstrap_guard_refuses_unreachable_and_bad_values():
     import socket
 
@@ -118,6 +119,7 @@ def test_bootstrap_guard_refuses_unreachable_and_bad_values():
             check_bootstrap_address(_decode_manager(), _request("127.0.0.1", 1, room))
 
 
+@SKIP_NO_SGLANG
 def test_bootstrap_guard_leaves_other_requests_alone():
     from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address
 

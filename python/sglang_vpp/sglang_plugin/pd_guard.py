@@ -24,8 +24,6 @@ __all__ = ["CONNECT_TIMEOUT_S", "check_bootstrap_address"]
 
 CONNECT_TIMEOUT_S = 1.0
 """One TCP connect to a new bootstrap address: the tokenizer's event loop waits this long at most."""
-_FAKE_BOOTSTRAP_HOST = "2.2.2.2"
-"""SGLang's warm-up requests name this host (``disaggregation/utils.py``); it is never dialled."""
 _MAX_ROOM = 2**63
 _reachable: set[tuple[str, int]] = set()
 
@@ -36,7 +34,9 @@ def check_bootstrap_address(manager: Any, obj: Any) -> None:
     if getattr(server_args, "disaggregation_mode", None) != "decode":
         return
     host, port, room = (getattr(obj, name, None) for name in ("bootstrap_host", "bootstrap_port", "bootstrap_room"))
-    if isinstance(host, list) or host is None or host == _FAKE_BOOTSTRAP_HOST:
+    from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST  # SGLang's warm-up host, never dialled
+
+    if isinstance(host, list) or host is None or host == FAKE_BOOTSTRAP_HOST:
         return  # a batch is checked item by item; no host: SGLang's own rules apply
     if room is not None and (type(room) is not int or not 0 <= room < _MAX_ROOM):
         raise InputRejectedError(f"bootstrap_room must be an integer in [0, 2**63); got {room!r}")
