@@ -101,11 +101,30 @@ def test_bootstrap_guard_refuses_unreachable_and_bad_values():
     from sglang_vpp.sglang_plugin.errors import InputRejectedError
     from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address
 
-    with socket.socket() as listening:
-        listening.bind(("127.0.0.1", 0))
-        listening.listen()
-        port = listening.getsockname()[1]
-        check_bootstrap_address(_decode_manager(), _request("127.0.0.1", port))
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        check_bootstrap_address(_decode_manager(), _request("127.0.0.1", server.server_address[1]))
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as silent:  # accepts connections, never answers: what a proxy may do
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent_port = silent.getsockname()[1]
+        with pytest.raises(InputRejectedError, match=f"127.0.0.1:{silent_port} is unreachable"):
+            check_bootstrap_address(_decode_manager(), _request("127.0.0.1", silent_port))
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         closed_port = closed.getsockname()[1]  # bound, not listening: refused

@@ -4,9 +4,11 @@ On a decode server of a prefill-decode split, a request names the prefill server
 address (``bootstrap_host``, ``bootstrap_port``) and a ``bootstrap_room``. Stock SGLang accepts
 any value and only tries the address in the scheduler: an unreachable host or a closed port then
 ends as HTTP 500 ("Decode handshake failed"). The guard, called from the input guard's hook
-(``input_guard.check_request_tokens``), checks the values' types and ranges and connects once to
-each new address (``CONNECT_TIMEOUT_S``; reachable addresses are remembered, so the router's
-one address costs one connect per decode server) and raises ``InputRejectedError`` (400).
+(``input_guard.check_request_tokens``), checks the values' types and ranges and asks each new
+address for the bootstrap server's ``/health`` once (``CONNECT_TIMEOUT_S``; addresses that answered
+are remembered, so the router's one address costs one probe per decode server) and raises
+``InputRejectedError`` (400). A TCP connect alone is not enough: a network proxy may accept a
+connection to any address.
 
 A room that no prefill server ever serves cannot be told apart from one still on its way; SGLang's
 own waiting timeout ends it. The warm-up address SGLang uses itself (``FAKE_BOOTSTRAP_HOST``) and
@@ -15,7 +17,7 @@ every non-decode server are left alone.
 
 from __future__ import annotations
 
-import socket
+import urllib.request
 from typing import Any
 
 from sglang_vpp.sglang_plugin.errors import InputRejectedError
@@ -23,7 +25,7 @@ from sglang_vpp.sglang_plugin.errors import InputRejectedError
 __all__ = ["CONNECT_TIMEOUT_S", "check_bootstrap_address"]
 
 CONNECT_TIMEOUT_S = 1.0
-"""One TCP connect to a new bootstrap address: the tokenizer's event loop waits this long at most."""
+"""One probe of a new bootstrap address: the tokenizer's event loop waits this long at most."""
 _MAX_ROOM = 2**63
 _reachable: set[tuple[str, int]] = set()
 
@@ -46,11 +48,17 @@ def check_bootstrap_address(manager: Any, obj: Any) -> None:
         raise InputRejectedError(f"bootstrap_port must be a TCP port in 1..65535; got {port!r}")
     if (host, port) in _reachable:
         return
+    shown = f"[{host}]" if ":" in host else host
     try:
-        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
-    except (OSError, UnicodeError) as exc:
+        with urllib.request.urlopen(f"http://{shown}:{port}/health", timeout=CONNECT_TIMEOUT_S) as response:
+            answered = response.status == 200
+    except (OSError, ValueError) as exc:  # URLError, timeouts, HTTP errors, a malformed host
+        answered, why = False, str(exc)
+    else:
+        why = "" if answered else f"HTTP {response.status}"
+    if not answered:
         raise InputRejectedError(
-            f"the bootstrap server {host}:{port} is unreachable from this decode server ({exc}); "
+            f"the bootstrap server {host}:{port} is unreachable from this decode server ({why}); "
             "send the prefill server's host and --disaggregation-bootstrap-port (the router does)"
-        ) from None
+        )
     _reachable.add((host, port))
