@@ -18,7 +18,22 @@ fi
 
 "$PY" -m pip install -r requirements/sglang-cpu.txt
 "$PY" -m pip install --no-deps -r requirements/sglang-cpu-nodeps.txt
+# Mooncake's transfer engine (prefill-decode KV transfer) links libibverbs even over TCP.
+if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1'; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    if ! (apt-get install -y libibverbs1 || { apt-get update && apt-get install -y libibverbs1; }); then
+      echo "WARNING: apt-get could not install libibverbs1 (offline mirror?): prefill-decode" \
+        "disaggregation over Mooncake will not start until it is installed." >&2
+    fi
+  else
+    echo "WARNING: libibverbs.so.1 is missing and apt-get is not usable here (not root or" \
+      "no apt): install libibverbs1 (Debian/Ubuntu) or rdma-core (RPM) before running" \
+      "prefill-decode disaggregation; everything else works without it." >&2
+  fi
+fi
 # The project itself registers the SGLang plugin through its entry points.
 "$PY" -m pip install -e ".[test]"
 
 "$PY" -c "import sglang, sglang.version as v; assert v.__version__ == '0.5.23', v.__version__; print('sglang', v.__version__, 'OK')"
+"$PY" -c "import mooncake.engine, sglang_router, prometheus_client; print('PD (mooncake, sglang-router) OK')" \
+  || echo "WARNING: the prefill-decode packages do not import (see above); docs/pd.md" >&2

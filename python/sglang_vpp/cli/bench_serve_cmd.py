@@ -99,6 +99,7 @@ def bench_serve(
     repeats: int = typer.Option(3, "--repeats", help="--launch: measured bench_serving passes per server (idle spread and verdict ranges are over repeats; 1 gives no verdict)."),
     work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="Where server logs, traces and bench_serving's JSONL and logs go (default: a new temporary directory)."),
     startup_timeout: float = typer.Option(600.0, "--startup-timeout", help="--launch: seconds a server may take to become healthy."),
+    pd: bool = typer.Option(False, "--pd", help="--launch: serve each mode as the prefill server of a prefill-decode split (one pp-1 decode server, SGLang's router, Mooncake over TCP); docs/pd.md."),
     port: Optional[int] = typer.Option(None, "--port", help="--launch: the first server's port; the next mode gets the next port (default: free ports)."),
     workload: Workload = typer.Option(Workload.SHORT, "--workload", help="Preset of bench_serving's random-ids dataset: long (4 x 8k, one at a time), short (16 x 1k, 16 at once), mixed (lengths uniform up to 2x --input-len), or file (--file: the requests of a workload file, the format simulate reads)."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", "--num-prompts", help="Requests per pass (preset default)."),
@@ -135,6 +136,8 @@ def bench_serve(
     """
     if (url is None) == (launch is None):
         raise BenchServeError("give either --url (running servers) or --launch MODES (start them), not both or neither")
+    if pd and launch is None:
+        raise BenchServeError("--pd starts a prefill-decode split per mode: give it with --launch MODES")
     if vocab_size is not None:
         raise BenchServeError(f"--vocab-size {vocab_size}: bench_serving draws token ids from the tokenizer's "
                               "vocabulary; drop --vocab-size (or give --tokenizer)")
@@ -184,9 +187,11 @@ def bench_serve(
     )  # fmt: skip
     modes = None
     if launch is not None:
-        from .bench_serve_launch import check_can_launch, parse_modes
+        from .bench_serve_launch import check_can_launch, check_pd_modes, parse_modes
 
         modes = parse_modes(launch)
+        if pd:
+            check_pd_modes(modes)
         if model_path is not None and _looks_local(model_path) and not Path(model_path).expanduser().is_dir():
             raise BenchServeError(f"--model-path {model_path!r} is not a directory; give a local model directory "
                                   "or a Hugging Face repo id like Qwen/Qwen2-0.5B")
@@ -225,7 +230,7 @@ def bench_serve(
         spec = LaunchSpec(
             model_dir=model_path or default_model_dir(), pp_size=pp_size,
             chunked_prefill_size=sizes["--chunked-prefill-size"], device=device, server_args=tuple(server_arg or ()),
-            startup_timeout=startup_timeout, work_dir=out_dir, first_port=port or 0,
+            startup_timeout=startup_timeout, work_dir=out_dir, first_port=port or 0, pd=pd,
         )  # fmt: skip
         from .bench_serve_launch import check_launch_args, model_context_len
 

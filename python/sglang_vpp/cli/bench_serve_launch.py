@@ -12,6 +12,10 @@ Data flow (per mode, one server alive at a time)::
       -> stop the server (always, on errors too)
     -> one LaunchedRun per mode: label, server facts, summaries, per-repeat idle
 
+With ``--pd`` each mode's server is the prefill server of a prefill-decode split instead: one
+pp-1 decode server for the whole run, each prefill server and SGLang's router in turn
+(``serving/pd_launcher.py``), and every pass goes through the router (docs/pd.md).
+
 The per-rank idle is rebuilt from each stage compute's thread CPU time as if every rank had its
 own device (``serving/timeline.py``); wall-clock numbers of ranks sharing a small machine's cores
 are not a pipeline measurement and are never reported as one.
@@ -30,13 +34,17 @@ from typing import Any, Callable
 from sglang_vpp.schedule.auto_size import AUTO, SERVER_CAP, is_auto
 from sglang_vpp.schedule.policies import FOLDBACK_MODES
 from sglang_vpp.schedule.policies.spec import Policy
-from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangServer
+from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangServer, free_port
 from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
 
-__all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args", "model_context_len", "parse_modes", "run_launched", "default_model_dir"]
+__all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args", "check_pd_modes", "model_context_len",
+           "parse_modes", "run_launched", "default_model_dir"]
 
 ALL_MODES = tuple(p.value for p in Policy)
 """What ``--launch all`` starts: every mode the plugin serves."""
+PD_PREFILL_MODES = ("cpp", "dcpp")
+"""What ``--launch ... --pd`` starts: the modes a prefill server of a PD split runs today (the VPP
+modes refuse ``--disaggregation-mode``)."""
 
 
 class LaunchError(ValueError):
@@ -52,6 +60,14 @@ def parse_modes(text: str) -> list[str]:
     if len(set(modes)) != len(modes):
         raise LaunchError(f"--launch {text!r} names a mode twice")
     return modes
+
+
+def check_pd_modes(modes: list[str]) -> None:
+    """``--pd``: every mode must be one a prefill server of a PD split runs."""
+    refused = [mode for mode in modes if mode not in PD_PREFILL_MODES]
+    if refused:
+        raise LaunchError(f"--launch {','.join(modes)} --pd: {', '.join(refused)} refuse --disaggregation-mode "
+                          f"(docs/pd.md); --pd serves {', '.join(PD_PREFILL_MODES)}")
 
 
 #: What --launch imports: SGLang to serve, transformers to build the default tiny model.
@@ -148,8 +164,12 @@ class LaunchSpec:
     """Logs and traces go here (a fresh temporary directory when None)."""
     first_port: int = 0
     """Mode i listens on ``first_port + i``; 0: each server gets a free port."""
+    pd: bool = False
+    """Serve each mode as the prefill server of a prefill-decode split, behind SGLang's router."""
 
     def config(self, mode: str, trace_dir: Path) -> ServerConfig:
+        if self.pd:
+            check_pd_modes([mode])
         if self.pp_size < 1:
             raise LaunchError(f"--pp-size must be >= 1, got {self.pp_size}")
         size = self.chunked_prefill_size
@@ -163,6 +183,13 @@ class LaunchSpec:
             chunked_prefill_size=size, platform_args=platform,
             extra_args=(*self.server_args, "--vpp-trace", str(trace_dir)),
         )  # fmt: skip
+
+
+    def decode_config(self) -> ServerConfig:
+        """The decode server of ``--pd``: stock, pp 1, the same model, chunk and device flags."""
+        platform = CPU_PLATFORM_ARGS if self.device == "cpu" else ("--device", self.device)
+        return ServerConfig(model_dir=self.model_dir, chunked_prefill_size=self.chunked_prefill_size,
+                            platform_args=platform, extra_args=self.server_args)
 
 
 @dataclass
@@ -231,31 +258,64 @@ def run_launched(
     check_can_launch()
     work_dir = spec.work_dir or Path(tempfile.mkdtemp(prefix="sglang-vpp-bench-serve-"))
     work_dir.mkdir(parents=True, exist_ok=True)
+    if not spec.pd:
+        return _run_modes(spec, modes, work_dir, None, repeats, warm_up, run_once, on_event, on_wait)
+    from sglang_vpp.serving.pd_launcher import PdDeployment, decode_config
+
+    deployment = PdDeployment(log_dir=work_dir)
+    try:
+        on_event("starting the pp-1 decode server of the prefill-decode split")
+        deployment.start_decode(decode_config(spec.decode_config()), timeout=spec.startup_timeout)
+        return _run_modes(spec, modes, work_dir, deployment, repeats, warm_up, run_once, on_event, on_wait)
+    finally:
+        deployment.stop()
+
+
+def _start_mode(spec: LaunchSpec, mode: str, trace_dir: Path, log_path: Path, port: int, deployment: Any,
+                on_event: Callable[[str], None],
+                on_wait: Callable[[str, float, str], None] | None) -> tuple[SGLangServer, str]:
+    """Start ``mode``'s server (with ``--pd``: as the prefill server, and its router): it and the URL to load."""
+    if deployment is not None:
+        from sglang_vpp.serving.pd_launcher import prefill_config
+
+        on_event(f"starting the --pp-mode {mode} prefill server and the router")
+        config = prefill_config(spec.config(mode, trace_dir), free_port())
+        router = deployment.serve_prefill(config, timeout=spec.startup_timeout)
+        return deployment.prefill, router.url
+    server = SGLangServer(spec.config(mode, trace_dir), log_path, port=port)
+    on_event(f"starting --pp-mode {mode} (log {server.log_path})")
+    waiting = None if on_wait is None else (lambda elapsed, line, mode=mode: on_wait(mode, elapsed, line))
+    server.start(timeout=spec.startup_timeout, on_wait=waiting)
+    return server, server.url
+
+
+def _run_modes(spec: LaunchSpec, modes: list[str], work_dir: Path, deployment: Any, repeats: int,
+               warm_up: Callable[[str], int], run_once: Callable[[str, int], Any],
+               on_event: Callable[[str], None],
+               on_wait: Callable[[str, float, str], None] | None) -> list[LaunchedRun]:
     runs = []
     for index, mode in enumerate(modes):
         trace_dir = work_dir / f"trace-{mode}"
         port = spec.first_port + index if spec.first_port else 0
-        server = SGLangServer(spec.config(mode, trace_dir), work_dir / f"server-{mode}.log", port=port)
-        on_event(f"starting --pp-mode {mode} (log {server.log_path})")
-        waiting = None if on_wait is None else (lambda elapsed, line, mode=mode: on_wait(mode, elapsed, line))
-        server.start(timeout=spec.startup_timeout, on_wait=waiting)
+        server, url = _start_mode(spec, mode, trace_dir, work_dir / f"server-{mode}.log", port, deployment,
+                                  on_event, on_wait)
         try:
-            run = LaunchedRun(mode=mode, url=server.url, log_path=str(server.log_path), start_seconds=server.start_seconds)
+            run = LaunchedRun(mode=mode, url=url, log_path=str(server.log_path), start_seconds=server.start_seconds)
             began = time.time()
             after_seq = -1
-            if warm_up(server.url):
+            if warm_up(url):
                 after_seq = last_seq(wait_for_records(trace_dir, spec.pp_size, since=began))
             for repeat in range(repeats):
                 on_event(f"--pp-mode {mode}: repeat {repeat + 1}/{repeats}")
                 began = time.time()
-                serving_pass = run_once(server.url, repeat)
+                serving_pass = run_once(url, repeat)
                 records = wait_for_records(trace_dir, spec.pp_size, since=began)
                 run.passes.append(serving_pass)
                 run.idle.append(measure_idle(records, spec.pp_size, after_seq))
                 after_seq = last_seq(records)
             run.notes = _notes_from_log(mode, server.log_tail(10**7))
         finally:
-            server.stop()
+            server.stop() if deployment is None else deployment.stop_prefill()
         runs.append(run)
     return runs
 

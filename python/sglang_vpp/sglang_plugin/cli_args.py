@@ -10,6 +10,7 @@ Data flow (launcher process)::
         -> dcpp sets enable_dynamic_chunking on the namespace first (it is a stock field)
         -> the ServerArgs is built by SGLang, then carries PipelineOptions as _sglang_vpp
         -> on --device cpu, SGLang's GPU crash diagnostics default to off (failure_report.py)
+           and a PD server gets the CPU guards of cpu_compat.apply_cpu_pd_args
 
 After parsing, the launcher refuses to start (one line, status 2) unless every SGLang name the
 server's mode relies on is there as declared (``surface.py``), the options survive the pickling
@@ -25,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import os
 import sys
 from typing import Any
 
 from sglang_vpp.schedule.auto_size import AUTO, SERVER_CAP, is_auto
+from sglang_vpp.sglang_plugin.cpu_compat import apply_cpu_pd_args
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.failure_report import (
     SIGQUIT_HANDLER_TARGET,
@@ -64,6 +67,8 @@ __all__ = [
     "resolve_auto_chunk",
 ]
 
+logger = logging.getLogger(__name__)
+
 PLUGIN_FLAGS = ("--pp-mode", "--vpp-layer-split", "--vpp-trace", "--vpp-comm-timeout", "--vpp-cost-profile")
 """Every flag the plugin adds (a server started with one needs the plugin loaded)."""
 
@@ -92,7 +97,9 @@ def scopes_of_argv(argv: list[str], generic_cpu: bool) -> tuple:
         pp = int(pp_size)
     except (PpModeError, ValueError):
         mode, pp = PpMode.CPP.value, 1  # argparse names the bad value later
-    return scopes_for(mode, pp, "--vpp-trace" in plugin_flags_in(argv), generic_cpu)
+    return scopes_for(mode, pp, "--vpp-trace" in plugin_flags_in(argv), generic_cpu,
+                      _flag_value(argv, "--disaggregation-mode"), _flag_value(argv, "--device"))
+
 
 _WRAPPED_MARK = "_sglang_vpp_parse_wrapped"
 
@@ -211,7 +218,8 @@ def check_surface(args: argparse.Namespace, options: PipelineOptions) -> None:
     from sglang_vpp.sglang_plugin.surface import find_problems, refusal, scopes_for
 
     pp_size = int(getattr(args, "pp_size", 1) or 1)
-    problems = find_problems(scopes_for(options.pp_mode, pp_size, bool(options.vpp_trace), is_generic_cpu_platform()))
+    problems = find_problems(scopes_for(options.pp_mode, pp_size, bool(options.vpp_trace), is_generic_cpu_platform(),
+                                        getattr(args, "disaggregation_mode", None), getattr(args, "device", None)))
     if problems:
         raise PpModeError(refusal(options.pp_mode, problems))
 
@@ -244,6 +252,8 @@ def around_from_cli_args(original, cls, args: argparse.Namespace):
     if options.pp_mode == PpMode.DCPP:
         # dcpp is exactly stock PP with SGLang's dynamic chunking switched on.
         args.enable_dynamic_chunking = True
+    for flag in apply_cpu_pd_args(args):
+        logger.info("sglang-vpp: --device cpu with --disaggregation-mode: %s (CUDA-only path)", flag)
     server_args = original(cls, args)
     attach(server_args, options)
     if hasattr(args, "pp_mode"):

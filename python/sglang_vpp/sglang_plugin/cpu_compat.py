@@ -20,6 +20,20 @@ have) resolves to the base ``SRTPlatform``. On that platform two things break:
   changes the method only when the backend is torch_native; any other backend keeps
   SGLang's choice.
 
+Prefill-decode disaggregation on ``--device cpu`` (Mooncake over TCP) needs three more guards,
+each of which avoids a CUDA-only call on a path the CPU reaches:
+
+- decode: the retraction backup defaults to a HiCache host pool that calls
+  ``torch.cuda.cudart()``; ``apply_cpu_pd_args`` defaults ``--disaggregation-decode-retraction-backup``
+  to ``none`` (a retracted request then recomputes instead of restoring from host memory);
+- prefill: the overlap schedule records ``torch.cuda.Event()``; ``apply_cpu_pd_args`` turns it off;
+- prefill: ``MooncakeKVSender`` advertises host-tensor indices, and the sender then pins memory
+  and records a CUDA event; the AROUND hook on its ``__init__`` (``PD_SENDER_INIT_TARGET``)
+  makes each sender advertise none, so SGLang takes its plain-index path.
+
+The two argument guards run in the launcher (``cli_args.around_from_cli_args``) and only fill a
+flag the user left unset; the sender hook is registered in each prefill scheduler process.
+
 Data flow: scheduler process -> ``process_hooks.setup_scheduler_process`` ->
 ``register_cpu_hooks()`` (only on the generic platform) -> HookRegistry AROUND hooks on
 ``RotaryEmbedding.__init__`` and ``DeepseekV2AttentionMLA.dispatch_attn_forward_method``
@@ -30,15 +44,18 @@ Data flow: scheduler process -> ``process_hooks.setup_scheduler_process`` ->
 from __future__ import annotations
 
 import sys
+from typing import Any
 
-__all__ = ["CPU_HOOK_TARGETS", "MLA_DISPATCH_TARGET", "ROTARY_INIT_TARGET", "is_generic_cpu_platform",
-           "register_cpu_hooks"]
+__all__ = ["CPU_HOOK_TARGETS", "MLA_DISPATCH_TARGET", "PD_SENDER_INIT_TARGET", "ROTARY_INIT_TARGET",
+           "apply_cpu_pd_args", "is_generic_cpu_platform", "register_cpu_hooks", "register_cpu_pd_hooks"]
 
 ROTARY_INIT_TARGET = "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__"
 MLA_DISPATCH_TARGET = "sglang.srt.models.deepseek_v2.DeepseekV2AttentionMLA.dispatch_attn_forward_method"
+PD_SENDER_INIT_TARGET = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__"
 _TORCH_NATIVE = "torch_native"
 _ROTARY_MODULE = "sglang.srt.layers.rotary_embedding.base"
 _registered = False
+_pd_registered = False
 
 
 def is_generic_cpu_platform() -> bool:
@@ -92,4 +109,44 @@ def register_cpu_hooks() -> bool:
     for target, hook in CPU_HOOK_TARGETS:
         register_hook(target, hook, HookType.AROUND)
     _registered = True
+    return True
+
+
+def _sender_without_host_indices(original, self, *args, **kwargs):
+    result = original(self, *args, **kwargs)
+    # An instance attribute shadows the class flag SGLang's prefill reads before each send.
+    self.supports_host_tensor_indices = False
+    return result
+
+
+def apply_cpu_pd_args(args: Any) -> list[str]:
+    """Fill the CPU guards of a PD server into the launcher's ``args``; return what was set.
+
+    Only with ``--device cpu`` and a ``--disaggregation-mode``; a flag the user set is kept."""
+    if getattr(args, "device", None) != "cpu":
+        return []
+    mode = getattr(args, "disaggregation_mode", None)
+    changed = []
+    if mode == "decode" and getattr(args, "disaggregation_decode_retraction_backup", None) is None:
+        args.disaggregation_decode_retraction_backup = "none"
+        changed.append("--disaggregation-decode-retraction-backup none")
+    if mode == "prefill" and not getattr(args, "disable_overlap_schedule", False):
+        args.disable_overlap_schedule = True
+        changed.append("--disable-overlap-schedule")
+    return changed
+
+
+def register_cpu_pd_hooks(server_args: Any) -> bool:
+    """Register the prefill sender guard once, on ``--device cpu`` prefill servers only."""
+    global _pd_registered
+    if _pd_registered:
+        return True
+    if getattr(server_args, "device", None) != "cpu" or getattr(server_args, "disaggregation_mode", None) != "prefill":
+        return False
+    from sglang.srt.plugins.hook_registry import HookType
+
+    from sglang_vpp.sglang_plugin.hook_targets import register_hook
+
+    register_hook(PD_SENDER_INIT_TARGET, _sender_without_host_indices, HookType.AROUND)
+    _pd_registered = True
     return True

@@ -6,7 +6,8 @@ the attention reshape of zero elements fails) and token ids outside ``[0, vocab)
 ``vocab`` and above: the embedding lookup raises ``IndexError``). A token id that is not an
 integer fails the same way. The guard turns each into an ``InputRejectedError`` (a
 ``ValueError``), which SGLang's HTTP and OpenAI-compatible handlers answer with status 400 and
-the message; the server keeps serving.
+the message; the server keeps serving. On a decode server of a prefill-decode split the same
+hook refuses a bootstrap address that cannot work (``pd_guard.py``).
 
 Data flow (the HTTP server process, where the TokenizerManager lives)::
 
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sglang_vpp.sglang_plugin.errors import InputRejectedError, PluginError
+from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address
 
 __all__ = ["VALIDATE_REQUEST_TARGET", "check_request_tokens", "check_token_ids", "verify_guard_installed"]
 
@@ -63,6 +65,7 @@ def check_request_tokens(manager: Any, obj: Any, input_ids: Any, *args: Any, **k
     if getattr(obj, "input_embeds", None) is not None:
         return None  # embeddings replace the lookup; SGLang checks their shape itself
     check_token_ids(input_ids, int(manager.model_config.vocab_size))
+    check_bootstrap_address(manager, obj)
     return None
 
 

@@ -9,6 +9,7 @@ Data flow (each scheduler process, one per PP rank x TP rank)::
              check_options_reached(server_args)       (the launcher's --pp-mode arrived here)
              surface.find_problems(scopes)            (every declared name this mode relies on)
              register_cpu_hooks()                     (generic CPU platform only)
+             register_cpu_pd_hooks()                  (--device cpu prefill servers only)
              vpp.install(server_args)                 (vpp* modes only; raises if missing)
              dcpp.install_dcpp_hooks()                (dcpp only: retry a rejected profile fit)
              stock_trace.install_stock_trace(dir)     (cpp / dcpp with --vpp-trace only)
@@ -47,13 +48,21 @@ def setup_scheduler_process(server_args: Any) -> None:
     if id(server_args) in _done_for:
         return  # publish may run again for the same record (last-publish-wins)
     _done_for.add(id(server_args))
-    from sglang_vpp.sglang_plugin.cpu_compat import is_generic_cpu_platform, register_cpu_hooks
+    from sglang_vpp.sglang_plugin.cpu_compat import (
+        PD_SENDER_INIT_TARGET,
+        is_generic_cpu_platform,
+        register_cpu_hooks,
+        register_cpu_pd_hooks,
+    )
 
     check_options_reached(server_args)
     options = options_of(server_args)
-    check_scheduler_surface(options, int(getattr(server_args, "pp_size", 1) or 1), is_generic_cpu_platform())
+    check_scheduler_surface(options, int(getattr(server_args, "pp_size", 1) or 1), is_generic_cpu_platform(),
+                            server_args)
     register_cpu_hooks()
     required: list[str] = []  # hooks registered here that this process must not run without
+    if register_cpu_pd_hooks(server_args):
+        required.append(PD_SENDER_INIT_TARGET)
     if options.is_vpp:
         from sglang_vpp.sglang_plugin.vpp import install
 
@@ -81,12 +90,14 @@ def setup_scheduler_process(server_args: Any) -> None:
     require_applied(*required)
 
 
-def check_scheduler_surface(options: Any, pp_size: int, generic_cpu: bool) -> None:
+def check_scheduler_surface(options: Any, pp_size: int, generic_cpu: bool, server_args: Any = None) -> None:
     """Raise (before the Scheduler exists) naming every SGLang name this process relies on that
     is missing or changed; VppConfigError in vpp modes, PluginError in stock ones."""
     from sglang_vpp.sglang_plugin.surface import find_problems, refusal, scopes_for
 
-    problems = find_problems(scopes_for(options.pp_mode, pp_size, bool(options.vpp_trace), generic_cpu))
+    problems = find_problems(scopes_for(options.pp_mode, pp_size, bool(options.vpp_trace), generic_cpu,
+                                        getattr(server_args, "disaggregation_mode", None),
+                                        getattr(server_args, "device", None)))
     if not problems:
         return
     if options.is_vpp:

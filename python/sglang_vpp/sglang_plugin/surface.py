@@ -43,6 +43,8 @@ class Scope(StrEnum):
     STOCK_WATCHDOG = "stock-watchdog"  # cpp / dcpp with --pp-size > 1 (--vpp-comm-timeout)
     VPP = "vpp"
     SERVING = "serving"  # sglang-vpp bench-serve (checked before it starts a server)
+    PD = "pd"  # --disaggregation-mode prefill or decode (the decode side's bootstrap guard)
+    CPU_PD = "cpu-pd"  # --device cpu with --disaggregation-mode prefill (the KV sender guard)
 
 
 class Use(StrEnum):
@@ -76,8 +78,8 @@ _GROUP = _PS + "GroupCoordinator."
 _ARGS = _S + "server_args.ServerArgs."
 _BENCH = "sglang.benchmark.serving."
 H, C, R, W, SW, RP, M = Use.HOOK, Use.CALL, Use.READ, Use.WRITE, Use.SWAP, Use.REPLACE, Use.MODULE
-E, CPU, DC, TR, WD, V, SV = (Scope.EVERY_MODE, Scope.GENERIC_CPU, Scope.DCPP, Scope.STOCK_TRACE,
-                             Scope.STOCK_WATCHDOG, Scope.VPP, Scope.SERVING)
+E, CPU, DC, TR, WD, V, SV, PD, CPD = (Scope.EVERY_MODE, Scope.GENERIC_CPU, Scope.DCPP, Scope.STOCK_TRACE,
+                                      Scope.STOCK_WATCHDOG, Scope.VPP, Scope.SERVING, Scope.PD, Scope.CPU_PD)
 N = SurfaceName
 
 SURFACE: tuple[SurfaceName, ...] = (
@@ -134,6 +136,14 @@ SURFACE: tuple[SurfaceName, ...] = (
       H, CPU, ("self", "head_size", "rotary_dim", "max_position_embeddings", "base", "is_neox_style")),
     N(_S + "models.deepseek_v2.DeepseekV2AttentionMLA.dispatch_attn_forward_method", H, CPU, ("self", "forward_batch")),
     N(_S + "models.deepseek_common.attention_backend_handler._dispatch_mla_subtype", C, CPU, ("attn", "forward_batch")),
+    # --- prefill-decode split (cpu_compat's sender guard, pd_guard's bootstrap check)
+    N(_S + "disaggregation.mooncake.conn.MooncakeKVSender.__init__", H, CPD,
+      ("self", "mgr", "bootstrap_addr", "bootstrap_room")),
+    N(_S + "disaggregation.mooncake.conn.MooncakeKVSender.supports_host_tensor_indices", W, CPD),
+    N(_ARGS + "disaggregation_mode", R, PD),
+    N(_ARGS + "disaggregation_decode_retraction_backup", W, PD),
+    N(_ARGS + "disable_overlap_schedule", W, PD),
+    N(_S + "disaggregation.utils.FAKE_BOOTSTRAP_HOST", R, PD),
     # --- VPP: layer ownership, KV pools, model checks (vpp/ownership.py, vpp/__init__.py)
     N(_PS + "initialize_model_parallel", H, V),
     N(_PS + "_PP", R, V),
@@ -251,11 +261,17 @@ def _refused_feature_fields() -> tuple[SurfaceName, ...]:
 SURFACE = SURFACE + _refused_feature_fields()
 
 
-def scopes_for(pp_mode: str, pp_size: int, trace: bool, generic_cpu: bool) -> tuple[Scope, ...]:
-    """The scopes a server with these settings relies on."""
+def scopes_for(pp_mode: str, pp_size: int, trace: bool, generic_cpu: bool,
+               disaggregation: str | None = None, device: str | None = None) -> tuple[Scope, ...]:
+    """The scopes a server with these settings relies on (``disaggregation``: SGLang's
+    ``--disaggregation-mode``, None or "null" without a split)."""
     from sglang_vpp.sglang_plugin.options import PpMode, is_vpp_mode
 
     scopes = [Scope.EVERY_MODE]
+    if disaggregation not in (None, "null"):
+        scopes.append(Scope.PD)
+        if disaggregation == "prefill" and device == "cpu":
+            scopes.append(Scope.CPU_PD)
     if generic_cpu:
         scopes.append(Scope.GENERIC_CPU)
     if is_vpp_mode(pp_mode):

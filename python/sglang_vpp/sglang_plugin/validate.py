@@ -93,7 +93,9 @@ VPP_REFUSALS: tuple[Refusal, ...] = (
     Refusal("enable_dp_attention", "--enable-dp-attention", _truthy,
             "attention DP splits the batch inside a stage; the VPP loop hands one batch per micro-batch"),
     Refusal("disaggregation_mode", "--disaggregation-mode", lambda v: v not in ("null", None),
-            "PD disaggregation registers the KV of every layer of the hull, placeholders included"),
+            "the VPP loop does not yet run PD's bootstrap, per-chunk KV send and release steps, and "
+            "SGLang pairs prefill and decode KV layers by position, which cannot express a rank "
+            "owning two layer ranges; see docs/pd.md"),
     Refusal("enable_hierarchical_cache", "--enable-hierarchical-cache", _truthy, _PLACEHOLDERS),
     Refusal("enable_pdmux", "--enable-pdmux", _truthy,
             "PD multiplexing runs its own scheduling loop, not the VPP loop"),

@@ -1,0 +1,64 @@
+"""Refuse a decode request whose bootstrap address cannot work, with a 400 instead of a 500.
+
+On a decode server of a prefill-decode split, a request names the prefill server's bootstrap
+address (``bootstrap_host``, ``bootstrap_port``) and a ``bootstrap_room``. Stock SGLang accepts
+any value and only tries the address in the scheduler: an unreachable host or a closed port then
+ends as HTTP 500 ("Decode handshake failed"). The guard, called from the input guard's hook
+(``input_guard.check_request_tokens``), checks the values' types and ranges and asks each new
+address for the bootstrap server's ``/health`` once (``CONNECT_TIMEOUT_S``; addresses that answered
+are remembered, so the router's one address costs one probe per decode server) and raises
+``InputRejectedError`` (400). A TCP connect alone is not enough: a network proxy may accept a
+connection to any address.
+
+A room that no prefill server ever serves cannot be told apart from one still on its way; SGLang's
+own waiting timeout ends it. The warm-up address SGLang uses itself (``FAKE_BOOTSTRAP_HOST``) and
+every non-decode server are left alone.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from typing import Any
+
+from sglang_vpp.sglang_plugin.errors import InputRejectedError
+
+__all__ = ["CONNECT_TIMEOUT_S", "check_bootstrap_address"]
+
+CONNECT_TIMEOUT_S = 1.0
+"""One probe of a new bootstrap address: the tokenizer's event loop waits this long at most."""
+_MAX_ROOM = 2**63
+_reachable: set[tuple[str, int]] = set()
+
+
+def check_bootstrap_address(manager: Any, obj: Any) -> None:
+    """Raise InputRejectedError for a decode request whose bootstrap address cannot work."""
+    server_args = getattr(manager, "server_args", None)
+    if getattr(server_args, "disaggregation_mode", None) != "decode":
+        return
+    host, port, room = (getattr(obj, name, None) for name in ("bootstrap_host", "bootstrap_port", "bootstrap_room"))
+    from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST  # SGLang's warm-up host, never dialled
+
+    if isinstance(host, list) or host is None or host == FAKE_BOOTSTRAP_HOST:
+        return  # a batch is checked item by item; no host: SGLang's own rules apply
+    if room is not None and (type(room) is not int or not 0 <= room < _MAX_ROOM):
+        raise InputRejectedError(f"bootstrap_room must be an integer in [0, 2**63); got {room!r}")
+    if port is None:
+        return
+    if type(port) is not int or not 0 < port < 65536:
+        raise InputRejectedError(f"bootstrap_port must be a TCP port in 1..65535; got {port!r}")
+    if (host, port) in _reachable:
+        return
+    shown = f"[{host}]" if ":" in host else host
+    try:
+        with urllib.request.urlopen(f"http://{shown}:{port}/health", timeout=CONNECT_TIMEOUT_S) as response:
+            answered = response.status == 200
+    except (OSError, ValueError) as exc:  # URLError, timeouts, HTTP errors, a malformed host
+        answered, why = False, str(exc)
+    else:
+        why = "" if answered else f"HTTP {response.status}"
+    if not answered:
+        raise InputRejectedError(
+            f"the bootstrap server {host}:{port} is unreachable from this decode server ({why}); "
+            "send the prefill server's host and --disaggregation-bootstrap-port (the router does)"
+        )
+    _reachable.add((host, port))

@@ -1,0 +1,149 @@
+"""The CPU guards of a prefill-decode server (cpu_compat), without starting a server."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sglang_vpp.sglang_plugin.cpu_compat import _sender_without_host_indices, apply_cpu_pd_args
+
+SKIP_NO_SGLANG = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")
+
+
+def _ns(**kwargs) -> argparse.Namespace:
+    base = dict(device="cpu", disaggregation_mode="null", disaggregation_decode_retraction_backup=None,
+                disable_overlap_schedule=False)
+    base.update(kwargs)
+    return argparse.Namespace(**base)
+
+
+def test_cpu_decode_defaults_retraction_backup_to_none():
+    args = _ns(disaggregation_mode="decode")
+    assert apply_cpu_pd_args(args) == ["--disaggregation-decode-retraction-backup none"]
+    assert args.disaggregation_decode_retraction_backup == "none"
+    assert args.disable_overlap_schedule is False
+
+
+def test_cpu_prefill_turns_the_overlap_schedule_off():
+    args = _ns(disaggregation_mode="prefill")
+    assert apply_cpu_pd_args(args) == ["--disable-overlap-schedule"]
+    assert args.disable_overlap_schedule is True
+
+
+def test_user_choice_kept_and_other_devices_untouched():
+    kept = _ns(disaggregation_mode="decode", disaggregation_decode_retraction_backup="cpu_tensor")
+    assert apply_cpu_pd_args(kept) == [] and kept.disaggregation_decode_retraction_backup == "cpu_tensor"
+    for device in ("cuda", "npu", None):
+        args = _ns(device=device, disaggregation_mode="prefill")
+        assert apply_cpu_pd_args(args) == [] and args.disable_overlap_schedule is False
+    assert apply_cpu_pd_args(_ns()) == []
+
+
+def test_sender_hook_shadows_the_class_flag():
+    class Sender:
+        supports_host_tensor_indices = True
+
+        def __init__(self, value):
+            self.value = value
+
+    sender = Sender.__new__(Sender)
+    _sender_without_host_indices(Sender.__init__, sender, 3)
+    assert sender.value == 3 and sender.supports_host_tensor_indices is False
+    assert Sender.supports_host_tensor_indices is True
+
+
+@SKIP_NO_SGLANG
+@pytest.mark.slow
+def test_sender_hook_applies_on_cpu_prefill_only():
+    """In a fresh process (the hook patches SGLang's class): a cpu prefill registers and applies
+    it (require_applied passes), a cuda prefill or a cpu decode registers nothing."""
+    code = textwrap.dedent("""
+        import types
+        from sglang.srt.plugins.hook_registry import HookRegistry
+        from sglang_vpp.sglang_plugin import cpu_compat
+        from sglang_vpp.sglang_plugin.hook_targets import require_applied
+        from sglang.srt.disaggregation.mooncake.conn import MooncakeKVSender
+        assert "__init__" not in vars(MooncakeKVSender)  # inherited until the hook wraps it
+        ns = types.SimpleNamespace
+        assert not cpu_compat.register_cpu_pd_hooks(ns(device="cuda", disaggregation_mode="prefill"))
+        assert not cpu_compat.register_cpu_pd_hooks(ns(device="cpu", disaggregation_mode="decode"))
+        assert cpu_compat.register_cpu_pd_hooks(ns(device="cpu", disaggregation_mode="prefill"))
+        HookRegistry.apply_hooks()
+        require_applied(cpu_compat.PD_SENDER_INIT_TARGET)
+        assert "__init__" in vars(MooncakeKVSender)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def _decode_manager(mode: str = "decode"):
+    import types
+
+    return types.SimpleNamespace(server_args=types.SimpleNamespace(disaggregation_mode=mode))
+
+
+def _request(host, port, room=5):
+    import types
+
+    return types.SimpleNamespace(bootstrap_host=host, bootstrap_port=port, bootstrap_room=room)
+
+
+@SKIP_NO_SGLANG
+def test_bootstrap_guard_refuses_unreachable_and_bad_values():
+    import socket
+
+    from sglang_vpp.sglang_plugin.errors import InputRejectedError
+    from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address
+
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        check_bootstrap_address(_decode_manager(), _request("127.0.0.1", server.server_address[1]))
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as silent:  # accepts connections, never answers: what a proxy may do
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent_port = silent.getsockname()[1]
+        with pytest.raises(InputRejectedError, match=f"127.0.0.1:{silent_port} is unreachable"):
+            check_bootstrap_address(_decode_manager(), _request("127.0.0.1", silent_port))
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        closed_port = closed.getsockname()[1]  # bound, not listening: refused
+        with pytest.raises(InputRejectedError, match=f"127.0.0.1:{closed_port} is unreachable"):
+            check_bootstrap_address(_decode_manager(), _request("127.0.0.1", closed_port))
+    for port_value in (0, 70000, "8998"):
+        with pytest.raises(InputRejectedError, match="bootstrap_port must be a TCP port"):
+            check_bootstrap_address(_decode_manager(), _request("127.0.0.1", port_value))
+    for room in (-1, 2**63, "7"):
+        with pytest.raises(InputRejectedError, match="bootstrap_room must be an integer"):
+            check_bootstrap_address(_decode_manager(), _request("127.0.0.1", 1, room))
+
+
+@SKIP_NO_SGLANG
+def test_bootstrap_guard_leaves_other_requests_alone():
+    from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address
+
+    check_bootstrap_address(_decode_manager("prefill"), _request("127.0.0.1", 1))  # prefill: its own host
+    check_bootstrap_address(_decode_manager("null"), _request("127.0.0.1", 1))
+    check_bootstrap_address(_decode_manager(), _request(None, None))
+    check_bootstrap_address(_decode_manager(), _request("2.2.2.2", 1))  # SGLang's warm-up room
+    check_bootstrap_address(_decode_manager(), _request(["127.0.0.1"], [1]))  # a batch: per item
