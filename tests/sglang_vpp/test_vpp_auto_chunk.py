@@ -16,6 +16,7 @@ from sglang_vpp.schedule.auto_size import AutoChunker
 from sglang_vpp.schedule.auto_size import SERVER_CAP
 from sglang_vpp.sglang_plugin.cli_args import add_pipeline_args, check_namespace
 from sglang_vpp.sglang_plugin.errors import PpModeError
+from sglang_vpp.sglang_plugin.validate import VPP_REFUSALS
 from sglang_vpp.sglang_plugin.vpp import chunk_sizing, state as vpp_state
 from sglang_vpp.sglang_plugin.vpp.state import VppConfig, VppState
 
@@ -25,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunked-prefill-size", type=int, default=None)  # SGLang's flag
     parser.add_argument("--pp-size", type=int, default=1)
     add_pipeline_args(parser)
+    # Every flag VPP refuses exists on SGLang's ServerArgs (the plugin checks that), off here.
+    parser.set_defaults(**{refusal.attr: None for refusal in VPP_REFUSALS})
     return parser
 
 

@@ -144,6 +144,7 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_ARGS + "disaggregation_decode_retraction_backup", W, PD),
     N(_ARGS + "disable_overlap_schedule", W, PD),
     N(_S + "disaggregation.utils.FAKE_BOOTSTRAP_HOST", R, PD),
+    N(_TM + "TokenizerManager.server_args", R, E),  # the input guard asks whether it serves a split
     # --- VPP: layer ownership, KV pools, model checks (vpp/ownership.py, vpp/__init__.py)
     N(_PS + "initialize_model_parallel", H, V),
     N(_PS + "_PP", R, V),
