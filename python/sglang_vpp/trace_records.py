@@ -25,12 +25,14 @@ from .schedule import LinearAttentionCost, MicroBatch, StageCostModel
 from .schedule.errors import CostModelError
 from .schedule.fitted_cost import FittedCostModel
 
-__all__ = ["ComputeRecord", "ADMIT", "HOLD", "LEFT", "PICK", "DECISION_KINDS", "records_file", "chrome_trace_file",
+__all__ = ["ComputeRecord", "ADMIT", "HOLD", "LEFT", "PICK", "CHUNK", "DECISION_KINDS", "records_file", "chrome_trace_file",
            "RECORDS_GLOB", "rank_of_records_file", "micro_batch_record", "micro_batch_from_record", "cost_record",
            "cost_from_record"]
 
 ADMIT, HOLD, LEFT, PICK = "admit", "hold", "left", "pick"
-DECISION_KINDS = (ADMIT, HOLD, LEFT, PICK)
+CHUNK = "chunk"
+"""An ``auto`` chunker's cut: ``prefix`` tokens already chunked, ``remaining``, and the ``size`` cut."""
+DECISION_KINDS = (ADMIT, HOLD, LEFT, PICK, CHUNK)
 RECORDS_GLOB = "vpp_rank*.records.json"
 
 

@@ -26,8 +26,8 @@ def test_a_request_with_no_token_or_fewer_tokens_than_asked_is_a_failure():
     short = _record(output_lens=[4, 2, 4])
     assert _failures(short, 4) == ["", "2 of 4 output tokens", ""]
     assert _failures(short, None) == ["", "", ""]  # the dataset sets its own lengths
-    # bench_serving lists output lengths of its successful requests only: aligned, not shifted.
-    errored = _record(errors=["", "Bad Request: too long", ""], output_lens=[4, 2])
+    # bench_serving lists one output length per request, 0 for a failed one.
+    errored = _record(errors=["", "Bad Request: too long", ""], output_lens=[4, 0, 2])
     assert _failures(errored, 4) == ["", "Bad Request: too long", "2 of 4 output tokens"]
 
 

@@ -4,6 +4,7 @@ records and their replay by ``check --trace``."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from types import SimpleNamespace
 
@@ -15,7 +16,9 @@ from sglang_vpp.schedule import split_request
 from sglang_vpp.schedule.auto_size import AutoChunker
 from sglang_vpp.schedule.auto_size import SERVER_CAP
 from sglang_vpp.sglang_plugin.cli_args import add_pipeline_args, check_namespace
+from sglang_vpp.sglang_plugin.accounting import RankAccounting
 from sglang_vpp.sglang_plugin.errors import PpModeError
+from sglang_vpp.trace_records import CHUNK
 from sglang_vpp.sglang_plugin.validate import VPP_REFUSALS
 from sglang_vpp.sglang_plugin.vpp import chunk_sizing, state as vpp_state
 from sglang_vpp.sglang_plugin.vpp.state import VppConfig, VppState
@@ -51,8 +54,10 @@ def _server(monkeypatch, cap: int = 256) -> tuple[VppState, object, list[dict]]:
                                 dynamic_chunk_sizer=None)
     controller = state.build_controller(cap)
     assert isinstance(controller.chunker, AutoChunker)
-    records: list[dict] = []
-    controller.chunker.on_choice = lambda **fields: records.append({"kind": "chunk", **fields})
+    # The loop's own recorder (event_loop.py), so a kind the schema does not know fails here.
+    acct = RankAccounting(0, "unused-trace-dir")
+    records = acct.decisions
+    controller.chunker.on_choice = functools.partial(acct.decision, CHUNK)
     chunk_sizing.install_chunk_sizer(scheduler, controller)
     return state, scheduler, records
 

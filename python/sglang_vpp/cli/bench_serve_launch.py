@@ -42,7 +42,7 @@ __all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args",
 
 ALL_MODES = tuple(p.value for p in Policy)
 """What ``--launch all`` starts: every mode the plugin serves."""
-PD_PREFILL_MODES = ("cpp", "dcpp")
+PD_PREFILL_MODES = tuple(p.value for p in Policy if p not in FOLDBACK_MODES)
 """What ``--launch ... --pd`` starts: the modes a prefill server of a PD split runs today (the VPP
 modes refuse ``--disaggregation-mode``)."""
 
@@ -188,7 +188,8 @@ class LaunchSpec:
     def decode_config(self) -> ServerConfig:
         """The decode server of ``--pd``: stock, pp 1, the same model, chunk and device flags."""
         platform = CPU_PLATFORM_ARGS if self.device == "cpu" else ("--device", self.device)
-        return ServerConfig(model_dir=self.model_dir, chunked_prefill_size=self.chunked_prefill_size,
+        size = SERVER_CAP if is_auto(self.chunked_prefill_size) else self.chunked_prefill_size
+        return ServerConfig(model_dir=self.model_dir, chunked_prefill_size=size,
                             platform_args=platform, extra_args=self.server_args)
 
 

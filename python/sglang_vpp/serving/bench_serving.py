@@ -332,9 +332,10 @@ def check_fits_context(plan: LoadPlan, url: str, context_len: int | None) -> Non
 
 
 def _aligned_output_lens(record: dict[str, Any]) -> list[int]:
-    """Output tokens per request: bench_serving lists them for its successful requests only."""
-    done = iter(record.get("output_lens") or [])
-    return [0 if error else next(done, 0) for error in record.get("errors") or [""] * len(record.get("ttfts") or [])]
+    """Output tokens per request: bench_serving lists one per request, 0 for a failed one."""
+    lengths = list(record.get("output_lens") or [])
+    count = max(len(record.get("errors") or []), len(record.get("ttfts") or []))
+    return lengths + [0] * (count - len(lengths))
 
 
 def _failures(record: dict[str, Any], expected: int | None) -> list[str]:

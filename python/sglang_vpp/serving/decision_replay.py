@@ -50,6 +50,7 @@ from ..schedule import (
 from ..schedule.errors import CostModelError
 from ..trace_records import (
     ADMIT,
+    CHUNK,
     HOLD,
     LEFT,
     PICK,
@@ -183,7 +184,7 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
                 if seq not in controller.in_flight_seqs:
                     return Divergence(rank, index, seq, "no such micro-batch in flight", f"micro-batch {seq} left")
                 controller.on_left(seq)
-            elif kind == "chunk":
+            elif kind == CHUNK:
                 if controller.chunker is None:
                     raise TraceError(f"rank {rank}, decision {index}: a chunk-size record in a trace without "
                                      "auto_chunk_cap in its controller inputs")

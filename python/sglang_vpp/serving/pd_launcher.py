@@ -34,11 +34,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sglang_vpp.parent_death import die_with_parent
 from sglang_vpp.serving.launcher import (
     ServerConfig,
     ServerStartError,
     SGLangServer,
-    _die_with_parent,
     free_port,
     post_json,
 )
@@ -101,7 +101,7 @@ class RouterProcess:
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child, closed below
         self.process = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=_die_with_parent,
+            start_new_session=True, preexec_fn=die_with_parent,
         )  # fmt: skip
         log.close()
         atexit.register(self.stop)

@@ -69,9 +69,9 @@ class RankAccounting:
         )
 
     def decision(self, kind: str, **fields) -> None:
-        assert kind in DECISION_KINDS, kind
         """Record one controller decision (only with a trace directory: a server without
         ``--vpp-trace`` keeps no decision log)."""
+        assert kind in DECISION_KINDS, kind
         if self.trace_dir:
             self.decisions.append({"kind": kind, **fields})
 

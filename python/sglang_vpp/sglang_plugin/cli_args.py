@@ -31,6 +31,7 @@ import os
 import sys
 from typing import Any
 
+from sglang_vpp.schedule import FOLDBACK_MODES, Policy
 from sglang_vpp.schedule.auto_size import AUTO, SERVER_CAP, is_auto
 from sglang_vpp.sglang_plugin.cpu_compat import apply_cpu_pd_args
 from sglang_vpp.sglang_plugin.errors import PpModeError
@@ -127,7 +128,7 @@ def resolve_auto_chunk(args: argparse.Namespace) -> None:
     if not is_vpp_mode(mode):  # check_pp_mode_name ran first: the name is valid
         raise PpModeError(
             f"--chunked-prefill-size auto is sized by the VPP controller, which --pp-mode {mode} does not run; "
-            "use --pp-mode vpp, vpp-async, vpp-pack or vpp-taper, or pass a size such as 4096"
+            f"use --pp-mode {', '.join(p.value for p in Policy if p in FOLDBACK_MODES)}, or pass a size such as 4096"
         )
     args.chunked_prefill_size = SERVER_CAP
     args.vpp_auto_chunk = True

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_vpp.comm.config import SERVED_COMM_TIMEOUT_S
@@ -92,7 +92,7 @@ class PipelineOptions:
     """Layers per virtual stage s_0 .. s_{2P-1} (``--vpp-layer-split 3,2,2,1``); None = even."""
     vpp_trace: str | None = None
     """Where the VPP code writes Perfetto/Chrome traces of the pipeline (``--vpp-trace``)."""
-    vpp_comm_timeout: float = DEFAULT_COMM_TIMEOUT_S
+    vpp_comm_timeout: float = field(default_factory=lambda: resolve_comm_timeout(None))
     """Seconds any pipeline send/receive may wait before failing (``--vpp-comm-timeout``, see
     ``resolve_comm_timeout``)."""
     vpp_cost_profile: str | None = None

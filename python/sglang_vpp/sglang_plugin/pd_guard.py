@@ -40,6 +40,8 @@ def check_bootstrap_address(manager: Any, obj: Any) -> None:
 
     if isinstance(host, list) or host is None or host == FAKE_BOOTSTRAP_HOST:
         return  # a batch is checked item by item; no host: SGLang's own rules apply
+    if not isinstance(host, str):
+        raise InputRejectedError(f"bootstrap_host must be a host name or address; got {host!r}")
     if room is not None and (type(room) is not int or not 0 <= room < _MAX_ROOM):
         raise InputRejectedError(f"bootstrap_room must be an integer in [0, 2**63); got {room!r}")
     if port is None:
@@ -50,7 +52,9 @@ def check_bootstrap_address(manager: Any, obj: Any) -> None:
         return
     shown = f"[{host}]" if ":" in host else host
     try:
-        with urllib.request.urlopen(f"http://{shown}:{port}/health", timeout=CONNECT_TIMEOUT_S) as response:
+        # No proxy: the bootstrap server is dialled directly by the decode side, never through one.
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with direct.open(f"http://{shown}:{port}/health", timeout=CONNECT_TIMEOUT_S) as response:
             answered = response.status == 200
     except (OSError, ValueError) as exc:  # URLError, timeouts, HTTP errors, a malformed host
         answered, why = False, str(exc)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..schedule import ChunkSpec, Controller, StageCostModel, build_layout, get_policy
+from ..schedule import ChunkSpec, StageCostModel, build_controller, build_layout, controller_config, get_policy
 from .cost.base import stage_time
 
 __all__ = ["DecodeEstimate", "estimate_decode", "decode_micro_batch"]
@@ -67,7 +67,8 @@ def estimate_decode(mode: str, num_ranks: int, num_layers: int, cost: StageCostM
         raise ValueError(f"context must be >= 0 tokens, got {context}")
     spec = get_policy(mode)
     layout = build_layout(num_ranks, num_layers, spec.layout_kind)
-    limits = Controller(spec, layout, cost).limits
+    # The slots a server opens for this mode (its controller's limits; the chunk size plays no part).
+    limits = build_controller(controller_config(spec, layout, 1, cost, 1)).limits
     slots = min(limits.slots, running)
     per_slot = math.ceil(running / slots)
     chunk = decode_micro_batch(per_slot, context)

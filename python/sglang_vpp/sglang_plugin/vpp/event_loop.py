@@ -54,7 +54,7 @@ from sglang_vpp.schedule import Admission, Controller, MicroBatch
 from sglang_vpp.schedule.auto_size import AutoChunker
 
 from sglang_vpp.sglang_plugin.accounting import RankAccounting
-from sglang_vpp.trace_records import ADMIT, HOLD, LEFT, PICK, micro_batch_record
+from sglang_vpp.trace_records import ADMIT, CHUNK, HOLD, LEFT, PICK, micro_batch_record
 from .chunk_sizing import install_chunk_sizer, taper_note
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
 from .replica import Replica, batch_signature, outputs_to_cpu
@@ -110,7 +110,7 @@ class _LoopBase:
         self.acct = RankAccounting(self.rank, self.config.trace_dir)
         self.acct.controller = state.controller_inputs(self.controller)
         if isinstance(self.controller.chunker, AutoChunker):  # check --trace replays each size
-            self.controller.chunker.on_choice = functools.partial(self.acct.decision, "chunk")
+            self.controller.chunker.on_choice = functools.partial(self.acct.decision, CHUNK)
         logger.info("VPP controller: rank %d estimates stage costs with %s", self.rank, state.cost_source())
         self.inbox = Inbox(self.config.comm_timeout_s)
         self.fwd_items: deque[Message] = deque()
