@@ -57,16 +57,16 @@ def _metrics(row) -> dict:
             "idle_by_cause_s": {c: s.idle_by_cause.get(c, 0.0) for c in IDLE_CAUSES}}
 
 
-def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str) -> dict:
+def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, vpp_mode: str = VPP_MODE) -> dict:
     model = load_model(model_name)
     cost = AnalyticCostModel(model, load_hardware(hardware))
     work = _workload(workload_name)
     sim = SimConfig(record_timeline=False)
-    rows = simulate_matrix(work, cost, model.num_layers, f"cpp,dcpp,{VPP_MODE}", list(CHUNKS), num_ranks, sim=sim)
-    rows += simulate_matrix(work, cost, model.num_layers, VPP_MODE, ["auto"], num_ranks, sim=sim)
+    rows = simulate_matrix(work, cost, model.num_layers, f"cpp,dcpp,{vpp_mode}", list(CHUNKS), num_ranks, sim=sim)
+    rows += simulate_matrix(work, cost, model.num_layers, vpp_mode, ["auto"], num_ranks, sim=sim)
     runs = [_metrics(r) for r in rows if r.result.sim.ok]
     base = [r for r in runs if r["mode"] in ("cpp", "dcpp")]
-    vpp = [r for r in runs if r["mode"] == VPP_MODE and r["chunk"] != "auto"]
+    vpp = [r for r in runs if r["mode"] == vpp_mode and r["chunk"] != "auto"]
     auto = next(r for r in runs if r["chunk"] == "auto")
     best = {
         "base_ttft": min(base, key=lambda r: r["ttft_s"]),
@@ -120,7 +120,7 @@ def idle_table(cells: list[dict]) -> str:
     lines = ["| model | P | workload | run | bubble s | " + " | ".join(shown) + " |",
              "|" + "---|" * (5 + len(shown))]
     for c in cells:
-        for label, run in (("vpp-pack auto", c["auto"]), (f"{c['best']['base_tput']['mode']} "
+        for label, run in ((f"{c['auto']['mode']} auto", c["auto"]), (f"{c['best']['base_tput']['mode']} "
                                                           f"{_size(c['best']['base_tput'])}", c["best"]["base_tput"])):
             causes = " | ".join(f"{run['idle_by_cause_s'][k]:.3f}" for k in shown)
             lines.append(f"| {c['model']} | {c['pp']} | {c['workload']} | {label} | {run['bubble_s']:.3f} | {causes} |")
@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--pp", default=",".join(map(str, RANKS)))
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--vpp-mode", default=VPP_MODE, help="the fold-back mode auto sizes (default %(default)s)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path, help="write the tables into this file between the markers")
     args = parser.parse_args(argv)
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for pp in (int(p) for p in args.pp.split(",")):
             for workload in args.workloads.split(","):
                 t0 = time.perf_counter()
-                cells.append(run_cell(model, args.hardware, pp, workload))
+                cells.append(run_cell(model, args.hardware, pp, workload, args.vpp_mode))
                 print(f"{model} P={pp} {workload}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     seconds = time.perf_counter() - started
     shorts = [c for c in cells if c["workload"].startswith("short")]
