@@ -226,13 +226,15 @@ CHUNK = 64  # the servers' --chunked-prefill-size
 
 
 def test_abort_and_disconnect_mid_prefill_while_packing(server):
-    """A 10-chunk prompt, then two 39-chunk prompts that queue behind it (whole chunks, so no
+    """A 30-chunk prompt, then two 39-chunk prompts that queue behind it (whole chunks, so no
     partial last chunk lets the next request join a micro-batch: vpp-pack packs the next one's
     first chunks into the first one's drain window). Once the second holds KV for two chunks it
     is aborted mid-prefill and the third's client leaves (queued or prefilling); the first is
     answered, KV returns to idle, the server keeps serving, and under vpp-pack one of them was
     packed."""
-    lengths = (10 * CHUNK, 39 * CHUNK, 39 * CHUNK)
+    # The first prompt is long enough to be still in prefill when the others arrive 0.3 s later
+    # on an idle host (at 10 chunks it could finish first, leaving no drain window to pack into).
+    lengths = (30 * CHUNK, 39 * CHUNK, 39 * CHUNK)
     kept_ids, *long_ids = [[(31 * i + 11 * k) % 11000 + 2 for k in range(n)] for i, n in enumerate(lengths)]
     params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
     rids = ("mid-prefill-kept", "mid-prefill-abort", "mid-prefill-left")
