@@ -26,7 +26,7 @@ from .schedule.errors import CostModelError
 from .schedule.fitted_cost import FittedCostModel
 
 __all__ = ["ComputeRecord", "ADMIT", "HOLD", "LEFT", "PICK", "CHUNK", "DECISION_KINDS", "records_file", "chrome_trace_file",
-           "RECORDS_GLOB", "rank_of_records_file", "micro_batch_record", "micro_batch_from_record", "cost_record",
+           "RECORDS_GLOB", "PROFILE_ENV", "profile_file", "rank_of_records_file", "micro_batch_record", "micro_batch_from_record", "cost_record",
            "cost_from_record"]
 
 ADMIT, HOLD, LEFT, PICK = "admit", "hold", "left", "pick"
@@ -50,6 +50,21 @@ class ComputeRecord:
     end_s: float
     cpu_s: float
     """Thread CPU time of the compute."""
+    host_cpu_s: float = 0.0
+    """Thread CPU time of the rank's scheduler thread from the end of its previous compute to the
+    start of this one: the host work between two forwards (scheduling, batch building, messages,
+    TP agreement, processing results). 0 for a rank's first compute and in files written before
+    the field existed; an idle stretch before this compute counts in full (the stock loop
+    spins while idle), so readers take medians (``serving/host_time.py``)."""
+
+
+PROFILE_ENV = "SGLANG_VPP_PROFILE"
+"""Set (to anything) in a server's environment with ``--vpp-trace DIR``: each rank's scheduler
+thread runs under cProfile and dumps ``profile_file`` whenever it writes its records."""
+
+
+def profile_file(trace_dir: str | Path, rank: int) -> Path:
+    return Path(trace_dir) / f"vpp_rank{rank}.prof"
 
 
 def records_file(trace_dir: str | Path, rank: int) -> Path:

@@ -9,6 +9,7 @@ Data flow (per mode, one server alive at a time)::
       -> for each repeat: run_once(url, repeat) -> ServingPass (one bench_serving run, fresh
          prompts per repeat);
          wait_for_records() -> measure_idle(): replayed per-rank prefill idle of that repeat
+         host_time(): the scheduler thread's CPU time between forwards, per micro-batch
       -> stop the server (always, on errors too)
     -> one LaunchedRun per mode: label, server facts, summaries, per-repeat idle
 
@@ -35,6 +36,7 @@ from sglang_vpp.schedule.auto_size import AUTO, SERVER_CAP, is_auto
 from sglang_vpp.schedule.policies import FOLDBACK_MODES
 from sglang_vpp.schedule.policies.spec import Policy
 from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangServer, free_port
+from sglang_vpp.serving.host_time import HostTime, host_time
 from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
 
 __all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args", "check_pd_modes", "model_context_len",
@@ -204,6 +206,8 @@ class LaunchedRun:
     passes: list[Any] = field(default_factory=list)
     """``serving.bench_serving.ServingPass`` per repeat."""
     idle: list[PipelineIdle] = field(default_factory=list)
+    host: list[HostTime | None] = field(default_factory=list)
+    """Host time per micro-batch of each repeat (``serving/host_time.py``)."""
     notes: list[str] = field(default_factory=list)
 
     def replayed_makespans(self) -> list[float]:
@@ -313,6 +317,7 @@ def _run_modes(spec: LaunchSpec, modes: list[str], work_dir: Path, deployment: A
                 records = wait_for_records(trace_dir, spec.pp_size, since=began)
                 run.passes.append(serving_pass)
                 run.idle.append(measure_idle(records, spec.pp_size, after_seq))
+                run.host.append(host_time(records, spec.pp_size, after_seq))
                 after_seq = last_seq(records)
             run.notes = _notes_from_log(mode, server.log_tail(10**7))
         finally:

@@ -162,6 +162,7 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
     """--launch: one server per mode, bench_serving passes against each (bench_serve_launch.run_launched)."""
     from rich.console import Console
 
+    from sglang_vpp.serving.host_time import host_spread
     from sglang_vpp.serving.launcher import ServerStartError
     from sglang_vpp.serving.pipeline_report import TraceUnavailableError
     from sglang_vpp.serving.results import launch_tags
@@ -245,6 +246,7 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
             "min_cost_makespan_s": max((r.makespan_s for r in min_cost.ranks), default=None)
             if min_cost is not None else None,
         }  # fmt: skip
+        entry["host_time"] = host_spread(run.host)
         shared = equal_cost.get(run.mode) or []
         if shared:
             entry["pipeline"]["equal_cost"] = {

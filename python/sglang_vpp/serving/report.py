@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["render_tables", "wrap"]
+__all__ = ["host_verdict_lines", "render_tables", "wrap"]
 
 SERVED_NOTE = ("times: SGLang's bench_serving, wall clock on this host (servers run one after another; "
                "not a pipeline speedup measurement)")
@@ -52,6 +52,55 @@ def _pipeline_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list
         idle = " ".join(f"r{rank} {spread['median']:.0%}" for rank, spread in enumerate(shared.get("idle_fraction") or []))
         rows.append([str(run["label"]), makespan, idle or "-"])
     return header, rows
+
+
+HOST_NOTE = ("host: the scheduler thread's CPU time between a rank's forwards (scheduling, batch "
+             "building, messages, TP agreement, results), summed over a micro-batch's forwards on the rank "
+             "(fwd/mb: stock 1, fold-back 2), median over micro-batches; median [min-max] over repeats")
+
+
+def _range(spread: dict[str, float]) -> str:
+    return f"{spread['median']:.2f} [{spread['min']:.2f}-{spread['max']:.2f}]"
+
+
+def _host_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    num_ranks = max(len((run.get("host_time") or {}).get("per_micro_batch_ms") or []) for run in runs)
+    header = ["mode", *(f"r{k} ms/micro-batch" for k in range(num_ranks)), "fwd/mb"]
+    rows = []
+    for run in runs:
+        host = run.get("host_time")
+        if not host:
+            rows.append([str(run["label"]), *(["-"] * num_ranks), "-"])
+            continue
+        ratio = "/".join(f"{s['median']:.1f}" for s in host["forwards_per_micro_batch"])
+        rows.append([str(run["label"]), *(_range(s) for s in host["per_micro_batch_ms"]), ratio])
+    return header, rows
+
+
+def host_verdict_lines(runs: Sequence[dict[str, Any]], baseline: str = "cpp") -> list[str]:
+    """Per mode against ``baseline``: the largest per-rank excess of its median host time per
+    micro-batch, and whether it is within ``host_time.WITHIN``."""
+    from .host_time import WITHIN
+
+    base = next((run.get("host_time") for run in runs if run["label"] == baseline), None)
+    if not base:
+        return []
+    out = [f"verdict (host time per micro-batch vs {baseline}, within {WITHIN:.0%} counts as equal):"]
+    for run in runs:
+        host = run.get("host_time")
+        if run["label"] == baseline or not host:
+            continue
+        excess = [mine["median"] / theirs["median"] - 1.0
+                  for mine, theirs in zip(host["per_micro_batch_ms"], base["per_micro_batch_ms"]) if theirs["median"] > 0]
+        if not excess:
+            continue
+        worst = max(range(len(excess)), key=lambda k: excess[k])
+        overlap = all(mine["min"] <= theirs["max"] and theirs["min"] <= mine["max"]
+                      for mine, theirs in zip(host["per_micro_batch_ms"], base["per_micro_batch_ms"]))
+        word = "within" if excess[worst] <= WITHIN else "over"
+        ranges = "; ranges overlap on every rank" if overlap else ""
+        out.append(wrap(f"{run['label']}: {excess[worst]:+.0%} on rank {worst} -> {word} {WITHIN:.0%}{ranges}"))
+    return out if len(out) > 1 else []  # fmt: skip
 
 
 def _text_table(title: str, header: list[str], rows: list[list[str]]) -> str:
@@ -98,6 +147,10 @@ def render_tables(runs: Sequence[dict[str, Any]], fmt: str = "table", notes: Seq
     if any(run.get("pipeline") for run in runs):
         parts += [table(f"bench-serve [{names}]: prefill pipeline per rank", *_pipeline_rows(runs)),
                   wrap(PIPELINE_NOTE)]
+    if any(run.get("host_time") for run in runs):
+        verdict = host_verdict_lines(runs)
+        parts += [table(f"bench-serve [{names}]: host time per micro-batch, ms", *_host_rows(runs)),
+                  wrap(HOST_NOTE), *(["\n".join(verdict)] if verdict else [])]
     for run in runs:
         for note in run.get("notes") or []:
             parts.append(wrap(f"note ({run['label']}): {note}"))

@@ -25,7 +25,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-from sglang_vpp.trace_records import DECISION_KINDS, ComputeRecord, chrome_trace_file, records_file
+from sglang_vpp.trace_records import DECISION_KINDS, PROFILE_ENV, profile_file, ComputeRecord, chrome_trace_file, records_file
 
 __all__ = ["RankAccounting"]
 
@@ -42,8 +42,20 @@ class RankAccounting:
     """What the controller was built from (empty for the stock modes, which have none)."""
     decisions: list[dict] = field(default_factory=list)
     """The controller's decisions on this rank, in order (see the module doc)."""
+    _last_end_cpu: float | None = field(default=None, init=False, repr=False)
+    """Thread CPU time at the end of the previous compute (``host_cpu_s`` of the next)."""
     _written: tuple | None = field(default=None, init=False, repr=False)
     """What the files on disk hold (record count, counters); ``write`` skips when unchanged."""
+
+    def __post_init__(self) -> None:
+        # Where a loop's host time goes (docs/cpu-measurements.md): cProfile of the scheduler
+        # thread (the one that builds this object), dumped at every write; off unless asked.
+        self._profile = None
+        if self.trace_dir and os.environ.get(PROFILE_ENV):
+            import cProfile
+
+            self._profile = cProfile.Profile()
+            self._profile.enable()
 
     def timed(self, stage: int, seq: int, is_prefill: bool, num_tokens: int):
         """Context manager recording one compute whose identity is known before it runs."""
@@ -55,6 +67,9 @@ class RankAccounting:
 
     def finish(self, started: tuple[float, float], *, stage: int, seq: int, is_prefill: bool, num_tokens: int) -> None:
         wall0, cpu0 = started
+        host = 0.0 if self._last_end_cpu is None else max(0.0, cpu0 - self._last_end_cpu)
+        end_cpu = time.thread_time()
+        self._last_end_cpu = end_cpu
         self.records.append(
             ComputeRecord(
                 rank=self.rank,
@@ -64,7 +79,8 @@ class RankAccounting:
                 num_tokens=num_tokens,
                 start_s=wall0 - self.origin,
                 end_s=time.perf_counter() - self.origin,
-                cpu_s=time.thread_time() - cpu0,
+                cpu_s=end_cpu - cpu0,
+                host_cpu_s=host,
             )
         )
 
@@ -117,6 +133,8 @@ class RankAccounting:
              "controller": self.controller, "decisions": self.decisions},
         )
         self._written = state
+        if self._profile is not None:
+            self._profile.dump_stats(profile_file(self.trace_dir, self.rank))
 
     def _atomic_write(self, name: str, payload: dict) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.trace_dir, suffix=".tmp")
