@@ -124,3 +124,23 @@ def test_bench_serve_launch_passes_auto_to_vpp_modes_and_the_cap_to_stock(tmp_pa
     commands = {mode: spec.config(mode, tmp_path).command(30000) for mode in ("cpp", "dcpp", "vpp-pack")}
     size = {mode: cmd[cmd.index("--chunked-prefill-size") + 1] for mode, cmd in commands.items()}
     assert size == {"cpp": str(SERVER_CAP), "dcpp": str(SERVER_CAP), "vpp-pack": "auto"}
+
+
+def test_on_cpu_the_estimate_carries_the_measured_host_gap_and_auto_stops_at_the_smallest():
+    from sglang_vpp.schedule import LinearAttentionCost
+    from sglang_vpp.schedule.cpu_cost import HOST_GAP_PER_FORWARD_S, HOST_GAP_RANGE_S
+
+    def controller(on_cpu: bool):
+        state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, auto_chunk=True, on_cpu=on_cpu), rank=0)
+        state.ensure_layout(8)
+        return state, state.build_controller(SERVER_CAP)
+
+    state, cpu = controller(True)
+    assert isinstance(cpu.cost, LinearAttentionCost) and cpu.cost.fixed_per_chunk == HOST_GAP_PER_FORWARD_S > 0
+    assert HOST_GAP_RANGE_S[0] <= HOST_GAP_PER_FORWARD_S <= HOST_GAP_RANGE_S[1]
+    assert "host time per forward" in state.cost_source()
+    _, generic = controller(False)
+    smallest = min(generic.chunker.sizer.candidates)
+    # Without a per-forward cost every extra chunk looks free; with the host gap it does not.
+    assert generic.chunker.sizer.choose((1500,)).chunk_size == smallest
+    assert cpu.chunker.sizer.choose((1500,)).chunk_size > smallest

@@ -111,6 +111,8 @@ def install(server_args: Any) -> None:
         overrides["cost_profile"] = cost_profile
     if auto_chunk:
         overrides["auto_chunk"] = True
+    if str(getattr(server_args, "device", None) or "") == "cpu":
+        overrides["on_cpu"] = True
     from dataclasses import replace
 
     config = replace(config, **overrides)

@@ -35,6 +35,7 @@ from sglang_vpp.schedule import (
     get_policy,
 )
 from sglang_vpp.schedule.auto_size import AutoChunker
+from sglang_vpp.schedule.cpu_cost import cpu_serving_cost
 
 from sglang_vpp.sglang_plugin.options import DEFAULT_COMM_TIMEOUT_S, resolve_comm_timeout
 
@@ -74,6 +75,9 @@ class VppConfig:
     """Micro-batches between stage 0 and the end of the last stage; None: the controller's 2P-1."""
     cost_profile: str | None = None
     """Fitted cost model file for the controller's estimates (``--vpp-cost-profile``); None: analytic."""
+    on_cpu: bool = False
+    """``--device cpu``: without a cost profile the controller uses the measured CPU estimate
+    (``schedule/cpu_cost.py``: compute plus the loop's host time per forward)."""
     auto_chunk: bool = False
     """``--chunked-prefill-size auto``: the controller's ``auto`` chunker sizes each request's
     chunks (at most SGLang's chunked-prefill size, the cap the launcher passed)."""
@@ -149,12 +153,17 @@ class VppState:
         """The controller's estimate of stage costs (only ratios matter to its decisions)."""
         if self.config.cost_profile:
             return load_cost_profile(self.config.cost_profile)
+        if self.config.on_cpu:
+            return cpu_serving_cost()
         return LinearAttentionCost()
 
     def cost_source(self) -> str:
         """Where the controller's estimates come from, for the start-up log."""
         if self.config.cost_profile:
             return f"fitted cost model from --vpp-cost-profile {self.config.cost_profile}"
+        if self.config.on_cpu:
+            return ("the CPU estimate measured on the tiny Qwen2 (schedule/cpu_cost.py: compute plus the loop's "
+                    "host time per forward; no --vpp-cost-profile, pass one for another model)")
         if self.config.auto_chunk:
             # It has no per-forward cost, so every extra chunk looks free to the auto planner.
             return ("the analytic linear + attention estimate (no --vpp-cost-profile): it has no per-forward "
