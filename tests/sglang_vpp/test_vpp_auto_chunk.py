@@ -126,7 +126,7 @@ def test_bench_serve_launch_passes_auto_to_vpp_modes_and_the_cap_to_stock(tmp_pa
     assert size == {"cpp": str(SERVER_CAP), "dcpp": str(SERVER_CAP), "vpp-pack": "auto"}
 
 
-def test_on_cpu_the_estimate_carries_the_measured_host_gap_and_auto_stops_at_the_smallest():
+def test_on_cpu_the_estimate_carries_the_measured_host_gap_so_auto_chunks_are_not_the_smallest():
     from sglang_vpp.schedule import LinearAttentionCost
     from sglang_vpp.schedule.cpu_cost import HOST_GAP_PER_FORWARD_S, HOST_GAP_RANGE_S
 
