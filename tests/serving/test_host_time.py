@@ -89,3 +89,8 @@ def test_verdict_within_and_overlapping():
     verdict = host_verdict_lines(runs)
     assert "within 10%" in verdict[1] and "ranges overlap on every rank" in verdict[1]
     assert host_verdict_lines(runs[1:]) == []  # no baseline launched: no verdict
+
+
+def test_verdict_below_the_baseline():
+    runs = _runs([[4.0, 3.0], [4.4, 3.2]], [[2.0, 1.7], [2.2, 1.7]])
+    assert host_verdict_lines(runs)[1] == "vpp-pack: -45% on rank 1 -> below cpp"

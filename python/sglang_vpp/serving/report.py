@@ -79,7 +79,7 @@ def _host_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
 
 def host_verdict_lines(runs: Sequence[dict[str, Any]], baseline: str = "cpp") -> list[str]:
     """Per mode against ``baseline``: the largest per-rank excess of its median host time per
-    micro-batch, and whether it is within ``host_time.WITHIN``."""
+    micro-batch, and whether it is below, within or over ``host_time.WITHIN`` of the baseline's."""
     from .host_time import WITHIN
 
     base = next((run.get("host_time") for run in runs if run["label"] == baseline), None)
@@ -97,9 +97,10 @@ def host_verdict_lines(runs: Sequence[dict[str, Any]], baseline: str = "cpp") ->
         worst = max(range(len(excess)), key=lambda k: excess[k])
         overlap = all(mine["min"] <= theirs["max"] and theirs["min"] <= mine["max"]
                       for mine, theirs in zip(host["per_micro_batch_ms"], base["per_micro_batch_ms"]))
-        word = "within" if excess[worst] <= WITHIN else "over"
+        word = (f"below {baseline}" if excess[worst] < -WITHIN
+                else f"within {WITHIN:.0%}" if excess[worst] <= WITHIN else f"over {WITHIN:.0%}")
         ranges = "; ranges overlap on every rank" if overlap else ""
-        out.append(wrap(f"{run['label']}: {excess[worst]:+.0%} on rank {worst} -> {word} {WITHIN:.0%}{ranges}"))
+        out.append(wrap(f"{run['label']}: {excess[worst]:+.0%} on rank {worst} -> {word}{ranges}"))
     return out if len(out) > 1 else []  # fmt: skip
 
 

@@ -54,7 +54,7 @@ class RankAccounting:
         if self.trace_dir and os.environ.get(PROFILE_ENV):
             import cProfile
 
-            self._profile = cProfile.Profile()
+            self._profile = cProfile.Profile(time.thread_time)  # CPU, not the waits for a peer
             self._profile.enable()
 
     def timed(self, stage: int, seq: int, is_prefill: bool, num_tokens: int):
