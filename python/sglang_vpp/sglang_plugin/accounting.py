@@ -135,6 +135,7 @@ class RankAccounting:
         self._written = state
         if self._profile is not None:
             self._profile.dump_stats(profile_file(self.trace_dir, self.rank))
+            self._profile.enable()  # dumping disables it
 
     def _atomic_write(self, name: str, payload: dict) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.trace_dir, suffix=".tmp")

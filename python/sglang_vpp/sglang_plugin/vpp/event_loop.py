@@ -268,7 +268,12 @@ class LeaderLoop(_LoopBase):
     def _step(self) -> bool:
         self._poll(block=False, action="")
         ready_bwd, _ = self._agreed_ready("the leader's next choice")
-        self._ingest()
+        # New requests only matter to the next build: while a batch is held or the next slot is
+        # in flight, SGLang's ingest (the largest host cost of a busy step, docs/cpu-measurements.md)
+        # would change nothing. Idle polls still ingest (pause and resume requests arrive there);
+        # the condition is replicated state, so TP peers still call the collective together.
+        if self.held is None and self.slot_seq[self.cursor] is None:
+            self._ingest()
         ready = []
         if ready_bwd:
             ready.append((self.last_stage, self.bwd_items[0].seq))
