@@ -68,7 +68,9 @@ def host_time(records: Sequence[dict], num_ranks: int, after_seq: int = -1) -> H
 
 def host_spread(runs: Sequence[HostTime | None]) -> dict | None:
     """Per rank: min / median / max over repeats of the per-micro-batch and per-forward host
-    time (ms) and the forwards per micro-batch; None when no repeat measured it."""
+    time (ms) and the forwards per micro-batch; the micro-batches per repeat (a mode that
+    spreads the same decode steps over more micro-batches pays its host time more often);
+    None when no repeat measured it."""
     measured = [run for run in runs if run is not None]
     if not measured:
         return None
@@ -83,4 +85,5 @@ def host_spread(runs: Sequence[HostTime | None]) -> dict | None:
         "per_forward_ms": [spread([run.per_forward_s[k] * 1e3 for run in measured]) for k in range(num_ranks)],
         "forwards_per_micro_batch": [spread([run.forwards_per_micro_batch[k] for run in measured])
                                      for k in range(num_ranks)],
+        "micro_batches": spread([float(run.num_micro_batches) for run in measured]),
     }  # fmt: skip

@@ -56,7 +56,8 @@ def _pipeline_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list
 
 HOST_NOTE = ("host: the scheduler thread's CPU time between a rank's forwards (scheduling, batch "
              "building, messages, TP agreement, results), summed over a micro-batch's forwards on the rank "
-             "(fwd/mb: stock 1, fold-back 2), median over micro-batches; median [min-max] over repeats")
+             "(fwd/mb: stock 1, fold-back 2), median over micro-batches; median [min-max] over repeats; "
+             "mb/pass: micro-batches per pass (median), how often a pass pays it")
 
 
 def _range(spread: dict[str, float]) -> str:
@@ -65,15 +66,17 @@ def _range(spread: dict[str, float]) -> str:
 
 def _host_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     num_ranks = max(len((run.get("host_time") or {}).get("per_micro_batch_ms") or []) for run in runs)
-    header = ["mode", *(f"r{k} ms/micro-batch" for k in range(num_ranks)), "fwd/mb"]
+    header = ["mode", *(f"r{k} ms/micro-batch" for k in range(num_ranks)), "mb/pass", "fwd/mb"]
     rows = []
     for run in runs:
         host = run.get("host_time")
         if not host:
-            rows.append([str(run["label"]), *(["-"] * num_ranks), "-"])
+            rows.append([str(run["label"]), *(["-"] * num_ranks), "-", "-"])
             continue
         ratio = "/".join(f"{s['median']:.1f}" for s in host["forwards_per_micro_batch"])
-        rows.append([str(run["label"]), *(_range(s) for s in host["per_micro_batch_ms"]), ratio])
+        count = host.get("micro_batches")
+        rows.append([str(run["label"]), *(_range(s) for s in host["per_micro_batch_ms"]),
+                     "-" if not count else f"{count['median']:.0f}", ratio])
     return header, rows
 
 
