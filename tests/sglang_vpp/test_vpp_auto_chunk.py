@@ -127,8 +127,9 @@ def test_bench_serve_launch_passes_auto_to_vpp_modes_and_the_cap_to_stock(tmp_pa
 
 
 def test_on_cpu_the_estimate_carries_the_measured_host_gap_so_auto_chunks_are_not_the_smallest():
-    from sglang_vpp.schedule import LinearAttentionCost
-    from sglang_vpp.schedule.cpu_cost import HOST_GAP_PER_FORWARD_S, HOST_GAP_RANGE_S
+    from sglang_vpp.schedule.cpu_cost import HOST_GAP_PER_FORWARD_S, HOST_GAP_RANGE_S, STAGE_CALL_S
+    from sglang_vpp.schedule.fitted_cost import FittedCostModel
+    from sglang_vpp.serving.decision_replay import _build_controller
 
     def controller(on_cpu: bool):
         state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, auto_chunk=True, on_cpu=on_cpu), rank=0)
@@ -136,11 +137,15 @@ def test_on_cpu_the_estimate_carries_the_measured_host_gap_so_auto_chunks_are_no
         return state, state.build_controller(SERVER_CAP)
 
     state, cpu = controller(True)
-    assert isinstance(cpu.cost, LinearAttentionCost) and cpu.cost.fixed_per_chunk == HOST_GAP_PER_FORWARD_S > 0
+    assert isinstance(cpu.cost, FittedCostModel)
     assert HOST_GAP_RANGE_S[0] <= HOST_GAP_PER_FORWARD_S <= HOST_GAP_RANGE_S[1]
+    assert all(c.d == STAGE_CALL_S + HOST_GAP_PER_FORWARD_S for c in cpu.cost.stages.values())
     assert "host time per forward" in state.cost_source()
+    rebuilt = _build_controller(state.controller_inputs(cpu), rank=0)  # check --trace rebuilds it
+    assert rebuilt.cost == cpu.cost
     _, generic = controller(False)
     smallest = min(generic.chunker.sizer.candidates)
-    # Without a per-forward cost every extra chunk looks free; with the host gap it does not.
-    assert generic.chunker.sizer.choose((1500,)).chunk_size == smallest
-    assert cpu.chunker.sizer.choose((1500,)).chunk_size > smallest
+    # Without a per-forward cost every extra chunk looks free; with the measured CPU costs an
+    # 8000-token prompt (served in 512-token chunks it took 5x cpp's makespan) gets large chunks.
+    assert generic.chunker.sizer.choose((8000,)).chunk_size == smallest
+    assert cpu.chunker.sizer.choose((8000,)).chunk_size >= 4096

@@ -1,40 +1,60 @@
 """The controller's estimate for an SGLang server on CPU without ``--vpp-cost-profile``.
 
 Why: the generic analytic estimate (``LinearAttentionCost()``) has no per-forward cost, so
-``auto`` sees every extra chunk as free and picks the smallest candidate. On a CPU server each
-forward also costs the VPP loop's host time between forwards (scheduling, batch building,
-messages, processing results), measured by ``bench-serve --launch`` (``serving/host_time.py``);
-this estimate carries it as the fixed cost of every stage compute, next to compute terms
-measured on the same runs, so the CPU ``auto`` choice weighs fewer, larger chunks against the
-pipeline bubbles of large ones.
+``auto`` sees every extra chunk as free and picks the smallest candidate. On this CPU a chunk is
+far from free: SGLang's ``torch_native`` attention reads the request's whole KV prefix on every
+forward (the ``(c + L)`` term below dominates), each stage call has a fixed compute cost, and
+the VPP loop spends host time between forwards (scheduling, batch building, messages, processing
+results). Served with 512-token chunks, four 8000-token prompts took vpp-pack 5x cpp's
+equal-cost prefill makespan (whole-prompt chunks). This estimate carries all three, so the CPU
+``auto`` choice weighs fewer, larger chunks against the pipeline bubbles of large ones.
 
-Every number is seconds, measured on the project's 2-vCPU development host with the tiny
-8-layer Qwen2 at pp 2 (docs/cpu-measurements.md, "Host time per micro-batch"). The compute
-terms are that model's: another model on CPU should pass ``--vpp-cost-profile`` (``sglang-vpp
-bench --costs``); the host gap is the loop's and depends little on the model.
+Form: ``FittedCostModel``'s ``a c (c + L) + b (c + L) + d`` per stage (``c`` tokens after a
+prefix of ``L``), with ``a`` and ``b`` per layer times the stage's layers and ``d`` = the fixed
+compute of a stage call + the host time per forward.
+
+Every number is seconds, measured on the project's 2-vCPU development host with the tiny 8-layer
+Qwen2 at pp 2, ``bench-serve --launch cpp,vpp-pack --chunked-prefill-size auto`` with
+``--workload short`` and ``--workload long --input-len 8000``, 3 repeats each
+(docs/cpu-measurements.md, "Host time per micro-batch"; ``benchmarks/cpu_host_cost.py``). The
+compute terms are that model's on that host (fit residual 37 % RMS, a loaded shared host):
+another model on CPU should pass ``--vpp-cost-profile`` (``sglang-vpp bench --costs``); the
+host time is the loop's and depends little on the model.
 """
 
 from __future__ import annotations
 
-from .cost import LinearAttentionCost
+from .fitted_cost import Coefficients, FittedCostModel
+from .layout import Layout
 
-__all__ = ["HOST_GAP_PER_FORWARD_S", "HOST_GAP_RANGE_S", "LINEAR_PER_TOKEN_S", "ATTENTION_PER_PAIR_S",
-           "cpu_serving_cost"]
+__all__ = ["HOST_GAP_PER_FORWARD_S", "HOST_GAP_RANGE_S", "PAIR_PER_LAYER_S", "CONTEXT_PER_LAYER_S",
+           "STAGE_CALL_S", "cpu_serving_cost"]
 
-HOST_GAP_PER_FORWARD_S = 3e-3
-"""VPP loop (vpp-pack), scheduler thread CPU between two forwards of a rank, median over
-forwards; the median of the repeats of the short and long workloads with ``auto``."""
+HOST_GAP_PER_FORWARD_S = 1.04e-3
+"""VPP loop (vpp-pack) host time per forward: the scheduler thread's CPU time per micro-batch on
+a rank divided by its two forwards; the median of the per-rank medians of the short and long
+runs (rank 0: 1.02 and 1.19 ms, rank 1: 0.81 and 1.05 ms)."""
 
-HOST_GAP_RANGE_S = (1e-3, 1e-2)
-"""Plausible range: the smallest and largest per-repeat median over both ranks and workloads."""
+HOST_GAP_RANGE_S = (0.73e-3, 1.28e-3)
+"""Plausible range: the smallest and largest per-repeat value over both ranks and workloads."""
 
-LINEAR_PER_TOKEN_S = 5e-6
-"""Per layer and token of a prefill forward (thread CPU time), fitted on the same runs."""
+PAIR_PER_LAYER_S = 3.5e-9
+"""``a`` per layer: per query-key pair of the chunk, ``c (c + L)`` (fitted, relative errors)."""
 
-ATTENTION_PER_PAIR_S = 5e-9
-"""Per layer and causal query-key pair, fitted on the same runs."""
+CONTEXT_PER_LAYER_S = 2.25e-5
+"""``b`` per layer: per token of the context ``c + L`` (the KV prefix read on every forward)."""
+
+STAGE_CALL_S = 2.7e-3
+"""``d``'s compute part: the fixed cost of one stage call (fitted on 2-layer stages)."""
 
 
-def cpu_serving_cost(host_gap_s: float = HOST_GAP_PER_FORWARD_S) -> LinearAttentionCost:
-    """The CPU estimate: measured compute terms plus ``host_gap_s`` per stage compute."""
-    return LinearAttentionCost(LINEAR_PER_TOKEN_S, ATTENTION_PER_PAIR_S, host_gap_s)
+def cpu_serving_cost(layout: Layout, host_gap_s: float = HOST_GAP_PER_FORWARD_S) -> FittedCostModel:
+    """The CPU estimate for every stage of ``layout``: measured compute plus ``host_gap_s`` per
+    stage compute (a fold-back rank pays it twice per micro-batch, as measured)."""
+    fixed = STAGE_CALL_S + host_gap_s
+    stages = {stage.stage_index: Coefficients(PAIR_PER_LAYER_S * stage.num_layers,
+                                              CONTEXT_PER_LAYER_S * stage.num_layers, fixed,
+                                              num_layers=stage.num_layers)
+              for stage in layout.stages}
+    return FittedCostModel(stages, meta={"source": "schedule/cpu_cost.py (tiny Qwen2, 2-vCPU host)",
+                                         "host_gap_per_forward_s": host_gap_s})

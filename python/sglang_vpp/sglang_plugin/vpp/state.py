@@ -76,8 +76,8 @@ class VppConfig:
     cost_profile: str | None = None
     """Fitted cost model file for the controller's estimates (``--vpp-cost-profile``); None: analytic."""
     on_cpu: bool = False
-    """``--device cpu``: without a cost profile the controller uses the measured CPU estimate
-    (``schedule/cpu_cost.py``: compute plus the loop's host time per forward)."""
+    """``--device cpu``: with ``auto`` and without a cost profile the controller uses the
+    measured CPU estimate (``schedule/cpu_cost.py``: compute plus the loop's host time per forward)."""
     auto_chunk: bool = False
     """``--chunked-prefill-size auto``: the controller's ``auto`` chunker sizes each request's
     chunks (at most SGLang's chunked-prefill size, the cap the launcher passed)."""
@@ -153,15 +153,17 @@ class VppState:
         """The controller's estimate of stage costs (only ratios matter to its decisions)."""
         if self.config.cost_profile:
             return load_cost_profile(self.config.cost_profile)
-        if self.config.on_cpu:
-            return cpu_serving_cost()
+        if self.config.on_cpu and self.config.auto_chunk and self.layout is not None:
+            # Only auto's choice needs the absolute costs; fixed chunk sizes keep the estimate
+            # whose ratios every packing test was written against.
+            return cpu_serving_cost(self.layout)
         return LinearAttentionCost()
 
     def cost_source(self) -> str:
         """Where the controller's estimates come from, for the start-up log."""
         if self.config.cost_profile:
             return f"fitted cost model from --vpp-cost-profile {self.config.cost_profile}"
-        if self.config.on_cpu:
+        if self.config.on_cpu and self.config.auto_chunk:
             return ("the CPU estimate measured on the tiny Qwen2 (schedule/cpu_cost.py: compute plus the loop's "
                     "host time per forward; no --vpp-cost-profile, pass one for another model)")
         if self.config.auto_chunk:
