@@ -25,7 +25,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-from sglang_vpp.trace_records import DECISION_KINDS, PROFILE_ENV, profile_file, ComputeRecord, chrome_trace_file, records_file
+from sglang_vpp.trace_records import (DECISION_KINDS, PROFILE_ENV, ComputeRecord, chrome_trace_file, profile_file,
+                                      records_file)
 
 __all__ = ["RankAccounting"]
 

@@ -150,7 +150,8 @@ class VppState:
         return self.layout
 
     def cost_model(self) -> StageCostModel:
-        """The controller's estimate of stage costs (only ratios matter to its decisions)."""
+        """The controller's estimate of stage costs (only ratios matter to admission and order;
+        ``auto``'s sizes weigh compute against per-forward costs, so they need real seconds)."""
         if self.config.cost_profile:
             return load_cost_profile(self.config.cost_profile)
         if self.config.on_cpu and self.config.auto_chunk and self.layout is not None:
