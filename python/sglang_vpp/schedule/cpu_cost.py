@@ -15,7 +15,7 @@ compute of a stage call + the host time per forward.
 
 Every number is seconds, measured on the project's 2-vCPU development host with the tiny 8-layer
 Qwen2 at pp 2, ``bench-serve --launch cpp,vpp-pack --chunked-prefill-size auto`` with
-``--workload short`` and ``--workload long --input-len 8000``, 3 repeats each
+``--workload short`` (twice) and ``--workload long --input-len 8000``, 3 repeats each
 (docs/cpu-measurements.md, "Host time per micro-batch"; ``benchmarks/cpu_host_cost.py``). The
 compute terms are that model's on that host (fit residual 37 % RMS, a loaded shared host):
 another model on CPU should pass ``--vpp-cost-profile`` (``sglang-vpp bench --costs``); the
@@ -30,12 +30,12 @@ from .layout import Layout
 __all__ = ["HOST_GAP_PER_FORWARD_S", "HOST_GAP_RANGE_S", "PAIR_PER_LAYER_S", "CONTEXT_PER_LAYER_S",
            "STAGE_CALL_S", "cpu_serving_cost"]
 
-HOST_GAP_PER_FORWARD_S = 1.04e-3
+HOST_GAP_PER_FORWARD_S = 1.02e-3
 """VPP loop (vpp-pack) host time per forward: the scheduler thread's CPU time per micro-batch on
-a rank divided by its two forwards; the median of the per-rank medians of the short and long
-runs (rank 0: 1.02 and 1.19 ms, rank 1: 0.81 and 1.05 ms)."""
+a rank divided by its two forwards; the median of the per-rank medians of the three runs (short,
+short again, long; rank 0: 1.02, 1.03 and 1.19 ms, rank 1: 0.81, 0.78 and 1.05 ms)."""
 
-HOST_GAP_RANGE_S = (0.73e-3, 1.28e-3)
+HOST_GAP_RANGE_S = (0.72e-3, 1.28e-3)
 """Plausible range: the smallest and largest per-repeat value over both ranks and workloads."""
 
 PAIR_PER_LAYER_S = 3.5e-9
