@@ -2,8 +2,9 @@
 
 Why: the generic analytic estimate (``LinearAttentionCost()``) has no per-forward cost, so
 ``auto`` sees every extra chunk as free and picks the smallest candidate. On this CPU a chunk is
-far from free: SGLang's ``torch_native`` attention reads the request's whole KV prefix on every
-forward (the ``(c + L)`` term below dominates), each stage call has a fixed compute cost, and
+far from free: a forward's cost grows with the request's whole context (the ``(c + L)`` term
+below dominates, as if SGLang's ``torch_native`` attention re-read the KV prefix every time),
+each stage call has a fixed compute cost, and
 the VPP loop spends host time between forwards (scheduling, batch building, messages, processing
 results). Served with 512-token chunks, four 8000-token prompts took vpp-pack 5x cpp's
 equal-cost prefill makespan (whole-prompt chunks). This estimate carries all three, so the CPU
@@ -42,7 +43,7 @@ PAIR_PER_LAYER_S = 3.5e-9
 """``a`` per layer: per query-key pair of the chunk, ``c (c + L)`` (fitted, relative errors)."""
 
 CONTEXT_PER_LAYER_S = 2.25e-5
-"""``b`` per layer: per token of the context ``c + L`` (the KV prefix read on every forward)."""
+"""``b`` per layer: per token of the context ``c + L`` (fitted; the dominant term on this CPU)."""
 
 STAGE_CALL_S = 2.7e-3
 """``d``'s compute part: the fixed cost of one stage call (fitted on 2-layer stages)."""
