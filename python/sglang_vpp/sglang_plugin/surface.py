@@ -171,6 +171,7 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "disaggregation.base.conn.KVPoll.Bootstrapping", R, VPD),
     N(_S + "disaggregation.common.conn.CommonKVSender.poll_pp_consensus", C, VPD, ("self",)),
     N(_S + "disaggregation.common.conn.CommonKVSender.kv_mgr", R, VPD),
+    N(_S + "disaggregation.common.conn.CommonKVSender.poll", C, VPD, ("self",)),
     N(_S + "disaggregation.common.conn.CommonKVManager.request_status", R, VPD),
     N(_S + "disaggregation.pp_consensus_store.PPConsensusStore.collect", C, VPD, ("self", "key")),
     N(_S + "disaggregation.prefill.PrefillBootstrapQueue.queue", R, VPD),

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import time
 from typing import Any
 
 from .errors import SchedulerDivergenceError
@@ -42,6 +43,9 @@ __all__ = ["PdPrefill", "POLL_PREFILL_PP", "SEND_KV_CHUNK", "around_poll_prefill
 _S = "sglang.srt."
 POLL_PREFILL_PP = _S + "disaggregation.utils.poll_and_all_reduce_prefill_pp"
 SEND_KV_CHUNK = _S + "disaggregation.prefill.SchedulerDisaggregationPrefillMixin.send_kv_chunk"
+
+RELEASE_WAIT_S = 10.0
+"""Longest wait for this rank's sender to conclude a transfer every rank's status says ended."""
 
 _VERDICT: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("sglang_vpp_pd_verdict", default=None)
 _HOLD_SENDS: contextvars.ContextVar[bool] = contextvars.ContextVar("sglang_vpp_pd_hold", default=False)
@@ -167,7 +171,19 @@ class PdPrefill:
         finally:
             _VERDICT.reset(token)
 
+    def _wait_local_conclusion(self, rids: set[str]) -> None:
+        """Every rank frees the released requests at the same point of the log, so wait (bounded)
+        until this rank's own sender says so: its status can read Success a moment before the
+        transfer worker's bookkeeping lets ``poll`` say it."""
+        pending = [req for req in self.s.disagg_prefill_inflight_queue if req.rid in rids]
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        while pending and time.monotonic() < deadline:
+            pending = [req for req in pending if not _terminal(req.disagg_kv_sender.poll())]
+            if pending:
+                time.sleep(0.001)
+
     def _apply_release(self, rids: list[str]) -> None:
+        self._wait_local_conclusion(set(rids))
         done = self.s.process_disagg_prefill_inflight_queue(list(rids))
         self.num_released += len(done)
         if len(done) != len(rids):
