@@ -139,15 +139,26 @@ class PdPrefill:
         return len(self.s.waiting_queue) > before
 
     def _poll_transfers(self, events: list) -> None:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
         inflight = self.s.disagg_prefill_inflight_queue
         if not inflight:
             return
         done = []
         for req in inflight:
+            # The consensus is the minimum over the PP ranks: Success means every rank's
+            # transfer succeeded; Failed, that one failed while another may still be sending,
+            # so then every rank's own status must have ended too. A warm-up request's fake
+            # sender keeps no per-rank status.
+            sender = req.disagg_kv_sender
+            consensus = sender.poll_pp_consensus()
+            store = sender.kv_mgr.request_status
             room = req.bootstrap_room
-            store = req.disagg_kv_sender.kv_mgr.request_status
-            statuses = store.collect(room) if room in store else []
-            done.append(int(bool(statuses) and all(_terminal(status) for status in statuses)))
+            if consensus == KVPoll.Failed and room in store:
+                ended = all(_terminal(status) for status in store.collect(room) if status is not None)
+            else:
+                ended = _terminal(consensus)
+            done.append(int(ended))
         done = self.tp.ready(done, "the PD transfer-done verdict")
         rids = [req.rid for req, flag in zip(inflight, done) if flag]
         if rids:
