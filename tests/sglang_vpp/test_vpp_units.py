@@ -100,7 +100,8 @@ def test_cost_profile_drives_the_controller_and_travels_with_the_trace(tmp_path)
 
 def _on(refusal):
     """A value that turns the refused feature on."""
-    probe = {"speculative_algorithm": "EAGLE", "disaggregation_mode": "prefill"}
+    probe = {"speculative_algorithm": "EAGLE", "disaggregation_mode": "decode",
+             "disaggregation_transfer_backend": "ascend"}
     return probe.get(refusal.attr, 2 if refusal.attr.endswith("size") else True)
 
 

@@ -45,8 +45,8 @@ __all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args",
 ALL_MODES = tuple(p.value for p in Policy)
 """What ``--launch all`` starts: every mode the plugin serves."""
 PD_PREFILL_MODES = tuple(p.value for p in Policy if p not in FOLDBACK_MODES)
-"""What ``--launch ... --pd`` starts: the modes a prefill server of a PD split runs today (the VPP
-modes refuse ``--disaggregation-mode``)."""
+"""What ``--launch ... --pd`` starts: the modes whose PD prefill has been run through it (a VPP
+prefill server is accepted by the plugin, but not yet measured this way: docs/pd.md)."""
 
 
 class LaunchError(ValueError):
@@ -68,7 +68,7 @@ def check_pd_modes(modes: list[str]) -> None:
     """``--pd``: every mode must be one a prefill server of a PD split runs."""
     refused = [mode for mode in modes if mode not in PD_PREFILL_MODES]
     if refused:
-        raise LaunchError(f"--launch {','.join(modes)} --pd: {', '.join(refused)} refuse --disaggregation-mode "
+        raise LaunchError(f"--launch {','.join(modes)} --pd: {', '.join(refused)} not yet served by --pd "
                           f"(docs/pd.md); --pd serves {', '.join(PD_PREFILL_MODES)}")
 
 

@@ -10,6 +10,7 @@ Data flow (each scheduler process, one per PP rank x TP rank)::
              surface.find_problems(scopes)            (every declared name this mode relies on)
              register_cpu_hooks()                     (generic CPU platform only)
              register_cpu_pd_hooks()                  (--device cpu prefill servers only)
+             register_pd_layer_hooks()                (PD servers: KV layers paired by id)
              vpp.install(server_args)                 (vpp* modes only; raises if missing)
              dcpp.install_dcpp_hooks()                (dcpp only: retry a rejected profile fit)
              stock_trace.install_stock_trace(dir)     (cpp / dcpp with --vpp-trace only)
@@ -63,6 +64,10 @@ def setup_scheduler_process(server_args: Any) -> None:
     required: list[str] = []  # hooks registered here that this process must not run without
     if register_cpu_pd_hooks(server_args):
         required.append(PD_SENDER_INIT_TARGET)
+    from sglang_vpp.sglang_plugin.pd_layers import BUILD_IDS, register_pd_layer_hooks
+
+    if register_pd_layer_hooks(server_args):
+        required.append(BUILD_IDS)  # without it a VPP prefill's KV would pair by position
     if options.is_vpp:
         from sglang_vpp.sglang_plugin.vpp import install
 

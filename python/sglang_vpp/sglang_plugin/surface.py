@@ -45,6 +45,7 @@ class Scope(StrEnum):
     SERVING = "serving"  # sglang-vpp bench-serve (checked before it starts a server)
     PD = "pd"  # --disaggregation-mode prefill or decode (the decode side's bootstrap guard)
     CPU_PD = "cpu-pd"  # --device cpu with --disaggregation-mode prefill (the KV sender guard)
+    VPP_PD = "vpp-pd"  # a vpp* mode with --disaggregation-mode prefill (vpp/pd_prefill.py)
 
 
 class Use(StrEnum):
@@ -78,8 +79,9 @@ _GROUP = _PS + "GroupCoordinator."
 _ARGS = _S + "server_args.ServerArgs."
 _BENCH = "sglang.benchmark.serving."
 H, C, R, W, SW, RP, M = Use.HOOK, Use.CALL, Use.READ, Use.WRITE, Use.SWAP, Use.REPLACE, Use.MODULE
-E, CPU, DC, TR, WD, V, SV, PD, CPD = (Scope.EVERY_MODE, Scope.GENERIC_CPU, Scope.DCPP, Scope.STOCK_TRACE,
-                                      Scope.STOCK_WATCHDOG, Scope.VPP, Scope.SERVING, Scope.PD, Scope.CPU_PD)
+E, CPU, DC, TR, WD, V, SV, PD, CPD, VPD = (Scope.EVERY_MODE, Scope.GENERIC_CPU, Scope.DCPP, Scope.STOCK_TRACE,
+                                           Scope.STOCK_WATCHDOG, Scope.VPP, Scope.SERVING, Scope.PD, Scope.CPU_PD,
+                                           Scope.VPP_PD)
 N = SurfaceName
 
 SURFACE: tuple[SurfaceName, ...] = (
@@ -145,6 +147,51 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_ARGS + "disable_overlap_schedule", W, PD),
     N(_S + "disaggregation.utils.FAKE_BOOTSTRAP_HOST", R, PD),
     N(_TM + "TokenizerManager.server_args", R, E),  # the input guard asks whether it serves a split
+    # --- PD: KV layers registered and paired by global layer id (pd_layers.py)
+    N(_S + "disaggregation.utils.build_kv_layer_ids", H, PD, ("token_to_kv_pool", "draft_token_to_kv_pool")),
+    N(_S + "disaggregation.utils.build_transfer_entry_pairs",
+      C, PD, ("src_layer_ids", "dst_layer_ids", "n_src", "n_dst", "allow_positional_fallback")),
+    N(_S + "mem_cache.memory_pool.MHATokenToKVPool.get_contiguous_buf_infos", H, PD, ("self",)),
+    N(_S + "mem_cache.memory_pool.MLATokenToKVPool.get_contiguous_buf_infos", H, PD, ("self",)),
+    N(_S + "mem_cache.memory_pool.MHATokenToKVPool.start_layer", R, PD),
+    N(_S + "mem_cache.memory_pool.MHATokenToKVPool.layer_num", R, PD),
+    N(_S + "mem_cache.memory_pool.MLATokenToKVPool.start_layer", R, PD),
+    N(_S + "mem_cache.memory_pool.MLATokenToKVPool.layer_num", R, PD),
+    N(_S + "disaggregation.mooncake.conn.MooncakeKVManager.send_kvcache",
+      H, PD, ("self", "mooncake_session_id", "prefill_kv_indices", "dst_kv_ptrs")),
+    N(_S + "disaggregation.mooncake.conn.MooncakeKVManager.kv_args", R, PD),
+    N(_S + "disaggregation.mooncake.conn.MooncakeKVManager.pp_size", R, PD),
+    # --- VPP as a PD prefill server (vpp/pd_prefill.py)
+    N(_S + "disaggregation.utils.poll_and_all_reduce_prefill_pp", H, VPD, ("pollers",)),
+    N(_S + "disaggregation.prefill.SchedulerDisaggregationPrefillMixin.send_kv_chunk",
+      H, VPD, ("self", "req", "last_chunk", "end_idx")),
+    N(_S + "disaggregation.utils.DisaggregationMode.PREFILL", R, VPD),
+    N(_S + "disaggregation.base.conn.KVPoll.Success", R, VPD),
+    N(_S + "disaggregation.base.conn.KVPoll.Failed", R, VPD),
+    N(_S + "disaggregation.base.conn.KVPoll.Bootstrapping", R, VPD),
+    N(_S + "disaggregation.common.conn.CommonKVSender.poll_pp_consensus", C, VPD, ("self",)),
+    N(_S + "disaggregation.common.conn.CommonKVSender.kv_mgr", R, VPD),
+    N(_S + "disaggregation.common.conn.CommonKVSender.poll", C, VPD, ("self",)),
+    N(_S + "disaggregation.common.conn.CommonKVManager.request_status", R, VPD),
+    N(_S + "disaggregation.pp_consensus_store.PPConsensusStore.collect", C, VPD, ("self", "key")),
+    N(_S + "disaggregation.prefill.PrefillBootstrapQueue.queue", R, VPD),
+    N(_SCHED + "disaggregation_mode", R, VPD),
+    N(_SCHED + "disagg_prefill_bootstrap_queue", R, VPD),
+    N(_SCHED + "disagg_prefill_inflight_queue", R, VPD),
+    N(_SCHED + "waiting_queue", R, VPD),
+    N(_SCHED + "process_prefill_chunk", C, VPD, ("self", "last_batch", "running_batch")),
+    N(_SCHED + "get_new_batch_prefill", C, VPD, ("self", "running_batch")),
+    N(_SCHED + "process_bootstrapped_queue", C, VPD, ("self",)),
+    N(_SCHED + "process_disagg_prefill_inflight_queue", C, VPD, ("self", "rids_to_check")),
+    N(_SCHED + "send_kv_chunk", C, VPD, ("self", "req", "last_chunk", "end_idx")),
+    N(_SCHED + "_pp_process_batch_result", C, VPD, ("self", "batch")),
+    N(_BATCH + "extend_lens", R, VPD),
+    N(_BATCH + "prefix_lens", R, VPD),
+    N(_REQ + "inflight_middle_chunks", R, VPD),
+    N(_REQ + "disagg_kv_sender", R, VPD),
+    N(_REQ + "pending_bootstrap", R, VPD),
+    N(_REQ + "metadata_buffer_index", R, VPD),
+    N(_REQ + "bootstrap_room", R, VPD),
     # --- VPP: layer ownership, KV pools, model checks (vpp/ownership.py, vpp/__init__.py)
     N(_PS + "initialize_model_parallel", H, V),
     N(_PS + "_PP", R, V),
@@ -277,6 +324,8 @@ def scopes_for(pp_mode: str, pp_size: int, trace: bool, generic_cpu: bool,
         scopes.append(Scope.GENERIC_CPU)
     if is_vpp_mode(pp_mode):
         scopes.append(Scope.VPP)
+        if disaggregation == "prefill":
+            scopes.append(Scope.VPP_PD)
     else:
         if pp_mode == PpMode.DCPP:
             scopes.append(Scope.DCPP)

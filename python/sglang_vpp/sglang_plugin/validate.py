@@ -92,10 +92,12 @@ VPP_REFUSALS: tuple[Refusal, ...] = (
             "attention DP splits the batch inside a stage; the VPP loop hands one batch per micro-batch"),
     Refusal("enable_dp_attention", "--enable-dp-attention", _truthy,
             "attention DP splits the batch inside a stage; the VPP loop hands one batch per micro-batch"),
-    Refusal("disaggregation_mode", "--disaggregation-mode", lambda v: v not in ("null", None),
-            "the VPP loop does not yet run PD's bootstrap, per-chunk KV send and release steps, and "
-            "SGLang pairs prefill and decode KV layers by position, which cannot express a rank "
-            "owning two layer ranges; see docs/pd.md"),
+    Refusal("disaggregation_mode", "--disaggregation-mode", lambda v: v == "decode",
+            "a decode server runs SGLang's decode loop, which the VPP loop does not replace; serve "
+            "decode with --pp-mode cpp: a VPP prefill server pairs with it by layer id, see docs/pd.md"),
+    Refusal("disaggregation_transfer_backend", "--disaggregation-transfer-backend", lambda v: v == "ascend",
+            "the Ascend connector pairs KV layers by global id only for hybrid-MLA pools and by "
+            "position otherwise, which cannot express a rank owning two layer ranges; use mooncake"),
     Refusal("enable_hierarchical_cache", "--enable-hierarchical-cache", _truthy, _PLACEHOLDERS),
     Refusal("enable_pdmux", "--enable-pdmux", _truthy,
             "PD multiplexing runs its own scheduling loop, not the VPP loop"),

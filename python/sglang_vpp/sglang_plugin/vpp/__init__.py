@@ -20,6 +20,11 @@ copied: every change is a hook on one of these targets (paths under ``sglang.srt
     managers.schedule_batch.ScheduleBatch.retract_decode  AROUND  retract, not abort, a slot's last
                                                                   decode request while others hold KV
                                                                   (retraction.py)
+    disaggregation.utils.poll_and_all_reduce_prefill_pp   AROUND  PD prefill: rank 0's logged
+                                                                  bootstrap verdict (pd_prefill.py)
+    disaggregation.prefill.SchedulerDisaggregationPrefillMixin.send_kv_chunk AROUND PD prefill:
+                                                                  a chunk's KV is sent once both
+                                                                  of the rank's stages ran
 
 See docs/sglang-vpp.md for the design and its limits.
 """
@@ -142,6 +147,11 @@ def install(server_args: Any) -> None:
     )
     register(_P + "managers.scheduler._dispatch_event_loop_once", around_dispatch, HookType.AROUND)
     register(RETRACT_DECODE, around_retract_decode, HookType.AROUND)
+    if getattr(server_args, "disaggregation_mode", None) == "prefill":
+        from . import pd_prefill
+
+        register(pd_prefill.POLL_PREFILL_PP, pd_prefill.around_poll_prefill_pp, HookType.AROUND)
+        register(pd_prefill.SEND_KV_CHUNK, pd_prefill.around_send_kv_chunk, HookType.AROUND)
     if config.policy.tapered_chunks or config.auto_chunk:
         from . import chunk_sizing
 

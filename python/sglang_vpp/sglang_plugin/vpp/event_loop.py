@@ -57,6 +57,7 @@ from sglang_vpp.sglang_plugin.accounting import RankAccounting
 from sglang_vpp.trace_records import ADMIT, CHUNK, HOLD, LEFT, PICK, micro_batch_record
 from .chunk_sizing import install_chunk_sizer, taper_note
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
+from .pd_prefill import pd_prefill_for
 from .replica import Replica, batch_signature, outputs_to_cpu
 from .stage_runner import StageJob, run_stage
 from .state import VppState
@@ -116,6 +117,8 @@ class _LoopBase:
         self.fwd_items: deque[Message] = deque()
         self.bwd_items: deque[Message] = deque()
         self.tp = state.tp_agreement or SOLO
+        self.pd = pd_prefill_for(scheduler, self.rank, self.tp)  # PD prefill server: pd_prefill.py
+        self.replica.pd = self.pd
         self._check_replicas_agree()
         # Every link this rank's stages send on and receive from, as the controller's hand-offs.
         self.fwd_out: MessageLink | None = None
@@ -296,6 +299,8 @@ class LeaderLoop(_LoopBase):
             self.events.append(("reqs", requests))
             self.replica.num_events += 1
             self.idle = False
+        if self.pd is not None and self.pd.leader_poll(self.events):
+            self.idle = False  # bootstrapped requests joined the waiting queue
 
     def _admissible(self) -> _Held | None:
         """The held micro-batch (built first if none is) when the controller admits it now."""

@@ -10,6 +10,7 @@ log in order (it travels with the forward-sweep messages):
     ("result", slot, outputs)     process the sampled outputs of the slot's batch (tensors on CPU,
                                   the dict of ``_pp_prepare_tensor_dict``)
     ("idle",)                     on_idle housekeeping (it resets the new-token ratio)
+    ("pd", kind, ...)             a PD prefill server's bootstrap or release verdict (pd_prefill.py)
 
 Slots are SGLang's micro-batch slots (``mbs``/``running_mbs``/``last_mbs``): a slot is reused
 only after its batch's outputs are processed, as in stock PP. A follower checks that its replayed
@@ -76,6 +77,9 @@ class Replica:
         scheduler.pp_outputs = None
         scheduler._pp_spec_relay = False
         self.num_events = 0
+        self.pd: Any = None
+        """``pd_prefill.PdPrefill`` on a PD prefill server: it builds micro-batches the way SGLang's
+        PD prefill loop does, applies results and replays ``("pd", ...)`` events."""
 
     def ingest(self, requests: list) -> None:
         self.num_events += 1
@@ -86,7 +90,8 @@ class Replica:
         self.num_events += 1
         s.running_batch = s.running_mbs[slot]
         s.last_batch = s.last_mbs[slot]
-        plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+        build = self.pd.plan if self.pd is not None else s.get_next_batch_to_run
+        plan = build(running_batch=s.running_batch, last_batch=s.last_batch)
         s.running_batch = plan.running_batch
         s.running_mbs[slot] = plan.running_batch
         s.mbs[slot] = plan.batch_to_run
@@ -115,7 +120,10 @@ class Replica:
         s.last_batch = s.last_mbs[slot]
         metadata = PPBatchMetadata(can_run_cuda_graph=False)
         result = s._pp_prep_batch_result(batch, metadata, PPProxyTensors(dict(outputs)))
-        s._pp_process_batch_result(batch, result)
+        if self.pd is not None:
+            self.pd.process_result(batch, result)
+        else:
+            s._pp_process_batch_result(batch, result)
         s.last_mbs[slot] = batch
 
     def idle(self) -> None:
@@ -142,6 +150,8 @@ class Replica:
             self.apply_result(event[1], event[2])
         elif kind == "idle":
             self.idle()
+        elif kind == "pd":
+            self.pd.replay(event)
         else:
             raise AssertionError(f"unknown event {kind!r}")
         return None

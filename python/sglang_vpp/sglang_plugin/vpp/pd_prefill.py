@@ -1,0 +1,213 @@
+"""The prefill side of a prefill-decode split inside the VPP loop (``--disaggregation-mode prefill``).
+
+SGLang's ``event_loop_pp_disagg_prefill`` adds three steps to the stock PP loop; the VPP loop
+runs them through SGLang's own methods, at points every rank reaches in the same order of rank
+0's event log (``replica.py``):
+
+- bootstrap admission: rank 0 reads the PP consensus of each waiting sender
+  (``poll_pp_consensus``: every rank's state, replicated to rank 0 by SGLang's consensus store),
+  the TP ranks of rank 0 agree on the minimum, and when a request changes state the verdict is
+  logged as ``("pd", "boot", polls)``; every rank applies it with ``process_bootstrapped_queue``
+  (the around hook on ``poll_and_all_reduce_prefill_pp`` hands the logged verdict to
+  ``pop_bootstrapped``). Bootstrap only moves requests to the waiting queue: which of them form
+  a micro-batch, and when it is admitted, stays with SGLang's batching and the controller.
+- KV sends: SGLang sends a request's computed KV when it schedules the request's next chunk;
+  under fold-back the second stage of the previous chunk may not have run on this rank yet, so
+  that send is held back (``around_send_kv_chunk``) and made when the chunk's result is applied
+  (``process_result``): on rank 0 after the last stage, on rank r when rank 0's result event
+  arrives, which is after rank r's fold-back stage of that micro-batch. The last chunk (with
+  the aux data: first token) is SGLang's own send from ``process_batch_result_disagg_prefill``,
+  at the same point.
+- transfer done: rank 0 releases a request once every PP rank's transfer of it ended (Success
+  or Failed, from the consensus store) on every TP rank of rank 0; it logs
+  ``("pd", "release", rids)`` and every rank frees those with
+  ``process_disagg_prefill_inflight_queue(rids)``.
+
+Rank 0 polls after each ``ingest_requests`` (a TP collective, so the TP ranks of rank 0 poll at
+the same points); a verdict that admits requests wakes an idle loop.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+from typing import Any
+
+from .errors import SchedulerDivergenceError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PdPrefill", "POLL_PREFILL_PP", "SEND_KV_CHUNK", "around_poll_prefill_pp", "around_send_kv_chunk"]
+
+_S = "sglang.srt."
+POLL_PREFILL_PP = _S + "disaggregation.utils.poll_and_all_reduce_prefill_pp"
+SEND_KV_CHUNK = _S + "disaggregation.prefill.SchedulerDisaggregationPrefillMixin.send_kv_chunk"
+
+RELEASE_WAIT_S = 10.0
+"""Longest wait for this rank's sender to conclude a transfer every rank's status says ended."""
+
+_VERDICT: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("sglang_vpp_pd_verdict", default=None)
+_HOLD_SENDS: contextvars.ContextVar[bool] = contextvars.ContextVar("sglang_vpp_pd_hold", default=False)
+
+
+def around_poll_prefill_pp(original, pollers, *args: Any, **kwargs: Any) -> list[int]:
+    """Inside the VPP loop the bootstrap verdict is rank 0's logged one, not a PP-ring sync."""
+    verdict = _VERDICT.get()
+    if verdict is None:
+        return original(pollers, *args, **kwargs)
+    if len(verdict) != len(pollers):
+        raise SchedulerDivergenceError(
+            f"VPP PD: the bootstrap verdict covers {len(verdict)} requests but this rank's bootstrap "
+            f"queue holds {len(pollers)}; the replicated schedulers diverged"
+        )
+    return list(verdict)
+
+
+def around_send_kv_chunk(original, self: Any, req: Any, last_chunk: bool = False, end_idx: Any = None):
+    """Hold back a scheduling-time send of a chunk (made later by ``PdPrefill.process_result``)."""
+    if _HOLD_SENDS.get() and not last_chunk:
+        return None
+    return original(self, req, last_chunk=last_chunk, end_idx=end_idx)
+
+
+def _terminal(status: Any) -> bool:
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    return status in (KVPoll.Success, KVPoll.Failed)
+
+
+class PdPrefill:
+    """One rank's PD prefill steps; ``Replica`` calls ``plan`` and ``process_result``, the
+    loop calls ``leader_poll`` (rank 0) and ``replay`` (every rank, for ``("pd", ...)`` events)."""
+
+    def __init__(self, scheduler: Any, rank: int, tp: Any) -> None:
+        self.s = scheduler
+        self.rank = rank
+        self.tp = tp
+        self.num_sent_chunks = 0
+        self.num_released = 0
+
+    # ------------------------------------------------------------------ scheduling
+    def plan(self, running_batch: Any, last_batch: Any) -> Any:
+        """What ``event_loop_pp_disagg_prefill`` does to build a micro-batch, scheduling-time KV
+        sends held back."""
+        s = self.s
+        running_batch.batch_is_full = False  # stock resets it after every micro-batch
+        token = _HOLD_SENDS.set(True)
+        try:
+            s.process_prefill_chunk(last_batch=last_batch, running_batch=running_batch)
+        finally:
+            _HOLD_SENDS.reset(token)
+        return s.get_new_batch_prefill(running_batch)
+
+    def process_result(self, batch: Any, result: Any) -> None:
+        """Apply a micro-batch's result (SGLang sends finished requests' last chunk), then send
+        each continuing request's chunk of this micro-batch: both of this rank's stages ran."""
+        s = self.s
+        middle = []
+        if batch.forward_mode.is_extend():
+            for i, req in enumerate(batch.reqs):
+                if req.inflight_middle_chunks > 0:
+                    middle.append((req, int(batch.prefix_lens[i]) + int(batch.extend_lens[i])))
+        s._pp_process_batch_result(batch, result)
+        for req, end in middle:
+            if req.disagg_kv_sender is not None and not req.pending_bootstrap and req.metadata_buffer_index >= 0:
+                s.send_kv_chunk(req, last_chunk=False, end_idx=end)
+                self.num_sent_chunks += 1
+
+    # ------------------------------------------------------------------ rank 0's polls
+    def leader_poll(self, events: list) -> bool:
+        """Poll bootstrap and transfers; log and apply what changed. True: requests were admitted."""
+        admitted = self._poll_bootstrap(events)
+        self._poll_transfers(events)
+        return admitted
+
+    def _poll_bootstrap(self, events: list) -> bool:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        queue = self.s.disagg_prefill_bootstrap_queue.queue
+        if not queue:
+            return False
+        polls = [int(req.disagg_kv_sender.poll_pp_consensus()) for req in queue]
+        polls = self.tp.ready(polls, "the PD bootstrap verdict")
+        if all(poll == KVPoll.Bootstrapping for poll in polls):
+            return False
+        before = len(self.s.waiting_queue)
+        self._apply_boot(polls)
+        events.append(("pd", "boot", polls))
+        return len(self.s.waiting_queue) > before
+
+    def _poll_transfers(self, events: list) -> None:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        inflight = self.s.disagg_prefill_inflight_queue
+        if not inflight:
+            return
+        done = []
+        for req in inflight:
+            # The consensus is the minimum over the PP ranks: Success means every rank's
+            # transfer succeeded; Failed, that one failed while another may still be sending,
+            # so then every rank's own status must have ended too. A warm-up request's fake
+            # sender keeps no per-rank status.
+            sender = req.disagg_kv_sender
+            consensus = sender.poll_pp_consensus()
+            store = sender.kv_mgr.request_status
+            room = req.bootstrap_room
+            if consensus == KVPoll.Failed and room in store:
+                ended = all(_terminal(status) for status in store.collect(room) if status is not None)
+            else:
+                ended = _terminal(consensus)
+            done.append(int(ended))
+        done = self.tp.ready(done, "the PD transfer-done verdict")
+        rids = [req.rid for req, flag in zip(inflight, done) if flag]
+        if rids:
+            self._apply_release(rids)
+            events.append(("pd", "release", rids))
+
+    # ------------------------------------------------------------------ every rank
+    def replay(self, event: tuple) -> None:
+        kind = event[1]
+        if kind == "boot":
+            self._apply_boot(event[2])
+        elif kind == "release":
+            self._apply_release(event[2])
+        else:
+            raise AssertionError(f"unknown PD event {kind!r}")
+
+    def _apply_boot(self, polls: list[int]) -> None:
+        token = _VERDICT.set(list(polls))
+        try:
+            self.s.process_bootstrapped_queue()
+        finally:
+            _VERDICT.reset(token)
+
+    def _wait_local_conclusion(self, rids: set[str]) -> None:
+        """Every rank frees the released requests at the same point of the log, so wait (bounded)
+        until this rank's own sender says so: its status can read Success a moment before the
+        transfer worker's bookkeeping lets ``poll`` say it."""
+        pending = [req for req in self.s.disagg_prefill_inflight_queue if req.rid in rids]
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        while pending and time.monotonic() < deadline:
+            pending = [req for req in pending if not _terminal(req.disagg_kv_sender.poll())]
+            if pending:
+                time.sleep(0.001)
+
+    def _apply_release(self, rids: list[str]) -> None:
+        self._wait_local_conclusion(set(rids))
+        done = self.s.process_disagg_prefill_inflight_queue(list(rids))
+        self.num_released += len(done)
+        if len(done) != len(rids):
+            logger.warning(
+                "VPP PD rank %d: %d of %d requests rank 0 released are not done here yet",
+                self.rank, len(rids) - len(done), len(rids),
+            )
+
+
+def pd_prefill_for(scheduler: Any, rank: int, tp: Any) -> PdPrefill | None:
+    """The PD steps when this server is a prefill server of a split, else None."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    if getattr(scheduler, "disaggregation_mode", None) != DisaggregationMode.PREFILL:
+        return None
+    return PdPrefill(scheduler, rank, tp)
