@@ -124,6 +124,9 @@ def test_server_decisions_replay_through_the_controller(server, tmp_path):
     replay = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir)])
     assert replay.exit_code == 0, replay.output
     assert "the server followed the controller" in replay.output
+    reproduced = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir), "--reproduce"])
+    assert reproduced.exit_code == 0, reproduced.output
+    assert "reproduced record by record" in reproduced.output
     tamper_one_admission(server.trace_dir, tmp_path / "tampered")
     tampered = CliRunner().invoke(app, ["check", "--trace", str(tmp_path / "tampered")])
     assert tampered.exit_code == 1, tampered.output
