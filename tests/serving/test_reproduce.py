@@ -84,15 +84,6 @@ def test_a_run_written_as_a_server_trace_reproduces_record_by_record(mode, pp, t
     assert out.output.splitlines()[-1].startswith("reproduced record by record:"), out.output
 
 
-class _Edited(MeasuredTimings):
-    def __init__(self, ranks, key, delta):
-        super().__init__(ranks)
-        self.key, self.delta = key, delta
-
-    def compute_s(self, rank, stage, seq):
-        return super().compute_s(rank, stage, seq) + (self.delta if (rank, stage, seq) == self.key else 0.0)
-
-
 def test_an_edited_duration_that_crosses_a_decision_fails(tmp_path):
     trace, model = _synthetic(tmp_path)
     # Rank 0's first pick between the fold-back stage of one micro-batch and stage 0 of the next:
@@ -102,13 +93,19 @@ def test_an_edited_duration_that_crosses_a_decision_fails(tmp_path):
     _, seq = pick["ready"][0]
     follower = {(c["stage"], c["seq"]): c for c in model.ranks[1].computes}
     assert (2, seq) in follower
-    ranks = load_trace(trace)
-    assert reproduce_trace(trace, MeasuredTimings(ranks)).ok
-    edited = reproduce_trace(trace, _Edited(ranks, (1, 2, seq), 0.05))
+    assert reproduce_trace(trace, _edited(trace, (1, 2, seq), 0.0)).ok
+    edited = reproduce_trace(trace, _edited(trace, (1, 2, seq), 0.05))
     assert not edited.ok
-    assert edited.difference.rank in (0, 1)
+    assert edited.difference.rank == 0 and edited.difference.stream == "decision", edited.difference.describe()
+    assert "server recorded pick 3F" in edited.difference.describe()
     # A change too small to cross anything leaves every record equal.
-    assert reproduce_trace(trace, _Edited(ranks, (1, 2, seq), 1e-7)).ok
+    assert reproduce_trace(trace, _edited(trace, (1, 2, seq), 1e-7)).ok
+
+
+def _edited(trace, key, delta):
+    timings = MeasuredTimings(load_trace(trace))
+    timings.edit_duration(*key, delta)
+    return timings
 
 
 def test_two_swapped_records_fail_with_the_first_difference(tmp_path):
@@ -119,7 +116,8 @@ def test_two_swapped_records_fail_with_the_first_difference(tmp_path):
     path.write_text(json.dumps(data))
     out = CliRunner().invoke(app, ["check", "--trace", str(trace), "--reproduce"])
     assert out.exit_code == 1, out.output
-    assert "rank 1, compute record 3" in out.output, out.output
+    assert "REPRODUCE DIFFERENCE at rank 1, compute record 3:" in out.output, out.output
+    assert all(len(line) <= 80 for line in out.output.splitlines()), out.output
 
 
 def test_two_swapped_decisions_fail(tmp_path):

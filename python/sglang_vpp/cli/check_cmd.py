@@ -100,7 +100,10 @@ def _check_trace(trace: str, as_json: bool, reproduce: bool) -> None:
         typer.echo("the server followed the controller" if divergence is None
                    else f"DIVERGENCE at {divergence.describe()}")
         if predicted is not None and difference is not None:
-            typer.echo(f"REPRODUCE DIFFERENCE at {difference.describe()}")
+            typer.echo(f"REPRODUCE DIFFERENCE at rank {difference.rank}, {difference.stream} record "
+                       f"{difference.index}:")
+            typer.echo(f"  engine expected {difference.expected}")
+            typer.echo(f"  server recorded {difference.observed}")
         elif predicted is not None:
             counts = ", ".join(f"{n}" for _, n in sorted(predicted.compared.items()))
             typer.echo(f"reproduced record by record: {counts} records on ranks 0..{len(predicted.compared) - 1}")

@@ -168,6 +168,10 @@ class MeasuredTimings:
     def count(self, rank: int) -> float:
         return len(self._records[rank])
 
+    def edit_duration(self, rank: int, stage: int, seq: int, delta_s: float) -> None:
+        """A what-if (and the negative control): one compute takes ``delta_s`` longer."""
+        self._durations[(rank, stage, seq)] += delta_s
+
     def compute_s(self, rank: int, stage: int, seq: int) -> float:
         return self._durations[(rank, stage, seq)]
 
