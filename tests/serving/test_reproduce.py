@@ -70,11 +70,13 @@ def _synthetic(tmp_path, mode="vpp", pp=2):
 
 
 @pytest.mark.parametrize("mode,pp", [("vpp", 2), ("vpp-async", 2), ("vpp-pack", 2), ("vpp-taper", 2),
-                                     ("vpp", 4), ("vpp-pack", 4)])
+                                     ("vpp-stream", 2), ("vpp", 4), ("vpp-async", 4),
+                                     ("vpp-pack", 4)])
 def test_a_run_written_as_a_server_trace_reproduces_record_by_record(mode, pp, tmp_path):
     trace, model = _synthetic(tmp_path, mode, pp)
     assert any(d["kind"] == "pick" for s in model.ranks for d in s.decisions)  # order was decided
-    assert any(d["kind"] == "hold" for d in model.ranks[0].decisions)  # so was admission
+    if mode != "vpp-stream":  # no request barrier: nothing waits at admission on this load
+        assert any(d["kind"] == "hold" for d in model.ranks[0].decisions)  # admission was decided
     assert any(c["idle_s"] is not None for s in model.ranks for c in s.computes)  # ranks waited
     result = reproduce_trace(trace)
     assert result.ok, result.difference.describe()
