@@ -93,6 +93,7 @@ def test_pp4_decisions_replay_through_the_controller(case):
     replay = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir), "--reproduce"])
     assert replay.exit_code == 0, replay.output
     assert "reproduced record by record" in replay.output
+    print(replay.output)  # records compared per rank (pytest -rP)
 
 
 def test_pp4_simulator_and_runtime_planner_order_equals_the_server(case, tmp_path, monkeypatch):

@@ -128,6 +128,7 @@ def test_server_decisions_replay_through_the_controller(server, tmp_path):
     reproduced = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir), "--reproduce"])
     assert reproduced.exit_code == 0, reproduced.output
     assert "reproduced record by record" in reproduced.output
+    print(reproduced.output)  # records compared per rank (pytest -rP)
     assert_reproduce_controls_fail(server.trace_dir, tmp_path / "controls")
     tamper_one_admission(server.trace_dir, tmp_path / "tampered")
     tampered = CliRunner().invoke(app, ["check", "--trace", str(tmp_path / "tampered")])
