@@ -425,8 +425,9 @@ class ServerModel:
             self._jobs.discard(seq)
         else:
             dst = self.layout.stages[stage + 1].rank
-            self._push(end + self.timings.hand_off_s(stage, seq), 0, "arrive", dst,
-                       "fwd" if dst > state.rank else "bwd", stage, seq)
+            arrival = end + self.timings.hand_off_s(stage, seq)
+            if not math.isinf(arrival):  # inf: the receiver's records end before it
+                self._push(arrival, 0, "arrive", dst, "fwd" if dst > state.rank else "bwd", stage, seq)
         if state.index < self.timings.count(state.rank):
             self._push(end + self.timings.tail_s(state.rank, state.index), 1, "check", state.rank)
 
