@@ -84,6 +84,10 @@ def test_a_run_written_as_a_server_trace_reproduces_record_by_record(mode, pp, t
     out = CliRunner().invoke(app, ["check", "--trace", str(trace), "--reproduce"])
     assert out.exit_code == 0, out.output
     assert out.output.splitlines()[-1].startswith("reproduced record by record:"), out.output
+    as_json = CliRunner().invoke(app, ["check", "--trace", str(trace), "--reproduce", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    reproduced = json.loads(as_json.output)["reproduce"]
+    assert reproduced["ok"] and reproduced["compared"] == {str(r): n for r, n in result.compared.items()}
 
 
 def test_an_edited_duration_that_crosses_a_decision_fails(tmp_path):
