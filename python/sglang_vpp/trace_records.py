@@ -4,15 +4,26 @@ the pipeline report) and by the tests. One place for the file names and every re
 
 Per rank ``r``, ``DIR/vpp_rank<r>.records.json`` holds::
 
-    {"summary": {...}, "counters": {...},
+    {"schema": 2, "clock_origin_s": float, "summary": {...}, "counters": {...},
      "records":    [ComputeRecord as a dict, ...],       # every stage compute, in order
      "controller": {mode, pp_size, stage_layers, max_in_flight, chunk_size, cost},
-     "decisions":  [{"kind": "admit" | "hold" | "left" | "pick", ...}, ...]}
+     "decisions":  [{"kind": "admit" | "hold" | "left" | "pick", ...}, ...],
+     "arrivals":   [{"stage", "seq", "t_s"}, ...],        # VPP: each hidden-state message received
+     "builds":     [{"seq", "slot", "t_s"}, ...]}         # VPP rank 0: each micro-batch SGLang built
 
 ``controller`` is empty for the stock modes (cpp, dcpp), which SGLang's own loop schedules.
 Decision records: ``admit`` (``decision``: ``yes`` | ``packed``) and ``hold`` carry a micro-batch
 (``micro_batch_record``); ``left`` a ``seq``; ``pick`` the ``ready`` items and the ``chosen`` one,
 each ``[stage, seq]``. ``DIR/vpp_rank<r>.json`` is the Perfetto (Chrome JSON) view of ``records``.
+
+Times are seconds on the rank's ``time.perf_counter`` since ``clock_origin_s`` (that clock's
+value when the loop started; one clock for every rank of a host). What ``check --trace
+--reproduce`` feeds its engine with (schema 2; files without ``schema`` are schema 1, which
+that check refuses): an arrival's ``t_s`` is when the receiving rank's inbox got the message
+(``stage``: the stage that produced it); a build's ``t_s`` is the poll at which SGLang formed
+micro-batch ``seq`` in ``slot``; a compute's ``poll_s`` is the poll whose messages it chose
+from, ``idle_s`` when the rank, finding nothing to run after its previous compute, began to
+wait, ``woke_s`` the arrival that ended that wait (None where no wait or no message ended it).
 """
 
 from __future__ import annotations
@@ -26,7 +37,8 @@ from .schedule.errors import CostModelError
 from .schedule.fitted_cost import FittedCostModel
 
 __all__ = ["ComputeRecord", "ADMIT", "HOLD", "LEFT", "PICK", "CHUNK", "DECISION_KINDS", "records_file", "chrome_trace_file",
-           "RECORDS_GLOB", "PROFILE_ENV", "profile_file", "rank_of_records_file", "micro_batch_record", "micro_batch_from_record", "cost_record",
+           "RECORDS_GLOB", "PROFILE_ENV", "profile_file", "SCHEMA", "SCHEMA_VERSION", "CLOCK_ORIGIN", "ARRIVALS", "BUILDS",
+           "rank_of_records_file", "micro_batch_record", "micro_batch_from_record", "cost_record",
            "cost_from_record"]
 
 ADMIT, HOLD, LEFT, PICK = "admit", "hold", "left", "pick"
@@ -34,6 +46,8 @@ CHUNK = "chunk"
 """An ``auto`` chunker's cut: ``prefix`` tokens already chunked, ``remaining``, and the ``size`` cut."""
 DECISION_KINDS = (ADMIT, HOLD, LEFT, PICK, CHUNK)
 RECORDS_GLOB = "vpp_rank*.records.json"
+SCHEMA, SCHEMA_VERSION = "schema", 2
+CLOCK_ORIGIN, ARRIVALS, BUILDS = "clock_origin_s", "arrivals", "builds"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +70,9 @@ class ComputeRecord:
     TP agreement, processing results). 0 for a rank's first compute and in files written before
     the field existed; an idle stretch before this compute counts in full (the stock loop
     spins while idle), so readers take medians (``serving/host_time.py``)."""
+    poll_s: float | None = None
+    idle_s: float | None = None
+    woke_s: float | None = None
 
 
 PROFILE_ENV = "SGLANG_VPP_PROFILE"

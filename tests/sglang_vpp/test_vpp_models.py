@@ -90,8 +90,10 @@ def test_pp4_decisions_replay_through_the_controller(case):
     if server.config.pp_size != 4:
         pytest.skip("the pp 2 servers replay in test_vpp_server.py")
     load_then_wait_for_decisions(server, num_ranks=4)
-    replay = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir)])
+    replay = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir), "--reproduce"])
     assert replay.exit_code == 0, replay.output
+    assert "reproduced record by record" in replay.output
+    print(replay.output)  # records compared per rank (pytest -rP)
 
 
 def test_pp4_simulator_and_runtime_planner_order_equals_the_server(case, tmp_path, monkeypatch):

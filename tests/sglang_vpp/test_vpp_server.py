@@ -27,6 +27,7 @@ from vpp_checks import (
     Reference,
     abort_mid_prefill,
     all_admitted_left,
+    assert_reproduce_controls_fail,
     check_answer,
     generate,
     generate_concurrently,
@@ -124,6 +125,11 @@ def test_server_decisions_replay_through_the_controller(server, tmp_path):
     replay = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir)])
     assert replay.exit_code == 0, replay.output
     assert "the server followed the controller" in replay.output
+    reproduced = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir), "--reproduce"])
+    assert reproduced.exit_code == 0, reproduced.output
+    assert "reproduced record by record" in reproduced.output
+    print(reproduced.output)  # records compared per rank (pytest -rP)
+    assert_reproduce_controls_fail(server.trace_dir, tmp_path / "controls")
     tamper_one_admission(server.trace_dir, tmp_path / "tampered")
     tampered = CliRunner().invoke(app, ["check", "--trace", str(tmp_path / "tampered")])
     assert tampered.exit_code == 1, tampered.output

@@ -45,7 +45,7 @@ def round_trip(rank: int, world_size: int) -> dict:
         out.flush()
         got = []
         for _ in range(2):
-            direction, handle = inbox.queue.get(timeout=20.0)
+            direction, handle = inbox.get(20.0)
             message = inbox.take(handle)
             got.append((direction, message.kind, message.seq, message.stage))
             if message.kind == "hidden":
@@ -55,7 +55,7 @@ def round_trip(rank: int, world_size: int) -> dict:
     MessageLink(comm=comm, direction="fwd", rank=1, peer=0, peer_rank=0, timeout_s=20.0).start_pump(inbox)
     got = []
     for _ in range(2):
-        direction, handle = inbox.queue.get(timeout=20.0)
+        direction, handle = inbox.get(20.0)
         message = inbox.take(handle)
         got.append((direction, message.kind, message.seq, message.events))
         if message.kind == "step":
@@ -85,7 +85,7 @@ def dead_peer(rank: int, world_size: int) -> dict:
         os._exit(0)
     inbox = Inbox(20.0)
     MessageLink(comm=comm, direction="bwd", rank=0, peer=1, peer_rank=1, timeout_s=20.0).start_pump(inbox)
-    direction, handle = inbox.queue.get(timeout=20.0)
+    direction, handle = inbox.get(20.0)
     try:
         inbox.take(handle)
     except PeerDeadError as error:

@@ -149,6 +149,35 @@ def tamper_one_admission(trace_dir: Path, out_dir: Path) -> None:
     path.write_text(json.dumps(data))
 
 
+def assert_reproduce_controls_fail(trace_dir: Path, out_dir: Path) -> None:
+    """The negative controls of ``check --trace --reproduce`` on a real trace: two swapped compute
+    records of rank 1 fail; a fold-back input delayed past a rank-0 pick between it and stage 0
+    fails (when the trace holds such a pick)."""
+    import shutil
+
+    from sglang_vpp.serving.decision_replay import load_trace
+    from sglang_vpp.serving.reproduce import MeasuredTimings, reproduce_trace
+
+    shutil.copytree(trace_dir, out_dir)
+    path = out_dir / "vpp_rank1.records.json"
+    data = json.loads(path.read_text())
+    records = data["records"]
+    first = next(i for i in range(1, len(records)) if (records[i]["stage"], records[i]["seq"]) !=
+                 (records[0]["stage"], records[0]["seq"]) and records[i]["stage"] == records[0]["stage"])
+    records[0], records[first] = records[first], records[0]
+    path.write_text(json.dumps(data))
+    swapped = reproduce_trace(out_dir)
+    assert not swapped.ok and swapped.difference.rank == 1, swapped
+    ranks = load_trace(trace_dir)
+    last = 2 * len(ranks) - 1
+    pick = next((d for d in ranks[0]["decisions"] if d["kind"] == "pick" and d["ready"][0][0] == last
+                 and d["ready"][1][0] == 0), None)
+    if pick is not None:
+        timings = MeasuredTimings(ranks)
+        timings.edit_duration(1, last - 1, pick["ready"][0][1], 1.0)
+        assert not reproduce_trace(trace_dir, timings).ok
+
+
 def greedy_tokens_checked(server: SGLangServer, spec: TinyModelSpec, reference: Reference, lengths, seed: int) -> list:
     """Send prompts of ``lengths`` concurrently, check each against transformers, return the tokens."""
     prompts = make_prompts(lengths, seed=seed)

@@ -2,7 +2,9 @@
 
 With ``--trace DIR`` instead: replay a VPP server's recorded decisions (``--vpp-trace DIR``)
 through the schedule core's controller; exit 0 when the server followed it, 1 at the first
-divergence, 2 for input that cannot be read.
+divergence, 2 for input that cannot be read. With ``--reproduce`` too: then predict the server
+from its measured timings (``serving/reproduce.py``) and compare every rank's computes and
+decisions record by record; exit 1 at the first difference.
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ def check(
     split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Replay the decisions of a VPP server's --vpp-trace DIR through the controller instead."),
+    reproduce: bool = typer.Option(False, "--reproduce", help="With --trace: also predict the server from its measured timings and compare every rank's records."),
 ) -> None:
     """Check that every action's inputs exist, sends pair with receives, and nothing deadlocks
     under rendezvous semantics (a send waits for its receive; one in-order queue per group).
     With --trace DIR: check that a VPP server decided as the schedule core's controller does."""
+    if reproduce and trace is None:
+        raise ValueError("--reproduce needs --trace DIR, the directory a VPP server wrote with --vpp-trace")
     if trace is not None:
-        _check_trace(trace, as_json)
+        _check_trace(trace, as_json, reproduce)
     missing = [flag for flag, value in (("--mode", mode), ("--pp", pp), ("--seq-len", seq_len),
                                         ("--chunk-size", chunk_size)) if value is None]
     if missing:
@@ -65,11 +70,14 @@ def check(
     raise typer.Exit(0 if ok else 1)
 
 
-def _check_trace(trace: str, as_json: bool) -> None:
+def _check_trace(trace: str, as_json: bool, reproduce: bool) -> None:
     from ..serving.decision_replay import replay_trace
+    from ..serving.reproduce import reproduce_trace
 
     result = replay_trace(trace)
     divergence = result.divergence
+    predicted = reproduce_trace(trace) if reproduce and divergence is None else None
+    difference = None if predicted is None else predicted.difference
     if as_json:
         emit_json({
             "mode": result.mode, "ranks": result.num_ranks, "decisions": result.num_decisions,
@@ -78,10 +86,25 @@ def _check_trace(trace: str, as_json: bool) -> None:
                 "rank": divergence.rank, "index": divergence.index, "micro_batch": divergence.seq,
                 "expected": divergence.expected, "observed": divergence.observed,
             },
+            **({} if predicted is None else {"reproduce": {
+                "ok": predicted.ok, "compared": {str(rank): n for rank, n in predicted.compared.items()},
+                "difference": None if difference is None else {
+                    "rank": difference.rank, "stream": difference.stream, "index": difference.index,
+                    "expected": difference.expected, "observed": difference.observed,
+                },
+            }}),
         })
     else:
         typer.echo(f"{result.mode} trace: {result.num_ranks} ranks, {result.num_decisions} decisions, "
                    f"{result.num_admitted} micro-batches admitted ({result.num_packed} packed)")
         typer.echo("the server followed the controller" if divergence is None
                    else f"DIVERGENCE at {divergence.describe()}")
-    raise typer.Exit(0 if divergence is None else 1)
+        if predicted is not None and difference is not None:
+            typer.echo(f"REPRODUCE DIFFERENCE at rank {difference.rank}, {difference.stream} record "
+                       f"{difference.index}:")
+            typer.echo(f"  engine expected {difference.expected}")
+            typer.echo(f"  server recorded {difference.observed}")
+        elif predicted is not None:
+            counts = ", ".join(f"{n}" for _, n in sorted(predicted.compared.items()))
+            typer.echo(f"reproduced record by record: {counts} records on ranks 0..{len(predicted.compared) - 1}")
+    raise typer.Exit(0 if divergence is None and difference is None else 1)

@@ -25,8 +25,19 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-from sglang_vpp.trace_records import (DECISION_KINDS, PROFILE_ENV, ComputeRecord, chrome_trace_file, profile_file,
-                                      records_file)
+from sglang_vpp.trace_records import (
+    ARRIVALS,
+    BUILDS,
+    CLOCK_ORIGIN,
+    DECISION_KINDS,
+    PROFILE_ENV,
+    SCHEMA,
+    SCHEMA_VERSION,
+    ComputeRecord,
+    chrome_trace_file,
+    profile_file,
+    records_file,
+)
 
 __all__ = ["RankAccounting"]
 
@@ -43,6 +54,10 @@ class RankAccounting:
     """What the controller was built from (empty for the stock modes, which have none)."""
     decisions: list[dict] = field(default_factory=list)
     """The controller's decisions on this rank, in order (see the module doc)."""
+    arrivals: list[dict] = field(default_factory=list)
+    """Hidden-state messages received, with their arrival times (``trace_records``)."""
+    builds: list[dict] = field(default_factory=list)
+    """Micro-batches SGLang built on rank 0, with their slots and times."""
     _last_end_cpu: float | None = field(default=None, init=False, repr=False)
     """Thread CPU time at the end of the previous compute (``host_cpu_s`` of the next)."""
     _written: tuple | None = field(default=None, init=False, repr=False)
@@ -58,15 +73,31 @@ class RankAccounting:
             self._profile = cProfile.Profile(time.thread_time)  # CPU, not the waits for a peer
             self._profile.enable()
 
-    def timed(self, stage: int, seq: int, is_prefill: bool, num_tokens: int):
-        """Context manager recording one compute whose identity is known before it runs."""
-        return _Timer(self, stage, seq, is_prefill, num_tokens)
+    def timed(self, stage: int, seq: int, is_prefill: bool, num_tokens: int, **waits: float | None):
+        """Context manager recording one compute whose identity is known before it runs;
+        ``waits``: its ``poll_s`` / ``idle_s`` / ``woke_s`` (``ComputeRecord``)."""
+        return _Timer(self, stage, seq, is_prefill, num_tokens, waits)
+
+    def now(self) -> float:
+        """Seconds on this record's clock."""
+        return time.perf_counter() - self.origin
+
+    def arrival(self, stage: int, seq: int, arrived: float) -> None:
+        """A hidden-state message of ``stage``'s micro-batch ``seq`` arrived at ``perf_counter``
+        time ``arrived``."""
+        if self.trace_dir:
+            self.arrivals.append({"stage": stage, "seq": seq, "t_s": arrived - self.origin})
+
+    def build(self, seq: int, slot: int, t_s: float) -> None:
+        if self.trace_dir:
+            self.builds.append({"seq": seq, "slot": slot, "t_s": t_s})
 
     def start(self) -> tuple[float, float]:
         """(wall, thread CPU) now; pass to ``finish`` once the compute's identity is known."""
         return time.perf_counter(), time.thread_time()
 
-    def finish(self, started: tuple[float, float], *, stage: int, seq: int, is_prefill: bool, num_tokens: int) -> None:
+    def finish(self, started: tuple[float, float], *, stage: int, seq: int, is_prefill: bool, num_tokens: int,
+               waits: dict | None = None) -> None:
         wall0, cpu0 = started
         host = 0.0 if self._last_end_cpu is None else max(0.0, cpu0 - self._last_end_cpu)
         end_cpu = time.thread_time()
@@ -82,6 +113,7 @@ class RankAccounting:
                 end_s=time.perf_counter() - self.origin,
                 cpu_s=end_cpu - cpu0,
                 host_cpu_s=host,
+                **(waits or {}),
             )
         )
 
@@ -130,8 +162,10 @@ class RankAccounting:
         self._atomic_write(chrome_trace_file(self.trace_dir, self.rank).name, {"traceEvents": events, "displayTimeUnit": "ms"})
         self._atomic_write(
             records_file(self.trace_dir, self.rank).name,
-            {"summary": self.summary(), "counters": dict(self.counters), "records": [asdict(r) for r in self.records],
-             "controller": self.controller, "decisions": self.decisions},
+            {SCHEMA: SCHEMA_VERSION, CLOCK_ORIGIN: self.origin, "summary": self.summary(),
+             "counters": dict(self.counters), "records": [asdict(r) for r in self.records],
+             "controller": self.controller, "decisions": self.decisions, ARRIVALS: self.arrivals,
+             BUILDS: self.builds},
         )
         self._written = state
         if self._profile is not None:
@@ -146,8 +180,10 @@ class RankAccounting:
 
 
 class _Timer:
-    def __init__(self, owner: RankAccounting, stage: int, seq: int, is_prefill: bool, num_tokens: int) -> None:
+    def __init__(self, owner: RankAccounting, stage: int, seq: int, is_prefill: bool, num_tokens: int,
+                 waits: dict) -> None:
         self.owner, self.stage, self.seq, self.is_prefill, self.num_tokens = owner, stage, seq, is_prefill, num_tokens
+        self.waits = waits
 
     def __enter__(self) -> "_Timer":
         self.started = self.owner.start()
@@ -155,5 +191,6 @@ class _Timer:
 
     def __exit__(self, *exc) -> None:
         self.owner.finish(
-            self.started, stage=self.stage, seq=self.seq, is_prefill=self.is_prefill, num_tokens=self.num_tokens
+            self.started, stage=self.stage, seq=self.seq, is_prefill=self.is_prefill, num_tokens=self.num_tokens,
+            waits=self.waits,
         )

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import queue
 import time
 from collections import deque
 from typing import Any
@@ -114,6 +113,10 @@ class _LoopBase:
             self.controller.chunker.on_choice = functools.partial(self.acct.decision, CHUNK)
         logger.info("VPP controller: rank %d estimates stage costs with %s", self.rank, state.cost_source())
         self.inbox = Inbox(self.config.comm_timeout_s)
+        # When this rank last polled, began to wait, and what ended the wait (trace_records).
+        self._poll_s: float | None = None
+        self._idle_s: float | None = None
+        self._woke_s: float | None = None
         self.fwd_items: deque[Message] = deque()
         self.bwd_items: deque[Message] = deque()
         self.tp = state.tp_agreement or SOLO
@@ -170,23 +173,28 @@ class _LoopBase:
 
     def _poll(self, block: bool, action: str) -> None:
         """Move arrived messages to the direction queues; with ``block`` wait for at least one."""
-        while True:
-            try:
-                if block:
-                    direction, item = self.inbox.queue.get(timeout=self.config.comm_timeout_s)
-                else:
-                    direction, item = self.inbox.queue.get_nowait()
-            except queue.Empty:
-                if block:
-                    peer = self.rank + 1 if self.jobs else self.rank - 1
-                    raise inbox_timeout(self.rank, peer, action, self.config.comm_timeout_s) from None
-                return
+        if block:
+            self._mark_idle()
+            if self.inbox.wait(self.config.comm_timeout_s) is None:
+                peer = self.rank + 1 if self.jobs else self.rank - 1
+                raise inbox_timeout(self.rank, peer, action, self.config.comm_timeout_s)
+        polled, items = self.inbox.drain()
+        self._poll_s = polled - self.acct.origin
+        for direction, item, arrived in items:
             message = self.inbox.take(item)
             if message.kind == "heartbeat":
                 self._on_heartbeat(direction, message)
-            else:
-                (self.fwd_items if direction == "fwd" else self.bwd_items).append(message)
-            block = False
+                continue
+            (self.fwd_items if direction == "fwd" else self.bwd_items).append(message)
+            if message.seq >= 0:
+                self.acct.arrival(message.stage, message.seq, arrived)
+                if block and self._woke_s is None:
+                    self._woke_s = arrived - self.acct.origin
+
+    def _mark_idle(self) -> None:
+        """Nothing to run since the last compute: the rank waits from now on."""
+        if self._idle_s is None:
+            self._idle_s = self.acct.now()
 
     def _on_heartbeat(self, direction: str, message: Message) -> None:
         """Heartbeats keep links alive; they carry no work, so no TP agreement counts them."""
@@ -197,7 +205,9 @@ class _LoopBase:
         return bwd, fwd
 
     def _compute(self, job: StageJob, stage: int, tensors: dict | None) -> Any:
-        with self.acct.timed(stage, job.seq, job.is_prefill, job.num_tokens):
+        waits = {"poll_s": self._poll_s, "idle_s": self._idle_s, "woke_s": self._woke_s}
+        self._idle_s = self._woke_s = None
+        with self.acct.timed(stage, job.seq, job.is_prefill, job.num_tokens, **waits):
             return run_stage(self.s, job, stage, tensors)
 
     def _pick(self, ready: list[tuple[int, int]]) -> tuple[int, int]:
@@ -258,6 +268,7 @@ class LeaderLoop(_LoopBase):
         while not s.gracefully_exit:
             if self._step():
                 continue
+            self._mark_idle()
             if self.jobs:
                 oldest = min(self.jobs)
                 # A message held here but not yet by a TP peer: go round again (no new one may come).
@@ -329,6 +340,7 @@ class LeaderLoop(_LoopBase):
             self.cursor = (slot + 1) % self.num_slots
             if batch is not None:
                 self.held = _Held(slot, batch, micro_batch_of(self.next_seq, batch, self.s.chunked_req))
+                self.acct.build(self.next_seq, slot, self._poll_s)
                 return self.held
         if not self.jobs:
             self._enter_idle()

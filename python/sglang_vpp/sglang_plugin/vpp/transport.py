@@ -18,7 +18,7 @@ never holds a send back (comm links run their operations in issue order).
 
 Receiving: every incoming channel keeps one ``irecv`` posted; its done-callback (on the comm
 channel thread) puts the completed handle on the rank's single inbox queue, tagged with the
-channel direction, and posts the next receive. The scheduler thread takes handles from the inbox
+channel direction and stamped with its arrival time, and posts the next receive. The scheduler thread takes handles from the inbox
 and calls ``wait`` (which raises the operation's ``CommTimeoutError`` / ``PeerDeadError``).
 
 Timeouts: every caller wait passes ``--vpp-comm-timeout``; the comm layer bounds each operation
@@ -32,6 +32,8 @@ from __future__ import annotations
 import itertools
 import pickle
 import queue
+import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,12 +102,46 @@ def open_communicator(device: Any, pp_ranks: list[int], timeout_s: float,
 
 
 class Inbox:
-    """The merged receive queue of one rank: items are ``(direction, CommHandle)`` of completed
-    receives; ``take`` turns one into a ``Message`` (or raises its failure)."""
+    """The merged receive queue of one rank: items are ``(direction, CommHandle, arrived_s)`` of
+    completed receives; ``take`` turns a handle into a ``Message`` (or raises its failure).
+
+    ``arrived_s`` (``time.perf_counter``) and the time ``drain`` returns are read under one
+    lock, so an item is in a drain exactly when it arrived before that drain's time: the trace
+    (``--vpp-trace``) can then say which messages a rank saw at each choice, which is what
+    ``check --trace --reproduce`` predicts."""
 
     def __init__(self, timeout_s: float) -> None:
-        self.queue: queue.Queue = queue.Queue()
         self.timeout_s = timeout_s
+        self._ready = threading.Condition()
+        self._items: deque[tuple[str, CommHandle, float]] = deque()
+
+    def put(self, direction: str, handle: CommHandle) -> None:
+        with self._ready:
+            self._items.append((direction, handle, time.perf_counter()))
+            self._ready.notify()
+
+    def wait(self, timeout_s: float) -> float | None:
+        """Block until an item is queued; the arrival time of the oldest, None on timeout."""
+        with self._ready:
+            if not self._ready.wait_for(lambda: self._items, timeout=timeout_s):
+                return None
+            return self._items[0][2]
+
+    def drain(self) -> tuple[float, list[tuple[str, CommHandle, float]]]:
+        """(now, every item that arrived before now), oldest first."""
+        with self._ready:
+            now = time.perf_counter()
+            items = list(self._items)
+            self._items.clear()
+        return now, items
+
+    def get(self, timeout_s: float) -> tuple[str, CommHandle]:
+        """The oldest item's (direction, handle); ``queue.Empty`` after ``timeout_s``."""
+        with self._ready:
+            if not self._ready.wait_for(lambda: self._items, timeout=timeout_s):
+                raise queue.Empty
+            direction, handle, _ = self._items.popleft()
+        return direction, handle
 
     def take(self, handle: CommHandle) -> Message:
         data = handle.wait(self.timeout_s)
@@ -161,6 +197,6 @@ class MessageLink:
     def _on_recv(self, handle: CommHandle) -> None:
         # Runs on the comm channel thread: hand over, and post the next receive unless this link failed.
         assert self._inbox is not None
-        self._inbox.queue.put((self.direction, handle))
+        self._inbox.put(self.direction, handle)
         if handle.exception() is None:
             self._post_recv()
