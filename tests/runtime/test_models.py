@@ -175,3 +175,20 @@ def test_checkpoint_missing_tensor_is_named(tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(ModelPathError, match="model.layers.1.self_attn.q_proj.weight"):
         full_model(resolve_model(str(tmp_path)))
+
+
+@pytest.mark.parametrize("preset", RUNTIME_PRESETS)
+def test_batched_forward_equals_one_sequence_per_forward(preset):
+    """Several sequences in one forward, attention per sequence: every request's outputs equal
+    its own forwards to float rounding (the matmul shapes differ), so no request sees another."""
+    source = resolve_model(preset)
+    lengths = [100, 20, 33, 7]
+    # Request 0 in two chunks, the last carrying the three short requests whole.
+    chunks = [ChunkSpec(0, 0, 0, 64), ChunkSpec(0, 1, 64, 36, True,
+                                                batch=(ChunkSpec(1, 0, 0, 20, True), ChunkSpec(2, 0, 0, 33, True),
+                                                       ChunkSpec(3, 0, 0, 7, True)))]
+    batched = reference_forward(source, lengths, chunks=chunks).outputs
+    alone = reference_forward(source, lengths, 64).outputs
+    diff = max_abs_diff(batched, alone)
+    assert within_fp32_rounding(diff, *(t for o in alone for t in (o.hidden, o.logits))), diff
+    assert [o.hidden.shape[0] for o in batched] == lengths

@@ -354,7 +354,7 @@ class _References:
         self.cache: dict[tuple, list[RequestOutput]] = {}
         self.cpu_s = 0.0
 
-    def get(self, chunks: list[tuple[int, int, int, int, bool]]) -> list[RequestOutput]:
+    def get(self, chunks: list[tuple]) -> list[RequestOutput]:
         import torch
 
         from ..schedule import ChunkSpec

@@ -80,9 +80,10 @@ Op = Submit | Advance | End | Heartbeat
 
 def make_planner(spec: RunSpec, layout: Layout) -> Planner:
     """The planner every rank builds identically from the spec."""
-    # The runtime's model runs one request per forward: no batching.
+    # With ``batch_requests`` whole short requests share a forward up to the chunk size, as
+    # SGLang's prefill adder fills a batch (the model runs attention per request).
     return Planner(controller_config(spec.mode, layout, spec.chunk_size, spec.planner_cost,  # type: ignore[arg-type]
-                                     spec.max_length, batching=False, auto_chunk=spec.auto_chunk))
+                                     spec.max_length, batching=spec.batch_requests, auto_chunk=spec.auto_chunk))
 
 
 class PlanFeed(ABC):
@@ -123,12 +124,13 @@ class _PlannerFeed(PlanFeed):
             assert index == len(self.lengths), (index, len(self.lengths))
             self.lengths.append(op.length)
             self.arrivals_s.append(op.arrival_s)
-            for chunk in self.planner.sequence[len(self.chunks):]:
-                self.chunks[chunk.key] = chunk
         elif isinstance(op, Advance):
             self.planner.advance(until=op.until)
         elif isinstance(op, End):
             self.ended = True
+        if not isinstance(op, Heartbeat):
+            # Stage 0 may have batched queued requests into a forward: their chunks left the sequence.
+            self.chunks = {chunk.key: chunk for chunk in self.planner.sequence}
         self.queue.extend(self.planner.take_new_actions(self.rank))
 
 
