@@ -44,9 +44,11 @@ from ..schedule import (
     Schedule,
     controller_config,
 )
+from ..schedule.auto_size import InFlightLengths
 from .spec import RunSpec
 
-__all__ = ["Advance", "CoordinatorFeed", "End", "FollowerFeed", "Heartbeat", "PlanFeed", "StaticFeed", "Submit", "make_planner"]
+__all__ = ["Advance", "CoordinatorFeed", "End", "FollowerFeed", "Heartbeat", "PlanFeed", "Sent", "StaticFeed", "Submit",
+           "make_planner"]
 
 _HEARTBEAT_S = 1.0
 
@@ -58,6 +60,14 @@ class Submit:
     """The planner-clock time the request is submitted at (rank 0's ``planner.now``)."""
     arrival_s: float
     """Real arrival, seconds after the run epoch (for TTFT and the replay)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """The requests of the next ``Submit`` ops arrived together (index, prompt length): what the
+    controller's ``auto`` chunker sizes for (``auto_size.InFlightLengths``)."""
+
+    requests: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +85,7 @@ class Heartbeat:
     """Rank 0 is alive but idle (waiting for an arrival); resets the followers' control timeout."""
 
 
-Op = Submit | Advance | End | Heartbeat
+Op = Submit | Sent | Advance | End | Heartbeat
 
 
 def make_planner(spec: RunSpec, layout: Layout) -> Planner:
@@ -116,10 +126,13 @@ class _PlannerFeed(PlanFeed):
     def __init__(self, rank: int, planner: Planner) -> None:
         super().__init__(rank)
         self.planner = planner
+        self.situation = InFlightLengths(planner.controller)
         self.ended = False
 
     def apply(self, op: Op) -> None:
-        if isinstance(op, Submit):
+        if isinstance(op, Sent):
+            self.situation.sent(op.requests, completed=self.planner.request_finish)
+        elif isinstance(op, Submit):
             index = self.planner.submit(RequestSpec(op.length, op.planner_arrival))
             assert index == len(self.lengths), (index, len(self.lengths))
             self.lengths.append(op.length)
@@ -162,8 +175,14 @@ class CoordinatorFeed(_PlannerFeed):
 
     def _admit_arrivals(self) -> None:
         now_s = self._clock() - self._epoch
+        arrived = []
         while self._pending and self._pending[0][1] <= now_s:
-            length, arrival_s = self._pending.pop(0)
+            arrived.append(self._pending.pop(0))
+        if not arrived:
+            return
+        first = len(self.lengths)
+        self._broadcast(Sent(tuple((first + i, length) for i, (length, _) in enumerate(arrived))))
+        for length, arrival_s in arrived:
             self._broadcast(Submit(length, self.planner.now, arrival_s))
 
     def _plan_more(self) -> bool:

@@ -28,7 +28,7 @@ first, the new one included.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Hashable, Protocol, Sequence
+from typing import Callable, Hashable, Iterable, Protocol, Sequence
 
 from .chunking import Chunker
 from .cost import StageCostModel
@@ -229,8 +229,11 @@ class InFlightLengths:
         self.controller = controller
         self._active: dict[Hashable, int] = {}
 
-    def sent(self, requests: Sequence[tuple[Hashable, int]]) -> int | None:
-        """``requests`` (key, prompt length) were sent together; returns the size chosen."""
+    def sent(self, requests: Sequence[tuple[Hashable, int]], completed: Iterable[Hashable] = ()) -> int | None:
+        """``requests`` (key, prompt length) were sent together, after the requests ``completed``
+        (those not yet reported through ``completed()``); returns the size chosen."""
+        for key in completed:
+            self._active.pop(key, None)
         for key, length in requests:
             self._active[key] = int(length)
         return self.controller.resize(list(self._active.values()))
