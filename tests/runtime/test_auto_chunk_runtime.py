@@ -17,3 +17,33 @@ def test_make_planner_cuts_auto_chunks():
     cut = [c.num_tokens for c in planner.sequence]
     expected = [n for _, n in split_request(auto_chunker(policy, layout, planner.config.cost, 4096), 6000)]
     assert cut == expected and max(cut) <= 4096
+
+
+def test_runtime_and_simulator_size_a_burst_by_the_same_rule():
+    """Requests sent together are sized for together (``auto_size.InFlightLengths``) in the
+    runtime's replicated planners as in the simulator; sized one by one, the first would be cut
+    for itself alone."""
+    from sglang_vpp.runtime.control import CoordinatorFeed
+    from sglang_vpp.schedule import LinearAttentionCost
+    from sglang_vpp.sim.runner import RunConfig, plan_workload
+    from sglang_vpp.sim.workloads import Workload
+
+    lengths = [9000, 9000, 9000]
+    # A per-forward cost, so more chunks are not free and the situation matters.
+    cost = LinearAttentionCost(linear_per_token=2e-6, attention_per_pair=3e-9, fixed_per_chunk=1e-3,
+                               transfer_per_token=1e-8)
+    spec = RunSpec(model="tiny-qwen3", mode="vpp-pack", num_ranks=2, planner_cost=cost,
+                   requests=tuple(RequestArrival(n, 0.0) for n in lengths), chunk_size=4096, auto_chunk=True)
+    layout = build_layout(2, 8, get_policy("vpp-pack").layout_kind)
+    feed = CoordinatorFeed(make_planner(spec, layout), [(n, 0.0) for n in lengths], [], epoch=0.0, lookahead=4,
+                           clock=lambda: 0.0)
+    while feed.next_action(lambda: None) is not None:
+        pass
+    workload = Workload("burst", tuple(RequestSpec(n) for n in lengths), None)
+    simulated = plan_workload("vpp-pack", workload, cost,
+                              RunConfig(2, 4096, auto_chunk=True, batch_requests=False), 8).schedule
+    runtime = [(c.request_index, c.start, c.num_tokens) for c in feed.planner.sequence]
+    assert runtime == [(c.request_index, c.start, c.num_tokens) for c in simulated.chunks]
+    alone = auto_chunker(get_policy("vpp-pack"), layout, cost, 4096)
+    assert [n for _, n in split_request(alone, 9000)] != [n for r, _, n in runtime if r == 0], (
+        "the burst must size differently from request 0 alone, or this test checks nothing")

@@ -18,7 +18,8 @@ from sglang_vpp.runtime.models import (
     save_checkpoint,
 )
 from sglang_vpp.runtime.models.layers import chunk_mask
-from sglang_vpp.runtime.reference import max_abs_diff, prompt_tokens, reference_forward, within_fp32_rounding
+from sglang_vpp.runtime.reference import (RequestOutput, max_abs_diff, prompt_tokens, reference_forward,
+                                          within_fp32_rounding)
 from sglang_vpp.schedule import ChunkSpec, build_layout
 
 RUNTIME_PRESETS = ["tiny-qwen3", "tiny-llama", "tiny-qwen3-moe", "tiny-deepseek"]
@@ -175,3 +176,40 @@ def test_checkpoint_missing_tensor_is_named(tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(ModelPathError, match="model.layers.1.self_attn.q_proj.weight"):
         full_model(resolve_model(str(tmp_path)))
+
+
+@pytest.mark.parametrize("preset", RUNTIME_PRESETS)
+def test_batched_forward_equals_one_sequence_per_forward(preset):
+    """Several sequences in one forward, attention per sequence: every request's outputs equal
+    its own forwards to float rounding (the matmul shapes differ), so no request sees another."""
+    source = resolve_model(preset)
+    lengths = [100, 20, 33, 7]
+    # Request 0 in two chunks, the last carrying the three short requests whole.
+    chunks = [ChunkSpec(0, 0, 0, 64), ChunkSpec(0, 1, 64, 36, True,
+                                                batch=(ChunkSpec(1, 0, 0, 20, True), ChunkSpec(2, 0, 0, 33, True),
+                                                       ChunkSpec(3, 0, 0, 7, True)))]
+    batched = reference_forward(source, lengths, chunks=chunks).outputs
+    alone = reference_forward(source, lengths, 64).outputs
+    diff = max_abs_diff(batched, alone)
+    assert within_fp32_rounding(diff, *(t for o in alone for t in (o.hidden, o.logits))), diff
+    assert [o.hidden.shape[0] for o in batched] == lengths
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-deepseek"])
+def test_executor_runs_batched_forwards_as_the_reference(preset):
+    """One rank (no comm) executing a plan with batched forwards: bit-identical to the reference
+    running the same forwards; the pipelined runs are in test_pipeline.py (slow)."""
+    from sglang_vpp.runtime.control import StaticFeed
+    from sglang_vpp.runtime.executor import RankExecutor
+    from sglang_vpp.schedule import build_schedule
+
+    source = resolve_model(preset)
+    lengths = [100, 20, 33, 7]
+    schedule = build_schedule("cpp", 1, source.config.num_hidden_layers, lengths, 64, batching=True)
+    assert any(chunk.batch for chunk in schedule.chunks)
+    model = materialize(source, schedule.layout.stages, schedule.layout.num_stages)
+    executor = RankExecutor(0, schedule.layout, model, None, StaticFeed(0, schedule), schedule.comm_semantics)
+    executor.run()
+    got = [RequestOutput(k, h, l) for k, (h, l) in sorted(executor.final_outputs().items())]
+    want = reference_forward(source, lengths, chunks=schedule.chunks).outputs
+    assert max_abs_diff(got, want) == 0.0

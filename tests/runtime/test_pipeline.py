@@ -111,3 +111,15 @@ def test_measurement_and_replay(pool2):
     computes = [s for s in replay.samples if s.kind == "compute"]
     assert len(computes) == sum(1 for rep in result.reports for r in rep.records if r.is_compute)
     assert all(s.num_layers == 2 for s in computes)  # fold-back, 8 layers on 4 stages
+
+
+@pytest.mark.parametrize("model,mode", [
+    ("tiny-qwen3", "cpp"), ("tiny-qwen3", "vpp"), ("tiny-qwen3", "vpp-pack"),
+    ("tiny-deepseek", "vpp-async"), ("tiny-qwen3-moe", "dcpp"),
+])
+def test_batched_short_requests_equal_reference(pool2, matches_reference, model, mode):
+    """Short requests share a forward (attention per request), as SGLang batches them."""
+    result = pool2.run(_spec(mode, 2, [20, 30, 17, 100, 12, 9], 64, model=model, batch_requests=True))
+    assert matches_reference(result) == 0.0
+    assert any(row[5] for row in result.reports[0].chunks), "no forward carried several requests"
+    assert sorted(result.outputs) == list(range(6))

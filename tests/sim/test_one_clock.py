@@ -46,3 +46,20 @@ def test_the_controller_reacts_to_stage_times_that_depart_from_its_estimate(mode
     jittered = run_mode(mode, work, COST, RunConfig(4, 2048, jitter=0.2, jitter_seed=1), 16, keep_schedule=True)
     assert [c.key for c in jittered.schedule.chunks] == [c.key for c in exact.schedule.chunks]
     assert jittered.schedule.rank_actions != exact.schedule.rank_actions
+
+
+@pytest.mark.parametrize("mode", ["cpp", "vpp", "vpp-pack"])
+def test_recorded_durations_reproduce_a_run(mode: str) -> None:
+    """``run_engine`` on a table of a run's measured stage times (what a server records) takes the
+    same decisions at the same times: the entry point a reproduction feeds."""
+    from sglang_vpp.sim.cost.table import TableCostModel
+    from sglang_vpp.sim.runner import run_engine
+
+    work = WORKLOADS["mixed"]
+    measured = run_mode(mode, work, COST, RunConfig(4, 2048, jitter=0.2, jitter_seed=3), 16, keep_schedule=True)
+    table = TableCostModel(compute={(s.stage_index, s.request_index, s.chunk_index): s.end - s.start
+                                    for s in measured.sim.timeline if s.kind == "compute"}, fallback=COST)
+    again = run_engine(mode, work, RunConfig(4, 2048), 16, estimate=COST, durations=table, keep_schedule=True)
+    assert again.schedule.rank_actions == measured.schedule.rank_actions
+    assert again.sim.makespan_s == pytest.approx(measured.sim.makespan_s, rel=1e-12)
+    assert again.sim.request_finish_s == pytest.approx(measured.sim.request_finish_s, rel=1e-12)

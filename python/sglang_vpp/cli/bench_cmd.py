@@ -152,6 +152,7 @@ def bench(
     plot: Path | None = typer.Option(None, "--plot", help="Gantt PNG of each mode: measured and replayed."),
     costs: Path | None = typer.Option(None, "--costs", help="Write measured per-action costs: a fitted cost model here, raw samples per mode next to it."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    batch_requests: bool = typer.Option(False, "--batch-requests", help="Batch whole requests shorter than the chunk into one forward (attention per request), as SGLang and simulate do."),
 ) -> None:
     """Run each mode on real rank processes with real layers; check against the reference; table."""
     from ..runtime.bench import BenchConfig, check_config, run_bench, write_outputs
@@ -179,7 +180,7 @@ def bench(
         model=model, num_ranks=pp, seq_len=prompt_len,
         # auto: profile and cap at the prompt, the largest chunk a request can use
         chunk_size=min(prompt_len, max(CANDIDATES)) if auto else parse_size_option(chunk_size, "--chunk-size"),
-        auto_chunk=auto,
+        auto_chunk=auto, batch_requests=batch_requests,
         modes=tuple(m.strip() for m in modes.split(",") if m.strip()), num_requests=requests,
         arrival_interval_s=arrival_interval, repeat=repeat, device=device_kind, backend=backend, seed=seed,
         split=tuple(layer_split) if layer_split else None, timeouts=Timeouts(comm_s=timeout),

@@ -94,13 +94,15 @@ class BenchConfig:
     auto_chunk: bool = False
     """``--chunk-size auto``: the controller picks each request's chunk size (``chunk_size`` is
     the largest it may pick); ``RunSpec.auto_chunk``."""
+    batch_requests: bool = False
+    """``--batch-requests``: ``RunSpec.batch_requests``."""
 
     def run_spec(self, mode: str, planner_cost: Any = None) -> RunSpec:
         requests = tuple(RequestArrival(self.seq_len, i * self.arrival_interval_s) for i in range(self.num_requests))
         return RunSpec(model=self.model, mode=mode, num_ranks=self.num_ranks, requests=requests,
                        chunk_size=self.chunk_size, seed=self.seed, num_layers=self.num_layers, split=self.split,
                        device=self.device, backend=self.backend, timeouts=self.timeouts, fault=self.fault,
-                       planner_cost=planner_cost, auto_chunk=self.auto_chunk)
+                       planner_cost=planner_cost, auto_chunk=self.auto_chunk, batch_requests=self.batch_requests)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -354,7 +356,7 @@ class _References:
         self.cache: dict[tuple, list[RequestOutput]] = {}
         self.cpu_s = 0.0
 
-    def get(self, chunks: list[tuple[int, int, int, int, bool]]) -> list[RequestOutput]:
+    def get(self, chunks: list[tuple]) -> list[RequestOutput]:
         import torch
 
         from ..schedule import ChunkSpec

@@ -44,9 +44,11 @@ from ..schedule import (
     Schedule,
     controller_config,
 )
+from ..schedule.auto_size import InFlightLengths
 from .spec import RunSpec
 
-__all__ = ["Advance", "CoordinatorFeed", "End", "FollowerFeed", "Heartbeat", "PlanFeed", "StaticFeed", "Submit", "make_planner"]
+__all__ = ["Advance", "CoordinatorFeed", "End", "FollowerFeed", "Heartbeat", "PlanFeed", "Sent", "StaticFeed", "Submit",
+           "make_planner"]
 
 _HEARTBEAT_S = 1.0
 
@@ -58,6 +60,14 @@ class Submit:
     """The planner-clock time the request is submitted at (rank 0's ``planner.now``)."""
     arrival_s: float
     """Real arrival, seconds after the run epoch (for TTFT and the replay)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """The requests of the next ``Submit`` ops arrived together (index, prompt length): what the
+    controller's ``auto`` chunker sizes for (``auto_size.InFlightLengths``)."""
+
+    requests: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +85,15 @@ class Heartbeat:
     """Rank 0 is alive but idle (waiting for an arrival); resets the followers' control timeout."""
 
 
-Op = Submit | Advance | End | Heartbeat
+Op = Submit | Sent | Advance | End | Heartbeat
 
 
 def make_planner(spec: RunSpec, layout: Layout) -> Planner:
     """The planner every rank builds identically from the spec."""
-    # The runtime's model runs one request per forward: no batching.
+    # With ``batch_requests`` whole short requests share a forward up to the chunk size, as
+    # SGLang's prefill adder fills a batch (the model runs attention per request).
     return Planner(controller_config(spec.mode, layout, spec.chunk_size, spec.planner_cost,  # type: ignore[arg-type]
-                                     spec.max_length, batching=False, auto_chunk=spec.auto_chunk))
+                                     spec.max_length, batching=spec.batch_requests, auto_chunk=spec.auto_chunk))
 
 
 class PlanFeed(ABC):
@@ -115,20 +126,24 @@ class _PlannerFeed(PlanFeed):
     def __init__(self, rank: int, planner: Planner) -> None:
         super().__init__(rank)
         self.planner = planner
+        self.situation = InFlightLengths(planner.controller)
         self.ended = False
 
     def apply(self, op: Op) -> None:
-        if isinstance(op, Submit):
+        if isinstance(op, Sent):
+            self.situation.sent(op.requests, completed=self.planner.request_finish)
+        elif isinstance(op, Submit):
             index = self.planner.submit(RequestSpec(op.length, op.planner_arrival))
             assert index == len(self.lengths), (index, len(self.lengths))
             self.lengths.append(op.length)
             self.arrivals_s.append(op.arrival_s)
-            for chunk in self.planner.sequence[len(self.chunks):]:
-                self.chunks[chunk.key] = chunk
         elif isinstance(op, Advance):
             self.planner.advance(until=op.until)
         elif isinstance(op, End):
             self.ended = True
+        if not isinstance(op, Heartbeat):
+            # Stage 0 may have batched queued requests into a forward: their chunks left the sequence.
+            self.chunks = {chunk.key: chunk for chunk in self.planner.sequence}
         self.queue.extend(self.planner.take_new_actions(self.rank))
 
 
@@ -160,8 +175,14 @@ class CoordinatorFeed(_PlannerFeed):
 
     def _admit_arrivals(self) -> None:
         now_s = self._clock() - self._epoch
+        arrived = []
         while self._pending and self._pending[0][1] <= now_s:
-            length, arrival_s = self._pending.pop(0)
+            arrived.append(self._pending.pop(0))
+        if not arrived:
+            return
+        first = len(self.lengths)
+        self._broadcast(Sent(tuple((first + i, length) for i, (length, _) in enumerate(arrived))))
+        for length, arrival_s in arrived:
             self._broadcast(Submit(length, self.planner.now, arrival_s))
 
     def _plan_more(self) -> bool:

@@ -137,10 +137,11 @@ class _LayoutCost(StageCostModel):
 
     def stage_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
         first, last = stage.stage_index == 0, stage.stage_index == self.layout.num_stages - 1
-        return self.shared.compute(stage.num_layers, first, last, chunk.start, chunk.num_tokens)
+        # A batched forward is keyed as the ranks record it: the lead's prefix, every part's tokens.
+        return self.shared.compute(stage.num_layers, first, last, chunk.start, chunk.total_tokens)
 
     def transfer_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
-        return self.shared.transfer(chunk.num_tokens)
+        return self.shared.transfer(chunk.total_tokens)
 
 
 def _fixed_terms_nonnegative_fit(features: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -130,11 +130,11 @@ class RankExecutor:
     def _compute(self, action: Action) -> None:
         stage = self.layout.stages[action.stage_index]
         chunk = self.feed.chunks[action.chunk_key]
-        # make_planner plans without a token budget: the reference model runs one sequence per forward.
-        assert not chunk.batch, f"rank {self.rank}: {action} is a batched forward; the runtime runs one request"
+        parts = chunk.parts  # a batched forward: several requests' chunks, attention per request
         is_first, is_last = stage.stage_index == 0, stage.stage_index == self.layout.last_stage
         if is_first:
-            inputs = self._request_tokens(chunk.request_index)[chunk.start : chunk.end]
+            pieces = [self._request_tokens(p.request_index)[p.start : p.end] for p in parts]
+            inputs = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         else:
             key = (stage.stage_index - 1, chunk.request_index, chunk.chunk_index)
             if key not in self._buffers:
@@ -143,7 +143,8 @@ class RankExecutor:
                     detail=f"the input of {action} (output of stage {key[0]}) is neither local nor received; "
                     "the stream computes before its receive", fix="this is an executor or planner bug")
             inputs = self._buffers.pop(key)
-        kv = self.kv.for_stage(chunk.request_index, stage.stage_index, self.feed.lengths[chunk.request_index])
+        kv = [self.kv.for_stage(p.request_index, stage.stage_index, self.feed.lengths[p.request_index])
+              for p in parts]
         start = self._now()
         self._sync()
         cpu = time.thread_time()
@@ -151,15 +152,19 @@ class RankExecutor:
         out = self.model.forward_stage(inputs, chunk, stage.layer_start, stage.layer_end, kv, is_first, is_last)
         self._sync()
         cost = time.thread_time() - cpu if self.device is Device.CPU else time.perf_counter() - wall
-        if chunk.is_last:
-            self.kv.release(chunk.request_index, stage.stage_index)
+        for part in parts:
+            if part.is_last:
+                self.kv.release(part.request_index, stage.stage_index)
         if not is_last:
             self._buffers[(stage.stage_index, chunk.request_index, chunk.chunk_index)] = out.hidden
-        self._record(action, start, cost_s=cost, num_tokens=chunk.num_tokens, prefix_len=chunk.start)
+        self._record(action, start, cost_s=cost, num_tokens=chunk.total_tokens, prefix_len=chunk.start)
         if is_last:
-            pieces, logits = self.outputs.setdefault(chunk.request_index, ([], None))
-            pieces.append(out.hidden)
-            self.outputs[chunk.request_index] = (pieces, out.logits if out.logits is not None else logits)
+            row = 0
+            for part, logits in zip(parts, out.part_logits):
+                pieces, known = self.outputs.setdefault(part.request_index, ([], None))
+                pieces.append(out.hidden[row : row + part.num_tokens])
+                self.outputs[part.request_index] = (pieces, logits if logits is not None else known)
+                row += part.num_tokens
             self._last_stage_done += 1
             if self._on_chunk_done is not None:
                 self._on_chunk_done(self._last_stage_done, len(self.feed.chunks))
@@ -189,7 +194,7 @@ class RankExecutor:
         assert data is not None
         hidden = data.get("hidden")
         chunk = self.feed.chunks[action.chunk_key]
-        expected = (chunk.num_tokens, self.model.config.hidden_size)
+        expected = (chunk.total_tokens, self.model.config.hidden_size)
         if not isinstance(hidden, torch.Tensor) or tuple(hidden.shape) != expected:
             got = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__
             raise CommProtocolError(

@@ -89,11 +89,14 @@ def measure_run(reports: Sequence[RankReport], last_stage: int) -> MeasuredRun:
         rank_stats.bubble_s = max(0.0, makespan - rank_stats.compute_s - rank_stats.exposed_comm_s)
         stats.append(rank_stats)
     arrivals = reports[0].arrivals_s
-    last_chunks = {(c[0], c[1]) for c in reports[0].chunks if c[4]}
+    # A forward that ends requests (its lead's last chunk, and every request batched into it).
+    finishes = {(c[0], c[1]): ([c[0]] if c[4] else []) + [part.request_index for part in c[5]]
+                for c in reports[0].chunks}
     ttft = {
-        r.request_index: r.end_s - arrivals[r.request_index]
+        request: r.end_s - arrivals[request]
         for report in reports for r in report.records
-        if r.is_compute and r.stage_index == last_stage and (r.request_index, r.chunk_index) in last_chunks
+        if r.is_compute and r.stage_index == last_stage
+        for request in finishes.get((r.request_index, r.chunk_index), ())
     }
     cost = sum(r.cost_s for report in reports for r in report.records if r.is_compute)
     return MeasuredRun(makespan, stats, ttft, cost, len(reports[0].chunks), sorted(timeline, key=lambda s: (s.start, s.rank)))

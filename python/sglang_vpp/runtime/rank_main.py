@@ -147,7 +147,8 @@ def _run_one(rank: int, run_id: int, spec: Any, comm: Any, pool_dir: Path, contr
         peak_kv_bytes=executor.kv.peak_bytes, num_parameters=model.num_parameters,
     )
     if rank == 0:
-        report.chunks = [(c.request_index, c.chunk_index, c.start, c.num_tokens, c.is_last) for c in planner.sequence]
+        report.chunks = [(c.request_index, c.chunk_index, c.start, c.num_tokens, c.is_last, c.batch)
+                         for c in planner.sequence]
     if holds_last and spec.collect_outputs:
         path = pool_dir / f"outputs-run{run_id}-rank{rank}.pt"
         torch.save(executor.final_outputs(), path)

@@ -65,9 +65,9 @@ class RankReport:
     records: list[ActionRecord] = field(default_factory=list)
     executed: list[str] = field(default_factory=list)
     """The rank's executed action stream (text), in order."""
-    chunks: list[tuple[int, int, int, int, bool]] = field(default_factory=list)
-    """(request, chunk, start, num_tokens, is_last) of every chunk, in the planner's sequence order
-    (rank 0 only; followers hold the same)."""
+    chunks: list[tuple] = field(default_factory=list)
+    """(request, chunk, start, num_tokens, is_last, batch) of every forward, the ``ChunkSpec``
+    fields, in the planner's sequence order (rank 0 only; followers hold the same)."""
     lengths: list[int] = field(default_factory=list)
     arrivals_s: list[float] = field(default_factory=list)
     outputs_path: str | None = None

@@ -2,12 +2,13 @@
 
 Data flow: ``prompt_tokens(request, length, vocab, seed)`` gives each request its token ids (the
 same function feeds stage 0 of the pipelined run) -> ``reference_forward`` runs the whole model
-(every layer, embedding and head in one ``StageModel``) request by request, chunk by chunk with
-the same KV cache and mask code as the pipeline, or the whole prompt at once with
+(every layer, embedding and head in one ``StageModel``) forward by forward in the planner's order
+(a batched forward runs its requests together, attention per request) with the same KV cache
+and mask code as the pipeline, or the whole prompt at once with
 ``chunk_size=None`` -> ``RequestOutput`` per request: the final-normed hidden states of every
 token and the logits of the last token (the first generated token comes from them).
 
-With the same chunk boundaries the pipelined run performs the same operations on the same
+With the same forwards the pipelined run performs the same operations on the same
 shapes, so on one thread its output is bit-identical; against ``chunk_size=None`` the chunked
 forward differs only by float rounding (``within_fp32_rounding``). The per-chunk thread CPU times of
 the chunked forward are a calibration sample of the whole model (``chunk_costs``).
@@ -75,35 +76,47 @@ def reference_forward(
     token_seed: int = 0,
     device: str | torch.device = "cpu",
 ) -> ReferenceResult:
-    """Run each request through the whole model; ``chunks`` overrides the fixed ``chunk_size`` split.
+    """Run each request through the whole model; ``chunks`` (a planner's sequence, batched
+    forwards included) overrides the fixed ``chunk_size`` split.
     On a GPU/NPU ``device`` the costs are synchronised wall seconds; outputs come back on the CPU."""
     device = torch.device(device)
     model = full_model(source).to(device)
     config = source.config
     cache = KVCache(token_dim=0 if config.is_mla else 1)
-    by_request: dict[int, list[ChunkSpec]] = {}
-    if chunks is not None:
-        for chunk in chunks:
-            by_request.setdefault(chunk.request_index, []).append(chunk)
-    outputs, costs = [], []
+    planned = {c.request_index for chunk in chunks or () for c in chunk.parts}
+    # The given forwards in their order (request-major, so every prefix is built before it is
+    # read; a batched forward carries whole requests after its lead), then any request left out
+    # in fixed chunks.
+    forwards = list(chunks or ())
+    forwards += [c for i, n in enumerate(lengths) if i not in planned for c in fixed_chunks(i, n, chunk_size)]
+    tokens = {i: prompt_tokens(i, n, config.vocab_size, token_seed).to(device) for i, n in enumerate(lengths)}
+    pieces: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(lengths))}
+    logits: dict[int, torch.Tensor] = {}
+    costs = []
+    clock = time.thread_time if device.type == "cpu" else time.perf_counter
+    for chunk in forwards:
+        parts = chunk.parts
+        inputs = [tokens[p.request_index][p.start : p.end] for p in parts]
+        kvs = [cache.for_stage(p.request_index, 0, lengths[p.request_index]) for p in parts]
+        start = clock()
+        out = model.forward_stage(inputs[0] if len(inputs) == 1 else torch.cat(inputs), chunk, 0,
+                                  config.num_hidden_layers, kvs, True, True)
+        _synchronize(device)
+        costs.append((chunk, clock() - start))
+        row = 0
+        for part, part_logits in zip(parts, out.part_logits):
+            pieces[part.request_index].append(out.hidden[row : row + part.num_tokens])
+            row += part.num_tokens
+            if part_logits is not None:
+                logits[part.request_index] = part_logits
+            if part.is_last:
+                cache.release(part.request_index, 0)
+    outputs = []
     for request_index, length in enumerate(lengths):
-        plan = by_request.get(request_index) or fixed_chunks(request_index, length, chunk_size)
-        tokens = prompt_tokens(request_index, length, config.vocab_size, token_seed).to(device)
-        kv = cache.for_stage(request_index, 0, length)
-        pieces, logits = [], None
-        for chunk in sorted(plan, key=lambda c: c.chunk_index):
-            clock = time.thread_time if device.type == "cpu" else time.perf_counter
-            start = clock()
-            out = model.forward_stage(
-                tokens[chunk.start : chunk.end], chunk, 0, config.num_hidden_layers, kv, True, True
-            )
-            _synchronize(device)
-            costs.append((chunk, clock() - start))
-            pieces.append(out.hidden)
-            logits = out.logits if out.logits is not None else logits
-        assert logits is not None and sum(p.shape[0] for p in pieces) == length, (request_index, length)
-        outputs.append(RequestOutput(request_index, torch.cat(pieces).cpu(), logits.cpu()))
-        cache.release(request_index, 0)
+        assert request_index in logits and sum(p.shape[0] for p in pieces[request_index]) == length, (
+            request_index, length)
+        outputs.append(RequestOutput(request_index, torch.cat(pieces[request_index]).cpu(),
+                                     logits[request_index].cpu()))
     return ReferenceResult(outputs, costs if chunk_size is not None or chunks is not None else [])
 
 

@@ -73,7 +73,7 @@ def executed_schedule(spec: RunSpec, layout: Layout, reports: Sequence[RankRepor
     """The streams that ran, as a ``Schedule`` the simulator can execute."""
     policy = get_policy(spec.mode)
     head = reports[0]
-    chunks = tuple(ChunkSpec(r, c, start, n, last) for r, c, start, n, last in head.chunks)
+    chunks = tuple(ChunkSpec(*row) for row in head.chunks)
     groups = hand_off_groups(policy.num_groups)
     return Schedule(
         policy=policy.name,
@@ -110,7 +110,7 @@ def cost_samples(layout: Layout, reports: Sequence[RankReport]) -> list[CostSamp
     return samples
 
 
-def _chunk_row(report: RankReport, request: int, chunk: int) -> tuple[int, int, int, int, bool]:
+def _chunk_row(report: RankReport, request: int, chunk: int) -> tuple:
     for row in report.chunks:
         if row[0] == request and row[1] == chunk:
             return row
@@ -122,7 +122,7 @@ def _prefix(report: RankReport, request: int, chunk: int) -> int:
 
 
 def _tokens(report: RankReport, request: int, chunk: int) -> int:
-    return _chunk_row(report, request, chunk)[3]
+    return ChunkSpec(*_chunk_row(report, request, chunk)).total_tokens
 
 
 def replay_samples(samples: Sequence[CostSample]) -> list[CostSample]:

@@ -19,12 +19,16 @@ that sees the same situation computes the same size, and a recorded choice repla
 ``AutoChunker`` is the chunker the controller holds in ``auto`` mode: ``resize(lengths)``
 (reached through ``Controller.resize``) picks the size for a situation; until then, or for a
 request the executor never describes, a request is cut at the size chosen for it alone.
+
+What ``auto`` sees is one rule for every executor (``InFlightLengths``): the requests sent
+together first, then, at each later send, every request sent and not yet completed, oldest
+first, the new one included.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Iterable, Protocol, Sequence
 
 from .chunking import Chunker
 from .cost import StageCostModel
@@ -35,7 +39,7 @@ from .planner import Planner
 from .policies import PolicySpec
 from .factory import ControllerConfig, default_chunker
 
-__all__ = ["AUTO", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_CAP", "WINDOW", "TIE_TOLERANCE", "AutoChoice",
+__all__ = ["AUTO", "InFlightLengths", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_CAP", "WINDOW", "TIE_TOLERANCE", "AutoChoice",
            "AutoSizer", "AutoChunker", "is_auto", "candidates_up_to", "auto_chunker", "score"]
 
 AUTO = "auto"
@@ -210,3 +214,29 @@ def auto_chunker(policy: PolicySpec, layout: Layout, cost: StageCostModel, cap: 
     sizer = AutoSizer(policy, layout, cost, chunker_for, max_in_flight=max_in_flight,
                       candidates=candidates_up_to(cap), batch=batch)
     return AutoChunker(sizer)
+
+
+class _Resizable(Protocol):
+    def resize(self, lengths: Sequence[int]) -> int | None: ...
+
+
+class InFlightLengths:
+    """The situation ``auto`` is asked about (module docstring): an executor reports sends and
+    completions; every send re-sizes the controller with the lengths in flight. A controller
+    whose chunker is not ``auto`` ignores it (``Controller.resize``)."""
+
+    def __init__(self, controller: _Resizable) -> None:
+        self.controller = controller
+        self._active: dict[Hashable, int] = {}
+
+    def sent(self, requests: Sequence[tuple[Hashable, int]], completed: Iterable[Hashable] = ()) -> int | None:
+        """``requests`` (key, prompt length) were sent together, after the requests ``completed``
+        (those not yet reported through ``completed()``); returns the size chosen."""
+        for key in completed:
+            self._active.pop(key, None)
+        for key, length in requests:
+            self._active[key] = int(length)
+        return self.controller.resize(list(self._active.values()))
+
+    def completed(self, key: Hashable) -> None:
+        self._active.pop(key, None)

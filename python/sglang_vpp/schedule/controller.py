@@ -63,7 +63,7 @@ from .layout import Layout, LayoutKind
 from .policies import CommSemantics, PolicySpec, Priority
 
 __all__ = ["Admission", "MicroBatch", "ControllerLimits", "Controller", "HandOff", "default_in_flight_limit",
-           "hand_off_group", "hand_off_groups", "slot_released_by"]
+           "hand_off_group", "hand_off_groups"]
 
 
 class Admission(StrEnum):
@@ -118,14 +118,6 @@ def default_in_flight_limit(layout: Layout, policy: PolicySpec | None = None) ->
     p = layout.num_ranks
     full = p if layout.kind is LayoutKind.CONTIGUOUS else 2 * p - 1
     return 2 * full if policy is not None and policy.deep_window else full
-
-
-def slot_released_by(seq: int, in_flight_limit: int) -> int | None:
-    """The micro-batch whose departure from the last stage lets ``seq`` enter stage 0 under the
-    in-flight limit alone (None: nothing), for executors that replay a fixed admission order.
-    Micro-batches leave the last stage in admission order, so the count rule of
-    ``Controller.admission`` is this slot rule."""
-    return seq - in_flight_limit if seq >= in_flight_limit else None
 
 
 @dataclass(frozen=True, slots=True)

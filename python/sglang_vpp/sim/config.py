@@ -18,11 +18,6 @@ class SimConfig:
     order allows), so a transfer can run while the receiver still computes. ``None`` follows the
     schedule: on for ``async`` schedules (SGLang-style posted transfers), off for ``blocking``
     ones (a receive is posted when the rank reaches it: a rendezvous)."""
-    max_in_flight: int | None = None
-    """Admission window: stage 0 starts sequence position i only after position i - limit has
-    left the last stage (SGLang's micro-batch slots; see ``engine.py``). ``None`` or 0: no window,
-    the streams run exactly as given (what a replay of a runtime execution wants). The runner sets
-    it to P for contiguous layouts (cpp, dcpp)."""
     record_timeline: bool = True
     """Keep one ``TimelineSlice`` per compute, transfer and exposed wait (for traces and plots).
     Sweeps turn it off to save memory and time."""
@@ -33,7 +28,5 @@ class SimConfig:
     """Raise ``SimDeadlockError`` instead of returning a result with ``deadlock`` set."""
 
     def __post_init__(self) -> None:
-        if self.max_in_flight is not None and self.max_in_flight < 0:
-            raise SimError(f"max_in_flight must be >= 0 (0: no window), got {self.max_in_flight}")
         if self.prepost_recvs not in (None, True, False):
             raise SimError(f"prepost_recvs must be None, True or False, got {self.prepost_recvs!r}")

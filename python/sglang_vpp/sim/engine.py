@@ -9,20 +9,14 @@ Execution model (also the fidelity limits; see docs/simulator.md):
 
 - A rank runs its actions in order, one at a time. A compute takes the cost model's stage time
   (math + exposed TP collectives + host overhead, see ``cost.base.StageTime``).
-- A stage-0 compute of a request waits for the request's release: its arrival time, and for
-  closed-loop workloads the completion (in this simulation) of the request whose completion sent
-  it (``release_after``). A batched forward (``ChunkSpec.batch``) waits for every request in it,
-  and completes them all when it leaves the last stage.
-- Optional admission backpressure (``SimConfig.max_in_flight``, off by default: the engine
-  executes exactly the streams it is given, as the runtime does): stage 0 starts the chunk at
-  sequence position i only after position i - limit has left the last stage. This models
-  SGLang's micro-batch loop, where rank 0 reuses a micro-batch slot only once the last rank has
-  returned that slot's output; the action streams do not carry that return message.
-  ``runner.run_mode`` turns it on, with the limit the schedule core's ``Controller`` admitted
-  with (``default_in_flight_limit``), for the contiguous layouts; with fold-back the last stage is
-  on rank 0 and the stream order already encodes it. The engine decides nothing here: the
-  controller's count-based limit and this slot wait are the same rule, because chunks leave the
-  last stage in sequence order.
+- A stage-0 compute waits for the arrival of every request in its forward (``ChunkSpec.batch``
+  lists the requests a batched forward carries; it completes them all when it leaves the last
+  stage) and, when the caller passes them, for the time the controller admitted it
+  (``admitted_at``, ``Schedule.admission_times``: the dry run on the same durations, where the
+  controller was asked at event time for admission, the in-flight window and closed-loop
+  release). The engine applies no window and no release rule of its own: those are decisions,
+  and the dry run is where they are taken. Without ``admitted_at`` the streams run exactly as
+  given (what a replay of a runtime execution wants).
 - Comm: a communicator (group, rank pair) is one in-order stream; its i-th operations on the two
   ends pair up. Transfer i starts when both ends are posted and transfer i-1 has ended, and takes
   ``cost.transfer_cost``. Different communicators (e.g. ``fwd`` and ``bwd``) run concurrently:
@@ -51,7 +45,6 @@ import itertools
 from typing import Mapping
 
 from ..schedule import ActionKind, ChunkSpec, CommSemantics, DeadlockReport, Schedule, StageCostModel, check_deadlock
-from ..schedule.controller import slot_released_by
 from .communicator import CommOp, Communicator
 from .config import SimConfig
 from .cost.base import StageTime, stage_time
@@ -73,7 +66,7 @@ class Engine:
         cost: StageCostModel,
         config: SimConfig = SimConfig(),
         arrivals: Mapping[int, float] | None = None,
-        release_after: Mapping[int, int] | None = None,
+        admitted_at: Mapping[tuple[int, int], float] | None = None,
     ) -> None:
         self.schedule = schedule
         self.cost = cost
@@ -88,7 +81,7 @@ class Engine:
         self.arrival = {i: float(r.arrival) for i, r in enumerate(requests)}
         if arrivals is not None:
             self.arrival.update({int(k): float(v) for k, v in arrivals.items()})
-        self.release_after = dict(release_after or {})
+        self.admitted_at = dict(admitted_at or {})
         self.chunks: dict[tuple[int, int], ChunkSpec] = {c.key: c for c in schedule.chunks}
         self.pc = [0] * self.num_ranks
         self.stats = [RankStats(rank) for rank in range(self.num_ranks)]
@@ -96,10 +89,6 @@ class Engine:
         self.data_ready: dict[tuple[int, int, int], float] = {}
         self.completion: dict[int, float] = {}
         self.release: dict[int, float] = {}
-        self.waiters: dict[tuple[str, int], list[int]] = {}
-        self.position = {c.key: i for i, c in enumerate(schedule.chunks)}
-        self.chunk_done: dict[int, float] = {}
-        self.in_flight = self._in_flight_limit()
         self.waiting: list[tuple[CommOp, float] | None] = [None] * self.num_ranks
         self.rank_ops: list[dict[int, CommOp]] = [{} for _ in range(self.num_ranks)]
         self.op_comm: dict[int, Communicator] = {}
@@ -107,7 +96,6 @@ class Engine:
         self.stage_totals = [0.0] * len(self.stages)
         self.num_transfers = 0
         self.idle = IdleLedger(self.num_ranks)
-        self._pending_wakes: list[Event] = []
         self._build_communicators()
 
     # ------------------------------------------------------------------ setup
@@ -166,17 +154,13 @@ class Engine:
             action = actions[step]
             if action.kind is ActionKind.COMPUTE:
                 if action.stage_index == 0:
-                    release = self._admission_time(action, rank)
-                    if release is None or release > now:
-                        self.idle.stopped(rank, self._admission_cause(action, release))
-                    if release is None:
-                        return events  # woken when the request or chunk it waits for completes
-                    if release > now:
-                        return events + [RankReadyEvent(release, rank)]
+                    released, start = self._start_time(action)
+                    if start > now:
+                        cause = IdleCause.RELEASE if released >= start else IdleCause.ADMISSION
+                        self.idle.stopped(rank, cause)
+                        return events + [RankReadyEvent(start, rank)]
                 end = self._compute(rank, step, now)
                 self.pc[rank] += 1
-                events += self._pending_wakes
-                self._pending_wakes = []
                 return events + [RankReadyEvent(end, rank)]
             op = self.rank_ops[rank][step]
             comm = self.op_comm[id(op)]
@@ -258,68 +242,21 @@ class Engine:
                 {"compute_s": parts.compute_s, "tp_comm_s": parts.tp_comm_s, "overhead_s": parts.overhead_s,
                  "tokens": chunk.total_tokens, "prefix": chunk.start,
                  "requests": [part.request_index for part in chunk.parts]}))
-        if action.stage_index == self.last_stage:
-            position = self.position[chunk.key]
-            self.chunk_done[position] = end
-            self._wake(("chunk", position), end)
-            if chunk.is_last:
-                for part in chunk.parts:
-                    self.completion[part.request_index] = end
-                    self._wake(("request", part.request_index), end)
+        if action.stage_index == self.last_stage and chunk.is_last:
+            for part in chunk.parts:
+                self.completion[part.request_index] = end
         return end
 
-    def _in_flight_limit(self) -> int | None:
-        return self.config.max_in_flight or None
-
-    def _admission_time(self, action, rank: int) -> float | None:
-        """When stage 0 may start ``action``'s chunk: the release of every request in its forward
-        and the admission window."""
-        release = 0.0
+    def _start_time(self, action) -> tuple[float, float]:
+        """(release, start) of a stage-0 compute: the latest arrival of the requests in its
+        forward, and the later of that and the time the controller admitted it."""
+        released = 0.0
         for part in self.chunks[action.chunk_key].parts:
-            part_release = self._release_time(part.request_index, rank)
-            if part_release is None:
-                return None
-            release = max(release, part_release)
-        if self.in_flight is None:
-            return release
-        blocker = slot_released_by(self.position[action.chunk_key], self.in_flight)
-        if blocker is None:
-            return release
-        done = self.chunk_done.get(blocker)
-        if done is None:
-            self.waiters.setdefault(("chunk", blocker), []).append(rank)
-            return None
-        return max(release, done)
-
-    def _admission_cause(self, action, release: float | None) -> IdleCause:
-        """Why stage 0 cannot start ``action`` now: its request is not released yet, or no
-        micro-batch slot is free."""
-        parts = self.chunks[action.chunk_key].parts
-        releases = [self.release.get(part.request_index) for part in parts]
-        known = None if None in releases else max(releases)
-        if known is None or (release is not None and known >= release):
-            return IdleCause.RELEASE
-        return IdleCause.ADMISSION
-
-    def _release_time(self, request_index: int, rank: int) -> float | None:
-        if request_index in self.release:
-            return self.release[request_index]
-        arrival = self.arrival.get(request_index, 0.0)
-        gate = self.release_after.get(request_index)
-        if gate is not None:
-            done = self.completion.get(gate)
-            if done is None:
-                self.waiters.setdefault(("request", gate), []).append(rank)
-                return None
-            arrival = max(arrival, done)
-        self.release[request_index] = arrival
-        return arrival
-
-    def _wake(self, key: tuple[str, int], time: float) -> None:
-        # A completion time is known when its compute is issued, before ``time``: the waiting
-        # rank re-checks at ``time`` through the heap.
-        for rank in self.waiters.pop(key, []):
-            self._pending_wakes.append(RankReadyEvent(time, rank))
+            request = part.request_index
+            if request not in self.release:
+                self.release[request] = self.arrival.get(request, 0.0)
+            released = max(released, self.release[request])
+        return released, max(released, self.admitted_at.get(action.chunk_key, 0.0))
 
     def _account_wait(self, op: CommOp, start: float, end: float) -> None:
         stats = self.stats[op.rank]
@@ -355,8 +292,8 @@ class Engine:
             if self.pc[rank] < len(actions):
                 action = actions[self.pc[rank]]
                 blocked.append({"rank": rank, "step": self.pc[rank], "action": str(action),
-                                "waits_for": action.peer, "reason": "stalled in simulation (gated request "
-                                "never completes or comm heads never pair)"})
+                                "waits_for": action.peer, "reason": "stalled in simulation (comm heads "
+                                "never pair)"})
         return DeadlockReport(True, [], blocked, self.schedule.num_actions)
 
     def _result(self, deadlock: DeadlockReport | None) -> SimResult:
@@ -391,12 +328,13 @@ def simulate_schedule(
     config: SimConfig | None = None,
     *,
     arrivals: Mapping[int, float] | None = None,
-    release_after: Mapping[int, int] | None = None,
+    admitted_at: Mapping[tuple[int, int], float] | None = None,
 ) -> SimResult:
     """Execute ``schedule`` with durations from ``cost``; see the module docstring for the model.
 
-    ``arrivals`` overrides request arrival times (seconds); ``release_after[j] = i`` makes request
-    ``j`` start no earlier than request ``i`` completes (closed-loop clients).
+    ``arrivals`` overrides request arrival times (seconds); ``admitted_at`` maps a chunk key to
+    the time the controller admitted it into stage 0 (``Schedule.admission_times`` of a dry run
+    on ``cost``'s durations).
     """
     config = config or SimConfig()
     if config.check_deadlock:
@@ -405,7 +343,7 @@ def simulate_schedule(
             if config.raise_on_deadlock:
                 raise SimDeadlockError(report.describe(schedule.rank_actions), report)
             return SimResult.deadlocked(schedule, report)
-    engine = Engine(schedule, cost, config, arrivals, release_after)
+    engine = Engine(schedule, cost, config, arrivals, admitted_at)
     result = engine.run()
     if result.deadlock is not None and config.raise_on_deadlock:
         raise SimDeadlockError(result.deadlock.describe(schedule.rank_actions), result.deadlock)

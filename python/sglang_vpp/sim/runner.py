@@ -1,19 +1,21 @@
-"""Run workloads through the real planner and the engine: one mode, one chunk size.
+"""Run workloads on the one event-time engine: one mode, one chunk size.
 
-Data flow: ``Workload`` -> ``plan_workload`` (a ``Planner`` from the schedule core, online: the
-controller is asked at event time on a clock whose durations are the simulated ones, with
-``--jitter`` included, while it decides with the unjittered cost model as its estimate; a
-closed-loop workload submits the next request from the planner's ``on_complete`` callback at the
-completion time on that clock) -> ``Schedule`` + client gating (which request's completion sent
-which request) -> ``simulate_schedule`` (the engine re-times the streams with the same durations
-and adds what the planner's clock does not model: in-order links, pre-posted receives, idle by
-cause; a gated request starts when its gate completes *in the simulation*) -> ``ModeResult``
-(``SimResult`` + lower bound).
+Data flow: ``Workload`` -> ``plan_workload`` (the schedule core's ``Planner``: the controller is
+asked at event time for admission, order and closed-loop release, on a clock whose durations are
+the run's (``durations``: the cost model, jittered with ``--jitter``; a server's recorded ones for
+a reproduction) while it decides with ``estimate``; a closed-loop workload submits the next
+request from the planner's ``on_complete`` callback at the completion time on that clock; what
+``auto`` sees is ``auto_size.InFlightLengths``) -> ``Schedule`` (per-rank streams and the time
+each micro-batch was admitted) -> ``simulate_schedule`` (executes the streams with the same
+durations, starting stage 0 when the controller admitted it, and adds the link model and idle by
+cause; it decides nothing) -> ``ModeResult`` (``SimResult`` + lower bound).
+
+``run_engine`` is the entry point for any pair of estimate and durations; ``run_mode`` is the
+simulator's (the estimate is the hardware cost model itself).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from ..schedule import (
@@ -23,11 +25,11 @@ from ..schedule import (
     StageCostModel,
     build_layout,
     controller_config,
-    default_in_flight_limit,
     get_policy,
     schedule_from_planner,
     validate_schedule,
 )
+from ..schedule.auto_size import InFlightLengths
 from .config import SimConfig
 from .cost.jitter import JitteredCostModel
 from .engine import simulate_schedule
@@ -36,7 +38,7 @@ from .metrics import gap_to_bound, lower_bound
 from .result import SimResult
 from .workloads import Workload
 
-__all__ = ["RunConfig", "PlannedWorkload", "ModeResult", "plan_workload", "run_mode"]
+__all__ = ["RunConfig", "PlannedWorkload", "ModeResult", "plan_workload", "run_engine", "run_mode"]
 
 
 @dataclass(frozen=True)
@@ -75,11 +77,8 @@ class RunConfig:
 @dataclass
 class PlannedWorkload:
     schedule: Schedule
-    release_after: dict[int, int]
-    """Request j may start only when request ``release_after[j]`` completes (closed loop)."""
-    arrivals: dict[int, float]
-    """Each request's own arrival time (the planner's copies of gated requests carry estimated
-    send times instead)."""
+    """The streams; a closed-loop request's ``arrival`` there is when it was sent (the completion
+    that released it, on the run's clock)."""
     auto_sizes: tuple[int, ...] = ()
     """With ``auto_chunk``: the size chosen at each decision, in order."""
 
@@ -120,62 +119,63 @@ def stage_durations(cost: StageCostModel, config: RunConfig) -> StageCostModel:
 
 
 def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig,
-                  num_layers: int) -> PlannedWorkload:
-    """Plan ``workload`` for ``mode`` with the schedule core's online planner (see module doc):
-    the controller decides with ``cost``, at the times ``stage_durations`` gives."""
+                  num_layers: int, durations: StageCostModel | None = None) -> PlannedWorkload:
+    """Plan ``workload`` for ``mode`` on the engine (see module doc): the controller decides with
+    ``cost``, at the times ``durations`` gives (default: ``stage_durations(cost, config)``)."""
     spec = get_policy(mode)
     layout = build_layout(config.num_ranks, num_layers, spec.layout_kind,
                           list(config.split) if config.split else None)
     pending = list(workload.requests)
     concurrency = workload.concurrency if workload.concurrency is not None else len(pending)
     first, pending = pending[:concurrency], pending[concurrency:]
-    arrivals = [r.arrival for r in first]
-    gates: list[int | None] = [None] * len(first)
-    active = {i: r.length for i, r in enumerate(first)}
+    sent = len(first)
 
     def on_complete(request_index: int, end: float) -> list[RequestSpec]:
-        active.pop(request_index, None)
+        nonlocal sent
+        situation.completed(request_index)
         if not pending:
             return []
         request = pending.pop(0)
-        gates.append(request_index)
-        arrivals.append(request.arrival)
-        active[len(arrivals) - 1] = request.length
-        planner.controller.resize(list(active.values()))
+        situation.sent([(sent, request.length)])
+        sent += 1
         return [RequestSpec(request.length, max(request.arrival, end))]
 
     planner = Planner(controller_config(spec, layout, config.chunk_size, cost, workload.max_length,
                                         batching=config.batch_requests, max_in_flight=config.max_in_flight,
                                         auto_chunk=config.auto_chunk),
-                      on_complete=on_complete, durations=stage_durations(cost, config))
-    planner.controller.resize([r.length for r in first])
+                      on_complete=on_complete,
+                      durations=durations if durations is not None else stage_durations(cost, config))
+    situation = InFlightLengths(planner.controller)
+    situation.sent([(i, r.length) for i, r in enumerate(first)])
     for request in first:
         planner.submit(request)
     planner.advance()
     schedule = schedule_from_planner(planner)
     assert len(schedule.requests) == len(workload.requests), (len(schedule.requests), len(workload.requests))
-    release_after = {j: g for j, g in enumerate(gates) if g is not None}
     sizes = tuple(c.chunk_size for c in getattr(planner.controller.chunker, "history", ()))
-    return PlannedWorkload(schedule, release_after, dict(enumerate(arrivals)), sizes)
+    return PlannedWorkload(schedule, sizes)
 
 
-def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig, num_layers: int,
-             keep_schedule: bool = False) -> ModeResult:
-    """Plan and simulate one mode; the planner's estimate is ``cost`` itself."""
-    planned = plan_workload(mode, workload, cost, config, num_layers)
+def run_engine(mode: str, workload: Workload, config: RunConfig, num_layers: int, *, estimate: StageCostModel,
+               durations: StageCostModel, keep_schedule: bool = False) -> ModeResult:
+    """Run ``workload`` on the engine: the controller decides with ``estimate`` at event times
+    whose durations come from ``durations`` (a cost model, a jittered one, a table of measured
+    ones), then the streams execute on those durations."""
+    planned = plan_workload(mode, workload, estimate, config, num_layers, durations)
     if config.sim.check_deadlock:
         # The dry run's streams, before they run: complete, causal and paired (the deadlock dry
         # run follows in ``simulate_schedule``).
         validate_schedule(planned.schedule)
-    sim_config = config.sim
-    layout = planned.schedule.layout
-    if sim_config.max_in_flight is None and layout.stages[-1].rank != layout.stages[0].rank:
-        # SGLang's micro-batch slots: the window the controller admitted with.
-        sim_config = dataclasses.replace(sim_config, max_in_flight=config.max_in_flight
-                                         or default_in_flight_limit(layout, get_policy(mode)))
-    durations = stage_durations(cost, config)
-    sim = simulate_schedule(planned.schedule, durations, sim_config, arrivals=planned.arrivals,
-                            release_after=planned.release_after)
-    bound = lower_bound(planned.schedule, durations, sim) if sim.ok else 0.0
-    return ModeResult(mode, config.chunk_size, sim, bound, planned.schedule if keep_schedule else None,
+    schedule = planned.schedule
+    sim = simulate_schedule(schedule, durations, config.sim, admitted_at=schedule.admission_times())
+    bound = lower_bound(schedule, durations, sim) if sim.ok else 0.0
+    return ModeResult(mode, config.chunk_size, sim, bound, schedule if keep_schedule else None,
                       planned.auto_sizes)
+
+
+def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig, num_layers: int,
+             keep_schedule: bool = False) -> ModeResult:
+    """Simulate one mode: the engine with ``cost`` as the estimate and the durations (jittered
+    when ``config.jitter`` is set)."""
+    return run_engine(mode, workload, config, num_layers, estimate=cost, durations=stage_durations(cost, config),
+                      keep_schedule=keep_schedule)

@@ -1,8 +1,10 @@
 """Decoder building blocks for chunked prefill: norms, RoPE, GQA and MLA attention, dense and MoE MLPs.
 
-Every module takes one chunk of one request: ``x`` is ``[c, hidden]`` (no batch dimension; a
-chunk belongs to one request), and attention reads and extends that request's KV cache for the
-layer (``kv_cache.LayerKV``). Parameter names mirror transformers (``self_attn.q_proj``,
+A forward carries one or more sequences, as SGLang's prefill batches do: ``x`` is ``[n, hidden]``,
+the rows of each sequence's chunk one after another (no batch dimension). Token-wise modules
+(norms, projections, MLPs, MoE) run on all ``n`` rows at once; attention runs per sequence
+(``Segment``: its rows, positions, mask and its request's KV cache for the layer,
+``kv_cache.LayerKV``), so no sequence attends over another's tokens. Parameter names mirror transformers (``self_attn.q_proj``,
 ``mlp.experts.3.up_proj``, ...) so a Hugging Face ``state_dict`` loads unchanged.
 
 The arithmetic follows the transformers implementations operation by operation (RMSNorm in fp32,
@@ -33,8 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dataclasses import dataclass
+
 from .config import ModelConfig
-from .kv_cache import LayerKV
+from .kv_cache import LayerKV, StageKV
 
 __all__ = [
     "MLP",
@@ -45,11 +49,23 @@ __all__ = [
     "Qwen3MoeBlock",
     "RMSNorm",
     "RopeTables",
+    "Segment",
     "chunk_mask",
     "rope_tables",
 ]
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One sequence of a forward: rows ``rows`` of ``x``, tokens from position ``start``."""
+
+    rows: slice
+    start: int
+    rope: RopeTables
+    mask: torch.Tensor | None
+    kv: StageKV
 
 
 class RMSNorm(nn.Module):
@@ -125,21 +141,26 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scaling = d**-0.5
 
-    def forward(self, x: torch.Tensor, rope: RopeTables, cache: LayerKV, start: int, mask: torch.Tensor | None) -> torch.Tensor:
-        c = x.shape[0]
-        q = self.q_proj(x).view(c, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(c, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(c, self.num_kv_heads, self.head_dim)
+    def forward(self, x: torch.Tensor, segments: list[tuple[Segment, LayerKV]]) -> torch.Tensor:
+        n = x.shape[0]
+        q_all = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k_all = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v_all = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(0, 1), rope)
-        k = apply_rope(k.transpose(0, 1), rope)
-        keys, values = cache.append(start, k, v.transpose(0, 1))
-        out = F.scaled_dot_product_attention(
-            q[None], keys[None], values[None], attn_mask=mask, is_causal=mask is None, scale=self.scaling,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
-        return self.o_proj(out[0].transpose(0, 1).reshape(c, self.num_heads * self.head_dim))
+            q_all, k_all = self.q_norm(q_all), self.k_norm(k_all)
+        outs = []
+        for segment, cache in segments:
+            q, k, v = q_all[segment.rows], k_all[segment.rows], v_all[segment.rows]
+            c = q.shape[0]
+            q = apply_rope(q.transpose(0, 1), segment.rope)
+            k = apply_rope(k.transpose(0, 1), segment.rope)
+            keys, values = cache.append(segment.start, k, v.transpose(0, 1))
+            out = F.scaled_dot_product_attention(
+                q[None], keys[None], values[None], attn_mask=segment.mask, is_causal=segment.mask is None,
+                scale=self.scaling, enable_gqa=self.num_heads != self.num_kv_heads,
+            )
+            outs.append(out[0].transpose(0, 1).reshape(c, self.num_heads * self.head_dim))
+        return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
 
 
 class LatentAttention(nn.Module):
@@ -171,25 +192,30 @@ class LatentAttention(nn.Module):
         self.scaling = qk_head**-0.5
         self.has_q_lora = config.q_lora_rank is not None
 
-    def forward(self, x: torch.Tensor, rope: RopeTables, cache: LayerKV, start: int, mask: torch.Tensor | None) -> torch.Tensor:
-        c, h = x.shape[0], self.num_heads
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.has_q_lora else self.q_proj(x)
-        q = q.view(c, h, self.nope + self.rope_dim).transpose(0, 1)
-        q_pass, q_rot = torch.split(q, [self.nope, self.rope_dim], dim=-1)
-        latent, k_rot = torch.split(self.kv_a_proj_with_mqa(x), [self.kv_lora_rank, self.rope_dim], dim=-1)
-        latent = self.kv_a_layernorm(latent)
+    def forward(self, x: torch.Tensor, segments: list[tuple[Segment, LayerKV]]) -> torch.Tensor:
+        n, h = x.shape[0], self.num_heads
+        q_all = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.has_q_lora else self.q_proj(x)
+        q_all = q_all.view(n, h, self.nope + self.rope_dim)
+        latent_all, k_rot_all = torch.split(self.kv_a_proj_with_mqa(x), [self.kv_lora_rank, self.rope_dim], dim=-1)
+        latent_all = self.kv_a_layernorm(latent_all)
         rotate = apply_rope_interleaved if self.interleave else apply_rope
-        q_rot = rotate(q_rot, rope)
-        k_rot = rotate(k_rot[None], rope)[0]
-        latents, k_rots = cache.append(start, latent, k_rot)
-        end = latents.shape[0]
-        kv = self.kv_b_proj(latents).view(end, h, self.nope + self.v_dim).transpose(0, 1)
-        k_nope, values = torch.split(kv, [self.nope, self.v_dim], dim=-1)
-        keys = torch.cat([k_nope, k_rots[None].expand(h, end, self.rope_dim)], dim=-1)
-        query = torch.cat([q_pass, q_rot], dim=-1)
-        out = F.scaled_dot_product_attention(query[None], keys[None], values[None], attn_mask=mask,
-                                             is_causal=mask is None, scale=self.scaling)
-        return self.o_proj(out[0].transpose(0, 1).reshape(c, h * self.v_dim))
+        outs = []
+        for segment, cache in segments:
+            q = q_all[segment.rows].transpose(0, 1)
+            c = q.shape[1]
+            q_pass, q_rot = torch.split(q, [self.nope, self.rope_dim], dim=-1)
+            q_rot = rotate(q_rot, segment.rope)
+            k_rot = rotate(k_rot_all[segment.rows][None], segment.rope)[0]
+            latents, k_rots = cache.append(segment.start, latent_all[segment.rows], k_rot)
+            end = latents.shape[0]
+            kv = self.kv_b_proj(latents).view(end, h, self.nope + self.v_dim).transpose(0, 1)
+            k_nope, values = torch.split(kv, [self.nope, self.v_dim], dim=-1)
+            keys = torch.cat([k_nope, k_rots[None].expand(h, end, self.rope_dim)], dim=-1)
+            query = torch.cat([q_pass, q_rot], dim=-1)
+            out = F.scaled_dot_product_attention(query[None], keys[None], values[None], attn_mask=segment.mask,
+                                                 is_causal=segment.mask is None, scale=self.scaling)
+            outs.append(out[0].transpose(0, 1).reshape(c, h * self.v_dim))
+        return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
 
 
 class MLP(nn.Module):
@@ -294,6 +320,7 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = Qwen3MoeBlock(config)
 
-    def forward(self, x: torch.Tensor, rope: RopeTables, cache: LayerKV, start: int, mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, start, mask)
+    def forward(self, x: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+        caches = [(segment, segment.kv.layer(self.layer_index)) for segment in segments]
+        x = x + self.self_attn(self.input_layernorm(x), caches)
         return x + self.mlp(self.post_attention_layernorm(x))

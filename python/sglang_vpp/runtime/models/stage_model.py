@@ -1,10 +1,11 @@
 """``StageModel``: the part of a decoder that one rank holds, and the forward of one stage on one chunk.
 
-Data flow for one COMPUTE action ``<stage>F<request>.<chunk>``::
+Data flow for one COMPUTE action ``<stage>F<request>.<chunk>`` (``n`` tokens: the chunk, or
+every part of a batched forward, ``ChunkSpec.parts``, one after another)::
 
-    stage 0:      token ids [c] --embed_tokens--> hidden [c, H]
-    every stage:  hidden --layers[layer_start:layer_end] (KV of (request, stage))--> hidden
-    last stage:   hidden --norm--> final [c, H]  (--lm_head on the last token--> logits [V])
+    stage 0:      token ids [n] --embed_tokens--> hidden [n, H]
+    every stage:  hidden --layers[layer_start:layer_end] (KV of (part's request, stage))--> hidden
+    last stage:   hidden --norm--> final [n, H]  (--lm_head on each part's last token--> logits [V])
 
 A rank materialises only what its stages need: the decoder layers of its stages, the embedding
 if it runs stage 0, the final norm and ``lm_head`` if it runs the last stage (with the fold-back
@@ -15,7 +16,7 @@ with ``strict=True``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ from torch import nn
 from ...schedule import ChunkSpec, StageSpec
 from .config import ModelConfig
 from .kv_cache import StageKV
-from .layers import DecoderLayer, RMSNorm, chunk_mask, rope_tables
+from .layers import DecoderLayer, RMSNorm, Segment, chunk_mask, rope_tables
 
 __all__ = ["StageModel", "StageOutput"]
 
@@ -38,6 +39,8 @@ class StageOutput:
     logits: torch.Tensor | None = None
     """``[V]``: logits of the chunk's last token; only on the last stage for a request's last
     chunk (the first generated token comes from them)."""
+    part_logits: tuple[torch.Tensor | None, ...] = ()
+    """On the last stage, ``logits`` of each part of the forward (``ChunkSpec.parts`` order)."""
 
 
 class _Inner(nn.Module):
@@ -85,23 +88,34 @@ class StageModel(nn.Module):
         chunk: ChunkSpec,
         layer_start: int,
         layer_end: int,
-        kv: StageKV,
+        kv: StageKV | Sequence[StageKV],
         is_first: bool,
         is_last: bool,
     ) -> StageOutput:
-        """Run layers ``[layer_start, layer_end)`` on one chunk; see the module docstring."""
+        """Run layers ``[layer_start, layer_end)`` on one forward; ``kv``: the stage's KV of each
+        part's request (one for an unbatched chunk). See the module docstring."""
+        parts = chunk.parts
+        kvs = [kv] if isinstance(kv, StageKV) else list(kv)
+        assert len(kvs) == len(parts), (len(kvs), chunk)
         hidden = self.model.embed_tokens(inputs) if is_first else inputs
-        positions = torch.arange(chunk.start, chunk.end, device=hidden.device)
-        rope = rope_tables(positions, self.config.rope_dim, self.config.rope_theta, hidden.dtype)
-        mask = chunk_mask(chunk.start, chunk.num_tokens, hidden.device)
+        segments, row = [], 0
+        for part, part_kv in zip(parts, kvs):
+            positions = torch.arange(part.start, part.end, device=hidden.device)
+            rope = rope_tables(positions, self.config.rope_dim, self.config.rope_theta, hidden.dtype)
+            mask = chunk_mask(part.start, part.num_tokens, hidden.device)
+            segments.append(Segment(slice(row, row + part.num_tokens), part.start, rope, mask, part_kv))
+            row += part.num_tokens
+        assert row == hidden.shape[0], (row, tuple(hidden.shape), chunk)
         for index in range(layer_start, layer_end):
-            hidden = self.model.layers[str(index)](hidden, rope, kv.layer(index), chunk.start, mask)
+            hidden = self.model.layers[str(index)](hidden, segments)
         if not is_last:
             return StageOutput(hidden)
         final = self.model.norm(hidden)
-        # lm_head over the whole chunk, then the last row: the same matmul shape transformers uses.
-        logits = self.lm_head(final)[-1] if chunk.is_last else None
-        return StageOutput(final, logits)
+        # lm_head over the whole forward, then each part's last row: the same matmul shape
+        # transformers uses for one sequence.
+        head = self.lm_head(final) if any(part.is_last for part in parts) else None
+        logits = tuple(head[s.rows.stop - 1] if part.is_last else None for part, s in zip(parts, segments))
+        return StageOutput(final, logits[0], logits)
 
     @property
     def num_parameters(self) -> int:
