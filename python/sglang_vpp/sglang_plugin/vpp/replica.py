@@ -76,6 +76,8 @@ class Replica:
         scheduler.pp_outputs = None
         scheduler._pp_spec_relay = False
         self.num_events = 0
+        self.regroup: Any = None
+        """A ``decode_slots.DecodeRegrouper`` keeping decode in the controller's decode slots."""
 
     def ingest(self, requests: list) -> None:
         self.num_events += 1
@@ -84,6 +86,8 @@ class Replica:
     def schedule(self, slot: int) -> Any:
         s = self.scheduler
         self.num_events += 1
+        if self.regroup is not None:
+            self.regroup.before_schedule(slot)
         s.running_batch = s.running_mbs[slot]
         s.last_batch = s.last_mbs[slot]
         plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
@@ -91,6 +95,8 @@ class Replica:
         s.running_mbs[slot] = plan.running_batch
         s.mbs[slot] = plan.batch_to_run
         s.cur_batch_for_debug = plan.batch_to_run
+        if self.regroup is not None:
+            self.regroup.on_scheduled(slot, plan.batch_to_run)
         return plan.batch_to_run
 
     def mark_launched(self, batch: Any) -> None:
@@ -117,6 +123,8 @@ class Replica:
         result = s._pp_prep_batch_result(batch, metadata, PPProxyTensors(dict(outputs)))
         s._pp_process_batch_result(batch, result)
         s.last_mbs[slot] = batch
+        if self.regroup is not None:
+            self.regroup.on_result(slot)
 
     def idle(self) -> None:
         self.num_events += 1
