@@ -10,7 +10,15 @@ micro-batch's first and last stage, also the mean trip of a decode micro-batch (
 start to its last stage end) and the part of it spent away from rank 0 (the other ranks'
 stages and the hops). Records of every pass the server ran are counted (warm-up included).
 
+With ``--predict MODE=DIR,MODE=DIR`` (stock PP first, then a fold-back mode) the simulator's
+decode model (``sim.decode.estimate_decode``) is fed a cost model fitted to the two traces'
+mean decode forward times (the busiest rank's): a forward of a stage of ``n`` layers costs
+``fixed + n * per_layer``, two equations for the stock stage (L/P layers) and the fold-back
+stage (L/2P); it prints both modes' predicted ITL and the difference.
+
     python benchmarks/decode_causes.py WORK_DIR/trace-cpp WORK_DIR/trace-vpp-pack
+    python benchmarks/decode_causes.py --predict cpp=A/trace-cpp,vpp-pack=A/trace-vpp-pack \
+        --layers 8 --running 8
 """
 
 from __future__ import annotations
@@ -21,7 +29,36 @@ import statistics
 import sys
 from pathlib import Path
 
+from sglang_vpp.schedule import StageCostModel
+from sglang_vpp.sim.decode import estimate_decode
 from sglang_vpp.trace_records import RECORDS_GLOB, rank_of_records_file
+
+
+class PerForwardCost(StageCostModel):
+    """A decode forward of a stage: ``fixed + layers * per_layer`` seconds, whatever its size."""
+
+    def __init__(self, fixed: float, per_layer: float) -> None:
+        self.fixed, self.per_layer = fixed, per_layer
+
+    def stage_cost(self, stage, chunk) -> float:
+        return self.fixed + stage.num_layers * self.per_layer
+
+
+def predict(stock: tuple[str, dict], fold: tuple[str, dict], num_layers: int, running: int) -> dict:
+    """Both modes' ITL from ``estimate_decode`` with the cost fitted to their traces (module doc)."""
+    (stock_mode, stock_ranks), (fold_mode, fold_ranks) = stock, fold
+    pp = len(stock_ranks)
+    t_stock = max(r.get("ms_per_decode_forward", 0.0) for r in stock_ranks.values()) / 1000
+    t_fold = max(r.get("ms_per_decode_forward", 0.0) for r in fold_ranks.values()) / 1000
+    # t_stock = f + (L/P) c and t_fold = f + (L/2P) c.
+    per_layer = (t_stock - t_fold) / (num_layers / (2 * pp))
+    fixed = t_fold - num_layers / (2 * pp) * per_layer
+    cost = PerForwardCost(max(fixed, 0.0), max(per_layer, 0.0))
+    a = estimate_decode(stock_mode, pp, num_layers, cost, running, 0)
+    b = estimate_decode(fold_mode, pp, num_layers, cost, running, 0)
+    return {"fixed_ms": 1000 * cost.fixed, "per_layer_ms": 1000 * cost.per_layer,
+            f"{stock_mode}_itl_ms": 1000 * a.itl_s, f"{fold_mode}_itl_ms": 1000 * b.itl_s,
+            "difference_ms": 1000 * (b.itl_s - a.itl_s), "bound": b.bound}
 
 
 def rank_summary(records: list[dict], last_stage: int | None) -> dict:
@@ -82,8 +119,20 @@ def trace_summary(trace_dir: Path) -> dict[int, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("trace_dirs", nargs="+", type=Path)
+    parser.add_argument("trace_dirs", nargs="*", type=Path)
+    parser.add_argument("--predict", help="STOCK_MODE=DIR,FOLD_MODE=DIR: the decode model's ITL")
+    parser.add_argument("--layers", type=int, default=8, help="model layers (default 8: the tiny Qwen2)")
+    parser.add_argument("--running", type=int, default=8, help="running requests (default 8)")
     args = parser.parse_args(argv)
+    if args.predict:
+        pairs = [item.split("=", 1) for item in args.predict.split(",")]
+        if len(pairs) != 2 or any(len(p) != 2 for p in pairs):
+            print(f"--predict {args.predict!r}: expected STOCK_MODE=DIR,FOLD_MODE=DIR", file=sys.stderr)
+            return 2
+        (m1, d1), (m2, d2) = pairs
+        numbers = predict((m1, trace_summary(Path(d1))), (m2, trace_summary(Path(d2))), args.layers, args.running)
+        for key, value in numbers.items():
+            print(f"{key:28} {value:.3g}" if isinstance(value, float) else f"{key:28} {value}")
     for trace_dir in args.trace_dirs:
         try:
             summary = trace_summary(trace_dir)
