@@ -7,14 +7,16 @@ Per rank ``r``, ``DIR/vpp_rank<r>.records.json`` holds::
     {"schema": 2, "clock_origin_s": float, "summary": {...}, "counters": {...},
      "records":    [ComputeRecord as a dict, ...],       # every stage compute, in order
      "controller": {mode, pp_size, stage_layers, max_in_flight, chunk_size, cost},
-     "decisions":  [{"kind": "admit" | "hold" | "left" | "pick", ...}, ...],
+     "decisions":  [{"kind": "admit" | "hold" | "left" | "pick" | "chunk" | "decode", ...}, ...],
      "arrivals":   [{"stage", "seq", "t_s"}, ...],        # VPP: each hidden-state message received
      "builds":     [{"seq", "slot", "t_s"}, ...]}         # VPP rank 0: each micro-batch SGLang built
 
 ``controller`` is empty for the stock modes (cpp, dcpp), which SGLang's own loop schedules.
 Decision records: ``admit`` (``decision``: ``yes`` | ``packed``) and ``hold`` carry a micro-batch
 (``micro_batch_record``); ``left`` a ``seq``; ``pick`` the ``ready`` items and the ``chosen`` one,
-each ``[stage, seq]``. ``DIR/vpp_rank<r>.json`` is the Perfetto (Chrome JSON) view of ``records``.
+each ``[stage, seq]``; ``decode`` the slot a prefill ended in (``from_slot``), the
+``running`` requests of each decode slot that could take it (``[slot, count]`` pairs) and the
+``chosen`` slot (null: none could). ``DIR/vpp_rank<r>.json`` is the Perfetto (Chrome JSON) view of ``records``.
 
 Times are seconds on the rank's ``time.perf_counter`` since ``clock_origin_s`` (that clock's
 value when the loop started; one clock for every rank of a host). What ``check --trace
@@ -36,7 +38,7 @@ from .schedule import LinearAttentionCost, MicroBatch, StageCostModel
 from .schedule.errors import CostModelError
 from .schedule.fitted_cost import FittedCostModel
 
-__all__ = ["ComputeRecord", "ADMIT", "HOLD", "LEFT", "PICK", "CHUNK", "DECISION_KINDS", "records_file", "chrome_trace_file",
+__all__ = ["ComputeRecord", "ADMIT", "HOLD", "LEFT", "PICK", "CHUNK", "DECODE", "DECISION_KINDS", "records_file", "chrome_trace_file",
            "RECORDS_GLOB", "PROFILE_ENV", "profile_file", "SCHEMA", "SCHEMA_VERSION", "CLOCK_ORIGIN", "ARRIVALS", "BUILDS",
            "rank_of_records_file", "micro_batch_record", "micro_batch_from_record", "cost_record",
            "cost_from_record"]
@@ -44,7 +46,10 @@ __all__ = ["ComputeRecord", "ADMIT", "HOLD", "LEFT", "PICK", "CHUNK", "DECISION_
 ADMIT, HOLD, LEFT, PICK = "admit", "hold", "left", "pick"
 CHUNK = "chunk"
 """An ``auto`` chunker's cut: ``prefix`` tokens already chunked, ``remaining``, and the ``size`` cut."""
-DECISION_KINDS = (ADMIT, HOLD, LEFT, PICK, CHUNK)
+DECODE = "decode"
+"""The decode slot a request joins when its prefill ends in a prefill-only slot
+(``Controller.decode_join``)."""
+DECISION_KINDS = (ADMIT, HOLD, LEFT, PICK, CHUNK, DECODE)
 RECORDS_GLOB = "vpp_rank*.records.json"
 SCHEMA, SCHEMA_VERSION = "schema", 2
 CLOCK_ORIGIN, ARRIVALS, BUILDS = "clock_origin_s", "arrivals", "builds"

@@ -52,3 +52,25 @@ def test_planner_decisions_replay_like_a_server(mode, pp, tmp_path, monkeypatch)
     finished_first = [d for d in recorder.decisions[0] if d["kind"] == "pick"
                       and any(stage == 0 for stage, _ in d["ready"]) and d["chosen"][0] == 2 * pp - 1]
     assert bool(finished_first) == (mode in ("vpp", "vpp-stream"))
+
+
+def _write_trace(tmp_path, mode: str, pp: int, decisions: list[dict]) -> None:
+    layers = [2] * (2 * pp)
+    inputs = {"mode": mode, "pp_size": pp, "stage_layers": layers, "max_in_flight": None, "chunk_size": 64,
+              "cost": cost_record(COST)}
+    for rank in range(pp):
+        records_file(tmp_path, rank).write_text(
+            json.dumps({"records": [], "controller": inputs, "decisions": decisions}))
+
+
+def test_decode_slot_choices_replay_and_a_wrong_one_diverges(tmp_path):
+    joins = [{"kind": "decode", "from_slot": 1, "running": [[0, 4], [3, 2]], "chosen": 3},
+             {"kind": "decode", "from_slot": 2, "running": [[3, 2]], "chosen": 3},
+             {"kind": "decode", "from_slot": 4, "running": [], "chosen": None}]
+    _write_trace(tmp_path, "vpp-pack", 2, joins)
+    assert replay_trace(tmp_path).ok
+    wrong = [{**joins[0], "chosen": 0}]
+    _write_trace(tmp_path, "vpp-pack", 2, wrong)
+    result = replay_trace(tmp_path)
+    assert not result.ok
+    assert "join decode slot 3" in result.divergence.describe()

@@ -276,9 +276,8 @@ _kv_pressure: dict[str, list[list[int]]] = {}
 def test_kv_pool_exhausted_in_decode_every_request_is_served_and_equal_to_cpp(server, request):
     """Six 2650-token prompts with 120 new tokens each need more KV (16620 tokens) than the
     pool holds (--max-total-tokens 16384): SGLang retracts decode requests and serves them
-    later. VPP spreads the running requests over more micro-batch slots than stock PP, so a
-    slot often holds one request; that request must be retracted too, never aborted (500),
-    while others hold KV. Every request is answered in full, the same greedy ids as cpp."""
+    later. A VPP decode slot's last request must be retracted too, never aborted (500), while
+    others hold KV. Every request is answered in full, the same greedy ids as cpp."""
     _require_both_modes(request)
     params = {"temperature": 0, "max_new_tokens": 120, "ignore_eos": True}
     with ThreadPoolExecutor(len(KV_PRESSURE_PROMPTS)) as pool:
@@ -292,8 +291,11 @@ def test_kv_pool_exhausted_in_decode_every_request_is_served_and_equal_to_cpp(se
     while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
         time.sleep(1)
     assert _kv_tokens_in_use(server) == 0
-    if server.config.pp_mode != "cpp":  # the load reached the case the retraction hook exists for
-        assert "retracted instead of aborted" in server.log_path.read_text(errors="replace")
+    # The load reached retraction. VPP decodes in stock PP's count of slots (the controller's
+    # decode slots), so whether a slot is left with one request depends on the order of the
+    # retractions; the hook's own case is unit-tested (test_vpp_units.py).
+    log = server.log_path.read_text(errors="replace")
+    assert "KV cache pool is full. Retract requests." in log or "retracted instead of aborted" in log
     _check_against_the_other_mode(request, _kv_pressure, server.config.pp_mode, outputs)
 
 

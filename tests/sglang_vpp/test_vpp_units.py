@@ -205,3 +205,76 @@ def test_decode_retraction_keeps_a_slots_last_request_while_others_hold_kv():
     batch, last, original = make(rows_in_use=2)
     batch.reqs = ["kept"]  # the batch still decodes: nothing was aborted for memory
     assert around_retract_decode(original, batch)[2] == [last]
+
+
+class _FakeReq:
+    def __init__(self, rid: str, finished: bool = False) -> None:
+        self.rid, self._finished = rid, finished
+
+    def finished(self) -> bool:
+        return self._finished
+
+
+class _FakeBatch:
+    """The ScheduleBatch calls the decode regrouper makes, on a list of requests."""
+
+    def __init__(self, reqs=(), extend: bool = False, chunked_req=None, batch_is_full: bool = False) -> None:
+        from types import SimpleNamespace
+
+        self.reqs = list(reqs)
+        self.forward_mode = SimpleNamespace(is_extend=lambda: extend)
+        self.chunked_req = chunked_req
+        self.batch_is_full = batch_is_full
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    def filter_batch(self, reqs_to_exclude=()) -> None:
+        self.reqs = [r for r in self.reqs if not r.finished() and r not in reqs_to_exclude]
+
+    def merge_batch(self, other) -> None:
+        self.reqs += other.reqs
+
+
+def test_decode_regrouper_moves_ended_prefills_to_the_least_loaded_open_decode_slot():
+    """vpp-pack, P = 2: 6 slots, decode in slots 0 and 3. A prefill that ends in slot 1 joins
+    the open decode slot with fewer running requests, without its finished and chunked
+    requests; with every decode slot in flight it stays until slot 1's next turn."""
+    from types import SimpleNamespace
+
+    from sglang_vpp.schedule import LinearAttentionCost, build_controller, build_layout, controller_config
+    from sglang_vpp.sglang_plugin.vpp.decode_slots import DecodeRegrouper
+
+    layout = build_layout(2, 8, "foldback")
+    controller = build_controller(controller_config("vpp-pack", layout, 64, LinearAttentionCost(), 64))
+    done, chunked = _FakeReq("done", True), _FakeReq("chunked")
+    a, b, c = (_FakeReq(n) for n in "abc")
+    s = SimpleNamespace(chunked_req=chunked, running_batch=None,
+                        running_mbs=[_FakeBatch([a, b]), *(_FakeBatch() for _ in range(5))],
+                        last_mbs=[None] * 6)
+    records = []
+    regroup = DecodeRegrouper(s, controller, lambda **fields: records.append(fields))
+    s.running_mbs[3] = _FakeBatch([_FakeReq("x")])
+    regroup.on_scheduled(0, s.running_mbs[0])          # slot 0's decode batch is in flight
+    prefill = _FakeBatch([c, done, chunked], extend=True, chunked_req=chunked)
+    s.last_mbs[1] = prefill
+    regroup.on_scheduled(1, prefill)
+    regroup.on_result(1)
+    assert [r.rid for r in s.running_mbs[3].reqs] == ["x", "c"] and s.last_mbs[1] is None
+    assert records == [{"from_slot": 1, "running": [[3, 1]], "chosen": 3}]
+    # Both decode slots in flight: the requests stay, and move at slot 2's next turn.
+    regroup.on_scheduled(3, s.running_mbs[3])
+    d = _FakeReq("d")
+    s.last_mbs[2] = _FakeBatch([d], extend=True)
+    regroup.on_scheduled(2, s.last_mbs[2])
+    regroup.on_result(2)
+    assert records[-1] == {"from_slot": 2, "running": [], "chosen": None} and s.last_mbs[2] is not None
+    regroup.on_result(0)
+    regroup.before_schedule(2)
+    assert [r.rid for r in s.running_mbs[0].reqs] == ["a", "b", "d"] and s.last_mbs[2] is None
+    assert records[-1] == {"from_slot": 2, "running": [[0, 2]], "chosen": 0}
+    regroup.before_schedule(0)  # a decode slot keeps its own requests: nothing asked
+    assert len(records) == 3 and regroup.num_moved == 2

@@ -12,6 +12,8 @@ hence the simulator and the reference runtime) and the SGLang loops (leader and 
   lets an ``auto`` chunker pick the size and token budget for the prompts waiting).
 - ``hand_off(stage)``: the group and the communication semantics of the hand-off of ``stage``'s
   output to the next stage (None when both stages share a rank, or for the last stage).
+- ``decode``: which micro-batch slots keep running requests (as many as stock PP's) and
+  ``decode_join(running)``, the one a request whose prefill ended joins (``decode_groups.py``).
 
 Decisions depend only on the order of these calls and on the estimated costs of the micro-batches,
 never on a clock, so a recorded sequence of calls replays exactly (``check --trace``).
@@ -52,12 +54,13 @@ Rules (the meaning of each mode, also in docs/method.md):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from .chunking import Chunker
 from .cost import StageCostModel
+from .decode_groups import DecodeGroups, decode_groups
 from .ir import GROUP_BACKWARD, GROUP_FORWARD, GROUP_SINGLE, ChunkSpec
 from .layout import Layout, LayoutKind
 from .policies import CommSemantics, PolicySpec, Priority
@@ -180,6 +183,8 @@ class Controller:
         self.limits = ControllerLimits(in_flight, in_flight if policy.pack else 0)
         self.token_budget = token_budget
         """Tokens one prefill forward may carry when requests are batched; None: no batching."""
+        self.decode: DecodeGroups = decode_groups(self.limits.slots, layout.num_ranks)
+        """The slots that keep running requests: stock PP's count, whatever the mode's slots."""
         self._in_flight: dict[int, _InFlight] = {}
         self._newest_prefill: _InFlight | None = None
         self._next_group = 0
@@ -260,6 +265,11 @@ class Controller:
                 and batch.ends_request and candidate.ends_request and candidate.chunk_index == 0
                 and not candidate.requests & batch.requests
                 and batch.num_tokens + candidate.num_tokens <= self.token_budget)
+
+    def decode_join(self, running: Mapping[int, int]) -> int | None:
+        """The decode slot a request whose prefill ended in a prefill-only slot joins, given the
+        running requests of each decode slot that can take it now (``DecodeGroups.join``)."""
+        return self.decode.join(running)
 
     # ----------------------------------------------------------------- order
     def pick(self, rank: int, ready: Sequence[tuple[int, int]]) -> tuple[int, int]:

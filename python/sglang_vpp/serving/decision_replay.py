@@ -11,7 +11,9 @@ inputs (mode, layout, limits, cost model) -> the rank's recorded calls replayed 
 - ``pick`` records (every rank, whenever two stages were ready) carry the ready items: the
   controller must choose the recorded one;
 - ``chunk`` records (``--chunked-prefill-size auto``: the inputs carry ``auto_chunk_cap``) carry
-  each chunk size the ``auto`` chunker gave: the controller must give the same size.
+  each chunk size the ``auto`` chunker gave: the controller must give the same size;
+- ``decode`` records (a request's prefill ended in a prefill-only slot) carry the running
+  requests of the decode slots that could take it: the controller must join the recorded one.
 
 The first mismatch is a ``Divergence`` naming the rank, the micro-batch and both decisions.
 
@@ -51,6 +53,7 @@ from ..schedule.errors import CostModelError
 from ..trace_records import (
     ADMIT,
     CHUNK,
+    DECODE,
     HOLD,
     LEFT,
     PICK,
@@ -192,6 +195,13 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
                 if expected_size != int(record["size"]):
                     return Divergence(rank, index, None, f"a chunk of {expected_size} tokens after prefix "
                                       f"{record['prefix']}", f"{record['size']} tokens")
+            elif kind == DECODE:
+                running = {int(slot): int(count) for slot, count in record["running"]}
+                expected_slot = controller.decode_join(running)
+                observed_slot = None if record["chosen"] is None else int(record["chosen"])
+                if observed_slot != expected_slot:
+                    return Divergence(rank, index, None, f"join decode slot {expected_slot} of {running}",
+                                      f"slot {observed_slot}")
             elif kind == "pick":
                 ready = [(int(stage), int(seq)) for stage, seq in record["ready"]]
                 expected_item = controller.pick(rank, ready)
@@ -333,6 +343,8 @@ def compare_decisions(server: Sequence[dict], planner: Sequence[dict], rank: int
     the trace's controller inputs. ``fold_stage``: on the rank that owns both sides of the fold
     point the server runs the fold stage right after the stage before it without asking; the
     planner's picks of it are checked and skipped."""
+    # The planner has no micro-batch slots, so no decode grouping to compare.
+    server = [record for record in server if record["kind"] != DECODE]
     ours: list[dict] = []
     for record in planner:
         if fold_stage is not None and record["kind"] == "pick" and any(s == fold_stage for s, _ in record["ready"]):

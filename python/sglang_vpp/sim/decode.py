@@ -1,13 +1,16 @@
 """Decode in steady state: the time per generated token (ITL) of running requests under a mode.
 
 The event simulation plans prefill only; this is the closed-form steady state of decode with the
-same cost model, for the question prefill cannot answer: what a mode's micro-batch slots and
+same cost model, for the question prefill cannot answer: what a mode's micro-batches and
 forwards cost per generated token.
 
 Model (``estimate_decode``): ``running`` requests, each with ``context`` tokens of KV, are spread
-evenly over the mode's micro-batch slots ``S`` (``Controller.limits.slots``: P for stock PP,
-2P-1 for vpp and vpp-async, 2(2P-1) for the packing modes and vpp-stream), as SGLang's PP loop
-keeps one running batch per slot. One *round* moves every slot's micro-batch one token:
+evenly over ``S`` decode micro-batches: the controller's decode slots
+(``Controller.decode``, ``schedule/decode_groups.py``: P for every mode, stock PP's count), or,
+with ``all_slots``, every micro-batch slot the mode opens (``Controller.limits.slots``: P for
+stock PP, 2P-1 for vpp and vpp-async, 2(2P-1) for the packing modes and vpp-stream), as
+SGLang's own PP loop does when a request decodes in the slot its prefill ran in. One *round*
+moves every decode micro-batch one token:
 
 - every rank runs each of its stages once per micro-batch (one forward per micro-batch under
   stock PP, two under fold-back), so a round costs rank r ``S * sum of its stage times``, each
@@ -17,8 +20,12 @@ keeps one running batch per slot. One *round* moves every slot's micro-batch one
 - a micro-batch's trip through every stage and pipeline hop takes ``T``; with at most ``W``
   micro-batches in flight (the controller's in-flight limit), a round takes at least ``S / W * T``.
 
-``itl_s`` is the larger of the two. Not modelled: KV-cache reads (the analytic model counts
-attention as FLOPs), prefill micro-batches interleaved with decode, and uneven slots.
+``itl_s`` is the larger of the two. With P decode micro-batches a fold-back mode runs the same
+layers per round as stock PP in twice the forwards, so when the ranks bound the round its ITL
+exceeds stock PP's by P times (per-forward cost of a half stage), and when the trips bound it by
+the P - 1 extra hops and the extra forwards of one trip. Not modelled: KV-cache reads (the
+analytic model counts attention as FLOPs), prefill micro-batches interleaved with decode, and
+uneven slots.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ __all__ = ["DecodeEstimate", "estimate_decode", "decode_micro_batch"]
 class DecodeEstimate:
     mode: str
     slots: int
-    """Micro-batches the running requests are spread over."""
+    """Decode micro-batches the running requests are spread over."""
     requests_per_micro_batch: int
     """Of the fullest slot."""
     forwards_per_round: int
@@ -59,8 +66,9 @@ def decode_micro_batch(num_requests: int, context: int) -> ChunkSpec:
 
 
 def estimate_decode(mode: str, num_ranks: int, num_layers: int, cost: StageCostModel, running: int,
-                    context: int) -> DecodeEstimate:
-    """The steady state of ``running`` decoding requests with ``context`` tokens each (module doc)."""
+                    context: int, all_slots: bool = False) -> DecodeEstimate:
+    """The steady state of ``running`` decoding requests with ``context`` tokens each (module doc);
+    ``all_slots``: spread over every slot of the mode instead of its decode slots."""
     if running < 1:
         raise ValueError(f"running requests must be >= 1, got {running}")
     if context < 0:
@@ -68,8 +76,9 @@ def estimate_decode(mode: str, num_ranks: int, num_layers: int, cost: StageCostM
     spec = get_policy(mode)
     layout = build_layout(num_ranks, num_layers, spec.layout_kind)
     # The slots a server opens for this mode (its controller's limits; the chunk size plays no part).
-    limits = build_controller(controller_config(spec, layout, 1, cost, 1)).limits
-    slots = min(limits.slots, running)
+    controller = build_controller(controller_config(spec, layout, 1, cost, 1))
+    limits = controller.limits
+    slots = min(limits.slots if all_slots else len(controller.decode.decode_slots), running)
     per_slot = math.ceil(running / slots)
     chunk = decode_micro_batch(per_slot, context)
     times = [stage_time(cost, stage, chunk).total_s for stage in layout.stages]

@@ -53,8 +53,9 @@ from sglang_vpp.schedule import Admission, Controller, MicroBatch
 from sglang_vpp.schedule.auto_size import AutoChunker
 
 from sglang_vpp.sglang_plugin.accounting import RankAccounting
-from sglang_vpp.trace_records import ADMIT, CHUNK, HOLD, LEFT, PICK, micro_batch_record
+from sglang_vpp.trace_records import ADMIT, CHUNK, DECODE, HOLD, LEFT, PICK, micro_batch_record
 from .chunk_sizing import install_chunk_sizer, taper_note
+from .decode_slots import DecodeRegrouper
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
 from .pd_prefill import pd_prefill_for
 from .replica import Replica, batch_signature, outputs_to_cpu
@@ -108,6 +109,9 @@ class _LoopBase:
         self.num_slots = num_slots
         self.jobs: dict[int, StageJob] = {}
         self.acct = RankAccounting(self.rank, self.config.trace_dir)
+        if self.controller.decode.regroups:  # decode in stock PP's count of micro-batches
+            self.replica.regroup = DecodeRegrouper(scheduler, self.controller,
+                                                   functools.partial(self.acct.decision, DECODE))
         self.acct.controller = state.controller_inputs(self.controller)
         if isinstance(self.controller.chunker, AutoChunker):  # check --trace replays each size
             self.controller.chunker.on_choice = functools.partial(self.acct.decision, CHUNK)

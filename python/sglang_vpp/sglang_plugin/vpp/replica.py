@@ -80,6 +80,8 @@ class Replica:
         self.pd: Any = None
         """``pd_prefill.PdPrefill`` on a PD prefill server: it builds micro-batches the way SGLang's
         PD prefill loop does, applies results and replays ``("pd", ...)`` events."""
+        self.regroup: Any = None
+        """A ``decode_slots.DecodeRegrouper`` keeping decode in the controller's decode slots."""
 
     def ingest(self, requests: list) -> None:
         self.num_events += 1
@@ -88,6 +90,8 @@ class Replica:
     def schedule(self, slot: int) -> Any:
         s = self.scheduler
         self.num_events += 1
+        if self.regroup is not None:
+            self.regroup.before_schedule(slot)
         s.running_batch = s.running_mbs[slot]
         s.last_batch = s.last_mbs[slot]
         build = self.pd.plan if self.pd is not None else s.get_next_batch_to_run
@@ -96,6 +100,8 @@ class Replica:
         s.running_mbs[slot] = plan.running_batch
         s.mbs[slot] = plan.batch_to_run
         s.cur_batch_for_debug = plan.batch_to_run
+        if self.regroup is not None:
+            self.regroup.on_scheduled(slot, plan.batch_to_run)
         return plan.batch_to_run
 
     def mark_launched(self, batch: Any) -> None:
@@ -125,6 +131,8 @@ class Replica:
         else:
             s._pp_process_batch_result(batch, result)
         s.last_mbs[slot] = batch
+        if self.regroup is not None:
+            self.regroup.on_result(slot)
 
     def idle(self) -> None:
         self.num_events += 1
