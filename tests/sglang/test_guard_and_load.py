@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
-from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, post_json
+from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, post_json, wait_for_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
 
@@ -223,6 +223,10 @@ def _disconnect_when(url: str, payload: dict[str, Any], leave: threading.Event) 
 
 
 CHUNK = 64  # the servers' --chunked-prefill-size
+# Ids below 11002 start every other prompt of this module ((x % 11000) + 2, randrange(2, 11000),
+# the chat template and texts); the abort test's prompts start at this one, so none hits the
+# prefix cache.
+_UNCACHED_FIRST_ID = 11990
 
 
 def test_abort_and_disconnect_mid_prefill_while_packing(server):
@@ -230,13 +234,18 @@ def test_abort_and_disconnect_mid_prefill_while_packing(server):
     partial last chunk lets the next request join a micro-batch: vpp-pack packs the next one's
     first chunks into the first one's drain window). Once the second holds KV for two chunks it
     is aborted mid-prefill and the third's client leaves (queued or prefilling); the first is
-    answered, KV returns to idle and the server keeps serving. Whether vpp-pack packed one of
-    them is not asserted: alone the load packed in 5 of 5 runs, inside the whole suite in 0 of 2,
-    for a reason not found yet."""
+    answered, KV returns to idle, the server keeps serving, and under vpp-pack one of them was
+    packed.
+
+    The server has served earlier tests' prompts: a prefix-cache hit of even one token shifts the
+    chunk boundaries, the first prompt's last chunk is partial, the second request fills it and
+    the two form one chain with no drain window (nothing to pack, rightly). So every prompt here
+    starts with an id no other prompt of this module starts with (see ``_UNCACHED_FIRST_ID``)."""
     # The first prompt is long enough to be still in prefill when the others arrive 0.3 s later
     # on an idle host (at 10 chunks it could finish first, leaving no drain window to pack into).
     lengths = (30 * CHUNK, 39 * CHUNK, 39 * CHUNK)
-    kept_ids, *long_ids = [[(31 * i + 11 * k) % 11000 + 2 for k in range(n)] for i, n in enumerate(lengths)]
+    kept_ids, *long_ids = [[_UNCACHED_FIRST_ID + i] + [(31 * i + 11 * k) % 11000 + 2 for k in range(1, n)]
+                           for i, n in enumerate(lengths)]
     params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
     rids = ("mid-prefill-kept", "mid-prefill-abort", "mid-prefill-left")
     kept = {"input_ids": kept_ids, "rid": rids[0], "sampling_params": params}
@@ -267,6 +276,26 @@ def test_abort_and_disconnect_mid_prefill_while_packing(server):
         time.sleep(1)
     assert _kv_tokens_in_use(server) == 0
     _assert_still_serving(server)
+    if server.trace_dir is not None:  # vpp-pack: a queued request entered the drain window
+        _assert_packed_one_of(server.trace_dir / "vpp_rank0.records.json", rids)
+
+
+def _assert_packed_one_of(records: Path, rids: tuple[str, ...]) -> None:
+    """One of ``rids`` was admitted as packed; else fail with their micro-batches (where each
+    request's prefill started, which requests shared one), the cause to look at."""
+
+    def packed_here(data: dict) -> bool:
+        return any(rec["kind"] == "admit" and rec["decision"] == "packed" and set(rec["requests"]) & set(rids)
+                   for rec in data["decisions"])
+
+    try:
+        wait_for_json(records, timeout=60, until=packed_here)
+    except AssertionError as exc:
+        data = json.loads(records.read_text()) if records.exists() else {"decisions": []}
+        mine = [(rec["seq"], rec["requests"], rec["start"], rec["tokens"], rec["decision"])
+                for rec in data["decisions"] if rec["kind"] == "admit" and set(rec["requests"]) & set(rids)]
+        raise AssertionError(f"{exc}; admitted (seq, requests, start, tokens, decision): {mine[:3]} ... "
+                             f"{[m for m in mine if len(m[1]) > 1 or m[2] < CHUNK]}") from None
 
 
 KV_PRESSURE_PROMPTS = [[(17 * i + 5 * k) % 11000 + 2 for k in range(2650)] for i in range(6)]
