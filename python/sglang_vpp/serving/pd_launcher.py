@@ -16,6 +16,8 @@ Data flow::
     clients -> router URL (/generate, bench_serving); the router posts each request to the
         prefill and the decode server with the bootstrap host/port/room; the prefill sends the
         KV over Mooncake (TCP on CPU) to the decode server, which decodes
+    PdDeployment.restart_decode()               after a fault ended the decode server: a fresh
+        one from the same config, and the router again for the live prefill server
     PdDeployment.stop()                         router, prefill, decode: every process tree
 
 Each server gets its own ``--nccl-port`` (two servers on one host would otherwise pick the same).
@@ -154,7 +156,7 @@ class PdDeployment:
     started: list[Any] = field(default_factory=list)
 
     def start_decode(self, config: ServerConfig, timeout: float = 300.0) -> SGLangServer:
-        if self.decode is not None and self.decode.process is not None and self.decode.config == config:
+        if _alive(self.decode) and self.decode.config == config:
             return self.decode
         self.stop()
         server = SGLangServer(config, self.log_dir / f"decode-{len(self.started)}.log")
@@ -164,8 +166,10 @@ class PdDeployment:
 
     def serve_prefill(self, config: ServerConfig, timeout: float = 300.0) -> RouterProcess:
         """Replace the prefill server (and its router) by one started from ``config``."""
-        assert self.decode is not None and self.decode.process is not None, "start_decode first"
-        if (self.prefill is not None and self.prefill.process is not None and self.prefill.config == config
+        assert self.decode is not None, "start_decode first"
+        if not _alive(self.decode):
+            self.restart_decode(timeout)
+        if (_alive(self.prefill) and self.prefill.config == config
                 and self.router is not None and self.router.process is not None):
             return self.router
         self.stop_prefill()
@@ -178,6 +182,24 @@ class PdDeployment:
                                     self.log_dir / f"router-{len(self.started)}.log")
         self.router.start(timeout=timeout)
         return self.router
+
+    def restart_decode(self, timeout: float = 300.0) -> SGLangServer:
+        """A fresh decode server from the last one's config (after a fault ended it); the router,
+        which names the decode server's URL, is restarted for a live prefill server."""
+        assert self.decode is not None, "start_decode first"
+        config = self.decode.config
+        if self.router is not None:
+            self.router.stop()
+            self.router = None
+        self.decode.stop()
+        server = SGLangServer(config, self.log_dir / f"decode-{len(self.started)}.log")
+        self.started.append(server)
+        self.decode = server.start(timeout=timeout)
+        if _alive(self.prefill):
+            self.router = RouterProcess(self.prefill.url, _bootstrap_port_of(self.prefill.config), self.decode.url,
+                                        self.log_dir / f"router-{len(self.started)}.log")
+            self.router.start(timeout=timeout)
+        return server
 
     def stop_prefill(self) -> None:
         if self.router is not None:
@@ -192,6 +214,10 @@ class PdDeployment:
         if self.decode is not None:
             self.decode.stop()
             self.decode = None
+
+
+def _alive(server: SGLangServer | None) -> bool:
+    return server is not None and server.process is not None and server.process.poll() is None
 
 
 def _bootstrap_port_of(config: ServerConfig) -> int:

@@ -144,6 +144,9 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_ARGS + "disaggregation_decode_retraction_backup", W, PD),
     N(_ARGS + "disable_overlap_schedule", W, PD),
     N(_S + "disaggregation.utils.FAKE_BOOTSTRAP_HOST", R, PD),
+    # --- prefill-decode split, stock pp > 1 prefill: aborts in chunked prefill (pd_abort.py)
+    N(_SCHED + "process_prefill_chunk", H, PD, ("self", "last_batch", "running_batch")),
+    N(_SCHED + "process_pending_chunked_abort", C, PD, ("self",)),
     N(_TM + "TokenizerManager.server_args", R, E),  # the input guard asks whether it serves a split
     # --- VPP: layer ownership, KV pools, model checks (vpp/ownership.py, vpp/__init__.py)
     N(_PS + "initialize_model_parallel", H, V),
