@@ -177,11 +177,40 @@ def test_bad_bootstrap_address_is_a_client_error(router, deployment, prompts, re
     _assert_kv_idle(deployment)
 
 
-LONG_PROMPT = 1500
-"""24 chunks of 64: still in prefill (its KV on its way, chunk by chunk) seconds after it is sent."""
+LONG_PROMPT = 3000
+LONG_CHUNKS = -(-LONG_PROMPT // CHUNK)
+"""47 chunks of 64: still in prefill (its KV on its way, chunk by chunk) when the fault comes."""
 IN_FLIGHT_AFTER_S = 2.0
 ERROR_BOUND_S = 60.0
 """An aborted or failed request's client has its error within this."""
+PREFILL_BATCH_LINE = "Prefill batch"
+"""SGLang logs one such line per prefill batch run (each pipeline rank of the server logs its own)."""
+
+
+def _prefill_batches_logged(deployment: PdDeployment) -> int:
+    return deployment.prefill.log_path.read_text(errors="replace").count(PREFILL_BATCH_LINE)
+
+
+def _wait_in_prefill(deployment: PdDeployment, logged_before: int, client=None) -> None:
+    """Return once the prefill server has logged a prefill batch since ``logged_before``: the long
+    prompt (alone on the pair) is in chunked prefill, its KV being sent."""
+    deadline = time.monotonic() + ERROR_BOUND_S
+    while _prefill_batches_logged(deployment) <= logged_before:
+        assert client is None or not client.done(), f"the client returned before any prefill: {client.result()}"
+        assert time.monotonic() < deadline, f"no prefill batch within {ERROR_BOUND_S:.0f} s"
+        time.sleep(0.05)
+
+
+def _assert_prefill_stopped_early(deployment: PdDeployment, logged_before: int, what: str) -> int:
+    """After the KV is idle: fewer prefill batches were run than the long prompt's chunk count,
+    so the prefill server ended the request instead of prefilling it to the end."""
+    _assert_kv_idle(deployment)
+    run = _prefill_batches_logged(deployment) - logged_before
+    assert run < LONG_CHUNKS, (f"{what}: {run} prefill batches logged for a {LONG_CHUNKS}-chunk prompt, "
+                               f"so its prefill ran on to the end; prefill log tail:\n"
+                               f"{deployment.prefill.log_tail(3000)}")
+    print(f"{what}: {run} prefill batch lines of {LONG_CHUNKS} chunks")
+    return run
 
 
 def _payload(ids: list[int], new_tokens: int = NUM_NEW_TOKENS, **fields) -> dict:
@@ -240,27 +269,36 @@ def test_abort_in_bootstrap_frees_the_prefill_kv(router, deployment, prompts, re
 
 
 def test_abort_mid_transfer_frees_the_kv_on_both_sides(router, deployment, prompts, reference):
-    """A long prompt through the router, aborted by its rid on both servers (what a client that
-    gives up asks of each) while the prefill server still computes and sends its KV chunk by
-    chunk: the client gets an error long before the prompt could be served, both sides free
-    its KV, the pair keeps serving."""
-    rid = f"pd-abort-transfer-{random.getrandbits(32):x}"
-    client = _in_background(router.url + "/generate", _payload(_prompts([LONG_PROMPT], 41)[0], rid=rid))
-    time.sleep(IN_FLIGHT_AFTER_S)
-    assert not client.done(), f"a {LONG_PROMPT}-token prompt was done in {IN_FLIGHT_AFTER_S} s: {client.result()}"
+    """A long prompt through the router, aborted on both servers (what a client that gives up
+    asks of each; the router has no abort of its own) while the prefill server computes and
+    sends its KV chunk by chunk: the prefill stops before the prompt's end, the client gets an
+    error, both sides free its KV, the pair keeps serving."""
+    before = _prefill_batches_logged(deployment)
+    client = _in_background(router.url + "/generate", _payload(_prompts([LONG_PROMPT], 41)[0]))
+    _wait_in_prefill(deployment, before, client)
     for server in (deployment.prefill, deployment.decode):
-        status, body = _post_status(server.url + "/abort_request", {"rid": rid}, timeout=30)
+        status, body = _post_status(server.url + "/abort_request", {"abort_all": True}, timeout=30)
         assert status == 200, f"/abort_request answered {status}: {body[:300]}"
     _assert_client_error(client, "abort mid-transfer", deployment)
+    _assert_prefill_stopped_early(deployment, before, "abort mid-transfer")
     _assert_still_serving(deployment, prompts, reference)
 
 
 def test_client_disconnect_from_the_router_ends_the_request(router, deployment, prompts, reference):
-    """A client that gives up on the router (its socket closes) ends the request on both servers:
-    KV back to 0 and both servers idle well before the prompt could have been served."""
-    client = _in_background(router.url + "/generate", _payload(_prompts([LONG_PROMPT], 42)[0]), timeout=IN_FLIGHT_AFTER_S)
-    status, body, _ = client.result(timeout=ERROR_BOUND_S)
-    assert status == -1, f"the client did not time out: {status} {body[:300]}"
+    """A client that closes its connection to the router mid-prefill: the router drops its
+    requests to both servers, each server sees the disconnect and aborts; the prefill stops
+    before the prompt's end, KV back to 0 on both sides, the pair keeps serving."""
+    import http.client
+    import socket
+
+    before = _prefill_batches_logged(deployment)
+    connection = http.client.HTTPConnection("127.0.0.1", router.port, timeout=ERROR_BOUND_S)
+    connection.request("POST", "/generate", body=json.dumps(_payload(_prompts([LONG_PROMPT], 42)[0])),
+                       headers={"Content-Type": "application/json"})
+    _wait_in_prefill(deployment, before)
+    connection.sock.shutdown(socket.SHUT_RDWR)
+    connection.close()
+    _assert_prefill_stopped_early(deployment, before, "client disconnect")
     _assert_still_serving(deployment, prompts, reference)
 
 
@@ -269,15 +307,18 @@ def test_decode_killed_mid_transfer_the_prefill_frees_the_kv_and_keeps_serving(r
     """kill -9 of the decode server while the prefill server sends a long prompt's KV: the
     client gets an error, the prefill server frees the request's KV and serves the next request
     (through a fresh decode server and router)."""
+    before = _prefill_batches_logged(deployment)
     client = _in_background(router.url + "/generate", _payload(_prompts([LONG_PROMPT], 43)[0]))
-    time.sleep(IN_FLIGHT_AFTER_S)
-    assert not client.done(), f"a {LONG_PROMPT}-token prompt was done in {IN_FLIGHT_AFTER_S} s: {client.result()}"
+    _wait_in_prefill(deployment, before, client)
     os.killpg(deployment.decode.process.pid, signal.SIGKILL)
-    _assert_client_error(client, "decode killed", deployment)
+    seconds = _assert_client_error(client, "decode killed", deployment)
     deadline = time.monotonic() + ERROR_BOUND_S
     while (used := _kv_in_use(deployment.prefill)) and time.monotonic() < deadline:
         time.sleep(1.0)
     assert used == 0, f"the prefill server still holds {used} KV tokens {ERROR_BOUND_S:.0f} s after the decode died"
+    freed = time.monotonic() - deadline + ERROR_BOUND_S
+    print(f"decode killed: client error after {seconds:.1f} s, prefill KV free {freed:.1f} s later, "
+          f"{_prefill_batches_logged(deployment) - before} prefill batch lines of {LONG_CHUNKS} chunks")
     deployment.restart_decode()
     _assert_still_serving(deployment, prompts, reference)
 
@@ -288,8 +329,7 @@ def test_killed_prefill_rank_is_named_and_router_clients_get_an_error(router, de
     sent after get an error within a bound instead of hanging."""
     url = deployment.router.url
     in_flight = _in_background(url + "/generate", _payload(_prompts([LONG_PROMPT], 44)[0]))
-    time.sleep(IN_FLIGHT_AFTER_S)
-    assert not in_flight.done(), f"a {LONG_PROMPT}-token prompt was done in {IN_FLIGHT_AFTER_S} s"
+    _wait_in_prefill(deployment, _prefill_batches_logged(deployment), in_flight)
     assert_fault_ends_the_server(deployment.prefill, "pd-kill-prefill-rank1", signal.SIGKILL, 1, "idle",
                                  KILL_BOUND_S)
     seconds = _assert_client_error(in_flight, "prefill rank killed", deployment)
