@@ -48,7 +48,8 @@ def deployment(tmp_path_factory, pd_model_dir: Path):
 
     from sglang_vpp.serving.pd_launcher import PdDeployment, decode_config
 
-    pd = PdDeployment(log_dir=tmp_path_factory.mktemp("pd-logs"))
+    # No retries: a request that fails (a fault) is reported, not sent again to the same pair.
+    pd = PdDeployment(log_dir=tmp_path_factory.mktemp("pd-logs"), router_args=("--disable-retries",))
     try:
         pd.start_decode(decode_config(ServerConfig(model_dir=str(pd_model_dir), chunked_prefill_size=CHUNK)))
         yield pd

@@ -79,6 +79,8 @@ class RouterProcess:
     log_path: Path
     port: int = 0
     process: subprocess.Popen | None = None
+    extra_args: tuple[str, ...] = ()
+    """More ``launch_router`` flags (e.g. ``--disable-retries``)."""
 
     @property
     def url(self) -> str:
@@ -88,7 +90,7 @@ class RouterProcess:
         return [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--prefill", self.prefill_url, str(self.bootstrap_port),
-                "--decode", self.decode_url, "--log-level", "warn"]  # fmt: skip
+                "--decode", self.decode_url, "--log-level", "warn", *self.extra_args]  # fmt: skip
 
     def log_tail(self, num_chars: int = 4000) -> str:
         try:
@@ -154,6 +156,8 @@ class PdDeployment:
     prefill: SGLangServer | None = None
     router: RouterProcess | None = None
     started: list[Any] = field(default_factory=list)
+    router_args: tuple[str, ...] = ()
+    """More flags for every router this deployment starts."""
 
     def start_decode(self, config: ServerConfig, timeout: float = 300.0) -> SGLangServer:
         if _alive(self.decode) and self.decode.config == config:
@@ -179,7 +183,7 @@ class PdDeployment:
         self.started.append(server)
         self.prefill = server.start(timeout=timeout)
         self.router = RouterProcess(server.url, bootstrap_port, self.decode.url,
-                                    self.log_dir / f"router-{len(self.started)}.log")
+                                    self.log_dir / f"router-{len(self.started)}.log", extra_args=self.router_args)
         self.router.start(timeout=timeout)
         return self.router
 
@@ -197,7 +201,7 @@ class PdDeployment:
         self.decode = server.start(timeout=timeout)
         if _alive(self.prefill):
             self.router = RouterProcess(self.prefill.url, _bootstrap_port_of(self.prefill.config), self.decode.url,
-                                        self.log_dir / f"router-{len(self.started)}.log")
+                                        self.log_dir / f"router-{len(self.started)}.log", extra_args=self.router_args)
             self.router.start(timeout=timeout)
         return server
 
