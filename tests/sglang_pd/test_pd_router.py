@@ -185,12 +185,16 @@ ERROR_BOUND_S = 60.0
 """An aborted or failed request's client has its error within this."""
 KV_FREE_BOUND_S = 180.0
 """A prefill server whose decode peer died frees the request's KV within this."""
+DISCONNECT_PROMPT = 6000
+"""94 chunks: a server sees a client's disconnect only at its next check (every 4 s), by when a
+lightly loaded host has run a few dozen chunks."""
 PREFILL_BATCH_LINE = "Prefill batch"
-"""SGLang logs one such line per prefill batch run (each pipeline rank of the server logs its own)."""
+"""SGLang logs one such line per prefill batch run on each pipeline rank of the server."""
 
 
 def _prefill_batches_logged(deployment: PdDeployment) -> int:
-    return deployment.prefill.log_path.read_text(errors="replace").count(PREFILL_BATCH_LINE)
+    """Prefill batches run so far (one line per batch from each of the PREFILL_PP ranks)."""
+    return deployment.prefill.log_path.read_text(errors="replace").count(PREFILL_BATCH_LINE) // PREFILL_PP
 
 
 def _wait_in_prefill(deployment: PdDeployment, logged_before: int, client=None) -> None:
@@ -203,15 +207,16 @@ def _wait_in_prefill(deployment: PdDeployment, logged_before: int, client=None) 
         time.sleep(0.05)
 
 
-def _assert_prefill_stopped_early(deployment: PdDeployment, logged_before: int, what: str) -> int:
-    """After the KV is idle: fewer prefill batches were run than the long prompt's chunk count,
-    so the prefill server ended the request instead of prefilling it to the end."""
+def _assert_prefill_stopped_early(deployment: PdDeployment, logged_before: int, what: str,
+                                  chunks: int = LONG_CHUNKS) -> int:
+    """After the KV is idle: fewer prefill batches were run than the prompt's ``chunks``, so the
+    prefill server ended the request instead of prefilling it to the end."""
     _assert_kv_idle(deployment)
     run = _prefill_batches_logged(deployment) - logged_before
-    assert run < LONG_CHUNKS, (f"{what}: {run} prefill batches logged for a {LONG_CHUNKS}-chunk prompt, "
-                               f"so its prefill ran on to the end; prefill log tail:\n"
-                               f"{deployment.prefill.log_tail(3000)}")
-    print(f"{what}: {run} prefill batch lines of {LONG_CHUNKS} chunks")
+    assert run < chunks, (f"{what}: {run} prefill batches run for a {chunks}-chunk prompt, "
+                          f"so its prefill ran on to the end; prefill log tail:\n"
+                          f"{deployment.prefill.log_tail(3000)}")
+    print(f"{what}: {run} prefill batches of {chunks} chunks")
     return run
 
 
@@ -295,12 +300,12 @@ def test_client_disconnect_from_the_router_ends_the_request(router, deployment, 
 
     before = _prefill_batches_logged(deployment)
     connection = http.client.HTTPConnection("127.0.0.1", router.port, timeout=ERROR_BOUND_S)
-    connection.request("POST", "/generate", body=json.dumps(_payload(_prompts([LONG_PROMPT], 42)[0])),
+    connection.request("POST", "/generate", body=json.dumps(_payload(_prompts([DISCONNECT_PROMPT], 42)[0])),
                        headers={"Content-Type": "application/json"})
     _wait_in_prefill(deployment, before)
     connection.sock.shutdown(socket.SHUT_RDWR)
     connection.close()
-    _assert_prefill_stopped_early(deployment, before, "client disconnect")
+    _assert_prefill_stopped_early(deployment, before, "client disconnect", -(-DISCONNECT_PROMPT // CHUNK))
     _assert_still_serving(deployment, prompts, reference)
 
 
@@ -320,7 +325,7 @@ def test_decode_killed_mid_transfer_the_prefill_frees_the_kv_and_keeps_serving(r
     assert used == 0, f"the prefill server still holds {used} KV tokens {KV_FREE_BOUND_S:.0f} s after the decode died"
     freed = time.monotonic() - began
     print(f"decode killed: client error after {seconds:.1f} s, prefill KV free {freed:.1f} s later, "
-          f"{_prefill_batches_logged(deployment) - before} prefill batch lines of {LONG_CHUNKS} chunks")
+          f"{_prefill_batches_logged(deployment) - before} prefill batches of {LONG_CHUNKS} chunks")
     deployment.restart_decode()
     _assert_still_serving(deployment, prompts, reference)
 
