@@ -147,3 +147,34 @@ def test_bootstrap_guard_leaves_other_requests_alone():
     check_bootstrap_address(_decode_manager(), _request(None, None))
     check_bootstrap_address(_decode_manager(), _request("2.2.2.2", 1))  # SGLang's warm-up room
     check_bootstrap_address(_decode_manager(), _request(["127.0.0.1"], [1]))  # a batch: per item
+
+
+@SKIP_NO_SGLANG
+@pytest.mark.slow
+def test_abort_hook_applies_on_pp_prefill_only_and_ends_a_pending_chunked_abort():
+    """In a fresh process (the hook patches SGLang's Scheduler): a pp-2 prefill registers the
+    hook and it is applied; a pp-1 prefill or a decode server registers nothing; the hooked
+    ``process_prefill_chunk`` runs ``process_pending_chunked_abort`` first."""
+    code = textwrap.dedent("""
+        import types
+        from sglang.srt.plugins.hook_registry import HookRegistry
+        from sglang.srt.managers.scheduler import Scheduler
+        from sglang_vpp.sglang_plugin import pd_abort
+        from sglang_vpp.sglang_plugin.hook_targets import require_applied
+        ns = types.SimpleNamespace
+        assert not pd_abort.install_pd_abort_hook(ns(disaggregation_mode="prefill", pp_size=1))
+        assert not pd_abort.install_pd_abort_hook(ns(disaggregation_mode="decode", pp_size=2))
+        assert not pd_abort.install_pd_abort_hook(ns(disaggregation_mode="null", pp_size=2))
+        assert pd_abort.install_pd_abort_hook(ns(disaggregation_mode="prefill", pp_size=2))
+        HookRegistry.apply_hooks()
+        require_applied(pd_abort.PREFILL_CHUNK_TARGET)
+        calls = []
+        fake = ns(chunked_req=None,
+                  process_pending_chunked_abort=lambda: calls.append("abort"),
+                  checkpoint_disagg_prefill=lambda req: None)
+        Scheduler.process_prefill_chunk(fake, None, ns(batch_is_full=True))
+        assert calls == ["abort"], calls
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

@@ -16,6 +16,8 @@ Data flow::
     clients -> router URL (/generate, bench_serving); the router posts each request to the
         prefill and the decode server with the bootstrap host/port/room; the prefill sends the
         KV over Mooncake (TCP on CPU) to the decode server, which decodes
+    PdDeployment.restart_decode()               after a fault ended the decode server: a fresh
+        one from the same config, and the router again for the live prefill server
     PdDeployment.stop()                         router, prefill, decode: every process tree
 
 Each server gets its own ``--nccl-port`` (two servers on one host would otherwise pick the same).
@@ -77,6 +79,8 @@ class RouterProcess:
     log_path: Path
     port: int = 0
     process: subprocess.Popen | None = None
+    extra_args: tuple[str, ...] = ()
+    """More ``launch_router`` flags (e.g. ``--disable-retries``)."""
 
     @property
     def url(self) -> str:
@@ -86,7 +90,7 @@ class RouterProcess:
         return [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--prefill", self.prefill_url, str(self.bootstrap_port),
-                "--decode", self.decode_url, "--log-level", "warn"]  # fmt: skip
+                "--decode", self.decode_url, "--log-level", "warn", *self.extra_args]  # fmt: skip
 
     def log_tail(self, num_chars: int = 4000) -> str:
         try:
@@ -152,9 +156,11 @@ class PdDeployment:
     prefill: SGLangServer | None = None
     router: RouterProcess | None = None
     started: list[Any] = field(default_factory=list)
+    router_args: tuple[str, ...] = ()
+    """More flags for every router this deployment starts."""
 
     def start_decode(self, config: ServerConfig, timeout: float = 300.0) -> SGLangServer:
-        if self.decode is not None and self.decode.process is not None and self.decode.config == config:
+        if _alive(self.decode) and self.decode.config == config:
             return self.decode
         self.stop()
         server = SGLangServer(config, self.log_dir / f"decode-{len(self.started)}.log")
@@ -164,8 +170,10 @@ class PdDeployment:
 
     def serve_prefill(self, config: ServerConfig, timeout: float = 300.0) -> RouterProcess:
         """Replace the prefill server (and its router) by one started from ``config``."""
-        assert self.decode is not None and self.decode.process is not None, "start_decode first"
-        if (self.prefill is not None and self.prefill.process is not None and self.prefill.config == config
+        assert self.decode is not None, "start_decode first"
+        if not _alive(self.decode):
+            self.restart_decode(timeout)
+        if (_alive(self.prefill) and self.prefill.config == config
                 and self.router is not None and self.router.process is not None):
             return self.router
         self.stop_prefill()
@@ -175,9 +183,27 @@ class PdDeployment:
         self.started.append(server)
         self.prefill = server.start(timeout=timeout)
         self.router = RouterProcess(server.url, bootstrap_port, self.decode.url,
-                                    self.log_dir / f"router-{len(self.started)}.log")
+                                    self.log_dir / f"router-{len(self.started)}.log", extra_args=self.router_args)
         self.router.start(timeout=timeout)
         return self.router
+
+    def restart_decode(self, timeout: float = 300.0) -> SGLangServer:
+        """A fresh decode server from the last one's config (after a fault ended it); the router,
+        which names the decode server's URL, is restarted for a live prefill server."""
+        assert self.decode is not None, "start_decode first"
+        config = self.decode.config
+        if self.router is not None:
+            self.router.stop()
+            self.router = None
+        self.decode.stop()
+        server = SGLangServer(config, self.log_dir / f"decode-{len(self.started)}.log")
+        self.started.append(server)
+        self.decode = server.start(timeout=timeout)
+        if _alive(self.prefill):
+            self.router = RouterProcess(self.prefill.url, _bootstrap_port_of(self.prefill.config), self.decode.url,
+                                        self.log_dir / f"router-{len(self.started)}.log", extra_args=self.router_args)
+            self.router.start(timeout=timeout)
+        return server
 
     def stop_prefill(self) -> None:
         if self.router is not None:
@@ -192,6 +218,10 @@ class PdDeployment:
         if self.decode is not None:
             self.decode.stop()
             self.decode = None
+
+
+def _alive(server: SGLangServer | None) -> bool:
+    return server is not None and server.process is not None and server.process.poll() is None
 
 
 def _bootstrap_port_of(config: ServerConfig) -> int:

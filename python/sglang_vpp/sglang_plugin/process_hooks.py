@@ -74,6 +74,8 @@ def setup_scheduler_process(server_args: Any) -> None:
         install(server_args)
         logger.info("sglang-vpp: installed --pp-mode %s in this scheduler", options.pp_mode)
     else:
+        from sglang_vpp.sglang_plugin.pd_abort import PREFILL_CHUNK_TARGET, install_pd_abort_hook
+
         if options.pp_mode == PpMode.DCPP:
             from sglang_vpp.sglang_plugin.dcpp import install_dcpp_hooks
 
@@ -82,6 +84,8 @@ def setup_scheduler_process(server_args: Any) -> None:
             from sglang_vpp.sglang_plugin.stock_trace import install_stock_trace
 
             install_stock_trace(options.vpp_trace)
+        if install_pd_abort_hook(server_args):
+            required.append(PREFILL_CHUNK_TARGET)
         if int(getattr(server_args, "pp_size", 1)) > 1:
             from sglang_vpp.sglang_plugin.stock_loop_watchdog import (
                 INGEST_TARGET,

@@ -146,6 +146,9 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_ARGS + "disaggregation_decode_retraction_backup", W, PD),
     N(_ARGS + "disable_overlap_schedule", W, PD),
     N(_S + "disaggregation.utils.FAKE_BOOTSTRAP_HOST", R, PD),
+    # --- prefill-decode split, stock pp > 1 prefill: aborts in chunked prefill (pd_abort.py)
+    N(_SCHED + "process_prefill_chunk", H, PD, ("self", "last_batch", "running_batch")),
+    N(_SCHED + "process_pending_chunked_abort", C, PD, ("self",)),
     N(_TM + "TokenizerManager.server_args", R, E),  # the input guard asks whether it serves a split
     # --- PD: KV layers registered and paired by global layer id (pd_layers.py)
     N(_S + "disaggregation.utils.build_kv_layer_ids", H, PD, ("token_to_kv_pool", "draft_token_to_kv_pool")),
