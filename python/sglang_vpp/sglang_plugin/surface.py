@@ -280,6 +280,13 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_REQ + "prefix_len", R, V),
     N(_REQ + "to_finish", W, V),
     N(_REQ + "beam_group", R, V),
+    # --- VPP: decode kept in the controller's decode slots (vpp/decode_slots.py)
+    N(_BATCH + "filter_batch", C, V, ("self", "reqs_to_exclude")),
+    N(_BATCH + "merge_batch", C, V, ("self", "other")),
+    N(_BATCH + "batch_size", C, V),
+    N(_BATCH + "is_empty", C, V),
+    N(_BATCH + "chunked_req", R, V),
+    N(_REQ + "finished", C, V),
     # --- VPP: chunk sizes and retraction (vpp/chunk_sizing.py, vpp/retraction.py)
     N(_S + "managers.schedule_policy.PrefillAdder.add_one_req", H, V, ("self", "req")),
     N(_S + "managers.schedule_policy.PrefillAdder.rem_chunk_tokens", W, V),
