@@ -39,7 +39,7 @@ from .schedule.errors import CostModelError
 from .schedule.fitted_cost import FittedCostModel
 
 __all__ = ["ComputeRecord", "ADMIT", "HOLD", "LEFT", "PICK", "CHUNK", "DECODE", "DECISION_KINDS", "records_file", "chrome_trace_file",
-           "RECORDS_GLOB", "PROFILE_ENV", "profile_file", "SCHEMA", "SCHEMA_VERSION", "CLOCK_ORIGIN", "ARRIVALS", "BUILDS",
+           "RECORDS_GLOB", "PROFILE_ENV", "profile_file", "SCHEMA", "SCHEMA_VERSION", "CLOCK_ORIGIN", "CLOCK_FIELDS", "ARRIVALS", "BUILDS",
            "rank_of_records_file", "micro_batch_record", "micro_batch_from_record", "cost_record",
            "cost_from_record"]
 
@@ -78,6 +78,10 @@ class ComputeRecord:
     poll_s: float | None = None
     idle_s: float | None = None
     woke_s: float | None = None
+
+
+CLOCK_FIELDS = ("start_s", "end_s", "poll_s", "idle_s", "woke_s")
+"""The ``ComputeRecord`` fields that are times on the rank's clock (the others are durations)."""
 
 
 PROFILE_ENV = "SGLANG_VPP_PROFILE"

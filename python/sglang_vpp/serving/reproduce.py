@@ -49,6 +49,7 @@ from ..trace_records import (
     ARRIVALS,
     BUILDS,
     CHUNK,
+    CLOCK_FIELDS,
     CLOCK_ORIGIN,
     DECODE,
     HOLD,
@@ -157,7 +158,7 @@ class MeasuredTimings:
         self._arrivals: dict[tuple[int, int], float] = {}
         for rank, data in ranks.items():
             shift = float(data[CLOCK_ORIGIN]) - origin
-            records = [{k: (v + shift if k.endswith("_s") and k != "cpu_s" and v is not None else v)
+            records = [{k: (v + shift if k in CLOCK_FIELDS and v is not None else v)
                         for k, v in r.items()} for r in data["records"]]
             self._records[rank] = records
             for r in records:
