@@ -286,12 +286,9 @@ class LeaderLoop(_LoopBase):
     def _step(self) -> bool:
         self._poll(block=False, action="")
         ready_bwd, _ = self._agreed_ready("the leader's next choice")
-        # New requests only matter to the next build: while a batch is held or the next slot is
-        # in flight, SGLang's ingest (the largest host cost of a busy step, docs/cpu-measurements.md)
-        # would change nothing. Idle polls still ingest (pause and resume requests arrive there);
-        # the condition is replicated state, so TP peers still call the collective together.
-        if self.held is None and self.slot_seq[self.cursor] is None:
-            self._ingest()
+        # Every step ingests: aborts, pauses and a PD prefill's bootstrap and transfer polls ride
+        # on it (skipping it on busy steps saved nothing measurable, docs/cpu-measurements.md).
+        self._ingest()
         ready = []
         if ready_bwd:
             ready.append((self.last_stage, self.bwd_items[0].seq))
