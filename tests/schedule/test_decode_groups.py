@@ -50,3 +50,16 @@ def test_fewer_slots_than_ranks_decode_in_every_slot():
 def test_controller_decode_join_is_the_groups_rule():
     controller = _controller("vpp-pack", 2)
     assert controller.decode_join({0: 4, 3: 1}) == 3
+
+
+def test_a_server_that_does_not_decode_moves_no_request():
+    # The prefill server of a prefill-decode split never schedules running batches, so a
+    # request moved into a decode slot would stay there after its KV was handed on.
+    assert decode_groups(6, 2, decodes=False).decode_slots == tuple(range(6))
+    assert not decode_groups(6, 2, decodes=False).regroups
+    policy = get_policy("vpp-pack")
+    layout = build_layout(2, 8, policy.layout_kind)
+    config = controller_config(policy, layout, 64, LinearAttentionCost(), 64, batching=False, decodes=False)
+    controller = build_controller(config)
+    assert not controller.decodes and not controller.decode.regroups
+    assert _controller("vpp-pack", 2).decode.regroups  # the same mode on a decoding server

@@ -164,10 +164,10 @@ class Controller:
 
     def __init__(self, policy: PolicySpec, layout: Layout, cost: StageCostModel,
                  max_in_flight: int | None = None, token_budget: int | None = None, *,
-                 chunker: Chunker | None = None, num_groups: int | None = None) -> None:
+                 chunker: Chunker | None = None, num_groups: int | None = None, decodes: bool = True) -> None:
         """``chunker``: None when the executor never asks ``next_chunk_size``. ``num_groups``:
         groups per link, None for the policy's (an executor whose transport needs one direction
-        per link passes 2)."""
+        per link passes 2). ``decodes``: False on a server that only prefills (``decode_groups``)."""
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         if token_budget is not None and token_budget < 1:
@@ -183,7 +183,8 @@ class Controller:
         self.limits = ControllerLimits(in_flight, in_flight if policy.pack else 0)
         self.token_budget = token_budget
         """Tokens one prefill forward may carry when requests are batched; None: no batching."""
-        self.decode: DecodeGroups = decode_groups(self.limits.slots, layout.num_ranks)
+        self.decodes = decodes
+        self.decode: DecodeGroups = decode_groups(self.limits.slots, layout.num_ranks, decodes)
         """The slots that keep running requests: stock PP's count, whatever the mode's slots."""
         self._in_flight: dict[int, _InFlight] = {}
         self._newest_prefill: _InFlight | None = None

@@ -64,10 +64,13 @@ class DecodeGroups:
         return min(running, key=lambda slot: (running[slot], slot))
 
 
-def decode_groups(num_slots: int, num_ranks: int) -> DecodeGroups:
+def decode_groups(num_slots: int, num_ranks: int, decodes: bool = True) -> DecodeGroups:
     """Stock PP's count of decode micro-batches (``num_ranks``, at most ``num_slots``), evenly
-    spaced in a cycle of ``num_slots`` slots (slot ``i * num_slots // num_ranks``)."""
+    spaced in a cycle of ``num_slots`` slots (slot ``i * num_slots // num_ranks``). A server that
+    does not decode (the prefill side of a prefill-decode split hands every request on after its
+    first token) keeps every slot as it is: no request is moved, so none can be stranded in a
+    slot whose running batch that server never schedules."""
     if num_ranks < 1:
         raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
-    count = min(num_ranks, num_slots)
+    count = min(num_ranks, num_slots) if decodes else num_slots
     return DecodeGroups(num_slots, tuple(i * num_slots // count for i in range(count)))

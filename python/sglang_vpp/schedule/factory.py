@@ -60,6 +60,8 @@ class ControllerConfig:
     token_budget: int | None = None
     """Tokens one prefill forward may carry when whole requests are batched (SGLang's
     chunked-prefill size); None: one request per forward."""
+    decodes: bool = True
+    """Whether the executor decodes (False: the prefill server of a prefill-decode split)."""
 
     def __post_init__(self) -> None:
         if self.layout.kind is not self.policy.layout_kind:
@@ -80,7 +82,7 @@ class ControllerConfig:
 def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int, cost: StageCostModel | None,
                       max_length: int, *, batching: bool = True, max_in_flight: int | None = None,
                       num_groups: int | None = None, chunker: Chunker | None = None, auto_chunk: bool = False,
-                      forward_batches: bool | None = None) -> ControllerConfig:
+                      forward_batches: bool | None = None, decodes: bool = True) -> ControllerConfig:
     """The configuration of ``policy``'s controller on ``layout`` with base chunk ``chunk_size``.
 
     ``cost``: the estimate the controller decides with (None: ``LinearAttentionCost``).
@@ -91,7 +93,8 @@ def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int,
     ``auto_chunk``: the ``auto`` chunker (``auto_size.py``) picks each size among the candidates
     up to ``chunk_size``, planning with whole short requests batched when ``forward_batches``
     (default: ``batching``; an SGLang server batches although its controller does not form
-    the batches)."""
+    the batches).
+    ``decodes``: False on a server that only prefills (no decode slots, ``decode_groups``)."""
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
     estimate = cost if cost is not None else LinearAttentionCost()
     if chunker is None and auto_chunk:
@@ -102,10 +105,11 @@ def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int,
     elif chunker is None:
         chunker = default_chunker(spec, chunk_size, layout, estimate, max_length)
     return ControllerConfig(spec, layout, chunker, estimate, max_in_flight, num_groups,
-                            chunk_size if batching else None)
+                            chunk_size if batching else None, decodes)
 
 
 def build_controller(config: ControllerConfig) -> Controller:
     """A fresh controller for ``config``; every rank of a pipeline builds an equal one."""
     return Controller(config.policy, config.layout, config.cost, config.max_in_flight,
-                      token_budget=config.token_budget, chunker=config.chunker, num_groups=config.num_groups)
+                      token_budget=config.token_budget, chunker=config.chunker, num_groups=config.num_groups,
+                      decodes=config.decodes)

@@ -157,7 +157,8 @@ def _build_controller(inputs: dict, rank: int) -> Controller:
         chunk_size = int(cap if cap is not None else (inputs.get("chunk_size") or 1))
         config = controller_config(policy, layout, chunk_size, _cost_model(inputs["cost"]), chunk_size,
                                    batching=False, max_in_flight=inputs.get("max_in_flight"), num_groups=2,
-                                   auto_chunk=cap is not None, forward_batches=True)
+                                   auto_chunk=cap is not None, forward_batches=True,
+                                   decodes=bool(inputs.get("decodes", True)))
         return build_controller(config)
     except (KeyError, TypeError) as exc:
         raise TraceError(f"rank {rank}: the controller inputs in the trace are incomplete ({exc!r})") from None

@@ -99,7 +99,9 @@ class _LoopBase:
         self.num_ranks = state.layout.num_ranks
         self.last_stage = state.layout.last_stage
         chunk_size = int(getattr(scheduler, "chunked_prefill_size", 0) or 0)
-        self.controller = state.build_controller(chunk_size)
+        self.tp = state.tp_agreement or SOLO
+        self.pd = pd_prefill_for(scheduler, self.rank, self.tp)  # PD prefill server: pd_prefill.py
+        self.controller = state.build_controller(chunk_size, decodes=self.pd is None)
         note = taper_note(self.controller, chunk_size)
         if note is not None and self.rank == 0:
             logger.warning(note)
@@ -123,8 +125,6 @@ class _LoopBase:
         self._woke_s: float | None = None
         self.fwd_items: deque[Message] = deque()
         self.bwd_items: deque[Message] = deque()
-        self.tp = state.tp_agreement or SOLO
-        self.pd = pd_prefill_for(scheduler, self.rank, self.tp)  # PD prefill server: pd_prefill.py
         self.replica.pd = self.pd
         self._check_replicas_agree()
         # Every link this rank's stages send on and receive from, as the controller's hand-offs.

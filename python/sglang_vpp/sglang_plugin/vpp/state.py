@@ -174,17 +174,18 @@ class VppState:
                     "FILE from 'sglang-vpp bench --costs FILE'")
         return "the analytic linear + attention estimate (no --vpp-cost-profile)"
 
-    def build_controller(self, chunk_size: int) -> Controller:
+    def build_controller(self, chunk_size: int, decodes: bool = True) -> Controller:
         """This rank's controller; every rank builds an equal one. Chunks are ``chunk_size``
         (SGLang's --chunked-prefill-size), cut by the mode's chunker. Two groups per link whatever the mode: the transport
-        keeps a receive posted on every link, so each link carries one direction (transport.py)."""
+        keeps a receive posted on every link, so each link carries one direction (transport.py).
+        ``decodes``: False on the prefill server of a prefill-decode split."""
         assert self.layout is not None
         # SGLang forms its own batches (the controller only sizes them: batch_budget), and the
         # chunkers the plugin serves (fixed, tapered) do not read the longest prompt; ``auto``
         # plans SGLang's batching of whole short requests.
         config = controller_config(self.config.policy, self.layout, chunk_size, self.cost_model(), chunk_size,
                                    batching=False, max_in_flight=self.config.max_in_flight, num_groups=2,
-                                   auto_chunk=self.config.auto_chunk, forward_batches=True)
+                                   auto_chunk=self.config.auto_chunk, forward_batches=True, decodes=decodes)
         return build_controller(config)
 
     def controller_inputs(self, controller: Controller) -> dict:
@@ -196,6 +197,7 @@ class VppState:
             "max_in_flight": self.config.max_in_flight,
             "chunk_size": getattr(controller.chunker, "chunk_size", None),
             "cost": cost_record(controller.cost),
+            "decodes": controller.decodes,
         }
         if isinstance(controller.chunker, AutoChunker):
             inputs["auto_chunk_cap"] = max(controller.chunker.sizer.candidates)
