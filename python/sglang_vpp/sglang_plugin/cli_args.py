@@ -255,6 +255,14 @@ def around_from_cli_args(original, cls, args: argparse.Namespace):
         args.enable_dynamic_chunking = True
     for flag in apply_cpu_pd_args(args):
         logger.info("sglang-vpp: --device cpu with --disaggregation-mode: %s (CUDA-only path)", flag)
+    if options.is_vpp and getattr(args, "disaggregation_mode", None) == "prefill" \
+            and not getattr(args, "disable_overlap_schedule", False):
+        # SGLang's overlapped prefill result path sends a middle chunk's KV itself (from an index
+        # the next chunk's scheduling overwrites); the VPP loop sends each chunk once both of the
+        # rank's stages ran (vpp/pd_prefill.py), so that path must be off.
+        args.disable_overlap_schedule = True
+        logger.info("sglang-vpp: --pp-mode %s with --disaggregation-mode prefill: --disable-overlap-schedule",
+                    options.pp_mode)
     server_args = original(cls, args)
     attach(server_args, options)
     if hasattr(args, "pp_mode"):
