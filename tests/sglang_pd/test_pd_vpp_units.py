@@ -68,13 +68,13 @@ def test_pairing_check_refuses_what_would_move_wrong_or_no_layers():
 def test_scheduling_time_sends_are_held_and_made_when_the_chunk_result_is_applied():
     calls = []
     send = lambda self, req, last_chunk=False, end_idx=None: calls.append((req, last_chunk, end_idx))  # noqa: E731
-    token = pd_prefill._HOLD_SENDS.set(True)
+    pd_prefill.around_send_kv_chunk(send, None, "r", last_chunk=False)  # scheduling / early prefix
+    pd_prefill.around_send_kv_chunk(send, None, "r", last_chunk=True)
+    token = pd_prefill._RESULT_SENDS.set(True)
     try:
         pd_prefill.around_send_kv_chunk(send, None, "r", last_chunk=False)
-        pd_prefill.around_send_kv_chunk(send, None, "r", last_chunk=True)
     finally:
-        pd_prefill._HOLD_SENDS.reset(token)
-    pd_prefill.around_send_kv_chunk(send, None, "r", last_chunk=False)
+        pd_prefill._RESULT_SENDS.reset(token)
     assert calls == [("r", True, None), ("r", False, None)]
 
     middle = SimpleNamespace(inflight_middle_chunks=1, disagg_kv_sender=object(), pending_bootstrap=False,

@@ -11,9 +11,11 @@ runs them through SGLang's own methods, at points every rank reaches in the same
   (the around hook on ``poll_and_all_reduce_prefill_pp`` hands the logged verdict to
   ``pop_bootstrapped``). Bootstrap only moves requests to the waiting queue: which of them form
   a micro-batch, and when it is admitted, stays with SGLang's batching and the controller.
-- KV sends: SGLang sends a request's computed KV when it schedules the request's next chunk;
-  under fold-back the second stage of the previous chunk may not have run on this rank yet, so
-  that send is held back (``around_send_kv_chunk``) and made when the chunk's result is applied
+- KV sends: SGLang sends a request's computed KV when it schedules the request's next chunk,
+  and rank 0's ``run_batch`` sends the cached prefix (``req.prefix_len``: every chunk scheduled
+  so far) before the forward; under fold-back the second stage of those chunks may not have run
+  on this rank yet, so every send but the last chunk's is held back (``around_send_kv_chunk``)
+  and made when the chunk's result is applied
   (``process_result``): on rank 0 after the last stage, on rank r when rank 0's result event
   arrives, which is after rank r's fold-back stage of that micro-batch. The last chunk (with
   the aux data: first token) is SGLang's own send from ``process_batch_result_disagg_prefill``,
@@ -48,7 +50,7 @@ RELEASE_WAIT_S = 10.0
 """Longest wait for this rank's sender to conclude a transfer every rank's status says ended."""
 
 _VERDICT: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("sglang_vpp_pd_verdict", default=None)
-_HOLD_SENDS: contextvars.ContextVar[bool] = contextvars.ContextVar("sglang_vpp_pd_hold", default=False)
+_RESULT_SENDS: contextvars.ContextVar[bool] = contextvars.ContextVar("sglang_vpp_pd_result_sends", default=False)
 
 
 def around_poll_prefill_pp(original, pollers, *args: Any, **kwargs: Any) -> list[int]:
@@ -65,8 +67,9 @@ def around_poll_prefill_pp(original, pollers, *args: Any, **kwargs: Any) -> list
 
 
 def around_send_kv_chunk(original, self: Any, req: Any, last_chunk: bool = False, end_idx: Any = None):
-    """Hold back a scheduling-time send of a chunk (made later by ``PdPrefill.process_result``)."""
-    if _HOLD_SENDS.get() and not last_chunk:
+    """Hold back every send of a middle chunk but ``PdPrefill.process_result``'s: made earlier,
+    the KV of this rank's fold-back stage of a scheduled chunk may not be computed yet."""
+    if not last_chunk and not _RESULT_SENDS.get():
         return None
     return original(self, req, last_chunk=last_chunk, end_idx=end_idx)
 
@@ -90,15 +93,11 @@ class PdPrefill:
 
     # ------------------------------------------------------------------ scheduling
     def plan(self, running_batch: Any, last_batch: Any) -> Any:
-        """What ``event_loop_pp_disagg_prefill`` does to build a micro-batch, scheduling-time KV
-        sends held back."""
+        """What ``event_loop_pp_disagg_prefill`` does to build a micro-batch (its KV sends are
+        held back by ``around_send_kv_chunk``)."""
         s = self.s
         running_batch.batch_is_full = False  # stock resets it after every micro-batch
-        token = _HOLD_SENDS.set(True)
-        try:
-            s.process_prefill_chunk(last_batch=last_batch, running_batch=running_batch)
-        finally:
-            _HOLD_SENDS.reset(token)
+        s.process_prefill_chunk(last_batch=last_batch, running_batch=running_batch)
         return s.get_new_batch_prefill(running_batch)
 
     def process_result(self, batch: Any, result: Any) -> None:
@@ -111,10 +110,14 @@ class PdPrefill:
                 if req.inflight_middle_chunks > 0:
                     middle.append((req, int(batch.prefix_lens[i]) + int(batch.extend_lens[i])))
         s._pp_process_batch_result(batch, result)
-        for req, end in middle:
-            if req.disagg_kv_sender is not None and not req.pending_bootstrap and req.metadata_buffer_index >= 0:
-                s.send_kv_chunk(req, last_chunk=False, end_idx=end)
-                self.num_sent_chunks += 1
+        token = _RESULT_SENDS.set(True)
+        try:
+            for req, end in middle:
+                if req.disagg_kv_sender is not None and not req.pending_bootstrap and req.metadata_buffer_index >= 0:
+                    s.send_kv_chunk(req, last_chunk=False, end_idx=end)
+                    self.num_sent_chunks += 1
+        finally:
+            _RESULT_SENDS.reset(token)
 
     # ------------------------------------------------------------------ rank 0's polls
     def leader_poll(self, events: list) -> bool:
