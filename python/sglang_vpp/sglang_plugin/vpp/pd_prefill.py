@@ -97,6 +97,9 @@ class PdPrefill:
         held back by ``around_send_kv_chunk``)."""
         s = self.s
         running_batch.batch_is_full = False  # stock resets it after every micro-batch
+        # An abort only marks a request in chunked prefill; SGLang's PP prefill loop never ends it
+        # (sglang_plugin/pd_abort.py). Every rank replays this step at the same event, so all end it.
+        s.process_pending_chunked_abort()
         s.process_prefill_chunk(last_batch=last_batch, running_batch=running_batch)
         return s.get_new_batch_prefill(running_batch)
 
