@@ -78,6 +78,9 @@ class RouterProcess:
     decode_url: str
     log_path: Path
     port: int = 0
+    metrics_port: int = 0
+    """The router's Prometheus listener: its default is one fixed port, so a second router on the
+    host (another deployment, a test suite next to a benchmark) would fail to start."""
     process: subprocess.Popen | None = None
     extra_args: tuple[str, ...] = ()
     """More ``launch_router`` flags (e.g. ``--disable-retries``)."""
@@ -90,7 +93,8 @@ class RouterProcess:
         return [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--prefill", self.prefill_url, str(self.bootstrap_port),
-                "--decode", self.decode_url, "--log-level", "warn", *self.extra_args]  # fmt: skip
+                "--decode", self.decode_url, "--prometheus-port", str(self.metrics_port),
+                "--log-level", "warn", *self.extra_args]  # fmt: skip
 
     def log_tail(self, num_chars: int = 4000) -> str:
         try:
@@ -101,6 +105,7 @@ class RouterProcess:
     def start(self, timeout: float = 120.0) -> RouterProcess:
         """Start, then wait until a one-token request through the router succeeds."""
         self.port = self.port or free_port()
+        self.metrics_port = self.metrics_port or free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child, closed below
         self.process = subprocess.Popen(
