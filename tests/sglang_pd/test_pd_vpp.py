@@ -31,7 +31,9 @@ SKIP_NO_PD = pytest.mark.skipif(
     importlib.util.find_spec("mooncake") is None or importlib.util.find_spec("sglang_router") is None,
     reason="Mooncake or sglang-router is not installed: run scripts/install_sglang_cpu.sh",
 )
-pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG, SKIP_NO_PD]
+# The first test starts the decode, cpp and vpp-pack servers (module fixtures): up to ~8 min on
+# a loaded 2-core host, past the suite default of 600 s.
+pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG, SKIP_NO_PD, pytest.mark.timeout(1200)]
 
 CHUNK = 64
 LENGTHS = (300, 200, 150, 130)
