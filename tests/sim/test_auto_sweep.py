@@ -3,20 +3,17 @@ and in a long cell auto is the best swept vpp-pack size."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("auto_sweep", ROOT / "benchmarks" / "auto_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("auto_sweep")
 
 
 @pytest.mark.parametrize("model,pp,workload", [

@@ -1,21 +1,15 @@
 """``benchmarks/decode_causes.py`` on hand-made trace records: the per-rank decode numbers and
 the decode model's prediction from a fitted per-forward cost."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def causes():
-    spec = importlib.util.spec_from_file_location("decode_causes", ROOT / "benchmarks" / "decode_causes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("decode_causes")
 
 
 def _record(rank, stage, seq, start, end, prefill=False, tokens=4):
