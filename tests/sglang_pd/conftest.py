@@ -4,9 +4,12 @@
 its ``tiny_model`` fixture re-exported. The PD deployment itself (one decode server, prefill
 servers in turn, SGLang's router) is ``sglang_vpp.serving.pd_launcher.PdDeployment``.
 
-One decode server serves the whole session (``deployment``): every PD test module asks it for
-its prefill servers in turn (``deployment.serve_prefill``), and a test whose fault ends the
-decode server restarts it (``deployment.restart_decode``) before it returns.
+One decode server serves every PD test module (``deployment``): each asks it for its prefill
+servers in turn (``deployment.serve_prefill``), a test whose fault ends the decode server restarts
+it (``deployment.restart_decode``) before it returns, and the deployment stops after the last PD
+test (``pytest_runtest_teardown``), not at the end of the session: the modules after it need the
+cores and the memory. The model is the 8-layer tiny Qwen2: at --pp-size 2 under fold-back rank 0
+owns layers 0-1 and 6-7, so only KV paired by global layer id gives the right tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ import pytest
 _HARNESS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang")
 sys.path.insert(0, _HARNESS_DIR)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
+from vpp_checks import QWEN2_8L  # noqa: E402
+
 _spec = importlib.util.spec_from_file_location("sglang_harness_pd_conftest", os.path.join(_HARNESS_DIR, "conftest.py"))
 _harness_conftest = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_harness_conftest)
@@ -32,13 +38,20 @@ PREFILL_MODES = ["cpp"]
 against the session's decode server: correctness, bad input, aborts and faults."""
 CHUNK = 64
 """``--chunked-prefill-size`` of every PD server of the tests."""
+PROMPT_LENGTHS = (300, 200, 150, 130)
+"""The four concurrent prompts (3 to 5 chunks of 64; the last one sent while the others are in
+prefill) that every prefill mode serves through the router."""
+PROMPT_SEED = 1919
+
+SERVED: dict[str, list[list[int]]] = {}
+"""Greedy ids of the four prompts per prefill ``--pp-mode``, as the router returned them: the
+VPP modes are compared with what stock PP (``cpp``) served, without starting it twice."""
+_DEPLOYMENTS: list = []
 
 
 @pytest.fixture(scope="session")
 def pd_model_dir(tiny_model) -> Path:
-    from sglang_vpp.models.tiny_hf import TinyModelSpec
-
-    return tiny_model(TinyModelSpec("qwen2-tiny"))
+    return tiny_model(QWEN2_8L)
 
 
 @pytest.fixture(scope="session")
@@ -50,8 +63,16 @@ def deployment(tmp_path_factory, pd_model_dir: Path):
 
     # No retries: a request that fails (a fault) is reported, not sent again to the same pair.
     pd = PdDeployment(log_dir=tmp_path_factory.mktemp("pd-logs"), router_args=("--disable-retries",))
+    _DEPLOYMENTS.append(pd)
     try:
         pd.start_decode(decode_config(ServerConfig(model_dir=str(pd_model_dir), chunked_prefill_size=CHUNK)))
         yield pd
     finally:
         pd.stop()
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    here = Path(__file__).parent
+    if nextitem is None or here not in Path(str(nextitem.fspath)).parents:
+        for pd in _DEPLOYMENTS:
+            pd.stop()

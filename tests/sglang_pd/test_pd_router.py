@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pytest
 from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
-from conftest import CHUNK, PREFILL_MODES
+from vpp_checks import make_prompts
+from conftest import CHUNK, PREFILL_MODES, PROMPT_LENGTHS, PROMPT_SEED, SERVED
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, get_json, post_json
 
 from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config
@@ -41,8 +42,6 @@ SKIP_NO_PD = pytest.mark.skipif(
 )
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG, SKIP_NO_PD]
 
-PROMPT_LENGTHS = (300, 200, 150, 130)
-"""3 to 5 chunks of 64 each; the last one is sent while the first three are in prefill."""
 LATE_DELAY_S = 1.0
 NUM_NEW_TOKENS = 8
 PREFILL_PP = 2
@@ -53,14 +52,9 @@ def model_dir(pd_model_dir) -> Path:
     return pd_model_dir
 
 
-def _prompts(lengths, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(2, 10000) for _ in range(n)] for n in lengths]
-
-
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    return _prompts(PROMPT_LENGTHS, 1919)
+    return make_prompts(PROMPT_LENGTHS, PROMPT_SEED)
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +110,7 @@ def test_concurrent_prompts_equal_transformers(router, deployment, prompts, refe
             f"prefill log tail:\n{deployment.prefill.log_tail(3000)}\ndecode log tail:\n"
             f"{deployment.decode.log_tail(3000)}"
         )
+    SERVED[deployment.prefill.config.pp_mode] = [answer["output_ids"] for answer in answers]
 
 
 MIXED_LENGTHS = (5, 37, 64, 130, 200, 90, 20, 150)
@@ -143,7 +138,7 @@ def _assert_kv_idle_on(*servers: SGLangServer, bound_s: float = 60.0) -> None:
 
 
 def test_32_concurrent_mixed_all_served_equal_transformers_kv_idle(router, deployment, greedy):
-    prompts = _prompts([MIXED_LENGTHS[i % len(MIXED_LENGTHS)] for i in range(NUM_MIXED)], 32)
+    prompts = make_prompts([MIXED_LENGTHS[i % len(MIXED_LENGTHS)] for i in range(NUM_MIXED)], 32)
     with ThreadPoolExecutor(NUM_MIXED) as pool:
         answers = list(pool.map(lambda ids: _generate(router.url, ids), prompts))
     wrong = [(len(ids), a["output_ids"], greedy(ids)) for ids, a in zip(prompts, answers)
@@ -281,7 +276,7 @@ def test_abort_mid_transfer_frees_the_kv_on_both_sides(router, deployment, promp
     sends its KV chunk by chunk: the prefill stops before the prompt's end, the client gets an
     error, both sides free its KV, the pair keeps serving."""
     before = _prefill_batches_logged(deployment)
-    client = _in_background(router.url + "/generate", _payload(_prompts([LONG_PROMPT], 41)[0]))
+    client = _in_background(router.url + "/generate", _payload(make_prompts([LONG_PROMPT], 41)[0]))
     _wait_in_prefill(deployment, before, client)
     for server in (deployment.prefill, deployment.decode):
         status, body = _post_status(server.url + "/abort_request", {"abort_all": True}, timeout=30)
@@ -300,7 +295,7 @@ def test_client_disconnect_from_the_router_ends_the_request(router, deployment, 
 
     before = _prefill_batches_logged(deployment)
     connection = http.client.HTTPConnection("127.0.0.1", router.port, timeout=ERROR_BOUND_S)
-    connection.request("POST", "/generate", body=json.dumps(_payload(_prompts([DISCONNECT_PROMPT], 42)[0])),
+    connection.request("POST", "/generate", body=json.dumps(_payload(make_prompts([DISCONNECT_PROMPT], 42)[0])),
                        headers={"Content-Type": "application/json"})
     _wait_in_prefill(deployment, before)
     connection.sock.shutdown(socket.SHUT_RDWR)
@@ -315,7 +310,7 @@ def test_decode_killed_mid_transfer_the_prefill_frees_the_kv_and_keeps_serving(r
     client gets an error, the prefill server frees the request's KV and serves the next request
     (through a fresh decode server and router)."""
     before = _prefill_batches_logged(deployment)
-    client = _in_background(router.url + "/generate", _payload(_prompts([LONG_PROMPT], 43)[0]))
+    client = _in_background(router.url + "/generate", _payload(make_prompts([LONG_PROMPT], 43)[0]))
     _wait_in_prefill(deployment, before, client)
     os.killpg(deployment.decode.process.pid, signal.SIGKILL)
     seconds = _assert_client_error(client, "decode killed", deployment, KV_FREE_BOUND_S)
@@ -335,7 +330,7 @@ def test_killed_prefill_rank_is_named_and_router_clients_get_an_error(router, de
     ends the server with one log line naming the rank; the client in flight and a request
     sent after get an error within a bound instead of hanging."""
     url = deployment.router.url
-    in_flight = _in_background(url + "/generate", _payload(_prompts([LONG_PROMPT], 44)[0]))
+    in_flight = _in_background(url + "/generate", _payload(make_prompts([LONG_PROMPT], 44)[0]))
     _wait_in_prefill(deployment, _prefill_batches_logged(deployment), in_flight)
     assert_fault_ends_the_server(deployment.prefill, "pd-kill-prefill-rank1", signal.SIGKILL, 1, "idle",
                                  KILL_BOUND_S)

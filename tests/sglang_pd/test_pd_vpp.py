@@ -1,10 +1,11 @@
 """A VPP prefill server behind SGLang's router, with a stock pp-1 decode server, over Mooncake TCP.
 
-One decode server (with the plugin: it publishes global KV layer ids) serves every prefill
-server of the module in turn: stock PP (``cpp``) first, then the VPP modes. Through the router,
-four prompts of different lengths (3 to 5 chunks of 64; the last sent while the others are in
-prefill) must decode to transformers' greedy continuation, and to what the cpp prefill gave.
-An 8-layer tiny Qwen2: at --pp-size 2 rank 0 owns layers 0-1 and 6-7, rank 1 layers 2-5, so
+The session's decode server (conftest ``deployment``, with the plugin: it publishes global KV
+layer ids) serves every prefill server in turn. Through the router, four prompts of different
+lengths (3 to 5 chunks of 64; the last sent while the others are in prefill) must decode to
+transformers' greedy continuation, and to what the stock PP (``cpp``) prefill gave
+(test_pd_router.py records that; served here only when that module did not run). On the
+8-layer tiny Qwen2 at --pp-size 2, rank 0 owns layers 0-1 and 6-7 and rank 1 layers 2-5, so
 positional pairing would put KV into the wrong layers; only pairing by id gives these tokens.
 The vpp-pack server's trace replays through the controller (``sglang-vpp check --trace``).
 """
@@ -23,48 +24,37 @@ from sglang_harness import SKIP_NO_SGLANG, ServerConfig, get_json, post_json, wa
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
 from vpp_checks import QWEN2_8L, Reference, all_admitted_left, make_prompts  # noqa: E402
+from conftest import CHUNK, PROMPT_LENGTHS, PROMPT_SEED, SERVED  # noqa: E402
 
 from sglang_vpp.serving.launcher import free_port  # noqa: E402
-from sglang_vpp.serving.pd_launcher import PdDeployment, decode_config, prefill_config  # noqa: E402
+from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config  # noqa: E402
 
 SKIP_NO_PD = pytest.mark.skipif(
     importlib.util.find_spec("mooncake") is None or importlib.util.find_spec("sglang_router") is None,
     reason="Mooncake or sglang-router is not installed: run scripts/install_sglang_cpu.sh",
 )
-# The first test starts the decode, cpp and vpp-pack servers (module fixtures): up to ~8 min on
-# a loaded 2-core host, past the suite default of 600 s.
+# The first test may start the decode, cpp and vpp-pack servers (when test_pd_router.py did not
+# run first): up to ~8 min on a loaded 2-core host, past the suite default of 600 s.
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG, SKIP_NO_PD, pytest.mark.timeout(1200)]
 
-CHUNK = 64
-LENGTHS = (300, 200, 150, 130)
 LATE_DELAY_S = 1.0
 NUM_NEW = 8
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model) -> Path:
-    return tiny_model(QWEN2_8L)
+def model_dir(pd_model_dir) -> Path:
+    return pd_model_dir
 
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    return make_prompts(LENGTHS, seed=1919)
+    return make_prompts(PROMPT_LENGTHS, seed=PROMPT_SEED)
 
 
 @pytest.fixture(scope="module")
 def expected(tiny_model, prompts) -> list[list[int]]:
     reference = Reference(tiny_model)
     return [reference(QWEN2_8L, ids, NUM_NEW)["tokens"] for ids in prompts]
-
-
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory, model_dir: Path):
-    pd = PdDeployment(log_dir=tmp_path_factory.mktemp("pd-vpp-logs"))
-    try:
-        pd.start_decode(decode_config(ServerConfig(model_dir=str(model_dir), chunked_prefill_size=CHUNK)))
-        yield pd
-    finally:
-        pd.stop()
 
 
 def _serve(deployment: PdDeployment, model_dir: Path, mode: str, extra: tuple[str, ...] = ()):
@@ -98,7 +88,7 @@ def _kv_idle(server, bound_s: float = 60.0) -> bool:
 
 
 def _check(deployment: PdDeployment, label: str, got: list[list[int]], want: list[list[int]]) -> None:
-    for ids, answer, expected in zip(LENGTHS, got, want):
+    for ids, answer, expected in zip(PROMPT_LENGTHS, got, want):
         assert answer == expected, (
             f"{label}, prompt of {ids} tokens: {answer} != {expected}; prefill log tail:\n"
             f"{deployment.prefill.log_tail(3000)}\ndecode log tail:\n{deployment.decode.log_tail(2000)}"
@@ -108,9 +98,11 @@ def _check(deployment: PdDeployment, label: str, got: list[list[int]], want: lis
 
 @pytest.fixture(scope="module")
 def cpp_answers(deployment, model_dir, prompts, expected) -> list[list[int]]:
-    answers = _four_prompts(_serve(deployment, model_dir, "cpp").url, prompts)
-    _check(deployment, "cpp prefill", answers, expected)
-    return answers
+    if "cpp" not in SERVED:
+        answers = _four_prompts(_serve(deployment, model_dir, "cpp").url, prompts)
+        _check(deployment, "cpp prefill", answers, expected)
+        SERVED["cpp"] = answers
+    return SERVED["cpp"]
 
 
 def test_vpp_pack_prefill_equals_cpp_and_transformers_and_its_trace_replays(
@@ -131,7 +123,7 @@ def test_vpp_pack_prefill_equals_cpp_and_transformers_and_its_trace_replays(
     assert "the server followed the controller" in replay.output
 
 
-@pytest.mark.parametrize("mode", ["vpp", "vpp-async", "vpp-taper", "vpp-stream"])
+@pytest.mark.parametrize("mode", ["vpp", "vpp-taper", "vpp-stream"])  # vpp-async: vpp-pack without packing
 def test_every_vpp_mode_prefill_equals_cpp(deployment, model_dir, prompts, cpp_answers, mode):
     router = _serve(deployment, model_dir, mode)
     _check(deployment, f"{mode} prefill", _four_prompts(router.url, prompts), cpp_answers)

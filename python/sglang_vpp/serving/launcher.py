@@ -46,8 +46,16 @@ __all__ = [
     "post_json",
 ]
 
-CPU_PLATFORM_ARGS: tuple[str, ...] = ("--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32")
-"""SGLang on CPU: the portable attention backend, and fp32 so outputs compare with the reference."""
+CPU_PLATFORM_ARGS: tuple[str, ...] = (
+    "--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32", "--sleep-on-idle",
+)  # fmt: skip
+"""SGLang on CPU: the portable attention backend, and fp32 so outputs compare with the reference.
+``--sleep-on-idle``: an idle stock scheduler otherwise loops without pause, and at pp > 1 its
+followers loop with it, one core each; on a host of a few cores that starves whatever runs beside
+it (a PD decode server idles while prefill servers start, a test computes its reference next to an
+idle server). It waits on its input sockets only when it holds no request at all (SGLang's
+``is_fully_idle``, PD transfer queues included), so a request wakes it at once. The VPP loop has
+its own idle wait and does not read the flag."""
 
 
 HEALTH_POLL_S = 0.25

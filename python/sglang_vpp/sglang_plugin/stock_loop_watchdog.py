@@ -19,7 +19,7 @@ Data flow (each stock-mode scheduler process)::
     Scheduler.ingest_requests(self)      [BEFORE hook: StockLoopWatchdog.beat]
         -> last beat time; the first beat starts the checking thread
     thread: every min(1 s, timeout / 4): sibling rank processes' state and CPU time;
-            now - last beat > timeout and (a rank stopped / dead / gone, or no rank used CPU)
+            now - last beat > timeout + idle wait and (a rank stopped / dead / gone, or no rank used CPU)
             -> log + SIGQUIT the launcher
 """
 
@@ -40,6 +40,10 @@ __all__ = ["INGEST_TARGET", "RankProcessState", "StockLoopWatchdog", "install_st
 logger = logging.getLogger(__name__)
 
 INGEST_TARGET = "sglang.srt.managers.scheduler.Scheduler.ingest_requests"
+IDLE_SLEEP_POLL_S = 1.0
+"""The longest wait of SGLang's idle sleep (``--sleep-on-idle``: ``IdleSleeper.maybe_sleep`` polls
+its sockets for 1000 ms), counted on top of the comm timeout whether or not the flag is set: one
+second later to notice a stuck peer, never a healthy idle server ended."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,10 @@ class StockLoopWatchdog:
     """Snapshot of the server's rank processes (injected by tests)."""
     idle_cpu_fraction: float = 0.02
     """Below this share of the window in CPU seconds, summed over ranks, nobody is working."""
+    idle_wait_s: float = 0.0
+    """How long a healthy idle loop may wait between two beats on top of ``timeout_s``: under
+    ``--sleep-on-idle`` SGLang's idle sleep polls its input sockets for up to a second per turn,
+    using no CPU, which would otherwise read as a stuck pipeline under a timeout of about 1 s."""
     _last_beat: float | None = None
     _fired: bool = False
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -117,7 +125,7 @@ class StockLoopWatchdog:
         self._cpu_history.append((now, sum(state.cpu_s for state in states)))
         while self._cpu_history and now - self._cpu_history[0][0] > self.timeout_s:
             self._cpu_history.popleft()
-        if self.stalled_for(now) <= self.timeout_s:
+        if self.stalled_for(now) <= self.timeout_s + self.idle_wait_s:
             return None
         broken = [f"pid={state.pid} is {state.status}" for state in states if state.status in _NOT_WORKING]
         if broken:
@@ -177,6 +185,6 @@ def install_stock_loop_watchdog(timeout_s: float) -> StockLoopWatchdog:
 
     from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
-    watchdog = StockLoopWatchdog(timeout_s=float(timeout_s))
+    watchdog = StockLoopWatchdog(timeout_s=float(timeout_s), idle_wait_s=IDLE_SLEEP_POLL_S)
     register_hook(INGEST_TARGET, watchdog.beat, HookType.BEFORE)
     return watchdog
