@@ -78,6 +78,8 @@ def test_a_stage_on_a_rank_the_layout_does_not_give_it_is_an_error():
     recs = [_rec(0, 0, 0, 0, 1.0), _rec(0, 1, 0, 1, 1.0)]
     with pytest.raises(IncompleteRecordsError, match="stage 1 on rank 0.*gives it rank 1"):
         replay_window(recs, 2)
+    with pytest.raises(IncompleteRecordsError, match="stage 0 of micro-batch 0 is recorded twice"):
+        replay_window([_rec(0, 0, 0, 0, 1.0), _rec(0, 0, 0, 1, 1.0)], 2)
 
 
 def test_measure_idle_keeps_prefill_after_the_snapshot():

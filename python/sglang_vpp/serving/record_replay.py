@@ -84,15 +84,16 @@ class WindowReplay:
 
 
 class IncompleteRecordsError(ValueError):
-    """Records that cannot run: ranks wait in a cycle (a trace cut in the middle of a batch) or a
-    stage on a rank the layout does not give it."""
+    """Records that cannot run: ranks wait in a cycle (a trace cut in the middle of a batch), a
+    stage on a rank the layout does not give it, or one stage of a micro-batch recorded twice."""
 
 
 def _positions(window: Sequence[dict]) -> dict[int, tuple[int, int]]:
-    """Per micro-batch of ``window``: (prefill tokens before it in the window, its tokens)."""
+    """Per micro-batch of ``window``: (prefill tokens before it in the window, its tokens; at
+    least 1, the least a chunk holds, should a record say 0)."""
     tokens: dict[int, int] = {}
     for record in window:
-        tokens.setdefault(record["seq"], int(record["num_tokens"]))
+        tokens.setdefault(record["seq"], max(1, int(record["num_tokens"])))
     out, before = {}, 0
     for seq in sorted(tokens):
         out[seq] = (before, tokens[seq])
@@ -116,15 +117,21 @@ def records_schedule(window: Sequence[dict], num_ranks: int,
     positions = _positions(window)
     seqs = sorted(positions)
     index = {seq: k for k, seq in enumerate(seqs)}
+    seen: set[tuple[int, int]] = set()
     for record in window:
         stage, rank = record["stage"], record["rank"]
+        if (stage, record["seq"]) in seen:
+            raise IncompleteRecordsError(
+                f"stage {stage} of micro-batch {record['seq']} is recorded twice (rank {rank}); each "
+                "micro-batch runs each stage once: are the records of two servers in one directory?")
+        seen.add((stage, record["seq"]))
         if stage >= layout.num_stages or layout.rank_of(stage) != rank:
             where = f"rank {layout.rank_of(stage)}" if stage < layout.num_stages else "no rank"
             raise IncompleteRecordsError(
                 f"record of micro-batch {record['seq']} ran stage {stage} on rank {rank}; the "
                 f"{layout.kind} layout of {num_ranks} ranks gives it {where}: pass the mode's layout")
     ordered = sorted(window, key=lambda r: r["start_s"])
-    done = {(r["stage"], r["seq"]) for r in window}
+    done = seen
     # Per link (sender, receiver): the keys it carries, in the sender's executed order.
     links: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for record in ordered:
