@@ -117,21 +117,20 @@ def records_schedule(window: Sequence[dict], num_ranks: int,
     positions = _positions(window)
     seqs = sorted(positions)
     index = {seq: k for k, seq in enumerate(seqs)}
-    seen: set[tuple[int, int]] = set()
+    done: set[tuple[int, int]] = set()
     for record in window:
         stage, rank = record["stage"], record["rank"]
-        if (stage, record["seq"]) in seen:
+        if (stage, record["seq"]) in done:
             raise IncompleteRecordsError(
                 f"stage {stage} of micro-batch {record['seq']} is recorded twice (rank {rank}); each "
                 "micro-batch runs each stage once: are the records of two servers in one directory?")
-        seen.add((stage, record["seq"]))
+        done.add((stage, record["seq"]))
         if stage >= layout.num_stages or layout.rank_of(stage) != rank:
             where = f"rank {layout.rank_of(stage)}" if stage < layout.num_stages else "no rank"
             raise IncompleteRecordsError(
                 f"record of micro-batch {record['seq']} ran stage {stage} on rank {rank}; the "
                 f"{layout.kind} layout of {num_ranks} ranks gives it {where}: pass the mode's layout")
     ordered = sorted(window, key=lambda r: r["start_s"])
-    done = seen
     # Per link (sender, receiver): the keys it carries, in the sender's executed order.
     links: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for record in ordered:
@@ -139,7 +138,7 @@ def records_schedule(window: Sequence[dict], num_ranks: int,
         if (stage + 1, seq) in done and layout.rank_of(stage + 1) != record["rank"]:
             links.setdefault((record["rank"], layout.rank_of(stage + 1)), []).append((stage, seq))
     received = {link: 0 for link in links}
-    streams: list[list] = [[] for _ in range(num_ranks)]
+    streams: list[list] = [[] for _ in range(layout.num_ranks)]
     for record in ordered:
         rank, stage, seq = record["rank"], record["stage"], record["seq"]
         source = layout.rank_of(stage - 1) if stage > 0 else rank
