@@ -1,4 +1,4 @@
-"""Replay of measured per-stage CPU times and the trace-file reader (no server needed)."""
+"""Replay of measured per-stage CPU times on the engine and the trace-file reader (no server needed)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ from sglang_vpp.serving.pipeline_report import (
     read_records,
     wait_for_records,
 )
-from sglang_vpp.serving.timeline import IncompleteRecordsError, executed_spans, replay_executed
+from sglang_vpp.serving.record_replay import IncompleteRecordsError, records_schedule, replay_window
 
 
 def _rec(rank, stage, seq, start, cpu, prefill=True):
-    return {"rank": rank, "stage": stage, "seq": seq, "start_s": start, "cpu_s": cpu, "is_prefill": prefill}
+    return {"rank": rank, "stage": stage, "seq": seq, "start_s": start, "cpu_s": cpu, "is_prefill": prefill,
+            "num_tokens": 64}
 
 
 def _cpp_records(costs):
@@ -36,12 +37,13 @@ def _cpp_records(costs):
 def test_cpp_replay_has_the_textbook_bubbles():
     # Growing costs: rank 1 waits for chunk 0, then each step for the growth; rank 0 waits at the end.
     costs = [1.0, 2.0, 3.0]
-    ranks = replay_executed(_cpp_records(costs), 2)
+    replay = replay_window(_cpp_records(costs), 2)
+    ranks = replay.ranks
     assert [r.busy_s for r in ranks] == [6.0, 6.0]
     assert ranks[0].makespan_s == 9.0  # 1+2+3 on rank 0, then the last chunk on rank 1
     assert ranks[0].idle_s == 3.0 and ranks[1].idle_s == 3.0
     # The Gantt's spans are the same replay: rank 1 starts chunk k when rank 0 has finished it.
-    spans = executed_spans(_cpp_records(costs), 2)
+    spans = replay.spans
     assert spans[0] == [(0.0, 1.0, 0, 0), (1.0, 3.0, 0, 1), (3.0, 6.0, 0, 2)]
     assert spans[1] == [(1.0, 2.0, 1, 0), (3.0, 5.0, 1, 1), (6.0, 9.0, 1, 2)]
 
@@ -49,17 +51,35 @@ def test_cpp_replay_has_the_textbook_bubbles():
 def test_foldback_replay_respects_stage_order_and_rank_order():
     # P=2 fold-back, one micro-batch: s0 (r0) -> s1 (r1) -> s2 (r1) -> s3 (r0).
     recs = [_rec(0, 0, 0, 0, 1.0), _rec(1, 1, 0, 1, 1.0), _rec(1, 2, 0, 2, 1.0), _rec(0, 3, 0, 3, 1.0)]
-    ranks = replay_executed(recs, 2)
+    ranks = replay_window(recs, 2).ranks
     assert ranks[0].makespan_s == 4.0
     assert ranks[0].idle_s == 2.0 and ranks[1].idle_s == 2.0
 
 
+def test_a_stage_consumed_out_of_its_send_order_keeps_each_computes_own_dependency():
+    # Rank 1 runs mb 1 before mb 0: each waits only for its own input (the server's inbox takes
+    # messages by key), though the engine pairs a link's operations in order.
+    recs = [_rec(0, 0, 0, 0, 1.0), _rec(0, 0, 1, 1, 1.0), _rec(1, 1, 1, 2, 1.0), _rec(1, 1, 0, 3, 1.0)]
+    assert replay_window(recs, 2).spans[1] == [(2.0, 3.0, 1, 1), (3.0, 4.0, 1, 0)]
+    schedule, seq_of = records_schedule(recs, 2)
+    assert [str(a) for a in schedule.rank_actions[1]] == ["0RECV_F0.0<0@fwd", "0RECV_F0.1<0@fwd", "1F0.1", "1F0.0"]
+    assert seq_of == {0: 0, 1: 1} and [c.start for c in schedule.chunks] == [0, 64]
+
+
 def test_a_cycle_in_the_records_is_an_error_not_a_hang():
-    recs = [_rec(0, 1, 0, 0, 1.0), _rec(0, 0, 1, 1, 1.0), _rec(1, 0, 0, 2, 1.0), _rec(1, 1, 1, 0, 1.0)]
-    # rank 0 first wants stage 1 of mb 0 (needs rank 1's stage 0 of mb 0, queued behind stage 1 of mb 1,
-    # which needs rank 0's stage 0 of mb 1, queued behind the first): a cycle.
+    # Fold-back: rank 0 runs stage 3 of mb 0 before its stage 0, which stage 3 needs (via ranks 1's
+    # stages 1 and 2): the engine's deadlock check reports the cycle.
+    recs = [_rec(0, 3, 0, 0, 1.0), _rec(0, 0, 0, 1, 1.0), _rec(1, 1, 0, 2, 1.0), _rec(1, 2, 0, 3, 1.0)]
     with pytest.raises(IncompleteRecordsError, match="cycle"):
-        replay_executed(recs, 2)
+        replay_window(recs, 2)
+
+
+def test_a_stage_on_a_rank_the_layout_does_not_give_it_is_an_error():
+    recs = [_rec(0, 0, 0, 0, 1.0), _rec(0, 1, 0, 1, 1.0)]
+    with pytest.raises(IncompleteRecordsError, match="stage 1 on rank 0.*gives it rank 1"):
+        replay_window(recs, 2)
+    with pytest.raises(IncompleteRecordsError, match="stage 0 of micro-batch 0 is recorded twice"):
+        replay_window([_rec(0, 0, 0, 0, 1.0), _rec(0, 0, 0, 1, 1.0)], 2)
 
 
 def test_measure_idle_keeps_prefill_after_the_snapshot():
@@ -118,10 +138,19 @@ def test_min_cost_replay_refuses_repeats_of_different_shape():
 
 
 def _stage_records(num_stages: int, per_layer: float, layers: int, micro_batches: int = 6) -> list[dict]:
-    """Prefill records of 64-token micro-batches; rank r runs stages r, r + 2, ... in stage order."""
-    return [{"rank": stage % 2, "stage": stage, "seq": seq, "num_tokens": 64, "is_prefill": True,
-             "start_s": stage * 100 + seq, "cpu_s": layers * per_layer * (1 + 0.1 * seq)}
-            for stage in range(num_stages) for seq in range(micro_batches)]
+    """Prefill records of 64-token micro-batches on 2 ranks. Contiguous (2 stages): each rank in
+    micro-batch order. Fold-back (4 stages): rank 1 runs stages 1 and 2 of a micro-batch back to
+    back; rank 0 starts two micro-batches, then pairs stage 3 of mb k-1 with stage 0 of mb k+1."""
+    n = micro_batches
+    if num_stages == 2:
+        order = {0: [(0, q) for q in range(n)], 1: [(1, q) for q in range(n)]}
+    else:
+        order = {0: [(0, 0), (0, 1)] + [x for k in range(1, n - 1) for x in ((3, k - 1), (0, k + 1))]
+                 + [(3, n - 2), (3, n - 1)],
+                 1: [x for q in range(n) for x in ((1, q), (2, q))]}
+    return [{"rank": rank, "stage": stage, "seq": seq, "num_tokens": 64, "is_prefill": True,
+             "start_s": float(t), "cpu_s": layers * per_layer * (1 + 0.1 * seq)}
+            for rank, items in order.items() for t, (stage, seq) in enumerate(items)]
 
 
 def test_equal_cost_replay_times_every_mode_on_one_cost_model():
@@ -129,7 +158,6 @@ def test_equal_cost_replay_times_every_mode_on_one_cost_model():
     not the schedule): the own-cost replays differ by a third, the shared model by the schedule only."""
     from sglang_vpp.schedule import build_layout, get_policy
     from sglang_vpp.serving.pipeline_report import EQUAL_COST_METHOD, equal_cost_idle
-    from sglang_vpp.serving.timeline import equal_costs
 
     layouts = {mode: build_layout(2, 8, get_policy(mode).layout_kind) for mode in ("cpp", "vpp")}
     idle = {"cpp": [measure_idle(_stage_records(2, 1.4, 4), 2) for _ in range(3)],
@@ -145,12 +173,12 @@ def test_equal_cost_replay_times_every_mode_on_one_cost_model():
     assert own < -0.3 and -0.15 < equal < 0, (own, equal)
     assert shared["cpp"][0].method == EQUAL_COST_METHOD
     # One cost per layer for both modes: a 4-layer compute costs what two 2-layer ones do.
-    cpp_cost = equal_costs(idle["cpp"][0].window, layouts["cpp"], models[0])
-    vpp_cost = equal_costs(idle["vpp"][0].window, layouts["vpp"], models[0])
+    def durations(run):
+        return {(stage, seq): end - start for spans in run.spans.values() for start, end, stage, seq in spans}
+
+    cpp, vpp = durations(shared["cpp"][0]), durations(shared["vpp"][0])
     for seq in range(6):
-        cpp = cpp_cost({"stage": 0, "seq": seq})
-        vpp = vpp_cost({"stage": 0, "seq": seq}) + vpp_cost({"stage": 1, "seq": seq})
-        assert cpp == pytest.approx(vpp, rel=1e-6)
+        assert cpp[(0, seq)] == pytest.approx(vpp[(0, seq)] + vpp[(1, seq)], rel=1e-6)
 
 
 def test_launch_report_compares_modes_on_the_shared_cost_model(tmp_path, monkeypatch, capsys):

@@ -1,11 +1,11 @@
-"""Fast checks of the VPP pieces that need no server: config errors and timeline replay."""
+"""Fast checks of the VPP pieces that need no server: config errors and the records' replay."""
 
 from __future__ import annotations
 
 import pytest
 from sglang_vpp.sglang_plugin.vpp.errors import CommTimeoutError, VppConfigError
 from sglang_vpp.sglang_plugin.vpp.state import VppConfig, VppState
-from sglang_vpp.serving.timeline import replay_as_contiguous, replay_executed
+from sglang_vpp.serving.record_replay import replay_window
 
 
 def test_config_refuses_pp1_and_bad_split_with_the_fix():
@@ -46,11 +46,24 @@ def _linear_records(num_chunks: int, order_rank0: list[tuple[int, int]]) -> list
     """tau_k = (k + 1) per stage; rank 0 executes ``order_rank0`` (stage, seq), rank 1 FIFO."""
     records = []
     for t, (stage, seq) in enumerate(order_rank0):
-        records.append({"rank": 0, "stage": stage, "seq": seq, "start_s": float(t), "cpu_s": seq + 1.0})
+        records.append({"rank": 0, "stage": stage, "seq": seq, "start_s": float(t), "cpu_s": seq + 1.0,
+                        "num_tokens": 64})
     for seq in range(num_chunks):
         for stage in (1, 2):
-            records.append({"rank": 1, "stage": stage, "seq": seq, "start_s": seq + stage / 10, "cpu_s": seq + 1.0})
+            records.append({"rank": 1, "stage": stage, "seq": seq, "start_s": seq + stage / 10, "cpu_s": seq + 1.0,
+                            "num_tokens": 64})
     return records
+
+
+def _as_contiguous(records: list[dict]) -> list[dict]:
+    """The same layers placed as stock CPP: rank r runs virtual stages 2r and 2r+1 as one stage,
+    micro-batches in order."""
+    cost: dict[tuple[int, int], float] = {}
+    for record in records:
+        key = (record["stage"] // 2, record["seq"])
+        cost[key] = cost.get(key, 0.0) + record["cpu_s"]
+    return [{"rank": rank, "stage": rank, "seq": seq, "start_s": float(seq), "cpu_s": c, "num_tokens": 64}
+            for (rank, seq), c in cost.items()]
 
 
 def test_replay_reproduces_the_balance_argument():
@@ -61,8 +74,8 @@ def test_replay_reproduces_the_balance_argument():
         order += [(3, k - 1), (0, k + 1)]
     order += [(3, n - 2), (3, n - 1)]
     records = _linear_records(n, order)
-    vpp = replay_executed(records, 2)
-    cpp = replay_as_contiguous(records, 2)
+    vpp = replay_window(records, 2).ranks
+    cpp = replay_window(_as_contiguous(records), 2).ranks
     work = sum(r["cpu_s"] for r in records)
     assert sum(t.busy_s for t in vpp) == pytest.approx(work) == pytest.approx(sum(t.busy_s for t in cpp))
     # With linear tau_k, CPP's rank 1 waits for rank 0 on every chunk while VPP's ranks pair

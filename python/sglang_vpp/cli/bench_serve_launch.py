@@ -18,7 +18,7 @@ pp-1 decode server for the whole run, each prefill server and SGLang's router in
 (``serving/pd_launcher.py``), and every pass goes through the router (docs/pd.md).
 
 The per-rank idle is rebuilt from each stage compute's thread CPU time as if every rank had its
-own device (``serving/timeline.py``); wall-clock numbers of ranks sharing a small machine's cores
+own device (``serving/record_replay.py``); wall-clock numbers of ranks sharing a small machine's cores
 are not a pipeline measurement and are never reported as one.
 """
 

@@ -166,7 +166,6 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
     from sglang_vpp.serving.launcher import ServerStartError
     from sglang_vpp.serving.pipeline_report import TraceUnavailableError
     from sglang_vpp.serving.results import launch_tags
-    from sglang_vpp.serving.timeline import equal_costs, executed_spans
 
     from .bench_serve_launch import run_launched
 
@@ -259,8 +258,7 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
                                                     "no equal-cost replay (and no pipeline verdict)"]
         runs.append(entry)
         if shared:
-            window = shared[0].window
-            spans[run.mode] = executed_spans(window, spec.pp_size, equal_costs(window, layouts[run.mode], models[0]))
+            spans[run.mode] = shared[0].spans
     verdicts = _launch_verdicts(launched, equal_cost)
     document = {"runs": runs, "verdicts": [v.to_dict() for v in verdicts],
                 "equal_cost_models": [model.to_dict() for model in models]}

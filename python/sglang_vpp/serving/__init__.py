@@ -4,7 +4,8 @@
 - ``pipeline_report``: per-rank prefill idle from the plugin's ``--vpp-trace`` files.
 - ``decision_replay``: ``check --trace``: replays a VPP server's recorded decisions through the
   schedule core's controller and reports the first divergence.
-- ``timeline``: the dedicated-hardware replay of measured per-stage CPU times (pure Python).
+- ``record_replay``: a server's executed prefill order on the simulator's engine, timed by
+  measured per-stage CPU times (dedicated-hardware estimate).
 - ``bench_serving``: one pass of SGLang's own load generator (``python -m sglang.benchmark.serving``)
   and its JSONL read back; ``report`` / ``results`` / ``plots``: bench-serve's tables, tagged JSON
   lines, TTFT/ITL distributions and per-rank Gantt.

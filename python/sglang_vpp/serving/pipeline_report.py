@@ -7,8 +7,9 @@ Data flow::
     wait_for_records(DIR, num_ranks, since)  every rank's file rewritten since ``since``
     last_seq(records)                        before a measured run: the mark to measure after
       -> prefill records with seq > the mark
-      -> timeline.replay_executed(): dedicated-hardware timeline from per-stage CPU time
-      -> PipelineIdle (per rank: busy, idle, makespan; counts)
+      -> record_replay.replay_window(): the executed order on the simulator's engine, each
+         compute timed by its per-stage CPU time (dedicated-hardware estimate)
+      -> PipelineIdle (per rank: busy, idle, makespan; counts; the Gantt's spans)
     min_cost_idle(repeats)                   one replay of each compute's minimum CPU time over
                                              repeats of the same work (least disturbed estimate)
     equal_cost_idle({mode: repeats}, layouts) every mode's windows re-timed on ONE cost model
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..trace_records import records_file
-from .timeline import RankTimeline, equal_costs, replay_executed, shared_cost_model
+from .record_replay import RankTimeline, Span, replay_window, shared_cost_model
 
 if TYPE_CHECKING:
     from ..runtime.equal_cost import SharedCostModel
@@ -115,6 +116,8 @@ class PipelineIdle:
     ranks: list[RankTimeline]
     window: list[dict] = field(default_factory=list, repr=False, compare=False)
     """The prefill records replayed (for ``min_cost_idle``)."""
+    spans: dict[int, list[Span]] = field(default_factory=dict, repr=False, compare=False)
+    """Per rank: the replayed computes (``record_replay.WindowReplay.spans``)."""
     method: str = "replayed from per-stage thread CPU time (dedicated-hardware estimate, transfers cost 0)"
 
     def to_json(self) -> dict:
@@ -130,12 +133,14 @@ class PipelineIdle:
 def measure_idle(records: list[dict], num_ranks: int, after_seq: int = -1) -> PipelineIdle:
     """Prefill records of micro-batches after ``after_seq``, replayed (module docstring)."""
     window = [r for r in records if r["seq"] > after_seq and r["is_prefill"]]
+    replay = replay_window(window, num_ranks)
     return PipelineIdle(
         num_ranks=num_ranks,
         num_prefill_computes=len(window),
         num_micro_batches=len({r["seq"] for r in window}),
-        ranks=replay_executed(window, num_ranks),
+        ranks=replay.ranks,
         window=window,
+        spans=replay.spans,
     )
 
 
@@ -165,12 +170,14 @@ def min_cost_idle(runs: list[PipelineIdle]) -> PipelineIdle | None:
         record["seq"] = key[0]
         record["cpu_s"] = min(k[key]["cpu_s"] for k in keyed)
         merged.append(record)
+    replay = replay_window(merged, runs[0].num_ranks)
     return PipelineIdle(
         num_ranks=runs[0].num_ranks,
         num_prefill_computes=len(merged),
         num_micro_batches=runs[0].num_micro_batches,
-        ranks=replay_executed(merged, runs[0].num_ranks),
+        ranks=replay.ranks,
         window=merged,
+        spans=replay.spans,
         method=f"replayed from the minimum thread CPU time of each stage compute over {len(runs)} repeats "
         "(dedicated-hardware estimate, transfers cost 0)",
     )
@@ -200,9 +207,9 @@ def equal_cost_idle(idle: Mapping[str, Sequence[PipelineIdle]],
         models.append(model)
         for mode, runs in idle.items():
             window = windows[mode][j]
+            replay = replay_window(window, runs[j].num_ranks, layouts[mode], model)
             out[mode].append(PipelineIdle(
                 num_ranks=runs[j].num_ranks, num_prefill_computes=len(window),
-                num_micro_batches=runs[j].num_micro_batches,
-                ranks=replay_executed(window, runs[j].num_ranks, equal_costs(window, layouts[mode], model)),
-                window=window, method=EQUAL_COST_METHOD))  # fmt: skip
+                num_micro_batches=runs[j].num_micro_batches, ranks=replay.ranks,
+                window=window, spans=replay.spans, method=EQUAL_COST_METHOD))  # fmt: skip
     return out, models

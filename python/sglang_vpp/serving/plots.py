@@ -53,7 +53,7 @@ def write_distribution_plot(metrics: Mapping[str, Mapping[str, Sequence[float]]]
 def write_rank_gantt(spans_per_mode: Mapping[str, Mapping[int, Sequence[tuple[float, float, int, int]]]],
                      path: Path, title: str | None = None) -> None:
     """One panel per mode, one row per rank: the replayed prefill computes of one repeat
-    (``timeline.executed_spans``), coloured by micro-batch and labelled with the stage."""
+    (``record_replay.WindowReplay.spans``), coloured by micro-batch and labelled with the stage."""
     _save(rank_gantt_figure(spans_per_mode), path, title)
 
 

@@ -5,7 +5,8 @@ mode writes the same files and ``sglang_vpp.serving`` reads them alike.
 
 Every stage compute is recorded with its wall-clock interval and its thread CPU time. On shared
 CPUs the wall clock of one rank includes time the OS gave to the other ranks, so the summary
-reports both; ``timeline.py`` rebuilds the dedicated-hardware timeline from the CPU times.
+reports both; ``serving/record_replay.py`` rebuilds the dedicated-hardware timeline from the
+CPU times.
 
 Trace format: Chrome JSON trace events (open in https://ui.perfetto.dev), pid = rank,
 tid = 0 for compute; one "X" event per stage compute named like the action IR (``3F12``:
