@@ -232,7 +232,8 @@ def _replay_decode(controller: Controller, rank: int, index: int, record: dict) 
         return Divergence(rank, index, None, f"decode slots {sorted(dict(move.running))} to choose from",
                           observed)
     if move.chosen != observed_slot:
-        return Divergence(rank, index, None, f"join decode slot {move.chosen} of {running}", f"slot {observed_slot}")
+        return Divergence(rank, index, None, f"join decode slot {move.chosen} of {running}",
+                          f"slot {observed_slot}")
     return None
 
 
