@@ -14,7 +14,7 @@ Per rank ``r``, ``DIR/vpp_rank<r>.records.json`` holds::
 ``controller`` is empty for the stock modes (cpp, dcpp), which SGLang's own loop schedules.
 Decision records: ``admit`` (``decision``: ``yes`` | ``packed``) and ``hold`` carry a micro-batch
 (``micro_batch_record``); ``left`` a ``seq``; ``pick`` the ``ready`` items and the ``chosen`` one,
-each ``[stage, seq]``; ``decode`` the slot a prefill ended in (``from_slot``), the
+each ``[stage, seq]``; ``decode`` the prefill-only slot whose requests wait to decode (``from_slot``), the
 ``running`` requests of each decode slot that could take it (``[slot, count]`` pairs) and the
 ``chosen`` slot (null: none could). ``DIR/vpp_rank<r>.json`` is the Perfetto (Chrome JSON) view of ``records``.
 
@@ -47,8 +47,8 @@ ADMIT, HOLD, LEFT, PICK = "admit", "hold", "left", "pick"
 CHUNK = "chunk"
 """An ``auto`` chunker's cut: ``prefix`` tokens already chunked, ``remaining``, and the ``size`` cut."""
 DECODE = "decode"
-"""The decode slot a request joins when its prefill ends in a prefill-only slot
-(``Controller.decode_join``)."""
+"""The decode slot the requests of a prefill-only slot join (``Controller.decode_move``;
+``DecodeMove.record`` writes its fields)."""
 DECISION_KINDS = (ADMIT, HOLD, LEFT, PICK, CHUNK, DECODE)
 RECORDS_GLOB = "vpp_rank*.records.json"
 SCHEMA, SCHEMA_VERSION = "schema", 2

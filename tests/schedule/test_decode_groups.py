@@ -47,9 +47,63 @@ def test_fewer_slots_than_ranks_decode_in_every_slot():
         DecodeGroups(3, (3,))
 
 
-def test_controller_decode_join_is_the_groups_rule():
+def test_controller_decode_move_is_the_groups_rule():
     controller = _controller("vpp-pack", 2)
-    assert controller.decode_join({0: 4, 3: 1}) == 3
+    move = controller.decode_move(1, prefill_ended=True, running={0: 4, 3: 1}, in_flight=())
+    assert move == controller.decode.move(1, prefill_ended=True, running={0: 4, 3: 1}, in_flight=())
+    assert move.chosen == 3
+
+
+# vpp-pack at P = 2: 6 slots, decode in slots 0 and 3; slots 1, 2, 4, 5 run prefill only.
+PACK2 = decode_groups(6, 2)
+
+
+@pytest.mark.parametrize("slot, ended, running, in_flight, expected", [
+    # A decode slot keeps its own requests, whatever it holds.
+    (0, True, {0: 3, 3: 0}, (), None),
+    (3, False, {3: 5}, (0,), None),
+    # A prefill-only slot with nothing waiting to decode: nothing to decide.
+    (1, False, {0: 2, 3: 1}, (), None),
+    (1, False, {}, (0, 3), None),
+    # A prefill ended in slot 1: the open decode slot with fewer running requests.
+    (1, True, {0: 2, 3: 1}, (), ((0, 2), (3, 1), 3)),
+    (1, True, {0: 1, 3: 1}, (), ((0, 1), (3, 1), 0)),         # tie: the lower slot
+    (1, True, {}, (), ((0, 0), (3, 0), 0)),                   # missing: no running request
+    # Slot 3's decode batch is in flight: it cannot grow, so slot 0 although fuller.
+    (1, True, {0: 5, 3: 1}, (3,), ((0, 5), 0)),
+    # Both in flight: the requests stay (a record with no choice; asked again later).
+    (4, True, {0: 5, 3: 1}, (0, 3), (None,)),
+    # No new prefill, but slot 2 decoded its requests once while every decode slot was busy:
+    # at its next turn they move.
+    (2, False, {2: 1, 0: 2, 3: 4}, (1, 5), ((0, 2), (3, 4), 0)),
+    # A prefill-only slot's own in-flight batch does not block the move.
+    (5, True, {0: 0, 3: 0, 5: 2}, (5,), ((0, 0), (3, 0), 0)),
+])
+def test_move_on_hand_checked_cases(slot, ended, running, in_flight, expected):
+    move = PACK2.move(slot, prefill_ended=ended, running=running, in_flight=in_flight)
+    if expected is None:
+        assert move is None
+        return
+    *pairs, chosen = expected
+    assert move.from_slot == slot and move.running == tuple(pairs) and move.chosen == chosen
+
+
+def test_a_move_is_recorded_as_a_decode_trace_record():
+    move = PACK2.move(2, prefill_ended=True, running={0: 2, 3: 1}, in_flight=(0,))
+    assert move.record() == {"from_slot": 2, "running": [[3, 1]], "chosen": 3}
+    kept = PACK2.move(2, prefill_ended=True, running={}, in_flight=(0, 3))
+    assert kept.record() == {"from_slot": 2, "running": [], "chosen": None}
+
+
+def test_move_refuses_a_slot_outside_the_cycle():
+    with pytest.raises(ValueError, match="slot 6 is not one of 0..5"):
+        PACK2.move(6, prefill_ended=True, running={}, in_flight=())
+
+
+def test_a_server_that_does_not_decode_never_moves():
+    prefill_only = decode_groups(6, 2, decodes=False)
+    assert all(prefill_only.move(slot, prefill_ended=True, running={slot: 1}, in_flight=()) is None
+               for slot in range(6))
 
 
 def test_a_server_that_does_not_decode_moves_no_request():

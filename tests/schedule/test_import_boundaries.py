@@ -42,7 +42,10 @@ def test_plugin_and_its_imports_never_import_the_simulator() -> None:
 def test_the_scan_sees_relative_and_lazy_imports() -> None:
     runner = PACKAGE / "sim" / "runner.py"
     assert "sglang_vpp.schedule" in _imported_modules(runner)
-    assert "sglang_vpp.schedule.fitted_cost" in _imported_modules(PACKAGE / "sglang_plugin" / "vpp" / "state.py")
+    # Inside a function, relative: factory.py imports auto_size where it builds an auto chunker.
+    assert "sglang_vpp.schedule.auto_size" in _imported_modules(PACKAGE / "schedule" / "factory.py")
+    replica = PACKAGE / "sglang_plugin" / "vpp" / "replica.py"
+    assert "sglang.srt.managers.scheduler_pp_mixin" in _imported_modules(replica)
 
 
 def test_controller_cost_estimates_load_without_numpy_or_the_simulator() -> None:

@@ -74,3 +74,15 @@ def test_decode_slot_choices_replay_and_a_wrong_one_diverges(tmp_path):
     result = replay_trace(tmp_path)
     assert not result.ok
     assert "join decode slot 3" in result.divergence.describe()
+
+
+@pytest.mark.parametrize("record, expected", [
+    # Slot 0 decodes: its own requests never move, so no record can come from it.
+    ({"kind": "decode", "from_slot": 0, "running": [[3, 2]], "chosen": 3}, "no move: slot 0 is a decode slot"),
+    # Slot 2 runs prefill only, so it can never be a choice.
+    ({"kind": "decode", "from_slot": 1, "running": [[2, 0], [3, 2]], "chosen": 2}, "decode slots [3] to choose"),
+])
+def test_a_decode_record_the_controller_would_not_write_diverges(tmp_path, record, expected):
+    _write_trace(tmp_path, "vpp-pack", 2, [record])
+    result = replay_trace(tmp_path)
+    assert not result.ok and expected in result.divergence.describe()

@@ -107,8 +107,20 @@ def test_cost_profile_drives_the_controller_and_travels_with_the_trace(tmp_path)
     assert rebuilt.cost.stage_cost(stage, chunk) == controller.cost.stage_cost(stage, chunk) > 0
     (tmp_path / "bad.json").write_text("{}")
     broken = VppState(config=VppConfig(mode="vpp", pp_size=2, cost_profile=str(tmp_path / "bad.json")), rank=0)
+    broken.ensure_layout(8)
     with pytest.raises(VppConfigError, match="--vpp-cost-profile .* is not a readable fitted cost model"):
         broken.cost_model()
+
+
+@pytest.mark.parametrize("on_cpu", [False, True])
+@pytest.mark.parametrize("auto_chunk", [False, True])
+def test_the_server_controller_decides_with_the_factory_estimate(on_cpu, auto_chunk):
+    from sglang_vpp.schedule.factory import choose_cost
+
+    state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, on_cpu=on_cpu, auto_chunk=auto_chunk), rank=0)
+    state.ensure_layout(8)
+    choice = choose_cost(state.layout, on_cpu=on_cpu, auto_chunk=auto_chunk)
+    assert state.build_controller(64).cost == choice.model and state.cost_source() == choice.source
 
 
 def _on(refusal):

@@ -12,8 +12,9 @@ hence the simulator and the reference runtime) and the SGLang loops (leader and 
   lets an ``auto`` chunker pick the size and token budget for the prompts waiting).
 - ``hand_off(stage)``: the group and the communication semantics of the hand-off of ``stage``'s
   output to the next stage (None when both stages share a rank, or for the last stage).
-- ``decode``: which micro-batch slots keep running requests (as many as stock PP's) and
-  ``decode_join(running)``, the one a request whose prefill ended joins (``decode_groups.py``).
+- ``decode``: which micro-batch slots keep running requests (as many as stock PP's);
+  ``decode_move(slot, ...)``, at each turn and result of a slot, whether its requests move to a
+  decode slot and to which (``decode_groups.py``).
 
 Decisions depend only on the order of these calls and on the estimated costs of the micro-batches,
 never on a clock, so a recorded sequence of calls replays exactly (``check --trace``).
@@ -54,13 +55,13 @@ Rules (the meaning of each mode, also in docs/method.md):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from .chunking import Chunker
 from .cost import StageCostModel
-from .decode_groups import DecodeGroups, decode_groups
+from .decode_groups import DecodeGroups, DecodeMove, decode_groups
 from .ir import GROUP_BACKWARD, GROUP_FORWARD, GROUP_SINGLE, ChunkSpec
 from .layout import Layout, LayoutKind
 from .policies import CommSemantics, PolicySpec, Priority
@@ -267,10 +268,11 @@ class Controller:
                 and not candidate.requests & batch.requests
                 and batch.num_tokens + candidate.num_tokens <= self.token_budget)
 
-    def decode_join(self, running: Mapping[int, int]) -> int | None:
-        """The decode slot a request whose prefill ended in a prefill-only slot joins, given the
-        running requests of each decode slot that can take it now (``DecodeGroups.join``)."""
-        return self.decode.join(running)
+    def decode_move(self, slot: int, *, prefill_ended: bool, running: Mapping[int, int],
+                    in_flight: Collection[int]) -> DecodeMove | None:
+        """Whether the requests of ``slot`` move to a decode slot now, and to which
+        (``DecodeGroups.move``); None: nothing to decide."""
+        return self.decode.move(slot, prefill_ended=prefill_ended, running=running, in_flight=in_flight)
 
     # ----------------------------------------------------------------- order
     def pick(self, rank: int, ready: Sequence[tuple[int, int]]) -> tuple[int, int]:

@@ -10,13 +10,21 @@ per generated token, and each request waits for its slot's turn in a longer cycl
 
 Rule: the running requests form as many decode micro-batches as stock PP's (``num_ranks``
 slots, ``DecodeGroups.decode_slots``), spaced evenly in the slot cycle so each comes round
-every ``slots / P`` micro-batches. The other slots run prefill only. A request whose prefill ends
-in one of those joins a decode slot (``join``): the one with the fewest running requests among
-those that can take it now (the executor says which: a slot whose decode batch is in flight
-cannot grow), ties to the lower slot; None when none can, and the request decodes where its
-prefill ran until the executor asks again. The decision reads only its inputs, so every rank
-that replays the same scheduling steps decides alike, and a trace replays it
-(``DecodeGroups.join`` is recorded as ``decode`` records: ``sglang_vpp.trace_records``).
+every ``slots / P`` micro-batches. The other slots run prefill only. ``DecodeGroups.move``
+decides, at every turn of a slot (before the executor schedules it) and on each of its results,
+what happens to the requests there:
+
+- a decode slot keeps its own requests: nothing to decide;
+- a prefill-only slot with no request whose prefill ended and no running request: nothing;
+- otherwise they move to a decode slot (``join``): the one with the fewest running requests
+  among those that can take them now (a slot whose decode batch is in flight cannot grow: the
+  executor names those), ties to the lower slot; None when none can: they stay, the next turn
+  or result of their slot asks again, and meanwhile they decode where their prefill ran (as
+  SGLang's PP loop does: it merges a slot's ended prefill into that slot's running batch).
+
+The decision reads only its inputs, so every rank that replays the same scheduling steps
+decides alike, and a trace replays it (``DecodeMove.record`` is a ``decode`` record of
+``sglang_vpp.trace_records``).
 
 Prefill is not held back: a decode slot still runs prefill first when its scheduler has some
 (stock PP's rule, so decode waits no longer than under stock PP for the same prefill), and the
@@ -25,10 +33,26 @@ prefill-only slots let prefill overlap in the deeper V.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-__all__ = ["DecodeGroups", "decode_groups"]
+__all__ = ["DecodeGroups", "DecodeMove", "decode_groups"]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeMove:
+    """A decision on the requests of a prefill-only slot: move them to ``chosen``, or keep them
+    where they are (``chosen`` None: no decode slot could take them)."""
+
+    from_slot: int
+    running: tuple[tuple[int, int], ...]
+    """``(slot, running requests)`` of each decode slot that could take them, by slot."""
+    chosen: int | None
+
+    def record(self) -> dict:
+        """The fields of a ``decode`` trace record."""
+        return {"from_slot": self.from_slot, "running": [[slot, count] for slot, count in self.running],
+                "chosen": self.chosen}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +86,21 @@ class DecodeGroups:
         if not running:
             return None
         return min(running, key=lambda slot: (running[slot], slot))
+
+    def move(self, slot: int, *, prefill_ended: bool, running: Mapping[int, int],
+             in_flight: Collection[int]) -> DecodeMove | None:
+        """What happens to the requests of ``slot`` at one of its turns or results (module doc).
+
+        ``prefill_ended``: requests whose prefill ended in ``slot`` wait to decode (the chunked
+        request, whose next chunk comes later, and finished ones do not count). ``running``:
+        running requests of each slot (missing: none). ``in_flight``: slots whose batch is
+        scheduled and its result not yet processed. None: nothing to decide."""
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} is not one of 0..{self.num_slots - 1}")
+        if self.is_decode_slot(slot) or not (prefill_ended or running.get(slot, 0) > 0):
+            return None
+        open_slots = {d: running.get(d, 0) for d in self.decode_slots if d not in in_flight}
+        return DecodeMove(slot, tuple(sorted(open_slots.items())), self.join(open_slots))
 
 
 def decode_groups(num_slots: int, num_ranks: int, decodes: bool = True) -> DecodeGroups:

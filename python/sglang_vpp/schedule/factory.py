@@ -6,7 +6,9 @@ tapered for the pipeline depth, or the DCPP curve fitted on the cost estimate of
 the policy's smoothing), the in-flight limit, the batching budget, the groups per link and the
 cost estimate. An executor states only what differs in *its* world: the cost model it has, the
 longest prompt it will see (the DCPP curve is fitted up to it), whether it can run several
-requests in one forward, and whether its transport needs one direction per link.
+requests in one forward, and whether its transport needs one direction per link. An executor
+that has no cost model of its own (a server) states its device, whether chunks are ``auto``
+and its cost profile, and ``choose_cost`` picks the estimate (``CostChoice``).
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from dataclasses import dataclass
 from .chunking import Chunker, DynamicChunker, FixedChunker, TaperedChunker
 from .controller import Controller, default_in_flight_limit
 from .cost import LinearAttentionCost, StageCostModel
-from .errors import PolicyError
+from .cpu_cost import cpu_serving_cost
+from .errors import CostModelError, PolicyError
+from .fitted_cost import FittedCostModel
 from .ir import ChunkSpec
 from .layout import Layout
 from .policies import PolicySpec, dcpp, get_policy, vpp_taper
 
-__all__ = ["ControllerConfig", "build_controller", "controller_config", "default_chunker"]
+__all__ = ["ControllerConfig", "CostChoice", "build_controller", "choose_cost", "controller_config",
+           "default_chunker", "read_cost_profile"]
 
 
 def default_chunker(policy: PolicySpec, chunk_size: int, layout: Layout, cost: StageCostModel | None,
@@ -42,6 +47,49 @@ def default_chunker(policy: PolicySpec, chunk_size: int, layout: Layout, cost: S
 
     return DynamicChunker.from_latency_fn(latency, chunk_size, max(max_length, 2 * chunk_size),
                                           smooth_factor=dcpp.SMOOTH_FACTOR)
+
+
+@dataclass(frozen=True, slots=True)
+class CostChoice:
+    """The estimate a controller decides with, and where it comes from (for a log line)."""
+
+    model: StageCostModel
+    source: str
+
+
+def choose_cost(layout: Layout, *, on_cpu: bool, auto_chunk: bool, profile_path: str | None = None) -> CostChoice:
+    """The estimate of an executor that has no cost model of its own (an SGLang server):
+
+    - a fitted profile when it has one (``profile_path``, written by ``sglang-vpp bench --costs``);
+    - on CPU with ``auto`` chunks, the measured CPU estimate (``cpu_cost.py``): only ``auto``
+      weighs compute against per-forward costs, so only it needs real seconds;
+    - else the analytic estimate, whose ratios are all admission and order read (fixed chunk
+      sizes keep the estimate every packing test was written against).
+
+    CostModelError when the profile cannot be read."""
+    if profile_path:
+        return CostChoice(read_cost_profile(profile_path),
+                          f"fitted cost model from --vpp-cost-profile {profile_path}")
+    if on_cpu and auto_chunk:
+        return CostChoice(cpu_serving_cost(layout),
+                          "the CPU estimate measured on the tiny Qwen2 (schedule/cpu_cost.py: compute plus the "
+                          "loop's host time per forward; no --vpp-cost-profile, pass one for another model)")
+    if auto_chunk:
+        # It has no per-forward cost, so every extra chunk looks free to the auto planner.
+        return CostChoice(LinearAttentionCost(),
+                          "the analytic linear + attention estimate (no --vpp-cost-profile): it has no "
+                          "per-forward cost, so --chunked-prefill-size auto will pick the smallest chunks; pass "
+                          "--vpp-cost-profile FILE from 'sglang-vpp bench --costs FILE'")
+    return CostChoice(LinearAttentionCost(), "the analytic linear + attention estimate (no --vpp-cost-profile)")
+
+
+def read_cost_profile(path: str) -> FittedCostModel:
+    """The fitted cost model in ``path``; CostModelError (the path, the cause, the fix) if unreadable."""
+    try:
+        return FittedCostModel.load(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CostModelError(f"{path!r} is not a readable fitted cost model ({exc}); write one with "
+                             "'sglang-vpp bench --costs FILE'") from None
 
 
 @dataclass(frozen=True, slots=True)

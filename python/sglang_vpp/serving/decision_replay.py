@@ -12,8 +12,9 @@ inputs (mode, layout, limits, cost model) -> the rank's recorded calls replayed 
   controller must choose the recorded one;
 - ``chunk`` records (``--chunked-prefill-size auto``: the inputs carry ``auto_chunk_cap``) carry
   each chunk size the ``auto`` chunker gave: the controller must give the same size;
-- ``decode`` records (a request's prefill ended in a prefill-only slot) carry the running
-  requests of the decode slots that could take it: the controller must join the recorded one.
+- ``decode`` records (requests of a prefill-only slot waited to decode) carry that slot and the
+  running requests of the decode slots that could take them: the controller, asked about that
+  slot with the others in flight, must decide the recorded move (slot, or none).
 
 The first mismatch is a ``Divergence`` naming the rank, the micro-batch and both decisions.
 
@@ -197,12 +198,9 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
                     return Divergence(rank, index, None, f"a chunk of {expected_size} tokens after prefix "
                                       f"{record['prefix']}", f"{record['size']} tokens")
             elif kind == DECODE:
-                running = {int(slot): int(count) for slot, count in record["running"]}
-                expected_slot = controller.decode_join(running)
-                observed_slot = None if record["chosen"] is None else int(record["chosen"])
-                if observed_slot != expected_slot:
-                    return Divergence(rank, index, None, f"join decode slot {expected_slot} of {running}",
-                                      f"slot {observed_slot}")
+                divergence = _replay_decode(controller, rank, index, record)
+                if divergence is not None:
+                    return divergence
             elif kind == "pick":
                 ready = [(int(stage), int(seq)) for stage, seq in record["ready"]]
                 expected_item = controller.pick(rank, ready)
@@ -216,6 +214,26 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
             if isinstance(exc, TraceError):
                 raise
             raise TraceError(f"rank {rank}, decision {index}: unreadable record {record!r} ({exc!r})") from None
+    return None
+
+
+def _replay_decode(controller: Controller, rank: int, index: int, record: dict) -> Divergence | None:
+    """A ``decode`` record names the decode slots that could take the requests (the others were
+    in flight); the controller, asked with those, must decide the recorded move."""
+    slot = int(record["from_slot"])
+    running = {int(d): int(count) for d, count in record["running"]}
+    observed_slot = None if record["chosen"] is None else int(record["chosen"])
+    in_flight = [d for d in controller.decode.decode_slots if d not in running]
+    move = controller.decode_move(slot, prefill_ended=True, running=running, in_flight=in_flight)
+    observed = f"slot {observed_slot} of {running} from slot {slot}"
+    if move is None:
+        return Divergence(rank, index, None, f"no move: slot {slot} is a decode slot", observed)
+    if dict(move.running) != running:
+        return Divergence(rank, index, None, f"decode slots {sorted(dict(move.running))} to choose from",
+                          observed)
+    if move.chosen != observed_slot:
+        return Divergence(rank, index, None, f"join decode slot {move.chosen} of {running}",
+                          f"slot {observed_slot}")
     return None
 
 

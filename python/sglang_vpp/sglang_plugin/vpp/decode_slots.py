@@ -2,14 +2,14 @@
 
 SGLang's PP loop keeps one running batch per micro-batch slot, and a request decodes in the
 slot whose batch ran its last prefill chunk: ``get_next_batch_to_run`` merges the slot's last
-(extend) batch into the slot's running batch. The controller (``schedule/decode_groups.py``)
-keeps decode in stock PP's count of slots; here, when a prefill ends in a prefill-only slot, its
-requests move to the decode slot the controller names, by the same two SGLang calls that merge
-them in the stock loop (``ScheduleBatch.filter_batch`` with the chunked request excluded, then
-``merge_batch``). A decode slot can take them only while its running batch is not in flight
-(its decode batch is that same object until its result is processed); when none can, they stay
-and are moved at the slot's next turn, before SGLang schedules it (or, if still none can, they
-decode there once, as in the stock loop).
+(extend) batch into the slot's running batch. At every turn of a slot (before SGLang schedules
+it) and on each of its results, this asks the controller whether the slot's requests move and
+where (``Controller.decode_move``, rules in ``schedule/decode_groups.py``), giving it what only
+SGLang's state shows: whether a prefill ended there, each slot's running requests and which
+slots' batches are in flight (a decode batch is the slot's running batch object until its
+result is processed, so it cannot grow meanwhile). A move is done by the same two SGLang calls
+that merge the requests in the stock loop (``ScheduleBatch.filter_batch`` with the chunked
+request excluded, then ``merge_batch``), and recorded as the controller decided it.
 
 Every rank replays the same "sched" and "result" events in the same order on equal schedulers,
 so every rank moves the same requests to the same slot. Requests always sit in one of
@@ -31,7 +31,6 @@ class DecodeRegrouper:
     def __init__(self, scheduler: Any, controller: Controller, record: Callable[..., None]) -> None:
         self.s = scheduler
         self.controller = controller
-        self.groups = controller.decode
         self.record = record
         """Writes a ``decode`` decision record (``trace_records.DECODE``)."""
         self.in_flight: set[int] = set()
@@ -39,8 +38,7 @@ class DecodeRegrouper:
         self.num_moved = 0
 
     def before_schedule(self, slot: int) -> None:
-        if not self.groups.is_decode_slot(slot):
-            self._move_from(slot)
+        self._ask(slot)
 
     def on_scheduled(self, slot: int, batch: Any) -> None:
         if batch is not None:
@@ -48,33 +46,35 @@ class DecodeRegrouper:
 
     def on_result(self, slot: int) -> None:
         self.in_flight.discard(slot)
-        if not self.groups.is_decode_slot(slot):
-            self._move_from(slot)
+        self._ask(slot)
 
-    def _move_from(self, slot: int) -> None:
+    def _ask(self, slot: int) -> None:
         s = self.s
         last, running = s.last_mbs[slot], s.running_mbs[slot]
         ended = last is not None and last.forward_mode.is_extend() and last is not running
         # What SGLang's get_next_batch_to_run would merge: the prefill's unfinished requests but
         # a chunked one, whose next chunk comes in a later prefill batch.
         exclude = [req for req in (s.chunked_req, last.chunked_req if ended else None) if req is not None]
-        moving = [req for req in last.reqs if not req.finished() and req not in exclude] if ended else []
-        if not moving and running.is_empty():
+        moving = ended and any(not req.finished() and req not in exclude for req in last.reqs)
+        move = self.controller.decode_move(slot, prefill_ended=moving, running=self._running(),
+                                           in_flight=self.in_flight)
+        if move is None:
             return
-        open_slots = {d: s.running_mbs[d].batch_size() for d in self.groups.decode_slots if d not in self.in_flight}
-        target = self.controller.decode_join(open_slots)
-        self.record(from_slot=slot, running=[[d, n] for d, n in sorted(open_slots.items())], chosen=target)
-        if target is None:
+        self.record(**move.record())
+        if move.chosen is None:
             return
         if ended:
             last.filter_batch(reqs_to_exclude=exclude)
-            self._merge_into(target, last)
+            self._merge_into(move.chosen, last)
             s.last_mbs[slot] = None
         if not running.is_empty():
-            self._merge_into(target, running)
+            self._merge_into(move.chosen, running)
             s.running_mbs[slot] = type(running)(reqs=[], batch_is_full=False)
         s.running_batch = s.running_mbs[slot]
         self.num_moved += 1
+
+    def _running(self) -> dict[int, int]:
+        return {slot: batch.batch_size() for slot, batch in enumerate(self.s.running_mbs)}
 
     def _merge_into(self, target: int, batch: Any) -> None:
         s = self.s

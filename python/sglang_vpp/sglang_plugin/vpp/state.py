@@ -26,7 +26,6 @@ from sglang_vpp.schedule import (
     Controller,
     LayoutError,
     Layout,
-    LinearAttentionCost,
     PolicySpec,
     StageCostModel,
     build_controller,
@@ -35,7 +34,8 @@ from sglang_vpp.schedule import (
     get_policy,
 )
 from sglang_vpp.schedule.auto_size import AutoChunker
-from sglang_vpp.schedule.cpu_cost import cpu_serving_cost
+from sglang_vpp.schedule.errors import CostModelError
+from sglang_vpp.schedule.factory import CostChoice, choose_cost, read_cost_profile
 
 from sglang_vpp.sglang_plugin.options import DEFAULT_COMM_TIMEOUT_S, resolve_comm_timeout
 
@@ -74,10 +74,10 @@ class VppConfig:
     max_in_flight: int | None = None
     """Micro-batches between stage 0 and the end of the last stage; None: the controller's 2P-1."""
     cost_profile: str | None = None
-    """Fitted cost model file for the controller's estimates (``--vpp-cost-profile``); None: analytic."""
+    """Fitted cost model file for the controller's estimates (``--vpp-cost-profile``); None: the
+    controller factory's estimate for the device and ``auto`` (``schedule.factory.choose_cost``)."""
     on_cpu: bool = False
-    """``--device cpu``: with ``auto`` and without a cost profile the controller uses the
-    measured CPU estimate (``schedule/cpu_cost.py``: compute plus the loop's host time per forward)."""
+    """``--device cpu`` (an input of the controller factory's estimate choice)."""
     auto_chunk: bool = False
     """``--chunked-prefill-size auto``: the controller's ``auto`` chunker sizes each request's
     chunks (at most SGLang's chunked-prefill size, the cap the launcher passed)."""
@@ -130,6 +130,8 @@ class VppState:
     """``--node-rank`` of this process (start-up logs say which node holds which stages)."""
     tp_agreement: object | None = None
     """``tp_agreement.TpAgreement`` of this stage's TP ranks (``SOLO`` at --tp-size 1)."""
+    cost_choice: CostChoice | None = None
+    """The controller's estimate once chosen (``cost``)."""
 
     def ensure_layout(self, num_layers: int) -> Layout:
         """Build the fold-back layout the first time the layer count is known; check it after."""
@@ -149,30 +151,25 @@ class VppState:
             )
         return self.layout
 
+    def cost(self) -> CostChoice:
+        """The controller's estimate, as the controller factory chooses it from this server's
+        device, ``auto`` and cost profile (``schedule.factory.choose_cost``); read once."""
+        if self.cost_choice is None:
+            assert self.layout is not None
+            try:
+                self.cost_choice = choose_cost(self.layout, on_cpu=self.config.on_cpu,
+                                               auto_chunk=self.config.auto_chunk,
+                                               profile_path=self.config.cost_profile)
+            except CostModelError as exc:
+                raise VppConfigError(_profile_refusal(exc)) from None
+        return self.cost_choice
+
     def cost_model(self) -> StageCostModel:
-        """The controller's estimate of stage costs (only ratios matter to admission and order;
-        ``auto``'s sizes weigh compute against per-forward costs, so they need real seconds)."""
-        if self.config.cost_profile:
-            return load_cost_profile(self.config.cost_profile)
-        if self.config.on_cpu and self.config.auto_chunk and self.layout is not None:
-            # Only auto's choice needs the absolute costs; fixed chunk sizes keep the estimate
-            # whose ratios every packing test was written against.
-            return cpu_serving_cost(self.layout)
-        return LinearAttentionCost()
+        return self.cost().model
 
     def cost_source(self) -> str:
         """Where the controller's estimates come from, for the start-up log."""
-        if self.config.cost_profile:
-            return f"fitted cost model from --vpp-cost-profile {self.config.cost_profile}"
-        if self.config.on_cpu and self.config.auto_chunk:
-            return ("the CPU estimate measured on the tiny Qwen2 (schedule/cpu_cost.py: compute plus the loop's "
-                    "host time per forward; no --vpp-cost-profile, pass one for another model)")
-        if self.config.auto_chunk:
-            # It has no per-forward cost, so every extra chunk looks free to the auto planner.
-            return ("the analytic linear + attention estimate (no --vpp-cost-profile): it has no per-forward "
-                    "cost, so --chunked-prefill-size auto will pick the smallest chunks; pass --vpp-cost-profile "
-                    "FILE from 'sglang-vpp bench --costs FILE'")
-        return "the analytic linear + attention estimate (no --vpp-cost-profile)"
+        return self.cost().source
 
     def build_controller(self, chunk_size: int, decodes: bool = True) -> Controller:
         """This rank's controller; every rank builds an equal one. Chunks are ``chunk_size``
@@ -223,15 +220,14 @@ class VppState:
 
 def load_cost_profile(path: str) -> StageCostModel:
     """The fitted cost model ``sglang-vpp bench --costs FILE`` wrote; VppConfigError if unreadable."""
-    from sglang_vpp.schedule.fitted_cost import FittedCostModel
-
     try:
-        return FittedCostModel.load(path)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise VppConfigError(
-            f"--vpp-cost-profile {path!r} is not a readable fitted cost model ({exc}); "
-            "write one with 'sglang-vpp bench --costs FILE' or leave the flag out"
-        ) from None
+        return read_cost_profile(path)
+    except CostModelError as exc:
+        raise VppConfigError(_profile_refusal(exc)) from None
+
+
+def _profile_refusal(exc: CostModelError) -> str:
+    return f"--vpp-cost-profile {exc} or leave the flag out"
 
 
 _STATE: VppState | None = None

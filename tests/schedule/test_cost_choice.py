@@ -1,0 +1,63 @@
+"""The controller factory's estimate for an executor without a cost model of its own (an SGLang
+server): the choice from its device, ``auto`` and cost profile (``factory.choose_cost``)."""
+
+import pytest
+
+from sglang_vpp.schedule import LinearAttentionCost, build_layout
+from sglang_vpp.schedule.cpu_cost import HOST_GAP_PER_FORWARD_S, STAGE_CALL_S, cpu_serving_cost
+from sglang_vpp.schedule.errors import CostModelError
+from sglang_vpp.schedule.factory import choose_cost, read_cost_profile
+from sglang_vpp.schedule.fitted_cost import Coefficients, FittedCostModel
+
+LAYOUT = build_layout(2, 8, "foldback")
+
+
+@pytest.fixture
+def profile(tmp_path):
+    path = tmp_path / "costs.json"
+    FittedCostModel({}, Coefficients(2e-9, 3e-7, 1e-4)).save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("on_cpu", [False, True])
+@pytest.mark.parametrize("auto_chunk", [False, True])
+def test_a_profile_wins_whatever_the_device_and_chunking(profile, on_cpu, auto_chunk):
+    choice = choose_cost(LAYOUT, on_cpu=on_cpu, auto_chunk=auto_chunk, profile_path=profile)
+    assert choice.model == FittedCostModel.load(profile)
+    assert choice.source == f"fitted cost model from --vpp-cost-profile {profile}"
+
+
+def test_cpu_with_auto_gets_the_measured_cpu_estimate():
+    choice = choose_cost(LAYOUT, on_cpu=True, auto_chunk=True)
+    assert choice.model == cpu_serving_cost(LAYOUT)
+    # 4 stages of 2 layers: each stage's fixed cost is one stage call plus the host gap.
+    assert sorted(choice.model.stages) == [0, 1, 2, 3]
+    assert all(c.d == STAGE_CALL_S + HOST_GAP_PER_FORWARD_S and c.num_layers == 2
+               for c in choice.model.stages.values())
+    assert "host time per forward" in choice.source
+
+
+@pytest.mark.parametrize("on_cpu, auto_chunk, warns", [
+    (True, False, False),    # fixed chunks keep the ratios every packing rule was written on
+    (False, False, False),
+    (False, True, True),     # auto without per-forward costs: the log says what it will do
+])
+def test_otherwise_the_analytic_estimate(on_cpu, auto_chunk, warns):
+    choice = choose_cost(LAYOUT, on_cpu=on_cpu, auto_chunk=auto_chunk)
+    assert choice.model == LinearAttentionCost()
+    assert "analytic linear + attention estimate (no --vpp-cost-profile)" in choice.source
+    assert ("pick the smallest chunks" in choice.source) is warns
+
+
+def test_equal_inputs_give_equal_estimates():
+    assert choose_cost(LAYOUT, on_cpu=True, auto_chunk=True) == choose_cost(LAYOUT, on_cpu=True, auto_chunk=True)
+
+
+def test_an_unreadable_profile_says_which_file_and_the_fix(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    for path in (str(bad), str(tmp_path / "missing.json")):
+        with pytest.raises(CostModelError, match=r"is not a readable fitted cost model .*'sglang-vpp bench --costs"):
+            choose_cost(LAYOUT, on_cpu=True, auto_chunk=True, profile_path=path)
+        with pytest.raises(CostModelError, match="bad.json|missing.json"):
+            read_cost_profile(path)
