@@ -77,9 +77,9 @@ DEEP_WINDOW_SPREAD = 0.1
 """A ``deep_window`` policy admits past 2P-1 micro-batches only while the largest estimated
 stage-0 cost in flight exceeds the smallest by more than this fraction. Equal batches of short
 prompts cost exactly the same; mixed traffic spreads by factors (a 100K-prefix chunk beside a
-batch of short prompts); 10 % keeps a partial last batch or two chunk sizes of one length apart
-from a uniform stream. On the 910C sweep of docs/auto-chunk.md the rule moves no mixed cell by
-more than 0.1 % and cuts the short cells' TTFT by up to 4.6 % at equal throughput."""
+batch of short prompts), so any value well between the two separates them; 10 % (chosen, not
+fitted) also counts a partial batch among full ones as unequal. Its effect on the 910C sweep:
+docs/auto-chunk.md, "The window"."""
 
 
 class Admission(StrEnum):
