@@ -1,10 +1,13 @@
 """Benchmark: ``auto`` chunk size against swept chunk sizes, through the simulator.
 
 Per cell (model x P x workload) on a hardware preset (default ascend-910c): cpp and dcpp at every
-swept chunk size, vpp-pack at every swept size, and vpp-pack with ``--chunk-size auto``
-(``schedule/auto_size.py``). The table compares auto with the best of cpp and dcpp (each metric
-at its own best size) and with vpp-pack's best swept size, in mean TTFT and throughput; the
-idle table splits the short cells' bubble by cause. The simulator is deterministic, so each
+swept chunk size, the VPP mode (default vpp-stream, the fold-back mode without the request
+barrier) at every swept size, and that mode with ``--chunk-size auto`` (``schedule/auto_size.py``).
+The table compares auto with the best of cpp and dcpp (each metric at its own best size) and
+with the VPP mode's best swept size, in mean TTFT and throughput; the idle table splits the
+bubble by cause, in every short cell and every cell where auto is behind cpp/dcpp, for auto,
+for vpp-pack with auto (the request barrier, short cells only) and for the best-throughput
+cpp/dcpp run. The simulator is deterministic, so each
 cell is one run (no spread to report).
 
     python benchmarks/auto_sweep.py                          # the full grid, table to stdout
@@ -31,7 +34,9 @@ MODELS = ("deepseek-v3.1", "qwen3-coder-30b-a3b", "glm-5.2")
 RANKS = (2, 4, 8)
 WORKLOADS = ("long-64k", "long-256k", "long-1m", "short-4k", "short-16k", "mixed")
 CHUNKS = tuple(n * 1024 for n in (4, 8, 12, 16, 24, 32, 48))
-VPP_MODE = "vpp-pack"
+VPP_MODE = "vpp-stream"
+BARRIER_MODE = "vpp-pack"
+"""The fold-back mode with the request barrier, run with auto on the short cells for the idle table."""
 MIXED_REQUESTS = 60
 """Mixed cells run 60 requests at concurrency 16 (the default 500 takes minutes per cell on 2
 cores; 60 is the size the pipeline-depth comparison of mixed traffic used)."""
@@ -68,6 +73,10 @@ def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str,
     base = [r for r in runs if r["mode"] in ("cpp", "dcpp")]
     vpp = [r for r in runs if r["mode"] == vpp_mode and r["chunk"] != "auto"]
     auto = next(r for r in runs if r["chunk"] == "auto")
+    compare = None
+    if workload_name.startswith("short") and vpp_mode != BARRIER_MODE:
+        row = simulate_matrix(work, cost, model.num_layers, BARRIER_MODE, ["auto"], num_ranks, sim=sim)[0]
+        compare = _metrics(row) if row.result.sim.ok else None
     best = {
         "base_ttft": min(base, key=lambda r: r["ttft_s"]),
         "base_tput": max(base, key=lambda r: r["throughput_tok_s"]),
@@ -75,7 +84,7 @@ def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str,
         "vpp_tput": max(vpp, key=lambda r: r["throughput_tok_s"]),
     }
     return {"model": model_name, "pp": num_ranks, "workload": workload_name, "auto": auto, "best": best,
-            "runs": runs, "deadlocks": sum(not r.result.sim.ok for r in rows)}
+            "runs": runs, "compare": compare, "deadlocks": sum(not r.result.sim.ok for r in rows)}
 
 
 def _pct_worse_ttft(auto: float, best: float) -> float:
@@ -113,17 +122,38 @@ def table(cells: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def behind_base(cell: dict) -> bool:
+    """auto is worse than the best of cpp and dcpp in TTFT or throughput."""
+    a, b = cell["auto"], cell["best"]
+    return (a["ttft_s"] > b["base_ttft"]["ttft_s"]
+            or a["throughput_tok_s"] < b["base_tput"]["throughput_tok_s"])
+
+
+def idle_cells(cells: list[dict]) -> list[dict]:
+    """The cells the idle table explains: every short cell and every cell auto loses."""
+    return [c for c in cells if c["workload"].startswith("short") or behind_base(c)]
+
+
+def _idle_runs(cell: dict) -> list[tuple[str, dict]]:
+    """auto, the barrier mode with auto when the cell ran it, and the best-throughput cpp/dcpp run."""
+    runs = [(f"{cell['auto']['mode']} auto {_size(cell['auto'])}", cell["auto"])]
+    if cell.get("compare"):
+        runs.append((f"{cell['compare']['mode']} auto {_size(cell['compare'])}", cell["compare"]))
+    base = cell["best"]["base_tput"]
+    return runs + [(f"{base['mode']} {_size(base)}", base)]
+
+
 def idle_table(cells: list[dict]) -> str:
-    """Bubble per rank by cause (s, mean over ranks): auto against the best-throughput cpp/dcpp run."""
+    """Per run: TTFT, throughput and the bubble per rank by cause (s, mean over ranks)."""
     shown = [c for c in IDLE_CAUSES if any(abs(r["idle_by_cause_s"][c]) > 1e-9
-                                           for cell in cells for r in (cell["auto"], cell["best"]["base_tput"]))]
-    lines = ["| model | P | workload | run | bubble s | " + " | ".join(shown) + " |",
-             "|" + "---|" * (5 + len(shown))]
+                                           for cell in cells for _, r in _idle_runs(cell))]
+    lines = ["| model | P | workload | run | TTFT s | tok/s | bubble s | " + " | ".join(shown) + " |",
+             "|" + "---|" * (7 + len(shown))]
     for c in cells:
-        for label, run in ((f"{c['auto']['mode']} auto", c["auto"]), (f"{c['best']['base_tput']['mode']} "
-                                                          f"{_size(c['best']['base_tput'])}", c["best"]["base_tput"])):
+        for label, run in _idle_runs(c):
             causes = " | ".join(f"{run['idle_by_cause_s'][k]:.3f}" for k in shown)
-            lines.append(f"| {c['model']} | {c['pp']} | {c['workload']} | {label} | {run['bubble_s']:.3f} | {causes} |")
+            lines.append(f"| {c['model']} | {c['pp']} | {c['workload']} | {label} | {run['ttft_s']:.3f} | "
+                         f"{run['throughput_tok_s']:.0f} | {run['bubble_s']:.3f} | {causes} |")
     return "\n".join(lines)
 
 
@@ -146,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(run_cell(model, args.hardware, pp, workload, args.vpp_mode))
                 print(f"{model} P={pp} {workload}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     seconds = time.perf_counter() - started
-    shorts = [c for c in cells if c["workload"].startswith("short")]
-    out = f"{table(cells)}\n\nIdle by cause, short cells:\n\n{idle_table(shorts)}"
+    out = f"{table(cells)}\n\nIdle by cause, short cells and cells auto loses:\n\n{idle_table(idle_cells(cells))}"
     print(out)
     print(f"\n{len(cells)} cells in {seconds:.0f} s", file=sys.stderr)
     if args.json:
@@ -161,11 +190,11 @@ BEGIN, END = "<!-- auto_sweep:begin -->", "<!-- auto_sweep:end -->"
 
 
 def _write_markdown(path: Path, cells: list[dict], hardware: str, seconds: float) -> None:
-    shorts = [c for c in cells if c["workload"].startswith("short")]
     body = (f"{BEGIN}\nGenerated by `python benchmarks/auto_sweep.py --markdown {path}` ({hardware}, "
             f"{len(cells)} cells, {seconds:.0f} s on the 2-core dev machine). Swept sizes: "
             f"{', '.join(f'{c // 1024}k' for c in CHUNKS)}. Positive % = auto worse.\n\n{table(cells)}\n\n"
-            f"Bubble per rank by cause (s, mean over ranks), short cells:\n\n{idle_table(shorts)}\n{END}")
+            f"Short cells and every cell where auto is behind cpp/dcpp, per run: mean TTFT, throughput and "
+            f"bubble per rank by cause (s, mean over ranks):\n\n{idle_table(idle_cells(cells))}\n{END}")
     text = path.read_text() if path.exists() else f"{BEGIN}\n{END}\n"
     start, end = text.index(BEGIN), text.index(END) + len(END)
     path.write_text(text[:start] + body + text[end:])

@@ -1,5 +1,6 @@
-"""vpp-stream's three rules on small hand-checked cases: no request barrier, the deep window and
-the finish-first-once-full order (``policies/vpp_stream.py``)."""
+"""vpp-stream's three rules on small hand-checked cases: no request barrier, the deep window (open
+only while the micro-batches in flight differ in cost) and the finish-first-once-full order
+(``policies/vpp_stream.py``)."""
 
 import pytest
 
@@ -18,7 +19,7 @@ from sglang_vpp.schedule import (
     schedule_from_planner,
     validate_schedule,
 )
-from sglang_vpp.schedule.controller import default_in_flight_limit
+from sglang_vpp.schedule.controller import DEEP_WINDOW_SPREAD, default_in_flight_limit
 
 
 class UnitStage(StageCostModel):
@@ -53,19 +54,56 @@ def test_the_next_request_enters_while_the_previous_one_is_in_flight():
     assert paper.admission(_prompt(1, "b")) is Admission.NO  # the barrier: a has not left
 
 
+class TokenStage(StageCostModel):
+    """Every stage of a micro-batch takes its token count."""
+
+    def stage_cost(self, stage, chunk):
+        return float(chunk.total_tokens)
+
+
+def _sized(seq: int, request: str, tokens: int) -> MicroBatch:
+    return MicroBatch(seq, frozenset((request,)), start=0, num_tokens=tokens, ends_request=True)
+
+
 @pytest.mark.parametrize("pp", [2, 4, 8])
 def test_the_window_is_twice_2p_minus_1_and_counts_decode(pp):
-    controller = _controller("vpp-stream", pp)
+    spec = get_policy("vpp-stream")
+    controller = Controller(spec, build_layout(pp, 4 * pp, spec.layout_kind), TokenStage())
     window = 2 * (2 * pp - 1)
     assert controller.limits.in_flight == window == default_in_flight_limit(controller.layout, controller.policy)
     assert controller.limits.slots == _controller("vpp-pack", pp).limits.slots  # SGLang's slot count unchanged
-    micro_batches = [_prompt(i, f"r{i}") for i in range(window - 1)]
+    # Costs 64 and 128 in flight: they differ by more than DEEP_WINDOW_SPREAD, so the window is deep.
+    micro_batches = [_sized(i, f"r{i}", 64 if i % 2 else 128) for i in range(window - 1)]
     micro_batches.append(MicroBatch(window - 1, frozenset(("d",)), 100, 1, True, is_prefill=False))
     assert [_admit(controller, mb) for mb in micro_batches] == [Admission.YES] * window
-    assert controller.admission(_prompt(window, "late")) is Admission.NO
+    assert controller.deep_window_open
+    assert controller.admission(_sized(window, "late", 64)) is Admission.NO
     controller.on_left(0)
-    assert _admit(controller, _prompt(window, "late")) is Admission.YES
+    assert _admit(controller, _sized(window, "late", 64)) is Admission.YES
     assert controller.num_packed == 0
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_equal_micro_batches_keep_the_window_at_2p_minus_1(pp):
+    """Equal costs: 2P-1 keep every rank busy, so the deep window stays closed; one micro-batch
+    that costs more than 1 + DEEP_WINDOW_SPREAD times the others opens it."""
+    spec = get_policy("vpp-stream")
+    controller = Controller(spec, build_layout(pp, 4 * pp, spec.layout_kind), TokenStage())
+    full = 2 * pp - 1
+    assert [_admit(controller, _sized(i, f"r{i}", 100)) for i in range(full)] == [Admission.YES] * full
+    assert not controller.deep_window_open
+    assert controller.admission(_sized(full, "next", 100)) is Admission.NO
+    assert controller.admission(_sized(full, "next", 500)) is Admission.NO  # the window reads what is in flight
+    controller.on_left(0)
+    assert _admit(controller, _sized(full, "r-big", 100 * (1 + DEEP_WINDOW_SPREAD) + 1)) is Admission.YES
+    assert controller.deep_window_open
+    assert _admit(controller, _sized(full + 1, "next", 100)) is Admission.YES  # 2P-1 + 1
+    key_open = controller.state_key()
+    controller.on_left(full)  # the costly one leaves: equal again, closed
+    assert not controller.deep_window_open and controller.state_key()[-1] != key_open[-1]
+    assert controller.admission(_sized(full + 2, "next", 100)) is Admission.NO
+    # vpp-pack keeps its 2P-1 whatever the costs (it has no deep window).
+    assert Controller(get_policy("vpp-pack"), controller.layout, TokenStage()).limits.in_flight == full
 
 
 def test_rank_0_feeds_the_pipeline_until_it_is_full_then_finishes_the_oldest():

@@ -1,5 +1,6 @@
 """``benchmarks/auto_sweep.py``: sampled cells of the table in docs/auto-chunk.md match the code,
-and in a long cell auto is the best swept vpp-pack size."""
+in a long cell auto is the best swept size of the VPP mode (vpp-stream), and in a short cell at
+P = 4 the idle table's rows (vpp-stream auto, vpp-pack auto, cpp) match too."""
 
 from __future__ import annotations
 
@@ -18,12 +19,17 @@ def bench():
 
 @pytest.mark.parametrize("model,pp,workload", [
     ("deepseek-v3.1", 2, "long-64k"), ("qwen3-coder-30b-a3b", 4, "long-64k"), ("qwen3-coder-30b-a3b", 2, "short-4k"),
+    ("glm-5.2", 4, "short-16k"),
 ])
 def test_sampled_doc_rows_match_the_code(bench, model, pp, workload):
     cell = bench.run_cell(model, "ascend-910c", pp, workload)
     row = bench.table([cell]).splitlines()[-1]
     doc = (ROOT / "docs" / "auto-chunk.md").read_text()
     assert row in doc, f"{row}\nnot in docs/auto-chunk.md: run python benchmarks/auto_sweep.py --markdown docs/auto-chunk.md"
+    if workload.startswith("short"):
+        for line in bench.idle_table([cell]).splitlines()[2:]:
+            assert line in doc, f"{line}\nnot in docs/auto-chunk.md"
+        assert "vpp-pack auto" in bench.idle_table([cell])
     if workload.startswith("long"):
         best = cell["best"]["vpp_tput"]["throughput_tok_s"]
         assert cell["auto"]["throughput_tok_s"] >= best * 0.995

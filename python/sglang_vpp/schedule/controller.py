@@ -23,7 +23,11 @@ Rules (the meaning of each mode, also in docs/method.md):
 
 - In-flight limit: at most ``limits.in_flight`` micro-batches between entering stage 0 and leaving
   the last stage (P for the contiguous layout, 2P-1 for fold-back; twice that with the policy's
-  ``deep_window``). Packed micro-batches do not count against it.
+  ``deep_window``). Packed micro-batches do not count against it. The deep window opens only
+  while the prefill micro-batches in flight differ in estimated stage-0 cost by more than
+  ``DEEP_WINDOW_SPREAD`` (``deep_window_open``): with equal micro-batches 2P-1 already keep
+  every rank busy, and each one more only waits in a queue (a batch of short prompts finishes
+  later, at the same throughput).
 - Request barrier (policies with ``request_barrier``): prefill micro-batches form *groups*; a
   micro-batch that shares a request with the newest admitted prefill micro-batch continues its
   group, any other starts the next one. A micro-batch of a later group enters only after every
@@ -66,8 +70,16 @@ from .ir import GROUP_BACKWARD, GROUP_FORWARD, GROUP_SINGLE, ChunkSpec
 from .layout import Layout, LayoutKind
 from .policies import CommSemantics, PolicySpec, Priority
 
-__all__ = ["Admission", "MicroBatch", "ControllerLimits", "Controller", "HandOff", "default_in_flight_limit",
-           "hand_off_group", "hand_off_groups"]
+__all__ = ["Admission", "MicroBatch", "ControllerLimits", "Controller", "HandOff", "DEEP_WINDOW_SPREAD",
+           "default_in_flight_limit", "hand_off_group", "hand_off_groups"]
+
+DEEP_WINDOW_SPREAD = 0.1
+"""A ``deep_window`` policy admits past 2P-1 micro-batches only while the largest estimated
+stage-0 cost in flight exceeds the smallest by more than this fraction. Equal batches of short
+prompts cost exactly the same; mixed traffic spreads by factors (a 100K-prefix chunk beside a
+batch of short prompts), so any value well between the two separates them; 10 % (chosen, not
+fitted) also counts a partial batch among full ones as unequal. Its effect on the 910C sweep:
+docs/auto-chunk.md, "The window"."""
 
 
 class Admission(StrEnum):
@@ -182,6 +194,9 @@ class Controller:
         self.num_groups = num_groups if num_groups is not None else policy.num_groups
         in_flight = max_in_flight if max_in_flight is not None else default_in_flight_limit(layout, policy)
         self.limits = ControllerLimits(in_flight, in_flight if policy.pack else 0)
+        self._shallow: int | None = (default_in_flight_limit(layout) if policy.deep_window and max_in_flight is None
+                                     else None)
+        """The in-flight limit while the deep window is closed; None: ``limits.in_flight`` always."""
         self.token_budget = token_budget
         """Tokens one prefill forward may carry when requests are batched; None: no batching."""
         self.decodes = decodes
@@ -208,7 +223,10 @@ class Controller:
         if self.in_flight >= self.limits.slots:
             return Admission.NO
         normal = sum(not entry.packed for entry in self._in_flight.values())
-        within_limit = normal < self.limits.in_flight
+        limit = self.limits.in_flight
+        if self._shallow is not None and normal >= self._shallow and not self.deep_window_open:
+            limit = self._shallow
+        within_limit = normal < limit
         if not mb.is_prefill or not self.policy.request_barrier:
             return Admission.YES if within_limit else Admission.NO
         group = self._group_of(mb)
@@ -250,7 +268,14 @@ class Controller:
         window = None if self._window is None else (self._window.group, self._window.budget, self._window.packed)
         newest = None if self._newest_prefill is None else (self._newest_prefill.mb.seq, self._newest_prefill.group,
                                                            tuple(sorted(map(str, self._newest_prefill.mb.requests))))
-        return in_flight, window, newest, self._next_group
+        return in_flight, window, newest, self._next_group, self._shallow is not None and self.deep_window_open
+
+    @property
+    def deep_window_open(self) -> bool:
+        """The prefill micro-batches in flight differ in estimated stage-0 cost by more than
+        ``DEEP_WINDOW_SPREAD``: only then does a ``deep_window`` policy admit past 2P-1."""
+        costs = [self._stage_cost(0, e.mb) for e in self._in_flight.values() if e.mb.is_prefill and not e.packed]
+        return bool(costs) and max(costs) > (1.0 + DEEP_WINDOW_SPREAD) * min(costs)
 
     def on_left(self, seq: int) -> None:
         """Micro-batch ``seq`` finished the last stage."""

@@ -57,4 +57,5 @@ class PolicySpec:
     deep_window: bool = False
     """Admit up to twice the layout's in-flight limit (2(2P-1) for fold-back: the micro-batch
     slots SGLang already reserves for packing) so that micro-batches of unequal cost queue in
-    front of a slow stage instead of leaving the others idle; see ``policies/vpp_stream.py``."""
+    front of a slow stage instead of leaving the others idle; only while the ones in flight
+    differ in cost (``Controller.deep_window_open``); see ``policies/vpp_stream.py``."""

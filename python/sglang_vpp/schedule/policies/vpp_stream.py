@@ -13,11 +13,14 @@ sends, fixed chunks) and changes three rules, each decided in ``Controller``:
   allows, in the order SGLang (or the planner) offers them, as in CPP. On rank ``r`` the V then
   pairs the forward stage of a new request's cheap first chunk with the fold-back stage of an
   older request's expensive late chunk: the pairing of method section 3.2 across requests.
-- **Deep window** (``deep_window``): up to 2(2P-1) micro-batches in flight instead of 2P-1.
-  2P-1 keeps every rank busy only when consecutive micro-batches cost the same; mixed traffic
-  puts a 100K-prefix chunk next to a batch of short prompts, and the extra micro-batches queue in
-  front of the slow stage instead of leaving the other ranks idle. The slot count is
-  vpp-pack's, which SGLang already reserves.
+- **Deep window** (``deep_window``): up to 2(2P-1) micro-batches in flight instead of 2P-1
+  while the ones in flight differ in cost. 2P-1 keeps every rank busy only when consecutive
+  micro-batches cost the same; mixed traffic puts a 100K-prefix chunk next to a batch of short
+  prompts, and the extra micro-batches queue in front of the slow stage instead of leaving the
+  other ranks idle. When they cost the same (batches of equal short prompts) the extra ones
+  would only wait in that queue and finish later, so the window stays at 2P-1
+  (``Controller.deep_window_open``, ``DEEP_WINDOW_SPREAD``). The slot count is vpp-pack's,
+  which SGLang already reserves.
 - **Finish first once full** (``Priority.FEED_PEER_UNTIL_FULL``): rank 0 holds stage 0 and the
   last stage. While fewer than 2P-1 micro-batches are in flight a peer may starve, so it feeds
   the pipeline first (vpp-async's rule); once 2P-1 are in flight every rank has work queued, so
