@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
-from vpp_checks import make_prompts
+from vpp_checks import QWEN2_8L, Reference, make_prompts
 from conftest import CHUNK, PREFILL_MODES, PROMPT_LENGTHS, PROMPT_SEED, SERVED
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, get_json, post_json
 
@@ -58,25 +58,10 @@ def prompts() -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def greedy(model_dir: Path):
-    """transformers' greedy continuation of a prompt (the oracle), memoised."""
-    import torch
-    from transformers import GenerationConfig
-
-    from sglang_vpp.models.tiny_hf import load_transformers_model
-
-    model = load_transformers_model(model_dir)
-    config = GenerationConfig(max_new_tokens=NUM_NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=1)
-    cache: dict[tuple[int, ...], list[int]] = {}
-
-    def continuation(ids: list[int]) -> list[int]:
-        if tuple(ids) not in cache:
-            with torch.no_grad():
-                out = model.generate(torch.tensor([ids]), generation_config=config)
-            cache[tuple(ids)] = out[0, len(ids):].tolist()
-        return cache[tuple(ids)]
-
-    return continuation
+def greedy(tiny_model):
+    """transformers' greedy continuation of a prompt: the oracle every server test uses."""
+    oracle = Reference(tiny_model)
+    return lambda ids: oracle(QWEN2_8L, ids, NUM_NEW_TOKENS)["tokens"]
 
 
 @pytest.fixture(scope="module")
