@@ -53,6 +53,21 @@ def test_a_vpp_rank_registers_only_the_layers_it_owns(vpp_rank0):
     assert pd_layers.registered_layer_ids(pool) == [0, 1, 6, 7, 0, 1, 6, 7]
 
 
+def test_a_vpp_rank_registers_only_its_own_mla_latents(vpp_rank0):
+    """SGLang's own MLA infos, on a pool whose hull holds zero-row placeholders (layers 2-5)."""
+    import torch
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+    pool = _pool("mla", 0, 8)
+    pool.page_size = 1
+    pool.kv_buffer = [torch.zeros((4 if layer in (0, 1, 6, 7) else 0, 1, 3)) for layer in range(8)]
+    ptrs, lens, items = pd_layers.around_get_contiguous_buf_infos(MLATokenToKVPool.get_contiguous_buf_infos, pool)
+    assert ptrs == [pool.kv_buffer[layer].data_ptr() for layer in (0, 1, 6, 7)]
+    assert lens == [4 * 3 * 4] * 4 and items == [3 * 4] * 4
+    assert len(pool.kv_buffer) == 8 and pool.layer_num == 8  # the pool itself is left as it was
+    assert pd_layers.registered_layer_ids(pool) == [0, 1, 6, 7]
+
+
 def test_pairing_check_refuses_what_would_move_wrong_or_no_layers():
     src = [0, 1, 6, 7, 0, 1, 6, 7]
     decode_pp1 = list(range(8)) * 2
