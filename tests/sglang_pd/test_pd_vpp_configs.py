@@ -6,15 +6,16 @@ Through the router, the four prompts of the PD tests (3 to 5 chunks of 64; the l
 the others are in prefill) must decode to transformers' greedy continuation, and KV must be back
 to 0 on both sides:
 
-- vpp-pack at --tp-size 2 --pp-size 2 on the 8-layer tiny Qwen2, against the session's decode
-  server (conftest ``deployment``): each TP rank sends its heads of its pp rank's layers to the
-  decode server's one TP rank; also equal to what the stock pp-2 prefill served when
-  test_pd_router.py ran first (another parallel config: transformers is the oracle);
+- vpp-pack at --tp-size 2 --pp-size 2 on the 8-layer tiny Qwen2, with a decode server at
+  --tp-size 2: each TP rank sends its KV heads of its own layers to the decode rank holding those
+  heads; also equal to what the stock pp-2 prefill served when test_pd_router.py ran first
+  (another parallel config: transformers is the oracle). Against the session's TP-1 decode the
+  head-sliced transfer stalled on this CPU (docs/pd.md);
 - a 9-layer tiny DeepSeek-V3 (MLA with q_lora_rank, MoE) with its own decode server, serving in
   turn vpp-pack at --pp-size 4 (8 virtual stages of 2, 1, ..., 1 layers: rank 0 owns layers 0-1
   and 8, uneven) and vpp at --pp-size 2 (4 virtual stages of 3, 2, 2, 2 layers).
 
-The DeepSeek decode server replaces the session's only for this module's last tests
+Each of the two decode servers replaces the session's for its tests only
 (``PdDeployment.other_decode``); the next PD test, if any, starts the session's again.
 """
 
