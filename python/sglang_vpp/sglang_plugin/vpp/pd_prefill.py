@@ -23,7 +23,8 @@ runs them through SGLang's own methods, at points every rank reaches in the same
 - transfer done: rank 0 releases a request once every PP rank's transfer of it ended (Success
   or Failed, from the consensus store) on every TP rank of rank 0; it logs
   ``("pd", "release", rids)`` and every rank frees those with
-  ``process_disagg_prefill_inflight_queue(rids)``.
+  ``process_disagg_prefill_inflight_queue(rids)``; a scheduling turn follows, where SGLang
+  frees what its batch building still holds of them.
 
 Rank 0 polls after each ``ingest_requests`` (a TP collective, so the TP ranks of rank 0 poll at
 the same points); a verdict that admits requests wakes an idle loop.
