@@ -105,7 +105,6 @@ def test_bench_serve_reports_ttft_of_a_real_cpu_server(server_pool, tiny_model_d
         (("--launch", "cpp", "--model-path", "/nonexistent", "--repeats", "0"), "--repeats must be >= 1"),
         (("--launch", "vpp", "--model-path", "/nonexistent", "--chunked-prefill-size", "0"), "--chunked-prefill-size"),
         (("--url", "http://127.0.0.1:1", "--pd"), "--pd starts a prefill-decode split per mode"),
-        (("--launch", "cpp,vpp-pack", "--pd", "--model-path", "/nonexistent"), "vpp-pack not yet served by --pd"),
     ],
 )
 def test_launch_option_errors_name_the_value(args, message):

@@ -6,8 +6,10 @@ servers in turn, SGLang's router) is ``sglang_vpp.serving.pd_launcher.PdDeployme
 
 One decode server serves every PD test module (``deployment``): each asks it for its prefill
 servers in turn (``deployment.serve_prefill``), a test whose fault ends the decode server restarts
-it (``deployment.restart_decode``) before it returns, and the deployment stops after the last PD
-test (``pytest_runtest_teardown``), not at the end of the session: the modules after it need the
+it (``deployment.restart_decode``) before it returns, a module that needs another decode server
+(another model or TP size) swaps it in (``deployment.other_decode``; a later request for a
+prefill server starts the session's again), and the deployment stops after the last PD test
+(``pytest_runtest_teardown``), not at the end of the session: the modules after it need the
 cores and the memory. The model is the 8-layer tiny Qwen2: at --pp-size 2 under fold-back rank 0
 owns layers 0-1 and 6-7, so only KV paired by global layer id gives the right tokens.
 """

@@ -53,6 +53,21 @@ def test_a_vpp_rank_registers_only_the_layers_it_owns(vpp_rank0):
     assert pd_layers.registered_layer_ids(pool) == [0, 1, 6, 7, 0, 1, 6, 7]
 
 
+def test_a_vpp_rank_registers_only_its_own_mla_latents(vpp_rank0):
+    """SGLang's own MLA infos, on a pool whose hull holds zero-row placeholders (layers 2-5)."""
+    import torch
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+    pool = _pool("mla", 0, 8)
+    pool.page_size = 1
+    pool.kv_buffer = [torch.zeros((4 if layer in (0, 1, 6, 7) else 0, 1, 3)) for layer in range(8)]
+    ptrs, lens, items = pd_layers.around_get_contiguous_buf_infos(MLATokenToKVPool.get_contiguous_buf_infos, pool)
+    assert ptrs == [pool.kv_buffer[layer].data_ptr() for layer in (0, 1, 6, 7)]
+    assert lens == [4 * 3 * 4] * 4 and items == [3 * 4] * 4
+    assert len(pool.kv_buffer) == 8 and pool.layer_num == 8  # the pool itself is left as it was
+    assert pd_layers.registered_layer_ids(pool) == [0, 1, 6, 7]
+
+
 def test_pairing_check_refuses_what_would_move_wrong_or_no_layers():
     src = [0, 1, 6, 7, 0, 1, 6, 7]
     decode_pp1 = list(range(8)) * 2
@@ -101,3 +116,28 @@ def test_every_rank_applies_the_logged_bootstrap_verdict_and_a_diverged_queue_is
     with pytest.raises(SchedulerDivergenceError, match="covers 1 requests but .* holds 2"):
         pd.replay(("pd", "boot", [2]))
     assert pd_prefill.around_poll_prefill_pp(lambda pollers, *a: "stock", ["s1"]) == "stock"
+
+
+def test_a_release_is_logged_and_asks_the_loop_for_a_scheduling_turn():
+    """Rank 0 releases a request whose transfer ended on every rank; ``leader_poll`` then says so,
+    and the loop runs a scheduling turn, where SGLang frees what its batch building still holds
+    (an idle loop would keep it until the next request)."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    def request(rid: str, status: KVPoll):
+        sender = SimpleNamespace(poll_pp_consensus=lambda: status, poll=lambda: status,
+                                 kv_mgr=SimpleNamespace(request_status={}))
+        return SimpleNamespace(rid=rid, bootstrap_room=1, disagg_kv_sender=sender)
+
+    inflight = [request("done", KVPoll.Success), request("sending", KVPoll.Transferring)]
+    freed = []
+    scheduler = SimpleNamespace(
+        disagg_prefill_bootstrap_queue=SimpleNamespace(queue=[]), disagg_prefill_inflight_queue=inflight,
+        process_disagg_prefill_inflight_queue=lambda rids: freed.extend(rids) or list(rids),
+    )
+    pd = pd_prefill.PdPrefill(scheduler, rank=0, tp=SimpleNamespace(ready=lambda values, what: values))
+    events = []
+    assert pd.leader_poll(events) is True
+    assert events == [("pd", "release", ["done"])] and freed == ["done"]
+    scheduler.disagg_prefill_inflight_queue = [inflight[1]]
+    assert pd.leader_poll(events) is False and len(events) == 1  # nothing ended: the loop may idle

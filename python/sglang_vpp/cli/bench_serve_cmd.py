@@ -187,11 +187,9 @@ def bench_serve(
     )  # fmt: skip
     modes = None
     if launch is not None:
-        from .bench_serve_launch import check_can_launch, check_pd_modes, parse_modes
+        from .bench_serve_launch import check_can_launch, parse_modes
 
         modes = parse_modes(launch)
-        if pd:
-            check_pd_modes(modes)
         if model_path is not None and _looks_local(model_path) and not Path(model_path).expanduser().is_dir():
             raise BenchServeError(f"--model-path {model_path!r} is not a directory; give a local model directory "
                                   "or a Hugging Face repo id like Qwen/Qwen2-0.5B")

@@ -39,14 +39,11 @@ from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangS
 from sglang_vpp.serving.host_time import HostTime, host_time
 from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
 
-__all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args", "check_pd_modes", "model_context_len",
+__all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args", "model_context_len",
            "parse_modes", "run_launched", "default_model_dir"]
 
 ALL_MODES = tuple(p.value for p in Policy)
-"""What ``--launch all`` starts: every mode the plugin serves."""
-PD_PREFILL_MODES = tuple(p.value for p in Policy if p not in FOLDBACK_MODES)
-"""What ``--launch ... --pd`` starts: the modes whose PD prefill has been run through it (a VPP
-prefill server is accepted by the plugin, but not yet measured this way: docs/pd.md)."""
+"""What ``--launch all`` starts: every mode the plugin serves (with ``--pd``, as prefill servers)."""
 
 
 class LaunchError(ValueError):
@@ -62,14 +59,6 @@ def parse_modes(text: str) -> list[str]:
     if len(set(modes)) != len(modes):
         raise LaunchError(f"--launch {text!r} names a mode twice")
     return modes
-
-
-def check_pd_modes(modes: list[str]) -> None:
-    """``--pd``: every mode must be one a prefill server of a PD split runs."""
-    refused = [mode for mode in modes if mode not in PD_PREFILL_MODES]
-    if refused:
-        raise LaunchError(f"--launch {','.join(modes)} --pd: {', '.join(refused)} not yet served by --pd "
-                          f"(docs/pd.md); --pd serves {', '.join(PD_PREFILL_MODES)}")
 
 
 #: What --launch imports: SGLang to serve, transformers to build the default tiny model.
@@ -170,8 +159,6 @@ class LaunchSpec:
     """Serve each mode as the prefill server of a prefill-decode split, behind SGLang's router."""
 
     def config(self, mode: str, trace_dir: Path) -> ServerConfig:
-        if self.pd:
-            check_pd_modes([mode])
         if self.pp_size < 1:
             raise LaunchError(f"--pp-size must be >= 1, got {self.pp_size}")
         size = self.chunked_prefill_size
@@ -251,8 +238,11 @@ def run_launched(
     run_once: Callable[[str, int], Any],
     on_event: Callable[[str], None] = lambda _m: None,
     on_wait: Callable[[str, float, str], None] | None = None,
+    deployment: Any = None,
 ) -> list[LaunchedRun]:
-    """Start, measure and stop one server per mode (module docstring)."""
+    """Start, measure and stop one server per mode (module docstring). ``--pd``: ``deployment``
+    (a ``PdDeployment`` with its decode server up, e.g. a test session's) serves the prefill
+    servers and is left running; None starts one and stops it at the end."""
     if repeats < 1:
         raise LaunchError(f"--repeats must be >= 1, got {repeats}")
     if spec.first_port and not 0 < spec.first_port <= 65535 - len(modes):
@@ -265,6 +255,8 @@ def run_launched(
     work_dir.mkdir(parents=True, exist_ok=True)
     if not spec.pd:
         return _run_modes(spec, modes, work_dir, None, repeats, warm_up, run_once, on_event, on_wait)
+    if deployment is not None:
+        return _run_modes(spec, modes, work_dir, deployment, repeats, warm_up, run_once, on_event, on_wait)
     from sglang_vpp.serving.pd_launcher import PdDeployment, decode_config
 
     deployment = PdDeployment(log_dir=work_dir)
@@ -283,7 +275,7 @@ def _start_mode(spec: LaunchSpec, mode: str, trace_dir: Path, log_path: Path, po
     if deployment is not None:
         from sglang_vpp.serving.pd_launcher import prefill_config
 
-        on_event(f"starting the --pp-mode {mode} prefill server and the router")
+        on_event(f"starting --pp-mode {mode} as the prefill server, and the router")
         config = prefill_config(spec.config(mode, trace_dir), free_port())
         router = deployment.serve_prefill(config, timeout=spec.startup_timeout)
         return deployment.prefill, router.url

@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 import urllib.error
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -163,6 +165,8 @@ class PdDeployment:
     started: list[Any] = field(default_factory=list)
     router_args: tuple[str, ...] = ()
     """More flags for every router this deployment starts."""
+    home_decode: ServerConfig | None = None
+    """The decode config ``serve_prefill`` starts again after ``other_decode`` ended its own."""
 
     def start_decode(self, config: ServerConfig, timeout: float = 300.0) -> SGLangServer:
         if _alive(self.decode) and self.decode.config == config:
@@ -175,6 +179,8 @@ class PdDeployment:
 
     def serve_prefill(self, config: ServerConfig, timeout: float = 300.0) -> RouterProcess:
         """Replace the prefill server (and its router) by one started from ``config``."""
+        if self.decode is None and self.home_decode is not None:
+            self.start_decode(self.home_decode, timeout)
         assert self.decode is not None, "start_decode first"
         if not _alive(self.decode):
             self.restart_decode(timeout)
@@ -209,6 +215,17 @@ class PdDeployment:
                                         self.log_dir / f"router-{len(self.started)}.log", extra_args=self.router_args)
             self.router.start(timeout=timeout)
         return server
+
+    @contextmanager
+    def other_decode(self, config: ServerConfig, timeout: float = 300.0) -> Iterator[SGLangServer]:
+        """A decode server from ``config`` (e.g. another model) for the block, then none: the
+        next ``serve_prefill`` starts the deployment's own decode server again, only if asked."""
+        home = self.decode.config if self.decode is not None else self.home_decode
+        try:
+            yield self.start_decode(config, timeout)
+        finally:
+            self.stop()
+            self.home_decode = home
 
     def stop_prefill(self) -> None:
         if self.router is not None:

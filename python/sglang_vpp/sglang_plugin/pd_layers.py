@@ -9,7 +9,8 @@ no positional mapping expresses, so with the plugin installed every PD server pu
                                           registered entry (SGLang returns [] for them)
     MHATokenToKVPool.get_contiguous_buf_infos, MLATokenToKVPool.get_contiguous_buf_infos
                                   AROUND  a VPP rank registers only the layers it owns (the
-                                          zero-row placeholders of its hull are left out)
+                                          zero-row placeholders of its hull are left out; the
+                                          MLA infos are computed on the owned latents alone)
     MooncakeKVManager.send_kvcache AROUND the pairing checked before any byte moves: a peer
                                           without ids, or without a layer this rank sends,
                                           fails that request with the reason and the fix
@@ -91,12 +92,26 @@ def around_build_kv_layer_ids(original, *args: Any, **kwargs: Any) -> list[int]:
 
 def around_get_contiguous_buf_infos(original, self: Any) -> tuple[list, list, list]:
     """Under VPP, only the owned layers' buffers (placeholders hold no KV and must not be sent)."""
+    if hasattr(self, "kv_buffer") and not all(keep := _keep_mask(self, int(self.layer_num))):
+        return _owned_mla_infos(original, self, keep)
     ptrs, lens, item_lens = original(self)
     keep = _keep_mask(self, len(ptrs))
     if all(keep):
         return ptrs, lens, item_lens
     pick = lambda values: [v for v, kept in zip(values, keep) if kept]  # noqa: E731
     return pick(ptrs), pick(lens), pick(item_lens)
+
+
+def _owned_mla_infos(original, pool: Any, keep: list[bool]) -> tuple[list, list, list]:
+    """SGLang's MLA infos read row 0 of every layer's latent buffer, which a zero-row placeholder
+    lacks: run them on the owned layers' buffers alone (one entry per layer, in layer order)."""
+    buffers, num_layers = pool.kv_buffer, pool.layer_num
+    pool.kv_buffer = [buffer for buffer, kept in zip(buffers, keep) if kept]
+    pool.layer_num = len(pool.kv_buffer)
+    try:
+        return original(pool)
+    finally:
+        pool.kv_buffer, pool.layer_num = buffers, num_layers
 
 
 def pairing_problem(src_ids: list[int], dst_ids: list[int], num_src: int, num_dst: int,

@@ -312,7 +312,7 @@ class LeaderLoop(_LoopBase):
             self.replica.num_events += 1
             self.idle = False
         if self.pd is not None and self.pd.leader_poll(self.events):
-            self.idle = False  # bootstrapped requests joined the waiting queue
+            self.idle = False  # requests bootstrapped or released: a scheduling turn follows
 
     def _admissible(self) -> _Held | None:
         """The held micro-batch (built first if none is) when the controller admits it now."""

@@ -23,7 +23,8 @@ runs them through SGLang's own methods, at points every rank reaches in the same
 - transfer done: rank 0 releases a request once every PP rank's transfer of it ended (Success
   or Failed, from the consensus store) on every TP rank of rank 0; it logs
   ``("pd", "release", rids)`` and every rank frees those with
-  ``process_disagg_prefill_inflight_queue(rids)``.
+  ``process_disagg_prefill_inflight_queue(rids)``; a scheduling turn follows, where SGLang
+  frees what its batch building still holds of them.
 
 Rank 0 polls after each ``ingest_requests`` (a TP collective, so the TP ranks of rank 0 poll at
 the same points); a verdict that admits requests wakes an idle loop.
@@ -124,10 +125,12 @@ class PdPrefill:
 
     # ------------------------------------------------------------------ rank 0's polls
     def leader_poll(self, events: list) -> bool:
-        """Poll bootstrap and transfers; log and apply what changed. True: requests were admitted."""
+        """Poll bootstrap and transfers; log and apply what changed. True: requests were admitted
+        or released, so the loop runs a scheduling turn (an idle loop would not): SGLang frees
+        what its batch building still holds of the released requests there."""
         admitted = self._poll_bootstrap(events)
-        self._poll_transfers(events)
-        return admitted
+        released = self._poll_transfers(events)
+        return admitted or released
 
     def _poll_bootstrap(self, events: list) -> bool:
         from sglang.srt.disaggregation.base.conn import KVPoll
@@ -144,12 +147,12 @@ class PdPrefill:
         events.append(("pd", "boot", polls))
         return len(self.s.waiting_queue) > before
 
-    def _poll_transfers(self, events: list) -> None:
+    def _poll_transfers(self, events: list) -> bool:
         from sglang.srt.disaggregation.base.conn import KVPoll
 
         inflight = self.s.disagg_prefill_inflight_queue
         if not inflight:
-            return
+            return False
         done = []
         for req in inflight:
             # The consensus is the minimum over the PP ranks: Success means every rank's
@@ -170,6 +173,7 @@ class PdPrefill:
         if rids:
             self._apply_release(rids)
             events.append(("pd", "release", rids))
+        return bool(rids)
 
     # ------------------------------------------------------------------ every rank
     def replay(self, event: tuple) -> None:

@@ -1,0 +1,60 @@
+"""Helpers of the PD correctness tests (test_pd_vpp.py, test_pd_vpp_configs.py): a prefill server
+behind the router, the four concurrent prompts through it, and the checks on what came back."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from conftest import CHUNK, PROMPT_LENGTHS
+from sglang_harness import ServerConfig, get_json, post_json
+
+from sglang_vpp.serving.launcher import free_port
+from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config
+
+LATE_DELAY_S = 1.0
+NUM_NEW = 8
+
+
+def serve(deployment: PdDeployment, model_dir: Path, mode: str, extra: tuple[str, ...] = (), pp_size: int = 2,
+          extra_env: tuple[tuple[str, str], ...] = ()):
+    """``deployment``'s router in front of a fresh prefill server of ``mode``."""
+    base = ServerConfig(model_dir=str(model_dir), chunked_prefill_size=CHUNK, pp_size=pp_size, pp_mode=mode,
+                        extra_args=extra, extra_env=extra_env)
+    return deployment.serve_prefill(prefill_config(base, bootstrap_port=free_port()))
+
+
+def generate(url: str, ids: list[int]) -> list[int]:
+    answer = post_json(url + "/generate", {
+        "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": NUM_NEW, "ignore_eos": True},
+    }, timeout=600)  # fmt: skip
+    return answer["output_ids"]
+
+
+def four_prompts(url: str, prompts: list[list[int]]) -> list[list[int]]:
+    """The prompts concurrently through ``url``; the last one sent while the others are in prefill."""
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        early = [pool.submit(generate, url, ids) for ids in prompts[:-1]]
+        time.sleep(LATE_DELAY_S)
+        late = pool.submit(generate, url, prompts[-1])
+        return [future.result() for future in early + [late]]
+
+
+def kv_idle(server, bound_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        if not sum(int(load["num_used_tokens"]) for load in get_json(server.url + "/v1/loads")["loads"]):
+            return True
+        time.sleep(1.0)
+    return False
+
+
+def check(deployment: PdDeployment, label: str, got: list[list[int]], want: list[list[int]]) -> None:
+    """Every answer equals ``want``, then KV back to 0 on both sides."""
+    for ids, answer, expected in zip(PROMPT_LENGTHS, got, want):
+        assert answer == expected, (
+            f"{label}, prompt of {ids} tokens: {answer} != {expected}; prefill log tail:\n"
+            f"{deployment.prefill.log_tail(3000)}\ndecode log tail:\n{deployment.decode.log_tail(2000)}"
+        )
+    assert kv_idle(deployment.prefill) and kv_idle(deployment.decode), f"{label}: KV still in use"

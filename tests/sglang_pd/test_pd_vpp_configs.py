@@ -1,0 +1,104 @@
+"""A VPP prefill server beyond pp 2 on one TP rank: TP2 x PP2, pp 4 with an uneven layer count, and
+DeepSeek-V3 (MLA: the latent cache is what travels), each behind SGLang's router with a pp-1
+decode server over Mooncake TCP.
+
+Through the router, the four prompts of the PD tests (3 to 5 chunks of 64; the last sent while
+the others are in prefill) must decode to transformers' greedy continuation, and KV must be back
+to 0 on both sides:
+
+- vpp-pack at --tp-size 2 --pp-size 2 on the 8-layer tiny Qwen2, with a decode server at
+  --tp-size 2: each TP rank sends its KV heads of its own layers to the decode rank holding those
+  heads; also equal to what the stock pp-2 prefill served when test_pd_router.py ran first
+  (another parallel config: transformers is the oracle). Against the session's TP-1 decode the
+  head-sliced transfer stalled on this CPU (docs/pd.md);
+- a 9-layer tiny DeepSeek-V3 (MLA with q_lora_rank, MoE) with its own decode server, serving in
+  turn vpp-pack at --pp-size 4 (8 virtual stages of 2, 1, ..., 1 layers: rank 0 owns layers 0-1
+  and 8, uneven) and vpp at --pp-size 2 (4 virtual stages of 3, 2, 2, 2 layers).
+
+Each of the two decode servers replaces the session's for its tests only
+(``PdDeployment.other_decode``); the next PD test, if any, starts the session's again.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sglang_harness import SKIP_NO_SGLANG, ServerConfig
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
+from vpp_checks import QWEN2_8L, Reference, make_prompts  # noqa: E402
+from conftest import CHUNK, PROMPT_LENGTHS, PROMPT_SEED, SERVED  # noqa: E402
+from pd_checks import NUM_NEW, check, four_prompts, serve  # noqa: E402
+
+from sglang_vpp.models.tiny_hf import TinyModelSpec  # noqa: E402
+from sglang_vpp.serving.pd_launcher import PdDeployment, decode_config  # noqa: E402
+
+SKIP_NO_PD = pytest.mark.skipif(
+    importlib.util.find_spec("mooncake") is None or importlib.util.find_spec("sglang_router") is None,
+    reason="Mooncake or sglang-router is not installed: run scripts/install_sglang_cpu.sh",
+)
+# The DeepSeek fixture starts a decode and a pp-4 prefill server: minutes on a loaded 2-core host.
+pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG, SKIP_NO_PD, pytest.mark.timeout(1200)]
+
+DEEPSEEK_V3_9L = TinyModelSpec("deepseek-v3-tiny", num_layers=9, overrides={"initializer_range": 0.1})
+"""As in tests/sglang_vpp/test_vpp_models.py: 9 layers split unevenly at pp 2 and pp 4."""
+TP2_BIND = (("SGLANG_CPU_OMP_THREADS_BIND", "0|1|0|1"),)
+"""Four ranks (tp-major within each pp rank) on the two cores."""
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model) -> Reference:
+    return Reference(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return make_prompts(PROMPT_LENGTHS, seed=PROMPT_SEED)
+
+
+def _expected(reference: Reference, spec: TinyModelSpec, prompts: list[list[int]]) -> list[list[int]]:
+    return [reference(spec, ids, NUM_NEW)["tokens"] for ids in prompts]
+
+
+@pytest.fixture(scope="module")
+def tp2_decode(deployment: PdDeployment, pd_model_dir: Path):
+    """The deployment with a decode server at --tp-size 2 (pp 1) of the session's model."""
+    config = ServerConfig(model_dir=str(pd_model_dir), chunked_prefill_size=CHUNK, extra_args=("--tp-size", "2"),
+                          extra_env=(("SGLANG_CPU_OMP_THREADS_BIND", "0|1"),))
+    with deployment.other_decode(decode_config(config)):
+        yield deployment
+
+
+def test_vpp_pack_tp2_pp2_prefill_equals_transformers(tp2_decode, pd_model_dir, prompts, reference):
+    began = time.monotonic()
+    deployment = tp2_decode
+    router = serve(deployment, pd_model_dir, "vpp-pack", ("--tp-size", "2"), extra_env=TP2_BIND)
+    answers = four_prompts(router.url, prompts)
+    check(deployment, "vpp-pack tp2 x pp2 prefill", answers, _expected(reference, QWEN2_8L, prompts))
+    if "cpp" in SERVED:
+        check(deployment, "vpp-pack tp2 x pp2 prefill vs stock pp 2", answers, SERVED["cpp"])
+    print(f"vpp-pack tp2 x pp2: {time.monotonic() - began:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def deepseek(deployment: PdDeployment, tiny_model):
+    """The deployment with a decode server (pp 1) of the 9-layer DeepSeek-V3, for this module."""
+    model_dir = tiny_model(DEEPSEEK_V3_9L)
+    with deployment.other_decode(decode_config(ServerConfig(model_dir=str(model_dir), chunked_prefill_size=CHUNK))):
+        yield deployment, model_dir
+
+
+@pytest.mark.parametrize(("mode", "pp_size"), [("vpp-pack", 4), ("vpp", 2)], ids=["vpp-pack-pp4", "vpp-pp2"])
+def test_deepseek_v3_mla_prefill_equals_transformers(deepseek, prompts, reference, mode, pp_size):
+    began = time.monotonic()
+    deployment, model_dir = deepseek
+    router = serve(deployment, model_dir, mode, pp_size=pp_size)
+    answers = four_prompts(router.url, prompts)
+    check(deployment, f"DeepSeek-V3 {mode} pp {pp_size} prefill", answers,
+          _expected(reference, DEEPSEEK_V3_9L, prompts))
+    print(f"DeepSeek-V3 {mode} pp {pp_size}: {time.monotonic() - began:.0f} s")
