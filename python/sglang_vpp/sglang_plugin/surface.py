@@ -159,7 +159,9 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "mem_cache.memory_pool.MHATokenToKVPool.start_layer", R, PD),
     N(_S + "mem_cache.memory_pool.MHATokenToKVPool.layer_num", R, PD),
     N(_S + "mem_cache.memory_pool.MLATokenToKVPool.start_layer", R, PD),
-    N(_S + "mem_cache.memory_pool.MLATokenToKVPool.layer_num", R, PD),
+    # the MLA infos are computed on the owned latents alone: both set for that call, then restored
+    N(_S + "mem_cache.memory_pool.MLATokenToKVPool.layer_num", W, PD),
+    N(_S + "mem_cache.memory_pool.MLATokenToKVPool.kv_buffer", W, PD),
     N(_S + "disaggregation.mooncake.conn.MooncakeKVManager.send_kvcache",
       H, PD, ("self", "mooncake_session_id", "prefill_kv_indices", "dst_kv_ptrs")),
     N(_S + "disaggregation.mooncake.conn.MooncakeKVManager.kv_args", R, PD),
