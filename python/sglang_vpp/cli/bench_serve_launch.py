@@ -40,7 +40,7 @@ from sglang_vpp.serving.host_time import HostTime, host_time
 from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
 
 __all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args", "model_context_len",
-           "parse_modes", "run_launched", "default_model_dir"]
+           "parse_modes", "run_launched", "default_model_dir", "starting_event", "starting_mode"]
 
 ALL_MODES = tuple(p.value for p in Policy)
 """What ``--launch all`` starts: every mode the plugin serves (with ``--pd``, as prefill servers)."""
@@ -59,6 +59,16 @@ def parse_modes(text: str) -> list[str]:
     if len(set(modes)) != len(modes):
         raise LaunchError(f"--launch {text!r} names a mode twice")
     return modes
+
+
+def starting_event(mode: str, detail: str) -> str:
+    """The event that ``mode``'s server starts: what follows belongs to ``mode`` (``starting_mode``)."""
+    return f"starting --pp-mode {mode} {detail}"
+
+
+def starting_mode(text: str, modes: list[str]) -> str | None:
+    """The mode whose ``starting_event`` ``text`` is, or None."""
+    return next((mode for mode in modes if text.startswith(starting_event(mode, ""))), None)
 
 
 #: What --launch imports: SGLang to serve, transformers to build the default tiny model.
@@ -275,12 +285,12 @@ def _start_mode(spec: LaunchSpec, mode: str, trace_dir: Path, log_path: Path, po
     if deployment is not None:
         from sglang_vpp.serving.pd_launcher import prefill_config
 
-        on_event(f"starting --pp-mode {mode} as the prefill server, and the router")
+        on_event(starting_event(mode, "as the prefill server, and the router"))
         config = prefill_config(spec.config(mode, trace_dir), free_port())
         router = deployment.serve_prefill(config, timeout=spec.startup_timeout)
         return deployment.prefill, router.url
     server = SGLangServer(spec.config(mode, trace_dir), log_path, port=port)
-    on_event(f"starting --pp-mode {mode} (log {server.log_path})")
+    on_event(starting_event(mode, f"(log {server.log_path})"))
     waiting = None if on_wait is None else (lambda elapsed, line, mode=mode: on_wait(mode, elapsed, line))
     server.start(timeout=spec.startup_timeout, on_wait=waiting)
     return server, server.url

@@ -167,7 +167,7 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
     from sglang_vpp.serving.pipeline_report import TraceUnavailableError
     from sglang_vpp.serving.results import launch_tags
 
-    from .bench_serve_launch import run_launched
+    from .bench_serve_launch import run_launched, starting_mode
 
     console = Console(stderr=True)
     status = console.status("", spinner="dots")
@@ -211,9 +211,9 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
         return run_pass(plan, url, out, log, seed_offset=repeat, warmup=0)
 
     def on_event(text: str) -> None:
-        for mode in modes:
-            if text.startswith(f"starting --pp-mode {mode} "):
-                _current[0] = mode
+        started = starting_mode(text, modes)
+        if started is not None:
+            _current[0] = started
         event(text)
 
     try:
