@@ -41,13 +41,20 @@ def four_prompts(url: str, prompts: list[list[int]]) -> list[list[int]]:
         return [future.result() for future in early + [late]]
 
 
-def kv_idle(server, bound_s: float = 60.0) -> bool:
+def kv_in_use(server) -> int:
+    return sum(int(load["num_used_tokens"]) for load in get_json(server.url + "/v1/loads")["loads"])
+
+
+def assert_kv_idle(*servers, bound_s: float = 60.0, what: str = "") -> None:
+    """KV back to 0 on every one of ``servers`` within ``bound_s``; else fail naming what is held where."""
     deadline = time.monotonic() + bound_s
+    named = {server.log_path.stem: server for server in servers}
     while time.monotonic() < deadline:
-        if not sum(int(load["num_used_tokens"]) for load in get_json(server.url + "/v1/loads")["loads"]):
-            return True
+        used = {name: kv_in_use(server) for name, server in named.items()}
+        if not any(used.values()):
+            return
         time.sleep(1.0)
-    return False
+    raise AssertionError(f"{what}KV tokens still in use {bound_s:.0f} s after the last request: {used}")
 
 
 def check(deployment: PdDeployment, label: str, got: list[list[int]], want: list[list[int]]) -> None:
@@ -57,4 +64,4 @@ def check(deployment: PdDeployment, label: str, got: list[list[int]], want: list
             f"{label}, prompt of {ids} tokens: {answer} != {expected}; prefill log tail:\n"
             f"{deployment.prefill.log_tail(3000)}\ndecode log tail:\n{deployment.decode.log_tail(2000)}"
         )
-    assert kv_idle(deployment.prefill) and kv_idle(deployment.decode), f"{label}: KV still in use"
+    assert_kv_idle(deployment.prefill, deployment.decode, what=f"{label}: ")

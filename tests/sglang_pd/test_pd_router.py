@@ -31,7 +31,8 @@ import pytest
 from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
 from vpp_checks import QWEN2_8L, Reference, make_prompts
 from conftest import CHUNK, PREFILL_MODES, PROMPT_LENGTHS, PROMPT_SEED, SERVED
-from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, get_json, post_json
+from pd_checks import NUM_NEW, assert_kv_idle, four_prompts, generate, kv_in_use
+from sglang_harness import SKIP_NO_SGLANG, ServerConfig
 
 from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config
 from sglang_vpp.serving.launcher import free_port
@@ -42,8 +43,7 @@ SKIP_NO_PD = pytest.mark.skipif(
 )
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG, SKIP_NO_PD]
 
-LATE_DELAY_S = 1.0
-NUM_NEW_TOKENS = 8
+NUM_NEW_TOKENS = NUM_NEW
 PREFILL_PP = 2
 
 
@@ -76,26 +76,15 @@ def router(request, deployment: PdDeployment, model_dir: Path):
     return deployment.serve_prefill(prefill_config(base, bootstrap_port=free_port()))
 
 
-def _generate(url: str, ids: list[int]) -> dict:
-    return post_json(url + "/generate", {
-        "input_ids": ids,
-        "sampling_params": {"temperature": 0, "max_new_tokens": NUM_NEW_TOKENS, "ignore_eos": True},
-    }, timeout=600)  # fmt: skip
-
-
 def test_concurrent_prompts_equal_transformers(router, deployment, prompts, reference):
-    with ThreadPoolExecutor(len(prompts)) as pool:
-        early = [pool.submit(_generate, router.url, ids) for ids in prompts[:-1]]
-        time.sleep(LATE_DELAY_S)
-        late = pool.submit(_generate, router.url, prompts[-1])
-        answers = [f.result() for f in early + [late]]
+    answers = four_prompts(router.url, prompts)
     for ids, answer, expected in zip(prompts, answers, reference):
-        assert answer["output_ids"] == expected, (
-            f"prompt of {len(ids)} tokens: PD {answer['output_ids']} != transformers {expected}; "
+        assert answer == expected, (
+            f"prompt of {len(ids)} tokens: PD {answer} != transformers {expected}; "
             f"prefill log tail:\n{deployment.prefill.log_tail(3000)}\ndecode log tail:\n"
             f"{deployment.decode.log_tail(3000)}"
         )
-    SERVED[deployment.prefill.config.pp_mode] = [answer["output_ids"] for answer in answers]
+    SERVED[deployment.prefill.config.pp_mode] = answers
 
 
 MIXED_LENGTHS = (5, 37, 64, 130, 200, 90, 20, 150)
@@ -103,31 +92,15 @@ MIXED_LENGTHS = (5, 37, 64, 130, 200, 90, 20, 150)
 NUM_MIXED = 32
 
 
-def _kv_in_use(server: SGLangServer) -> int:
-    return sum(int(load["num_used_tokens"]) for load in get_json(server.url + "/v1/loads")["loads"])
-
-
 def _assert_kv_idle(deployment: PdDeployment, bound_s: float = 60.0) -> None:
-    _assert_kv_idle_on(deployment.prefill, deployment.decode, bound_s=bound_s)
-
-
-def _assert_kv_idle_on(*servers: SGLangServer, bound_s: float = 60.0) -> None:
-    deadline = time.monotonic() + bound_s
-    servers = {server.log_path.stem: server for server in servers}
-    while time.monotonic() < deadline:
-        used = {name: _kv_in_use(server) for name, server in servers.items()}
-        if not any(used.values()):
-            return
-        time.sleep(1.0)
-    raise AssertionError(f"KV tokens still in use {bound_s:.0f} s after the last request: {used}")
+    assert_kv_idle(deployment.prefill, deployment.decode, bound_s=bound_s)
 
 
 def test_32_concurrent_mixed_all_served_equal_transformers_kv_idle(router, deployment, greedy):
     prompts = make_prompts([MIXED_LENGTHS[i % len(MIXED_LENGTHS)] for i in range(NUM_MIXED)], 32)
     with ThreadPoolExecutor(NUM_MIXED) as pool:
-        answers = list(pool.map(lambda ids: _generate(router.url, ids), prompts))
-    wrong = [(len(ids), a["output_ids"], greedy(ids)) for ids, a in zip(prompts, answers)
-             if a["output_ids"] != greedy(ids)]
+        answers = list(pool.map(lambda ids: generate(router.url, ids), prompts))
+    wrong = [(len(ids), a, greedy(ids)) for ids, a in zip(prompts, answers) if a != greedy(ids)]
     assert not wrong, f"{len(wrong)} of {NUM_MIXED} differ from transformers, e.g. {wrong[:2]}"
     _assert_kv_idle(deployment)
 
@@ -153,7 +126,7 @@ def test_bad_bootstrap_address_is_a_client_error(router, deployment, prompts, re
                "sampling_params": {"temperature": 0, "max_new_tokens": 2, "ignore_eos": True}}
     status, body = _post_status(deployment.decode.url + "/generate", payload, timeout=120)
     assert status == 400 and "unreachable" in body, f"decode answered {status}: {body[:500]}"
-    assert _generate(router.url, prompts[-1])["output_ids"] == reference[-1]
+    assert generate(router.url, prompts[-1]) == reference[-1]
     _assert_kv_idle(deployment)
 
 
@@ -235,7 +208,7 @@ def _assert_client_error(future, what: str, deployment: PdDeployment, bound_s: f
 def _assert_still_serving(deployment: PdDeployment, prompts, reference) -> None:
     """KV back to 0 on both sides, then a request through the router served right."""
     _assert_kv_idle(deployment)
-    assert _generate(deployment.router.url, prompts[-1])["output_ids"] == reference[-1]
+    assert generate(deployment.router.url, prompts[-1]) == reference[-1]
     _assert_kv_idle(deployment)
 
 
@@ -300,7 +273,7 @@ def test_decode_killed_mid_transfer_the_prefill_frees_the_kv_and_keeps_serving(r
     os.killpg(deployment.decode.process.pid, signal.SIGKILL)
     seconds = _assert_client_error(client, "decode killed", deployment, KV_FREE_BOUND_S)
     began = time.monotonic()
-    while (used := _kv_in_use(deployment.prefill)) and time.monotonic() < began + KV_FREE_BOUND_S:
+    while (used := kv_in_use(deployment.prefill)) and time.monotonic() < began + KV_FREE_BOUND_S:
         time.sleep(1.0)
     assert used == 0, f"the prefill server still holds {used} KV tokens {KV_FREE_BOUND_S:.0f} s after the decode died"
     freed = time.monotonic() - began
@@ -324,4 +297,4 @@ def test_killed_prefill_rank_is_named_and_router_clients_get_an_error(router, de
     assert status < 0 or status >= 400, f"router answered {status} with its prefill server gone: {body[:300]}"
     assert after < ERROR_BOUND_S, f"the router took {after:.0f} s to fail a request"
     print(f"prefill rank killed: in-flight client error after {seconds:.1f} s, next request {after:.1f} s")
-    _assert_kv_idle_on(deployment.decode)
+    assert_kv_idle(deployment.decode)
