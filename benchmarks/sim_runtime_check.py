@@ -12,7 +12,11 @@ follows the level, the runs differ in how fast the host ran them, not in what th
 models.
 
     python benchmarks/sim_runtime_check.py [--pp 2,4] [--seq-len 8k] [--chunk 512] [--repeat 3]
-        [--markdown docs/figures/sim_runtime_check.md]
+        [--requests 1] [--markdown docs/figures/sim_runtime_check.md]
+
+``--requests N`` sends N prompts of ``--seq-len`` together; prompts shorter than the chunk share
+a forward (the runtime batches by default, as the simulator does), so a run of short prompts checks
+the simulator on batched forwards.
 
 Slow (real processes): a few CPU-minutes at the defaults; wall time depends on the host's load.
 """
@@ -58,10 +62,10 @@ def pooled_and_level(report) -> dict[tuple[str, int], tuple[float, float]]:
     return out
 
 
-def check(num_ranks: int, seq_len: int, chunk: int, repeat: int, modes=MODES) -> list[dict]:
+def check(num_ranks: int, seq_len: int, chunk: int, repeat: int, modes=MODES, num_requests: int = 1) -> list[dict]:
     """Per mode: replayed makespans and the predictors' errors (see the module docstring)."""
     config = BenchConfig(num_ranks=num_ranks, seq_len=seq_len, chunk_size=chunk, modes=tuple(modes),
-                         num_requests=1, repeat=repeat)
+                         num_requests=num_requests, repeat=repeat)
     report = run_bench(config, _Log(f"pp={num_ranks}"))
     rows = predictions(report, None)
     extra = pooled_and_level(report)
@@ -84,8 +88,15 @@ def _spread(values: list[float], fmt: str) -> str:
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))} to {fmt.format(max(values))})"
 
 
-def markdown(entries: list[dict], seq_len: int, chunk: int, repeat: int) -> str:
-    lines = [f"tiny-qwen3 (8 layers, fp32, CPU, gloo), one {seq_len}-token prompt, {chunk}-token chunks, {repeat} "
+def markdown(entries: list[dict], seq_len: int, chunk: int, repeat: int, num_requests: int = 1) -> str:
+    if num_requests == 1:
+        prompts = f"one {seq_len}-token prompt"
+    else:
+        per_forward = max(1, chunk // seq_len)
+        prompts = (f"{num_requests} prompts of {seq_len} tokens sent together"
+                   + (f" (up to {per_forward} whole prompts per forward: batching on in the runtime and the simulator)"
+                      if per_forward > 1 else ""))
+    lines = [f"tiny-qwen3 (8 layers, fp32, CPU, gloo), {prompts}, {chunk}-token chunks, {repeat} "
              "repeats per mode. Error = simulated / replayed makespan - 1, median (min to max) over runs; the "
              "simulator is fed the measured costs of another repeat of the same mode.", "",
              "| P | mode | replayed makespan s | error, table of another repeat | error, fit of another repeat | "
@@ -105,13 +116,14 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-len", default="8k")
     parser.add_argument("--chunk", default="512")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=1)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
     seq_len, chunk = parse_size(args.seq_len), parse_size(args.chunk)
     entries = []
     for num_ranks in (int(p) for p in args.pp.split(",")):
-        entries += check(num_ranks, seq_len, chunk, args.repeat)
-    text = markdown(entries, seq_len, chunk, args.repeat)
+        entries += check(num_ranks, seq_len, chunk, args.repeat, num_requests=args.requests)
+    text = markdown(entries, seq_len, chunk, args.repeat, args.requests)
     sys.stdout.write(text)
     if args.markdown:
         args.markdown.write_text(text)

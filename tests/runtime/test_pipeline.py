@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 from sglang_vpp.runtime.metrics import measure_run
-from sglang_vpp.runtime.replay import replay_run, run_layout
+from sglang_vpp.runtime.models import resolve_model
+from sglang_vpp.runtime.replay import cost_samples, replay_run, run_layout
 from sglang_vpp.runtime.spec import RequestArrival, RunSpec, Timeouts
 from sglang_vpp.schedule import validate_schedule
 
@@ -123,3 +124,10 @@ def test_batched_short_requests_equal_reference(pool2, matches_reference, model,
     assert matches_reference(result) == 0.0
     assert any(row[5] for row in result.reports[0].chunks), "no forward carried several requests"
     assert sorted(result.outputs) == list(range(6))
+    # Each compute sample names every request of its forward, and together they are its tokens.
+    forwards = {(r.stage_index, r.request_index, r.chunk_index): r.num_tokens
+                for report in result.reports for r in report.records if r.is_compute}
+    layers = resolve_model(model, 0, None).config.num_hidden_layers
+    samples = [s for s in cost_samples(run_layout(result.spec, layers), result.reports) if s.kind == "compute"]
+    assert any(s.batch for s in samples)
+    assert all(sum(tokens for _, tokens in s.parts) == forwards[s.key] for s in samples)

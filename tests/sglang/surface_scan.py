@@ -10,7 +10,10 @@ What counts as touching a name (each a ``Touch(name, file, line)``):
 - an attribute of a receiver whose name says which SGLang class it holds (``ROLES``:
   ``scheduler``, ``s``, ``self.s``, ``server_args``, ``adder``, ...), read or written;
 - a private attribute (``x._name``) that the project itself never defines: it can only be
-  SGLang's (or Python's own ``_``-names, listed in ``NOT_SGLANG_PRIVATE``).
+  SGLang's (or Python's own ``_``-names, listed in ``NOT_SGLANG_PRIVATE``);
+- an attribute of a function parameter annotated with an SGLang class (``pool:
+  MLATokenToKVPool``, or the name in quotes), read or written in that function: a receiver
+  named for its own use (``pool``) says nothing by its name, its annotation does.
 
 A name is declared when ``surface.SURFACE`` holds its path, or, for a role or private attribute,
 an entry of the role's class or any entry ending in that attribute.
@@ -137,6 +140,12 @@ def scan_file(path: Path, rel: str, project_private: set[str]) -> list[Touch]:
                     if alias.asname:
                         bound[alias.asname] = alias.name
                     add(alias.name, node, "import")
+    for function in ast.walk(tree):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for name, klass in _annotated_parameters(function, bound).items():
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == name:
+                        add(f"{klass}.{node.attr}", node, "annotation")
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             receiver = ast.unparse(node.value)
@@ -162,6 +171,24 @@ def scan_file(path: Path, rel: str, project_private: set[str]) -> list[Touch]:
         if folded is not None and _PATH.match(folded):
             add(folded, node, "string")
     return touches
+
+
+def _annotated_parameters(function: ast.FunctionDef | ast.AsyncFunctionDef, bound: dict[str, str]) -> dict[str, str]:
+    """Parameter name -> the SGLang class its annotation names (an imported name, quoted or not)."""
+    out: dict[str, str] = {}
+    args = function.args
+    for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs):
+        note = arg.annotation
+        if isinstance(note, ast.Constant) and isinstance(note.value, str):
+            text = note.value
+        elif isinstance(note, ast.Name):
+            text = note.id
+        else:
+            continue
+        klass = bound.get(text) or (text if _PATH.match(text) else None)
+        if klass is not None:
+            out[arg.arg] = klass
+    return out
 
 
 def _foreign_private(attr: str, project_private: set[str]) -> bool:

@@ -152,7 +152,7 @@ def bench(
     plot: Path | None = typer.Option(None, "--plot", help="Gantt PNG of each mode: measured and replayed."),
     costs: Path | None = typer.Option(None, "--costs", help="Write measured per-action costs: a fitted cost model here, raw samples per mode next to it."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
-    batch_requests: bool = typer.Option(False, "--batch-requests", help="Batch whole requests shorter than the chunk into one forward (attention per request), as SGLang and simulate do."),
+    batch_requests: bool = typer.Option(True, "--batch-requests/--no-batch-requests", help="Batch whole requests shorter than the chunk into one forward (attention per request), as SGLang and simulate do (default); --no-batch-requests: one request per forward."),
 ) -> None:
     """Run each mode on real rank processes with real layers; check against the reference; table."""
     from ..runtime.bench import BenchConfig, check_config, run_bench, write_outputs

@@ -94,8 +94,8 @@ class BenchConfig:
     auto_chunk: bool = False
     """``--chunk-size auto``: the controller picks each request's chunk size (``chunk_size`` is
     the largest it may pick); ``RunSpec.auto_chunk``."""
-    batch_requests: bool = False
-    """``--batch-requests``: ``RunSpec.batch_requests``."""
+    batch_requests: bool = True
+    """``--batch-requests/--no-batch-requests``: ``RunSpec.batch_requests``."""
 
     def run_spec(self, mode: str, planner_cost: Any = None) -> RunSpec:
         requests = tuple(RequestArrival(self.seq_len, i * self.arrival_interval_s) for i in range(self.num_requests))

@@ -94,9 +94,11 @@ def cost_samples(layout: Layout, reports: Sequence[RankReport]) -> list[CostSamp
         for record in report.records:
             if record.is_compute:
                 stage = layout.stages[record.stage_index]
+                # A record counts the whole forward's tokens; a sample names the lead's and the rest.
+                lead = ChunkSpec(*_chunk_row(reports[0], record.request_index, record.chunk_index))
                 samples.append(CostSample("compute", record.stage_index, record.request_index, record.chunk_index,
-                                          record.prefix_len, record.num_tokens, record.cost_s,
-                                          stage.num_layers, record.rank))
+                                          lead.start, lead.num_tokens, record.cost_s, stage.num_layers, record.rank,
+                                          tuple((part.start, part.num_tokens) for part in lead.batch)))
             elif record.kind == "RECV_F":
                 send = sends.get((record.key, record.peer))
                 if send is None:

@@ -127,9 +127,10 @@ class RunSpec:
     """Write the last stage's outputs (hidden states, logits) for comparison with the reference."""
     num_threads: int = 1
     """torch intra-op threads per rank; 1 makes thread CPU time equal the compute's CPU cost."""
-    batch_requests: bool = False
+    batch_requests: bool = True
     """Batch whole short requests into one forward up to ``chunk_size`` tokens (several
-    sequences per forward, attention per sequence), as SGLang's prefill adder does."""
+    sequences per forward, attention per sequence), as SGLang's prefill adder does and the
+    simulator assumes; False: one request per forward."""
     auto_chunk: bool = False
     """Cut each request at the size the controller's ``auto`` chunker picks for it
     (``schedule/auto_size.py``) from the planner's cost estimate."""

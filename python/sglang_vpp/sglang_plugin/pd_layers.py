@@ -29,7 +29,10 @@ decode server without it, is refused per request (the check above), never paired
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +105,7 @@ def around_get_contiguous_buf_infos(original, self: Any) -> tuple[list, list, li
     return pick(ptrs), pick(lens), pick(item_lens)
 
 
-def _owned_mla_infos(original, pool: Any, keep: list[bool]) -> tuple[list, list, list]:
+def _owned_mla_infos(original, pool: MLATokenToKVPool, keep: list[bool]) -> tuple[list, list, list]:
     """SGLang's MLA infos read row 0 of every layer's latent buffer, which a zero-row placeholder
     lacks: run them on the owned layers' buffers alone (one entry per layer, in layer order)."""
     buffers, num_layers = pool.kv_buffer, pool.layer_num

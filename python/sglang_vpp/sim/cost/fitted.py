@@ -57,10 +57,12 @@ def fit_coefficients(samples: Sequence[CostSample], per_layer: bool = False) -> 
                              "measure more chunks (different prefixes and sizes)")
     if per_layer and any(s.num_layers in (None, 0) for s in samples):
         raise CostModelError("a per-layer fit needs 'layers' in every sample")
-    c = np.array([s.num_tokens for s in samples], dtype=float)
-    context = c + np.array([s.prefix_tokens for s in samples], dtype=float)
+    # The features the prediction uses (``FittedCostModel.stage_cost``): a batched forward pays
+    # the constant once and the token terms per request.
+    quadratic = np.array([sum(c * (c + prefix) for prefix, c in s.parts) for s in samples], dtype=float)
+    context = np.array([sum(c + prefix for prefix, c in s.parts) for s in samples], dtype=float)
     y = np.array([s.duration_s / (s.num_layers if per_layer else 1) for s in samples], dtype=float)
-    features = np.stack([c * context, context, np.ones_like(c)], axis=1)
+    features = np.stack([quadratic, context, np.ones_like(quadratic)], axis=1)
     a, b, d = _nnls_relative(features, y)
     predicted = features @ np.array([a, b, d])
     rel = (predicted - y) / np.maximum(y, 1e-12)

@@ -12,6 +12,10 @@ One record per executed action (documented in docs/calibration.md):
 ``duration_s`` measured seconds (compute: stage forward; transfer: send start to recv end)
 ``layers``     optional: layers in the stage (enables per-layer fits portable across layouts)
 ``rank``       optional: the rank that ran it
+``batch``      optional, compute: the other requests of a batched forward (whole short
+               prompts that shared it), each as its prefix and tokens; JSON ``[[L, c], ...]``,
+               CSV ``L:c L:c``. ``prefix``/``tokens`` are then the lead request's, and the
+               duration is the whole forward's
 =============  ==========================================================================
 
 JSON: ``{"format": "sglang-vpp.cost-samples", "version": 1, "meta": {...}, "samples": [{...}]}``.
@@ -32,7 +36,7 @@ from ..errors import CostModelError
 __all__ = ["CostSample", "SAMPLES_FORMAT", "read_samples", "write_samples", "samples_to_json", "samples_from_json"]
 
 SAMPLES_FORMAT = "sglang-vpp.cost-samples"
-_COLUMNS = ("kind", "stage", "request", "chunk", "prefix", "tokens", "duration_s", "layers", "rank")
+_COLUMNS = ("kind", "stage", "request", "chunk", "prefix", "tokens", "duration_s", "layers", "rank", "batch")
 _KINDS = ("compute", "transfer")
 
 
@@ -49,18 +53,27 @@ class CostSample:
     duration_s: float
     num_layers: int | None = None
     rank: int | None = None
+    batch: tuple[tuple[int, int], ...] = ()
+    """(prefix, tokens) of every other request in the same forward; empty: one request."""
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise CostModelError(f"sample kind {self.kind!r} is not one of {_KINDS}")
         if self.num_tokens < 1 or self.prefix_tokens < 0:
             raise CostModelError(f"sample {self} needs tokens >= 1 and prefix >= 0")
+        if any(tokens < 1 or prefix < 0 for prefix, tokens in self.batch):
+            raise CostModelError(f"sample {self} has a batched part without tokens >= 1 and prefix >= 0")
         if not self.duration_s >= 0:
             raise CostModelError(f"sample {self} has a negative or NaN duration")
 
     @property
     def key(self) -> tuple[int, int, int]:
         return (self.stage_index, self.request_index, self.chunk_index)
+
+    @property
+    def parts(self) -> tuple[tuple[int, int], ...]:
+        """(prefix, tokens) of every request in the forward, the lead first."""
+        return ((self.prefix_tokens, self.num_tokens), *self.batch)
 
     def to_dict(self) -> dict:
         data = {"kind": self.kind, "stage": self.stage_index, "request": self.request_index,
@@ -70,6 +83,8 @@ class CostSample:
             data["layers"] = self.num_layers
         if self.rank is not None:
             data["rank"] = self.rank
+        if self.batch:
+            data["batch"] = [list(part) for part in self.batch]
         return data
 
     @staticmethod
@@ -81,7 +96,7 @@ class CostSample:
             return CostSample(
                 str(data["kind"]), int(data["stage"]), int(data["request"]), int(data["chunk"]),
                 int(data["prefix"]), int(data["tokens"]), float(data["duration_s"]),
-                _opt_int(data.get("layers")), _opt_int(data.get("rank")),
+                _opt_int(data.get("layers")), _opt_int(data.get("rank")), _batch(data.get("batch")),
             )
         except (TypeError, ValueError) as error:
             if isinstance(error, CostModelError):
@@ -91,6 +106,22 @@ class CostSample:
 
 def _opt_int(value) -> int | None:
     return None if value in (None, "") else int(value)
+
+
+def _batch(value) -> tuple[tuple[int, int], ...]:
+    """JSON ``[[L, c], ...]`` or CSV ``"L:c L:c"``; absent or empty: no batch."""
+    if value in (None, "", []):
+        return ()
+    pairs = [part.split(":") for part in value.split()] if isinstance(value, str) else value
+    if any(len(pair) != 2 for pair in pairs):
+        raise ValueError(f"batch must be [prefix, tokens] pairs (CSV: 'prefix:tokens ...'), got {value!r}")
+    return tuple((int(prefix), int(tokens)) for prefix, tokens in pairs)
+
+
+def _csv_cell(sample: "CostSample", column: str):
+    if column == "batch":
+        return " ".join(f"{prefix}:{tokens}" for prefix, tokens in sample.batch)
+    return sample.to_dict().get(column, "")
 
 
 def samples_to_json(samples: Iterable[CostSample], meta: dict | None = None) -> dict:
@@ -112,7 +143,7 @@ def write_samples(samples: Iterable[CostSample], path: str | Path, meta: dict | 
         writer = csv.DictWriter(buffer, fieldnames=_COLUMNS)
         writer.writeheader()
         for sample in samples:
-            writer.writerow({k: sample.to_dict().get(k, "") for k in _COLUMNS})
+            writer.writerow({k: _csv_cell(sample, k) for k in _COLUMNS})
         path.write_text(buffer.getvalue())
     elif path.suffix == ".json":
         path.write_text(json.dumps(samples_to_json(samples, meta), indent=1) + "\n")
