@@ -342,6 +342,18 @@ class Controller:
             self.token_budget = size
         return size
 
+    def resize_live(self, planner: object, arriving: Sequence[tuple[int, float]], to_come: int = 0) -> int | None:
+        """``resize`` for requests (length, arrival) arriving at the running ``planner`` that
+        holds this controller (``auto_size.LiveSituation``). None when the chunker is not
+        ``auto``."""
+        resize = getattr(self.chunker, "resize_live", None)
+        if resize is None:
+            return None
+        size = resize(planner, arriving, to_come).chunk_size
+        if self.token_budget is not None:
+            self.token_budget = size
+        return size
+
     def batch_budget(self, prefix_len: int, remaining: int, max_tokens: int) -> int:
         """Token budget of the forward that continues a chunked request: its next chunk, or, when
         that chunk ends the request, a whole chunk's budget (at most ``max_tokens``), whose rest
