@@ -47,10 +47,13 @@ __all__ = ["AUTO", "LiveSituation", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_
 
 AUTO = "auto"
 
-CANDIDATES = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
+CANDIDATES = (256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
 """Sizes ``auto`` chooses among: powers of two from the tiny CPU runs' 256 up to the 64K that
-long-context serving sweeps, with the 1.5x steps in between where the simulator's optima lie
-(an optimum between two steps costs at most a few percent, the spread of neighbouring cells)."""
+long-context serving sweeps, with the 1.5x steps in between from 2K up, where the simulator's
+optima lie (an optimum between two steps costs at most a few percent). The steps below 8K
+matter where a prompt is short for the pipeline depth: a 64K prompt on 4 or 8 ranks is 8-16
+chunks, and one chunk more or less moves fill, drain and host time per forward by several
+percent (docs/auto-chunk.md)."""
 
 MAX_PLANNED_CHUNKS = 2048
 """A candidate that cuts the situation into more chunks than this is not planned (the smallest

@@ -65,7 +65,7 @@ class RunConfig:
     sim: SimConfig = field(default_factory=SimConfig)
     auto_chunk: bool = False
     """Let the controller's ``auto`` chunker pick the chunk size and batch budget per situation
-    (``schedule/auto_size.py``): the requests sent together, then the ones in flight at each send."""
+    (``schedule/auto_size.py``): at each send, from the planner's state then (``LiveSituation``)."""
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:
