@@ -13,12 +13,14 @@ clock is the simulator's engine without its transport detail, so the choice is w
 simulator sweep over the candidates finds best for that situation (``benchmarks/auto_sweep.py``
 and ``tests/schedule/test_auto_size.py`` check it).
 
-Only the prompt lengths and the cost estimate enter the choice, never a clock, so every rank
-that sees the same situation computes the same size, and a recorded choice replays exactly.
+Only the prompt lengths, the planner's state (``choose_live``) and the cost estimate enter the
+choice, never a wall clock, so every rank that sees the same situation computes the same size,
+and a recorded choice replays exactly.
 
-``AutoChunker`` is the chunker the controller holds in ``auto`` mode: ``resize(lengths)``
-(reached through ``Controller.resize``) picks the size for a situation; until then, or for a
-request the executor never describes, a request is cut at the size chosen for it alone.
+``AutoChunker`` is the chunker the controller holds in ``auto`` mode: ``resize(lengths)`` and
+``resize_live(planner, arriving)`` (reached through ``Controller.resize`` / ``resize_live``)
+pick the size for a situation; until then, or for a request the executor never describes, a
+request is cut at the size chosen for it alone.
 
 What ``auto`` sees is one rule for every executor that drives a ``Planner`` (``LiveSituation``):
 at each send, the planner's state as it is (the requests in flight with the chunks they were cut
