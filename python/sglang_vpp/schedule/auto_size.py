@@ -213,7 +213,10 @@ class AutoSizer:
 class _Replacements:
     """A closed loop's next sends, as ``choose_live`` assumes them: each completion sends one
     request of the completed one's length at that moment, ``count`` times. The lengths to come
-    are unknown; a closed loop's in-flight lengths are a sample of them."""
+    are unknown; a closed loop's in-flight lengths are a sample of them (an assumption, not a
+    measurement). ``choose_live`` sends at most as many as the situation holds, one turnover of
+    the requests in flight: a chosen horizon, long enough that the arriving request's tail is
+    not the plan's drain, short enough to plan in about the time of the situation itself."""
 
     def __init__(self, count: int) -> None:
         self.count = count
