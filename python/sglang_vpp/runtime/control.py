@@ -44,7 +44,7 @@ from ..schedule import (
     Schedule,
     controller_config,
 )
-from ..schedule.auto_size import InFlightLengths
+from ..schedule.auto_size import LiveSituation
 from .spec import RunSpec
 
 __all__ = ["Advance", "CoordinatorFeed", "End", "FollowerFeed", "Heartbeat", "PlanFeed", "Sent", "StaticFeed", "Submit",
@@ -65,7 +65,7 @@ class Submit:
 @dataclass(frozen=True, slots=True)
 class Sent:
     """The requests of the next ``Submit`` ops arrived together (index, prompt length): what the
-    controller's ``auto`` chunker sizes for (``auto_size.InFlightLengths``)."""
+    controller's ``auto`` chunker sizes for (``auto_size.LiveSituation``)."""
 
     requests: tuple[tuple[int, int], ...]
 
@@ -126,12 +126,12 @@ class _PlannerFeed(PlanFeed):
     def __init__(self, rank: int, planner: Planner) -> None:
         super().__init__(rank)
         self.planner = planner
-        self.situation = InFlightLengths(planner.controller)
+        self.situation = LiveSituation(planner)
         self.ended = False
 
     def apply(self, op: Op) -> None:
         if isinstance(op, Sent):
-            self.situation.sent(op.requests, completed=self.planner.request_finish)
+            self.situation.sent([RequestSpec(length, self.planner.now) for _, length in op.requests])
         elif isinstance(op, Submit):
             index = self.planner.submit(RequestSpec(op.length, op.planner_arrival))
             assert index == len(self.lengths), (index, len(self.lengths))

@@ -13,22 +13,27 @@ clock is the simulator's engine without its transport detail, so the choice is w
 simulator sweep over the candidates finds best for that situation (``benchmarks/auto_sweep.py``
 and ``tests/schedule/test_auto_size.py`` check it).
 
-Only the prompt lengths and the cost estimate enter the choice, never a clock, so every rank
-that sees the same situation computes the same size, and a recorded choice replays exactly.
+Only the prompt lengths, the planner's state (``choose_live``) and the cost estimate enter the
+choice, never a wall clock, so every rank that sees the same situation computes the same size,
+and a recorded choice replays exactly.
 
-``AutoChunker`` is the chunker the controller holds in ``auto`` mode: ``resize(lengths)``
-(reached through ``Controller.resize``) picks the size for a situation; until then, or for a
-request the executor never describes, a request is cut at the size chosen for it alone.
+``AutoChunker`` is the chunker the controller holds in ``auto`` mode: ``resize(lengths)`` and
+``resize_live(planner, arriving)`` (reached through ``Controller.resize`` / ``resize_live``)
+pick the size for a situation; until then, or for a request the executor never describes, a
+request is cut at the size chosen for it alone.
 
-What ``auto`` sees is one rule for every executor (``InFlightLengths``): the requests sent
-together first, then, at each later send, every request sent and not yet completed, oldest
-first, the new one included.
+What ``auto`` sees is one rule for every executor that drives a ``Planner`` (``LiveSituation``):
+at each send, the planner's state as it is (the requests in flight with the chunks they were cut
+into and the progress they made, each rank's busy time) and the arriving requests at their
+arrival time; the candidate size applies to what is cut or batched from then on, which is all a
+size chosen now changes (``choose_live``). The first send, to an empty pipeline, is ``choose``'s
+situation: the requests sent together.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable, Protocol, Sequence
+from typing import Callable, Sequence
 
 from .chunking import Chunker
 from .cost import StageCostModel
@@ -39,15 +44,18 @@ from .planner import Planner
 from .policies import PolicySpec
 from .factory import ControllerConfig, default_chunker
 
-__all__ = ["AUTO", "InFlightLengths", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_CAP", "WINDOW", "TIE_TOLERANCE", "AutoChoice",
+__all__ = ["AUTO", "LiveSituation", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_CAP", "WINDOW", "TIE_TOLERANCE", "AutoChoice",
            "AutoSizer", "AutoChunker", "is_auto", "candidates_up_to", "auto_chunker", "score"]
 
 AUTO = "auto"
 
-CANDIDATES = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
+CANDIDATES = (256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
 """Sizes ``auto`` chooses among: powers of two from the tiny CPU runs' 256 up to the 64K that
-long-context serving sweeps, with the 1.5x steps in between where the simulator's optima lie
-(an optimum between two steps costs at most a few percent, the spread of neighbouring cells)."""
+long-context serving sweeps, with the 1.5x steps in between from 2K up, where the simulator's
+optima lie (an optimum between two steps costs at most a few percent). The steps below 8K
+matter where a prompt is short for the pipeline depth: a 64K prompt on 4 or 8 ranks is 8-16
+chunks, and one chunk more or less moves fill, drain and host time per forward by several
+percent (docs/auto-chunk.md)."""
 
 MAX_PLANNED_CHUNKS = 2048
 """A candidate that cuts the situation into more chunks than this is not planned (the smallest
@@ -147,13 +155,48 @@ class AutoSizer:
             scores.append((size, *self._plan(size, situation)))
             if size >= total:  # larger sizes cut and batch exactly like this one
                 break
+        choice = AutoChoice(self._pick(scores), situation, tuple(scores))
+        self._cache[situation] = choice
+        return choice
+
+    def choose_live(self, planner: Planner, arriving: Sequence[tuple[int, float]], to_come: int = 0) -> AutoChoice:
+        """The best candidate for ``arriving`` (prompt length, arrival on the planner's clock),
+        planned from where ``planner`` is now: the requests in flight keep the chunks they were
+        cut into and the progress they made, the pipeline stays as busy as it is, and only the
+        arriving requests' chunks and the batch budget from now on take the candidate size. The
+        score is ``choose``'s, on the time left: until the last request of the situation
+        completes (makespan) and, on average, until each one does (completion)."""
+        if not arriving or min(length for length, _ in arriving) < 1:
+            raise ChunkingError(f"auto needs prompt lengths >= 1 token, got {[n for n, _ in arriving][:8]}")
+        arriving = arriving[: self.window]
+        done = planner.request_finish
+        waiting = [r.length for i, r in enumerate(planner.requests) if i not in done]
+        situation = tuple(waiting + [int(length) for length, _ in arriving])
+        total = sum(situation)
+        longest = max(length for length, _ in arriving)
+        now = planner.now
+        scores = []
+        largest = self.candidates[-1]
+        for size in self.candidates:
+            if -(-total // size) > MAX_PLANNED_CHUNKS and size != largest:
+                continue
+            follow = _Replacements(min(to_come, len(situation)))
+            twin = follow.twin = planner.fork(self.chunker_for(size, longest), size if self.batch else None, follow)
+            for length, arrival in arriving:
+                twin.submit(RequestSpec(int(length), max(float(arrival), now)))
+            twin.advance()
+            left = [twin.request_finish[i] - now for i in range(len(twin.requests)) if i not in done]
+            scores.append((size, max(left), sum(left) / len(left)))
+            if size >= total:  # larger sizes cut and batch exactly like this one
+                break
+        return AutoChoice(self._pick(scores), situation[: self.window], tuple(scores))
+
+    @staticmethod
+    def _pick(scores: Sequence[tuple[int, float, float]]) -> int:
         loss = score(scores)
         best = min(loss.values())
         close = [s for s in scores if loss[s[0]] <= best + TIE_TOLERANCE]
-        size = min(close, key=lambda s: (s[1], s[0]))[0]
-        choice = AutoChoice(size, situation, tuple(scores))
-        self._cache[situation] = choice
-        return choice
+        return min(close, key=lambda s: (s[1], s[0]))[0]
 
     def _plan(self, size: int, situation: tuple[int, ...]) -> tuple[float, float]:
         chunker = self.chunker_for(size, max(situation))
@@ -165,6 +208,25 @@ class AutoSizer:
         planner.advance()
         finish = planner.request_finish
         return max(finish.values()), sum(finish.values()) / len(finish)
+
+
+class _Replacements:
+    """A closed loop's next sends, as ``choose_live`` assumes them: each completion sends one
+    request of the completed one's length at that moment, ``count`` times. The lengths to come
+    are unknown; a closed loop's in-flight lengths are a sample of them (an assumption, not a
+    measurement). ``choose_live`` sends at most as many as the situation holds, one turnover of
+    the requests in flight: a chosen horizon, long enough that the arriving request's tail is
+    not the plan's drain, short enough to plan in about the time of the situation itself."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.twin: Planner | None = None
+
+    def __call__(self, request_index: int, end: float) -> list[RequestSpec]:
+        if self.count <= 0 or self.twin is None:
+            return []
+        self.count -= 1
+        return [RequestSpec(self.twin.requests[request_index].length, end)]
 
 
 class AutoChunker:
@@ -182,6 +244,12 @@ class AutoChunker:
 
     def resize(self, lengths: Sequence[int]) -> AutoChoice:
         self.choice = self.sizer.choose(lengths)
+        self.history.append(self.choice)
+        return self.choice
+
+    def resize_live(self, planner: Planner, arriving: Sequence[tuple[int, float]], to_come: int = 0) -> AutoChoice:
+        """``resize`` for requests arriving at a running planner (``AutoSizer.choose_live``)."""
+        self.choice = self.sizer.choose_live(planner, arriving, to_come)
         self.history.append(self.choice)
         return self.choice
 
@@ -216,27 +284,19 @@ def auto_chunker(policy: PolicySpec, layout: Layout, cost: StageCostModel, cap: 
     return AutoChunker(sizer)
 
 
-class _Resizable(Protocol):
-    def resize(self, lengths: Sequence[int]) -> int | None: ...
+class LiveSituation:
+    """The situation ``auto`` is asked about (module docstring): an executor that drives a
+    ``Planner`` reports each send; the controller's ``auto`` chunker then sizes the arriving
+    requests from the planner's state (``AutoSizer.choose_live``). A controller whose chunker is
+    not ``auto`` ignores it (``Controller.resize_live``)."""
 
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
 
-class InFlightLengths:
-    """The situation ``auto`` is asked about (module docstring): an executor reports sends and
-    completions; every send re-sizes the controller with the lengths in flight. A controller
-    whose chunker is not ``auto`` ignores it (``Controller.resize``)."""
-
-    def __init__(self, controller: _Resizable) -> None:
-        self.controller = controller
-        self._active: dict[Hashable, int] = {}
-
-    def sent(self, requests: Sequence[tuple[Hashable, int]], completed: Iterable[Hashable] = ()) -> int | None:
-        """``requests`` (key, prompt length) were sent together, after the requests ``completed``
-        (those not yet reported through ``completed()``); returns the size chosen."""
-        for key in completed:
-            self._active.pop(key, None)
-        for key, length in requests:
-            self._active[key] = int(length)
-        return self.controller.resize(list(self._active.values()))
-
-    def completed(self, key: Hashable) -> None:
-        self._active.pop(key, None)
+    def sent(self, requests: Sequence[RequestSpec], to_come: int = 0) -> int | None:
+        """``requests`` (length, arrival on the planner's clock) were sent, before they are
+        submitted; an arrival before the planner's present counts as the present. ``to_come``:
+        how many more requests a closed loop will send, one per completion (0: unknown or
+        none). Returns the size chosen."""
+        return self.planner.controller.resize_live(self.planner, [(r.length, r.arrival) for r in requests],
+                                                   to_come)

@@ -9,7 +9,8 @@ hence the simulator and the reference runtime) and the SGLang loops (leader and 
 - ``pick(rank, ready)``: which of a rank's ready ``(stage, seq)`` items runs first.
 - ``next_chunk_size(prefix_len, remaining)``: the size of a request's next chunk (the chunker the
   controller was built with: fixed, tapered, the DCPP curve or ``auto``; ``resize(lengths)``
-  lets an ``auto`` chunker pick the size and token budget for the prompts waiting).
+  and ``resize_live(planner, arriving)`` let an ``auto`` chunker pick the size and token budget
+  for the prompts waiting, the second from a running planner's state).
 - ``hand_off(stage)``: the group and the communication semantics of the hand-off of ``stage``'s
   output to the next stage (None when both stages share a rank, or for the last stage).
 - ``decode``: which micro-batch slots keep running requests (as many as stock PP's);
@@ -338,6 +339,18 @@ class Controller:
         if resize is None:
             return None
         size = resize(lengths).chunk_size
+        if self.token_budget is not None:
+            self.token_budget = size
+        return size
+
+    def resize_live(self, planner: object, arriving: Sequence[tuple[int, float]], to_come: int = 0) -> int | None:
+        """``resize`` for requests (length, arrival) arriving at the running ``planner`` that
+        holds this controller (``auto_size.LiveSituation``). None when the chunker is not
+        ``auto``."""
+        resize = getattr(self.chunker, "resize_live", None)
+        if resize is None:
+            return None
+        size = resize(planner, arriving, to_come).chunk_size
         if self.token_budget is not None:
             self.token_budget = size
         return size

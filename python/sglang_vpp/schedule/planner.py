@@ -32,11 +32,13 @@ The estimated clock only orders work; executors (simulator, runtime, SGLang) kee
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import heapq
 from dataclasses import dataclass
 from typing import Callable
 
+from .chunking import Chunker
 from .controller import Admission, MicroBatch
 from .cost import StageCostModel
 from .factory import ControllerConfig, build_controller
@@ -135,6 +137,37 @@ class Planner:
 
     def chunk(self, position: int) -> ChunkSpec:
         return self.sequence[position]
+
+    def fork(self, chunker: Chunker | None, token_budget: int | None,
+             on_complete: Callable[[int, float], list[RequestSpec]] | None = None) -> Planner:
+        """A copy that plans on from this state on the controller's estimate, with ``chunker``
+        and ``token_budget`` for what is submitted or batched from now on: the what-if an ``auto``
+        chunker scores (``auto_size.AutoSizer.choose_live``). It writes no actions the executors
+        see and keeps no timeline; ``on_complete`` replaces the executor's callback."""
+        twin = copy.copy(self)
+        # The estimate, the layout and the policy are shared read-only; the rest of the
+        # controller's state (in flight, window) moves on independently.
+        shared = {id(self.controller.chunker): chunker, id(self.controller.cost): self.controller.cost,
+                  id(self.controller.layout): self.controller.layout, id(self.controller.policy): self.controller.policy}
+        twin.controller = copy.deepcopy(self.controller, shared)
+        twin.controller.token_budget = token_budget
+        twin._durations = self.config.cost
+        twin._on_complete = on_complete
+        twin._blocking = twin.controller.blocking
+        twin._lowering = Lowering(twin.controller)
+        twin._actions = twin._lowering.actions
+        twin._taken = [0] * self._num_ranks
+        twin.requests = list(self.requests)
+        twin.sequence = list(self.sequence)
+        twin._ready_at = [list(row) for row in self._ready_at]
+        twin._finish = [list(row) for row in self._finish]
+        twin._next_position = list(self._next_position)
+        twin._rank_free = list(self._rank_free)
+        twin._offer = list(self._offer)
+        twin._completions = list(self._completions)
+        twin.request_finish = dict(self.request_finish)
+        twin.timeline = []
+        return twin
 
     # ----------------------------------------------------------------- the event loop
     def _settle(self, now: float) -> None:
@@ -249,6 +282,10 @@ class Planner:
         if consumer is None:
             heapq.heappush(self._completions, (end, position))
             if chunk.is_last:
+                # Every part is finished before any completion sends more work: a fork taken
+                # in a callback (``fork``) then sees the whole micro-batch done.
+                for part in chunk.parts:
+                    self.request_finish[part.request_index] = end
                 for part in chunk.parts:
                     self._complete_request(part.request_index, end)
         elif consumer == rank:  # [Note: fold point has no comm]
@@ -290,7 +327,6 @@ class Planner:
         self._offer[src] = None
 
     def _complete_request(self, request_index: int, end: float) -> None:
-        self.request_finish[request_index] = end
         if self._on_complete is not None:
             for new in self._on_complete(request_index, end):
                 self.submit(new)

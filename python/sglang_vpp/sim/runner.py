@@ -5,7 +5,7 @@ asked at event time for admission, order and closed-loop release, on a clock who
 the run's (``durations``: the cost model, jittered with ``--jitter``; a server's recorded ones for
 a reproduction) while it decides with ``estimate``; a closed-loop workload submits the next
 request from the planner's ``on_complete`` callback at the completion time on that clock; what
-``auto`` sees is ``auto_size.InFlightLengths``) -> ``Schedule`` (per-rank streams and the time
+``auto`` sees is ``auto_size.LiveSituation``) -> ``Schedule`` (per-rank streams and the time
 each micro-batch was admitted) -> ``simulate_schedule`` (executes the streams with the same
 durations, starting stage 0 when the controller admitted it, and adds the link model and idle by
 cause; it decides nothing) -> ``ModeResult`` (``SimResult`` + lower bound).
@@ -29,7 +29,7 @@ from ..schedule import (
     schedule_from_planner,
     validate_schedule,
 )
-from ..schedule.auto_size import InFlightLengths
+from ..schedule.auto_size import LiveSituation
 from .config import SimConfig
 from .cost.jitter import JitteredCostModel
 from .engine import simulate_schedule
@@ -65,7 +65,7 @@ class RunConfig:
     sim: SimConfig = field(default_factory=SimConfig)
     auto_chunk: bool = False
     """Let the controller's ``auto`` chunker pick the chunk size and batch budget per situation
-    (``schedule/auto_size.py``): the requests sent together, then the ones in flight at each send."""
+    (``schedule/auto_size.py``): at each send, from the planner's state then (``LiveSituation``)."""
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:
@@ -128,25 +128,22 @@ def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: R
     pending = list(workload.requests)
     concurrency = workload.concurrency if workload.concurrency is not None else len(pending)
     first, pending = pending[:concurrency], pending[concurrency:]
-    sent = len(first)
 
     def on_complete(request_index: int, end: float) -> list[RequestSpec]:
-        nonlocal sent
-        situation.completed(request_index)
         if not pending:
             return []
         request = pending.pop(0)
-        situation.sent([(sent, request.length)])
-        sent += 1
-        return [RequestSpec(request.length, max(request.arrival, end))]
+        sent = [RequestSpec(request.length, max(request.arrival, end))]
+        situation.sent(sent, len(pending))
+        return sent
 
     planner = Planner(controller_config(spec, layout, config.chunk_size, cost, workload.max_length,
                                         batching=config.batch_requests, max_in_flight=config.max_in_flight,
                                         auto_chunk=config.auto_chunk),
                       on_complete=on_complete,
                       durations=durations if durations is not None else stage_durations(cost, config))
-    situation = InFlightLengths(planner.controller)
-    situation.sent([(i, r.length) for i, r in enumerate(first)])
+    situation = LiveSituation(planner)
+    situation.sent(first, len(pending) if workload.concurrency is not None else 0)
     for request in first:
         planner.submit(request)
     planner.advance()
