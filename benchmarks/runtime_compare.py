@@ -114,8 +114,9 @@ def fit_diagnostics(report: BenchReport) -> dict[str, dict]:
         for run in (r for r in report.runs if r.mode == mode):
             model = _fit(_donor(report, run).replay.samples)
             stages = run.replay.schedule.layout.stages
+            chunks = {chunk.key: chunk for chunk in run.replay.schedule.chunks}  # batched forwards whole
             for sample in (x for x in run.replay.samples if x.kind == "compute"):
-                chunk = ChunkSpec(sample.request_index, sample.chunk_index, sample.prefix_tokens, sample.num_tokens)
+                chunk = chunks[(sample.request_index, sample.chunk_index)]
                 guess = model.stage_cost(stages[sample.stage_index], chunk)
                 errors.append((sample.prefix_tokens, guess / sample.duration_s - 1))
                 predicted += guess
