@@ -9,14 +9,15 @@ to 0 on both sides:
 - vpp-pack at --tp-size 2 --pp-size 2 on the 8-layer tiny Qwen2, with a decode server at
   --tp-size 2: each TP rank sends its KV heads of its own layers to the decode rank holding those
   heads; also equal to what the stock pp-2 prefill served when test_pd_router.py ran first
-  (another parallel config: transformers is the oracle). Against the session's TP-1 decode the
-  head-sliced transfer stalled on this CPU (docs/pd.md);
+  (another parallel config: transformers is the oracle); then the same prefill server behind a
+  decode server at --tp-size 1 (Mooncake's head-sliced transfer, docs/pd.md);
 - a 9-layer tiny DeepSeek-V3 (MLA with q_lora_rank, MoE) with its own decode server, serving in
   turn vpp-pack at --pp-size 4 (8 virtual stages of 2, 1, ..., 1 layers: rank 0 owns layers 0-1
   and 8, uneven) and vpp at --pp-size 2 (4 virtual stages of 3, 2, 2, 2 layers).
 
-Each of the two decode servers replaces the session's for its tests only
-(``PdDeployment.other_decode``); the next PD test, if any, starts the session's again.
+Each of the decode servers replaces the session's for its tests only
+(``PdDeployment.other_decode``; the TP-1 one replaces the TP-2 one behind the running prefill
+server, ``restart_decode``); the next PD test, if any, starts the session's again.
 """
 
 from __future__ import annotations
@@ -85,6 +86,25 @@ def test_vpp_pack_tp2_pp2_prefill_equals_transformers(tp2_decode, pd_model_dir, 
     print(f"vpp-pack tp2 x pp2: {time.monotonic() - began:.0f} s")
 
 
+def test_vpp_pack_tp2_pp2_prefill_tp1_decode_equals_transformers(tp2_decode, pd_model_dir, prompts, reference):
+    """The same prefill server (started by the test above, or here when run alone) behind a
+    decode server at --tp-size 1: each prefill TP rank sends its KV heads token by token into
+    the decode rank's full rows (Mooncake's head-sliced path); on the CPU the transfer waits
+    run at the lowest priority (cpu_compat.py), else the four ranks' spinning waits starved
+    the transfer and Mooncake dropped it after 30 s without progress."""
+    began = time.monotonic()
+    deployment = tp2_decode
+    tp1 = decode_config(ServerConfig(model_dir=str(pd_model_dir), chunked_prefill_size=CHUNK))
+    if deployment.prefill is not None:
+        deployment.restart_decode(config=tp1)
+    else:
+        deployment.start_decode(tp1)
+    router = serve(deployment, pd_model_dir, "vpp-pack", ("--tp-size", "2"), extra_env=TP2_BIND)
+    answers = four_prompts(router.url, prompts)
+    check(deployment, "vpp-pack tp2 x pp2 prefill, tp1 decode", answers, _expected(reference, QWEN2_8L, prompts))
+    print(f"vpp-pack tp2 x pp2, tp1 decode: {time.monotonic() - began:.0f} s")
+
+
 @pytest.fixture(scope="module")
 def deepseek(deployment: PdDeployment, tiny_model):
     """The deployment with a decode server (pp 1) of the 9-layer DeepSeek-V3, for this module."""
@@ -102,3 +122,4 @@ def test_deepseek_v3_mla_prefill_equals_transformers(deepseek, prompts, referenc
     check(deployment, f"DeepSeek-V3 {mode} pp {pp_size} prefill", answers,
           _expected(reference, DEEPSEEK_V3_9L, prompts))
     print(f"DeepSeek-V3 {mode} pp {pp_size}: {time.monotonic() - began:.0f} s")
+

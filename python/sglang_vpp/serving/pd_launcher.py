@@ -198,11 +198,12 @@ class PdDeployment:
         self.router.start(timeout=timeout)
         return self.router
 
-    def restart_decode(self, timeout: float = 300.0) -> SGLangServer:
-        """A fresh decode server from the last one's config (after a fault ended it); the router,
-        which names the decode server's URL, is restarted for a live prefill server."""
+    def restart_decode(self, timeout: float = 300.0, config: ServerConfig | None = None) -> SGLangServer:
+        """A fresh decode server from the last one's config (after a fault ended it), or from
+        ``config`` (another TP size behind the same prefill server); the router, which names the
+        decode server's URL, is restarted for a live prefill server, which keeps running."""
         assert self.decode is not None, "start_decode first"
-        config = self.decode.config
+        config = config if config is not None else self.decode.config
         if self.router is not None:
             self.router.stop()
             self.router = None
