@@ -74,40 +74,12 @@ def test_sender_hook_applies_on_cpu_prefill_only():
         assert not cpu_compat.register_cpu_pd_hooks(ns(device="cpu", disaggregation_mode="decode"))
         assert cpu_compat.register_cpu_pd_hooks(ns(device="cpu", disaggregation_mode="prefill"))
         HookRegistry.apply_hooks()
-        require_applied(cpu_compat.PD_SENDER_INIT_TARGET, cpu_compat.PD_TRANSFER_WAIT_TARGET)
+        require_applied(cpu_compat.PD_SENDER_INIT_TARGET)
         assert "__init__" in vars(MooncakeKVSender)
         print("ok")
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
-
-
-@SKIP_NO_SGLANG
-def test_transfer_wait_runs_at_lowest_priority_in_its_thread_only():
-    """Mooncake's transfer wait spins: the thread that waits drops to nice 19, once; the
-    caller's result passes through and other threads keep their priority."""
-    import os
-    import threading
-
-    from sglang_vpp.sglang_plugin import cpu_compat
-
-    seen = {}
-
-    def original(self, session_id, buffers, peers, lengths):
-        seen["args"] = (self, session_id, buffers, peers, lengths)
-        return -1
-
-    def waiter():
-        seen["ret"] = cpu_compat._transfer_wait_at_low_priority(original, "engine", "peer:1", [1], [2], [3])
-        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    thread = threading.Thread(target=waiter)
-    thread.start()
-    thread.join(30)
-    assert seen["ret"] == -1 and seen["args"] == ("engine", "peer:1", [1], [2], [3])
-    assert seen["nice"] == cpu_compat.WAITER_NICE
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
 
 
 def _decode_manager(mode: str = "decode"):

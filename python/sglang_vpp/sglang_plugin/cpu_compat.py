@@ -31,17 +31,8 @@ each of which avoids a CUDA-only call on a path the CPU reaches:
   and records a CUDA event; the AROUND hook on its ``__init__`` (``PD_SENDER_INIT_TARGET``)
   makes each sender advertise none, so SGLang takes its plain-index path.
 
-- prefill: Mooncake's ``batch_transfer_sync`` waits for its transfer by spinning on the status.
-  A prefill TP other than the decode's takes the head-sliced path (one transfer per token and
-  layer, seconds per chunk on this CPU), so every prefill rank spins at once for the whole
-  transfer; on a host with fewer cores than ranks the spinners starve the threads that move the
-  bytes (the decode server's receiver among them), transfers stall, and Mooncake drops them
-  after its 30 s "no transfer progress" bound. The AROUND hook on SGLang's
-  ``MooncakeTransferEngine.batch_transfer_sync`` (``PD_TRANSFER_WAIT_TARGET``) runs each waiting
-  thread at the lowest priority (nice 19), so it spins only on a core nothing else wants.
-
 The two argument guards run in the launcher (``cli_args.around_from_cli_args``) and only fill a
-flag the user left unset; the sender and transfer-wait hooks are registered in each prefill scheduler process.
+flag the user left unset; the sender hook is registered in each prefill scheduler process.
 
 Data flow: scheduler process -> ``process_hooks.setup_scheduler_process`` ->
 ``register_cpu_hooks()`` (only on the generic platform) -> HookRegistry AROUND hooks on
@@ -52,26 +43,15 @@ Data flow: scheduler process -> ``process_hooks.setup_scheduler_process`` ->
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
-import threading
 from typing import Any
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["CPU_HOOK_TARGETS", "MLA_DISPATCH_TARGET", "PD_SENDER_INIT_TARGET", "PD_TRANSFER_WAIT_TARGET",
-           "ROTARY_INIT_TARGET",
+__all__ = ["CPU_HOOK_TARGETS", "MLA_DISPATCH_TARGET", "PD_SENDER_INIT_TARGET", "ROTARY_INIT_TARGET",
            "apply_cpu_pd_args", "is_generic_cpu_platform", "register_cpu_hooks", "register_cpu_pd_hooks"]
 
 ROTARY_INIT_TARGET = "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__"
 MLA_DISPATCH_TARGET = "sglang.srt.models.deepseek_v2.DeepseekV2AttentionMLA.dispatch_attn_forward_method"
 PD_SENDER_INIT_TARGET = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__"
-PD_TRANSFER_WAIT_TARGET = (
-    "sglang.srt.distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine.batch_transfer_sync"
-)
-WAITER_NICE = 19
-"""Priority of a thread that waits in Mooncake's spinning transfer wait (the lowest)."""
 _TORCH_NATIVE = "torch_native"
 _ROTARY_MODULE = "sglang.srt.layers.rotary_embedding.base"
 _registered = False
@@ -139,21 +119,6 @@ def _sender_without_host_indices(original, self, *args, **kwargs):
     return result
 
 
-_waiters = threading.local()
-
-
-def _transfer_wait_at_low_priority(original, self, *args, **kwargs):
-    # Once per thread (SGLang's transfer threads live as long as the server); nice applies to
-    # the calling thread only (Linux: setpriority on its thread id).
-    if not getattr(_waiters, "lowered", False):
-        _waiters.lowered = True
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WAITER_NICE)
-        except (AttributeError, OSError) as exc:  # not Linux, or not permitted: only slower
-            logger.warning("sglang-vpp: cannot lower the KV transfer thread's priority (%s)", exc)
-    return original(self, *args, **kwargs)
-
-
 def apply_cpu_pd_args(args: Any) -> list[str]:
     """Fill the CPU guards of a PD server into the launcher's ``args``; return what was set.
 
@@ -172,8 +137,7 @@ def apply_cpu_pd_args(args: Any) -> list[str]:
 
 
 def register_cpu_pd_hooks(server_args: Any) -> bool:
-    """Register the prefill sender and transfer-wait guards once, on ``--device cpu`` prefill
-    servers only."""
+    """Register the prefill sender guard once, on ``--device cpu`` prefill servers only."""
     global _pd_registered
     if _pd_registered:
         return True
@@ -184,6 +148,5 @@ def register_cpu_pd_hooks(server_args: Any) -> bool:
     from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
     register_hook(PD_SENDER_INIT_TARGET, _sender_without_host_indices, HookType.AROUND)
-    register_hook(PD_TRANSFER_WAIT_TARGET, _transfer_wait_at_low_priority, HookType.AROUND)
     _pd_registered = True
     return True

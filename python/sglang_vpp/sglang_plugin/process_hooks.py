@@ -51,7 +51,6 @@ def setup_scheduler_process(server_args: Any) -> None:
     _done_for.add(id(server_args))
     from sglang_vpp.sglang_plugin.cpu_compat import (
         PD_SENDER_INIT_TARGET,
-        PD_TRANSFER_WAIT_TARGET,
         is_generic_cpu_platform,
         register_cpu_hooks,
         register_cpu_pd_hooks,
@@ -64,7 +63,7 @@ def setup_scheduler_process(server_args: Any) -> None:
     register_cpu_hooks()
     required: list[str] = []  # hooks registered here that this process must not run without
     if register_cpu_pd_hooks(server_args):
-        required.extend((PD_SENDER_INIT_TARGET, PD_TRANSFER_WAIT_TARGET))
+        required.append(PD_SENDER_INIT_TARGET)
     from sglang_vpp.sglang_plugin.pd_layers import BUILD_IDS, register_pd_layer_hooks
 
     if register_pd_layer_hooks(server_args):

@@ -138,12 +138,10 @@ SURFACE: tuple[SurfaceName, ...] = (
       H, CPU, ("self", "head_size", "rotary_dim", "max_position_embeddings", "base", "is_neox_style")),
     N(_S + "models.deepseek_v2.DeepseekV2AttentionMLA.dispatch_attn_forward_method", H, CPU, ("self", "forward_batch")),
     N(_S + "models.deepseek_common.attention_backend_handler._dispatch_mla_subtype", C, CPU, ("attn", "forward_batch")),
-    # --- prefill-decode split (cpu_compat's sender and transfer-wait guards, pd_guard's bootstrap check)
+    # --- prefill-decode split (cpu_compat's sender guard, pd_guard's bootstrap check)
     N(_S + "disaggregation.mooncake.conn.MooncakeKVSender.__init__", H, CPD,
       ("self", "mgr", "bootstrap_addr", "bootstrap_room")),
     N(_S + "disaggregation.mooncake.conn.MooncakeKVSender.supports_host_tensor_indices", W, CPD),
-    N(_S + "distributed.device_communicators.mooncake_transfer_engine.MooncakeTransferEngine.batch_transfer_sync",
-      H, CPD, ("self", "session_id", "buffers", "peer_buffer_addresses", "lengths")),
     N(_ARGS + "disaggregation_mode", R, PD),
     N(_ARGS + "disaggregation_decode_retraction_backup", W, PD),
     N(_ARGS + "disable_overlap_schedule", W, PD),
