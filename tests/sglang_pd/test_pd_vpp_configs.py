@@ -34,7 +34,7 @@ from sglang_harness import SKIP_NO_SGLANG, ServerConfig
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
 from vpp_checks import QWEN2_8L, Reference, make_prompts  # noqa: E402
 from conftest import CHUNK, PROMPT_LENGTHS, PROMPT_SEED, SERVED  # noqa: E402
-from pd_checks import NUM_NEW, assert_kv_idle, check, four_prompts, generate, serve  # noqa: E402
+from pd_checks import NUM_NEW, assert_kv_idle, check, four_prompts, generate, prefill_of, serve  # noqa: E402
 
 from sglang_vpp.models.tiny_hf import TinyModelSpec  # noqa: E402
 from sglang_vpp.serving.pd_launcher import PdDeployment, decode_config  # noqa: E402
@@ -95,11 +95,13 @@ def test_vpp_pack_tp2_pp2_prefill_refuses_a_tp1_decode(tp2_decode, pd_model_dir,
     stalled past its 30 s bound here, docs/pd.md)."""
     deployment = tp2_decode
     tp1 = decode_config(ServerConfig(model_dir=str(pd_model_dir), chunked_prefill_size=CHUNK))
-    if deployment.prefill is not None:
-        deployment.restart_decode(config=tp1)
+    if deployment.prefill is not None and deployment.prefill.config.pp_mode == "vpp-pack":
+        deployment.restart_decode(config=tp1, served=False)
+        router = deployment.router
     else:
         deployment.start_decode(tp1)
-    router = serve(deployment, pd_model_dir, "vpp-pack", ("--tp-size", "2"), extra_env=TP2_BIND)
+        router = deployment.serve_prefill(
+            prefill_of(pd_model_dir, "vpp-pack", ("--tp-size", "2"), extra_env=TP2_BIND), served=False)
     for ids in prompts[:2]:
         began = time.monotonic()
         with pytest.raises(Exception):
