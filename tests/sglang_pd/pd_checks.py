@@ -17,12 +17,18 @@ LATE_DELAY_S = 1.0
 NUM_NEW = 8
 
 
+def prefill_of(model_dir: Path, mode: str, extra: tuple[str, ...] = (), pp_size: int = 2,
+               extra_env: tuple[tuple[str, str], ...] = ()) -> ServerConfig:
+    """The config of a prefill server of ``mode`` (equal configs: ``serve`` keeps the running one)."""
+    base = ServerConfig(model_dir=str(model_dir), chunked_prefill_size=CHUNK, pp_size=pp_size, pp_mode=mode,
+                        extra_args=extra, extra_env=extra_env)
+    return prefill_config(base, bootstrap_port=free_port())
+
+
 def serve(deployment: PdDeployment, model_dir: Path, mode: str, extra: tuple[str, ...] = (), pp_size: int = 2,
           extra_env: tuple[tuple[str, str], ...] = ()):
     """``deployment``'s router in front of a fresh prefill server of ``mode``."""
-    base = ServerConfig(model_dir=str(model_dir), chunked_prefill_size=CHUNK, pp_size=pp_size, pp_mode=mode,
-                        extra_args=extra, extra_env=extra_env)
-    return deployment.serve_prefill(prefill_config(base, bootstrap_port=free_port()))
+    return deployment.serve_prefill(prefill_of(model_dir, mode, extra, pp_size, extra_env))
 
 
 def generate(url: str, ids: list[int]) -> list[int]:

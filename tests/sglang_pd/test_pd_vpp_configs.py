@@ -9,14 +9,15 @@ to 0 on both sides:
 - vpp-pack at --tp-size 2 --pp-size 2 on the 8-layer tiny Qwen2, with a decode server at
   --tp-size 2: each TP rank sends its KV heads of its own layers to the decode rank holding those
   heads; also equal to what the stock pp-2 prefill served when test_pd_router.py ran first
-  (another parallel config: transformers is the oracle). Against the session's TP-1 decode the
-  head-sliced transfer stalled on this CPU (docs/pd.md);
+  (another parallel config: transformers is the oracle); then the same prefill server behind a
+  decode server at --tp-size 1, which it refuses per request on the CPU (docs/pd.md);
 - a 9-layer tiny DeepSeek-V3 (MLA with q_lora_rank, MoE) with its own decode server, serving in
   turn vpp-pack at --pp-size 4 (8 virtual stages of 2, 1, ..., 1 layers: rank 0 owns layers 0-1
   and 8, uneven) and vpp at --pp-size 2 (4 virtual stages of 3, 2, 2, 2 layers).
 
-Each of the two decode servers replaces the session's for its tests only
-(``PdDeployment.other_decode``); the next PD test, if any, starts the session's again.
+Each of the decode servers replaces the session's for its tests only
+(``PdDeployment.other_decode``; the TP-1 one replaces the TP-2 one behind the running prefill
+server, ``restart_decode``); the next PD test, if any, starts the session's again.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from sglang_harness import SKIP_NO_SGLANG, ServerConfig
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
 from vpp_checks import QWEN2_8L, Reference, make_prompts  # noqa: E402
 from conftest import CHUNK, PROMPT_LENGTHS, PROMPT_SEED, SERVED  # noqa: E402
-from pd_checks import NUM_NEW, check, four_prompts, serve  # noqa: E402
+from pd_checks import NUM_NEW, assert_kv_idle, check, four_prompts, generate, prefill_of, serve  # noqa: E402
 
 from sglang_vpp.models.tiny_hf import TinyModelSpec  # noqa: E402
 from sglang_vpp.serving.pd_launcher import PdDeployment, decode_config  # noqa: E402
@@ -47,6 +48,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG, SKIP_NO_PD, 
 
 DEEPSEEK_V3_9L = TinyModelSpec("deepseek-v3-tiny", num_layers=9, overrides={"initializer_range": 0.1})
 """As in tests/sglang_vpp/test_vpp_models.py: 9 layers split unevenly at pp 2 and pp 4."""
+REFUSAL_BOUND_S = 20.0
+"""A refused request's error comes well before Mooncake's 30 s progress bound would end it."""
 TP2_BIND = (("SGLANG_CPU_OMP_THREADS_BIND", "0|1|0|1"),)
 """Four ranks (tp-major within each pp rank) on the two cores."""
 
@@ -85,6 +88,30 @@ def test_vpp_pack_tp2_pp2_prefill_equals_transformers(tp2_decode, pd_model_dir, 
     print(f"vpp-pack tp2 x pp2: {time.monotonic() - began:.0f} s")
 
 
+def test_vpp_pack_tp2_pp2_prefill_refuses_a_tp1_decode(tp2_decode, pd_model_dir, prompts):
+    """The same prefill server (started by the test above, or here when run alone) behind a
+    decode server at --tp-size 1: on the CPU every request fails at once, the prefill log names
+    the flags and the fix, KV is back to 0 on both sides (Mooncake's head-sliced transfer
+    stalled past its 30 s bound here, docs/pd.md)."""
+    deployment = tp2_decode
+    tp1 = decode_config(ServerConfig(model_dir=str(pd_model_dir), chunked_prefill_size=CHUNK))
+    if deployment.prefill is not None and deployment.prefill.config.pp_mode == "vpp-pack":
+        deployment.restart_decode(config=tp1, served=False)
+        router = deployment.router
+    else:
+        deployment.start_decode(tp1)
+        router = deployment.serve_prefill(
+            prefill_of(pd_model_dir, "vpp-pack", ("--tp-size", "2"), extra_env=TP2_BIND), served=False)
+    for ids in prompts[:2]:
+        began = time.monotonic()
+        with pytest.raises(Exception):
+            generate(router.url, ids)
+        assert time.monotonic() - began < REFUSAL_BOUND_S, f"the refusal took {time.monotonic() - began:.0f} s"
+    log = deployment.prefill.log_tail(200_000)
+    assert "cannot serve a decode server at --tp-size 1" in log and "--tp-size 2" in log, log[-3000:]
+    assert_kv_idle(deployment.prefill, deployment.decode, what="vpp-pack tp2 x pp2 prefill, tp1 decode: ")
+
+
 @pytest.fixture(scope="module")
 def deepseek(deployment: PdDeployment, tiny_model):
     """The deployment with a decode server (pp 1) of the 9-layer DeepSeek-V3, for this module."""
@@ -102,3 +129,4 @@ def test_deepseek_v3_mla_prefill_equals_transformers(deepseek, prompts, referenc
     check(deployment, f"DeepSeek-V3 {mode} pp {pp_size} prefill", answers,
           _expected(reference, DEEPSEEK_V3_9L, prompts))
     print(f"DeepSeek-V3 {mode} pp {pp_size}: {time.monotonic() - began:.0f} s")
+

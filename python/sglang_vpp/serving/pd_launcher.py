@@ -104,8 +104,9 @@ class RouterProcess:
         except OSError:
             return "(no log)"
 
-    def start(self, timeout: float = 120.0) -> RouterProcess:
-        """Start, then wait until a one-token request through the router succeeds."""
+    def start(self, timeout: float = 120.0, served: bool = True) -> RouterProcess:
+        """Start, then wait until a one-token request through the router succeeds (``served``)
+        or is answered by the servers at all (a pair that refuses every request)."""
         self.port = self.port or free_port()
         self.metrics_port = self.metrics_port or free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,6 +130,8 @@ class RouterProcess:
                 return self
             except (RuntimeError, urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
                 last = str(exc)[:300]  # 503 "No prefill workers available" until registered
+                if not served and isinstance(exc, RuntimeError) and "-> 503" not in last:
+                    return self
             time.sleep(1.0)
         self.stop()
         raise ServerStartError(f"no request through the router succeeded within {timeout:.0f} s "
@@ -177,8 +180,9 @@ class PdDeployment:
         self.decode = server.start(timeout=timeout)
         return server
 
-    def serve_prefill(self, config: ServerConfig, timeout: float = 300.0) -> RouterProcess:
-        """Replace the prefill server (and its router) by one started from ``config``."""
+    def serve_prefill(self, config: ServerConfig, timeout: float = 300.0, served: bool = True) -> RouterProcess:
+        """Replace the prefill server (and its router) by one started from ``config``; with
+        ``served`` False the pair may refuse every request (``RouterProcess.start``)."""
         if self.decode is None and self.home_decode is not None:
             self.start_decode(self.home_decode, timeout)
         assert self.decode is not None, "start_decode first"
@@ -195,14 +199,16 @@ class PdDeployment:
         self.prefill = server.start(timeout=timeout)
         self.router = RouterProcess(server.url, bootstrap_port, self.decode.url,
                                     self.log_dir / f"router-{len(self.started)}.log", extra_args=self.router_args)
-        self.router.start(timeout=timeout)
+        self.router.start(timeout=timeout, served=served)
         return self.router
 
-    def restart_decode(self, timeout: float = 300.0) -> SGLangServer:
-        """A fresh decode server from the last one's config (after a fault ended it); the router,
-        which names the decode server's URL, is restarted for a live prefill server."""
+    def restart_decode(self, timeout: float = 300.0, config: ServerConfig | None = None,
+                       served: bool = True) -> SGLangServer:
+        """A fresh decode server from the last one's config (after a fault ended it), or from
+        ``config`` (another TP size behind the same prefill server); the router, which names the
+        decode server's URL, is restarted for a live prefill server, which keeps running."""
         assert self.decode is not None, "start_decode first"
-        config = self.decode.config
+        config = config if config is not None else self.decode.config
         if self.router is not None:
             self.router.stop()
             self.router = None
@@ -213,7 +219,7 @@ class PdDeployment:
         if _alive(self.prefill):
             self.router = RouterProcess(self.prefill.url, _bootstrap_port_of(self.prefill.config), self.decode.url,
                                         self.log_dir / f"router-{len(self.started)}.log", extra_args=self.router_args)
-            self.router.start(timeout=timeout)
+            self.router.start(timeout=timeout, served=served)
         return server
 
     @contextmanager

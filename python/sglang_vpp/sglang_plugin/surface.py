@@ -170,6 +170,11 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "disaggregation.utils.poll_and_all_reduce_prefill_pp", H, VPD, ("pollers",)),
     N(_S + "disaggregation.prefill.SchedulerDisaggregationPrefillMixin.send_kv_chunk",
       H, VPD, ("self", "req", "last_chunk", "end_idx")),
+    # refused on --device cpu: a decode server at another attention TP (the head-sliced path)
+    N(_S + "disaggregation.mooncake.conn.MooncakeKVManager.send_kvcache_slice", H, VPD,
+      ("self", "mooncake_session_id", "prefill_kv_indices", "dst_kv_ptrs", "dst_kv_indices", "dst_tp_rank",
+       "dst_attn_tp_size")),
+    N(_S + "disaggregation.mooncake.conn.MooncakeKVManager.attn_tp_size", R, VPD),
     N(_S + "disaggregation.utils.DisaggregationMode.PREFILL", R, VPD),
     N(_S + "disaggregation.base.conn.KVPoll.Success", R, VPD),
     N(_S + "disaggregation.base.conn.KVPoll.Failed", R, VPD),

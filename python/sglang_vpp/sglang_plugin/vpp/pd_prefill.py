@@ -26,6 +26,13 @@ runs them through SGLang's own methods, at points every rank reaches in the same
   ``process_disagg_prefill_inflight_queue(rids)``; a scheduling turn follows, where SGLang
   frees what its batch building still holds of them.
 
+- refused on ``--device cpu``: a decode server at another ``--tp-size`` (its attention TP, read
+  from its registration on the first transfer), whose KV takes Mooncake's head-sliced path
+  (``send_kvcache_slice``: one transfer per token and layer). On this CPU those transfers stalled
+  with idle cores, 15 to 60 s, under stock PP too; a VPP prefill's ranks send a chunk's KV
+  together, and 3 of its 4 requests failed after Mooncake's 30 s progress bound. The request
+  fails at once with the reason and the fix instead (``around_send_kvcache_slice``).
+
 Rank 0 polls after each ``ingest_requests`` (a TP collective, so the TP ranks of rank 0 poll at
 the same points); a verdict that admits requests wakes an idle loop.
 """
@@ -41,11 +48,13 @@ from .errors import SchedulerDivergenceError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PdPrefill", "POLL_PREFILL_PP", "SEND_KV_CHUNK", "around_poll_prefill_pp", "around_send_kv_chunk"]
+__all__ = ["PdPrefill", "POLL_PREFILL_PP", "SEND_KV_CHUNK", "SEND_KVCACHE_SLICE", "around_poll_prefill_pp",
+           "around_send_kv_chunk", "around_send_kvcache_slice", "head_sliced_refusal"]
 
 _S = "sglang.srt."
 POLL_PREFILL_PP = _S + "disaggregation.utils.poll_and_all_reduce_prefill_pp"
 SEND_KV_CHUNK = _S + "disaggregation.prefill.SchedulerDisaggregationPrefillMixin.send_kv_chunk"
+SEND_KVCACHE_SLICE = _S + "disaggregation.mooncake.conn.MooncakeKVManager.send_kvcache_slice"
 
 RELEASE_WAIT_S = 10.0
 """Longest wait for this rank's sender to conclude a transfer every rank's status says ended."""
@@ -73,6 +82,23 @@ def around_send_kv_chunk(original, self: Any, req: Any, last_chunk: bool = False
     if not last_chunk and not _RESULT_SENDS.get():
         return None
     return original(self, req, last_chunk=last_chunk, end_idx=end_idx)
+
+
+def head_sliced_refusal(prefill_tp: int, decode_tp: int) -> str:
+    return (
+        f"a VPP prefill (--pp-mode vpp*) at --tp-size {prefill_tp} cannot serve a decode server at "
+        f"--tp-size {decode_tp} on --device cpu: that KV takes Mooncake's head-sliced transfer (one "
+        "transfer per token and layer), which stalled past Mooncake's 30 s progress bound on the CPU. "
+        f"Start the decode server with --tp-size {prefill_tp}, or use --pp-mode cpp for this prefill"
+    )
+
+
+def around_send_kvcache_slice(original, self: Any, mooncake_session_id: str, prefill_kv_indices: Any,
+                              dst_kv_ptrs: list, dst_kv_indices: Any, dst_tp_rank: int, dst_attn_tp_size: int,
+                              *args: Any, **kwargs: Any) -> int:
+    """Fail the transfer (-1: SGLang fails the request and answers its client) with the reason."""
+    logger.error("sglang-vpp: %s", head_sliced_refusal(int(self.attn_tp_size), int(dst_attn_tp_size)))
+    return -1
 
 
 def _terminal(status: Any) -> bool:
