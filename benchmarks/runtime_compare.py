@@ -38,7 +38,7 @@ from sglang_vpp.runtime.bench import (
 )
 from sglang_vpp.runtime.replay import replay_cost, replay_samples
 from sglang_vpp.runtime.spec import Timeouts
-from sglang_vpp.schedule import ChunkSpec, parse_size
+from sglang_vpp.schedule import parse_size
 from sglang_vpp.sim import SimConfig, simulate_schedule
 from sglang_vpp.schedule.fitted_cost import FittedCostModel
 from sglang_vpp.sim.cost.fitted import fit_cost_model

@@ -32,7 +32,10 @@ def _surface() -> dict[str, list[str]]:
     group = typer.main.get_command(app)
     surface = {}
     for name, command in sorted(group.commands.items()):
-        flags = sorted(opt for param in command.params for opt in getattr(param, "opts", []) if opt.startswith("--"))
+        # secondary_opts: the off switch of an on/off flag (``--no-batch-requests``) is a contract too
+        flags = sorted(opt for param in command.params
+                       for opt in (*getattr(param, "opts", []), *getattr(param, "secondary_opts", []))
+                       if opt.startswith("--"))
         surface[name] = flags
     return surface
 

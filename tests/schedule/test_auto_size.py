@@ -111,7 +111,7 @@ def test_auto_matches_the_best_of_a_simulator_sweep(mode, num_ranks, kind, lengt
 
 def test_a_prompt_short_for_the_depth_finds_the_step_between_powers_of_two():
     """qwen3-coder-30b-a3b, 64K on 8 ranks of 910C: 4K cuts 16 chunks (32 forwards per rank,
-    each paying host time), 8K cuts 8 for 15 virtual stages (the V never fills); 6K's 11
+    each paying host time), 8K cuts 8 for 16 virtual stages (the V never fills); 6K's 11
     chunks beat both, and auto, which plans every candidate, picks it."""
     model = load_model("qwen3-coder-30b-a3b")
     cost = AnalyticCostModel(model, load_hardware("ascend-910c"))

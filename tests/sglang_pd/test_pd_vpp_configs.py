@@ -90,8 +90,9 @@ def test_vpp_pack_tp2_pp2_prefill_equals_transformers(tp2_decode, pd_model_dir, 
 
 def test_vpp_pack_tp2_pp2_prefill_refuses_a_tp1_decode(tp2_decode, pd_model_dir, prompts):
     """The same prefill server (started by the test above, or here when run alone) behind a
-    decode server at --tp-size 1: on the CPU every request fails at once, the prefill log names
-    the flags and the fix, KV is back to 0 on both sides (Mooncake's head-sliced transfer
+    decode server at --tp-size 1: on the CPU every request fails at once (the first refused
+    transfer marks the decode session failed in Mooncake, so later ones may fail on that), the
+    prefill log names the flags and the fix, KV is back to 0 on both sides (Mooncake's head-sliced transfer
     stalled past its 30 s bound here, docs/pd.md)."""
     deployment = tp2_decode
     tp1 = decode_config(ServerConfig(model_dir=str(pd_model_dir), chunked_prefill_size=CHUNK))

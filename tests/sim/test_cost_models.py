@@ -149,8 +149,8 @@ def test_batched_samples_round_trip(tmp_path, suffix):
 
 def test_a_batched_forward_is_fitted_with_the_features_it_is_predicted_with():
     # Every forward has one shape (four whole 256-token prompts), so the fit cannot separate the
-    # per-forward constant from the token terms; fitted on the lead's tokens alone it predicted
-    # such a forward at a fraction of its measured time. Fitted on every part, it reproduces it.
+    # per-forward constant from the token terms; fitted on the features the prediction uses, it
+    # still reproduces such a forward.
     stage = _stage(layers=8, num_ranks=2, index=0)  # 4 layers, as measured
     a, b, d = 2e-9, 3e-6, 0.02
     per_part = a * 256 * 256 + b * 256

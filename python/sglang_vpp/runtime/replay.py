@@ -90,12 +90,13 @@ def cost_samples(layout: Layout, reports: Sequence[RankReport]) -> list[CostSamp
     """One compute sample per stage compute (its own cost) and one transfer sample per hand-off."""
     samples: list[CostSample] = []
     sends = {(r.key, r.rank): r for report in reports for r in report.records if r.kind == "SEND_F"}
+    chunks = {(row[0], row[1]): ChunkSpec(*row) for row in reports[0].chunks}
     for report in reports:
         for record in report.records:
             if record.is_compute:
                 stage = layout.stages[record.stage_index]
                 # A record counts the whole forward's tokens; a sample names the lead's and the rest.
-                lead = ChunkSpec(*_chunk_row(reports[0], record.request_index, record.chunk_index))
+                lead = chunks[(record.request_index, record.chunk_index)]
                 samples.append(CostSample("compute", record.stage_index, record.request_index, record.chunk_index,
                                           lead.start, lead.num_tokens, record.cost_s, stage.num_layers, record.rank,
                                           tuple((part.start, part.num_tokens) for part in lead.batch)))
@@ -105,26 +106,11 @@ def cost_samples(layout: Layout, reports: Sequence[RankReport]) -> list[CostSamp
                     continue
                 both_posted = max(send.posted_s or send.start_s, record.posted_s or record.start_s)
                 done = record.done_s if record.done_s is not None else record.end_s
+                chunk = chunks[(record.request_index, record.chunk_index)]
                 samples.append(CostSample("transfer", record.stage_index, record.request_index, record.chunk_index,
-                                          _prefix(reports[0], record.request_index, record.chunk_index),
-                                          _tokens(reports[0], record.request_index, record.chunk_index),
+                                          chunk.start, chunk.total_tokens,
                                           max(0.0, done - both_posted), None, send.rank))
     return samples
-
-
-def _chunk_row(report: RankReport, request: int, chunk: int) -> tuple:
-    for row in report.chunks:
-        if row[0] == request and row[1] == chunk:
-            return row
-    raise KeyError((request, chunk))
-
-
-def _prefix(report: RankReport, request: int, chunk: int) -> int:
-    return _chunk_row(report, request, chunk)[2]
-
-
-def _tokens(report: RankReport, request: int, chunk: int) -> int:
-    return ChunkSpec(*_chunk_row(report, request, chunk)).total_tokens
 
 
 def replay_samples(samples: Sequence[CostSample]) -> list[CostSample]:

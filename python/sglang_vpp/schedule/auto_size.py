@@ -26,8 +26,9 @@ What ``auto`` sees is one rule for every executor that drives a ``Planner`` (``L
 at each send, the planner's state as it is (the requests in flight with the chunks they were cut
 into and the progress they made, each rank's busy time) and the arriving requests at their
 arrival time; the candidate size applies to what is cut or batched from then on, which is all a
-size chosen now changes (``choose_live``). The first send, to an empty pipeline, is ``choose``'s
-situation: the requests sent together.
+size chosen now changes (``choose_live``). A closed loop also tells how many requests it will
+still send; the plan includes them (``_Replacements``). The first send, to an empty pipeline and
+with nothing to come, is ``choose``'s situation: the requests sent together.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ WINDOW = 128
 """Requests of a situation that are planned (the oldest first). A batch's best budget depends
 on how many requests share the pipeline (a 16-request window picks 8K for 100 x 4K on CPP at
 P = 4 where the 100 requests run best at 16K), so the window covers the paper's 100-request
-loads whole; planning 128 requests at 9 sizes takes about a second."""
+loads whole; planning 128 requests at every candidate size takes about a second."""
 
 TIE_TOLERANCE = 0.002
 """Scores within this fraction count as equal; the makespan, then the size decides."""
@@ -146,15 +147,7 @@ class AutoSizer:
         cached = self._cache.get(situation)
         if cached is not None:
             return cached
-        total = sum(situation)
-        scores = []
-        largest = self.candidates[-1]
-        for size in self.candidates:
-            if -(-total // size) > MAX_PLANNED_CHUNKS and size != largest:
-                continue
-            scores.append((size, *self._plan(size, situation)))
-            if size >= total:  # larger sizes cut and batch exactly like this one
-                break
+        scores = [(size, *self._plan(size, situation)) for size in self._planned_sizes(sum(situation))]
         choice = AutoChoice(self._pick(scores), situation, tuple(scores))
         self._cache[situation] = choice
         return choice
@@ -165,7 +158,8 @@ class AutoSizer:
         cut into and the progress they made, the pipeline stays as busy as it is, and only the
         arriving requests' chunks and the batch budget from now on take the candidate size. The
         score is ``choose``'s, on the time left: until the last request of the situation
-        completes (makespan) and, on average, until each one does (completion)."""
+        completes (makespan) and, on average, until each one does (completion), the requests a
+        closed loop sends meanwhile (``to_come``, ``_Replacements``) included."""
         if not arriving or min(length for length, _ in arriving) < 1:
             raise ChunkingError(f"auto needs prompt lengths >= 1 token, got {[n for n, _ in arriving][:8]}")
         arriving = arriving[: self.window]
@@ -176,10 +170,7 @@ class AutoSizer:
         longest = max(length for length, _ in arriving)
         now = planner.now
         scores = []
-        largest = self.candidates[-1]
-        for size in self.candidates:
-            if -(-total // size) > MAX_PLANNED_CHUNKS and size != largest:
-                continue
+        for size in self._planned_sizes(total):
             follow = _Replacements(min(to_come, len(situation)))
             twin = follow.twin = planner.fork(self.chunker_for(size, longest), size if self.batch else None, follow)
             for length, arrival in arriving:
@@ -187,9 +178,20 @@ class AutoSizer:
             twin.advance()
             left = [twin.request_finish[i] - now for i in range(len(twin.requests)) if i not in done]
             scores.append((size, max(left), sum(left) / len(left)))
-            if size >= total:  # larger sizes cut and batch exactly like this one
-                break
         return AutoChoice(self._pick(scores), situation[: self.window], tuple(scores))
+
+    def _planned_sizes(self, total: int) -> list[int]:
+        """The candidates worth planning for a situation of ``total`` tokens: none that cuts it into
+        more than ``MAX_PLANNED_CHUNKS`` chunks (the largest candidate always stays), and none past
+        the first that holds it whole (larger sizes cut and batch exactly like that one)."""
+        sizes = []
+        for size in self.candidates:
+            if -(-total // size) > MAX_PLANNED_CHUNKS and size != self.candidates[-1]:
+                continue
+            sizes.append(size)
+            if size >= total:
+                break
+        return sizes
 
     @staticmethod
     def _pick(scores: Sequence[tuple[int, float, float]]) -> int:

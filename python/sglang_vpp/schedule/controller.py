@@ -336,21 +336,17 @@ class Controller:
         (oldest first): it picks the chunk size of the next requests and, when this controller
         batches, the token budget. Returns the size; None when the chunker is not ``auto``."""
         resize = getattr(self.chunker, "resize", None)
-        if resize is None:
-            return None
-        size = resize(lengths).chunk_size
-        if self.token_budget is not None:
-            self.token_budget = size
-        return size
+        return None if resize is None else self._resized(resize(lengths).chunk_size)
 
     def resize_live(self, planner: object, arriving: Sequence[tuple[int, float]], to_come: int = 0) -> int | None:
         """``resize`` for requests (length, arrival) arriving at the running ``planner`` that
         holds this controller (``auto_size.LiveSituation``). None when the chunker is not
         ``auto``."""
         resize = getattr(self.chunker, "resize_live", None)
-        if resize is None:
-            return None
-        size = resize(planner, arriving, to_come).chunk_size
+        return None if resize is None else self._resized(resize(planner, arriving, to_come).chunk_size)
+
+    def _resized(self, size: int) -> int:
+        """An ``auto`` size also sizes the batch budget of a controller that batches."""
         if self.token_budget is not None:
             self.token_budget = size
         return size

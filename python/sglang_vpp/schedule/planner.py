@@ -143,13 +143,16 @@ class Planner:
         """A copy that plans on from this state on the controller's estimate, with ``chunker``
         and ``token_budget`` for what is submitted or batched from now on: the what-if an ``auto``
         chunker scores (``auto_size.AutoSizer.choose_live``). It writes no actions the executors
-        see and keeps no timeline; ``on_complete`` replaces the executor's callback."""
+        see, and its timeline starts empty; ``on_complete`` replaces the executor's callback."""
         twin = copy.copy(self)
         # The estimate, the layout and the policy are shared read-only; the rest of the
         # controller's state (in flight, window) moves on independently.
-        shared = {id(self.controller.chunker): chunker, id(self.controller.cost): self.controller.cost,
-                  id(self.controller.layout): self.controller.layout, id(self.controller.policy): self.controller.policy}
-        twin.controller = copy.deepcopy(self.controller, shared)
+        live = self.controller
+        shared = {id(part): part for part in (live.cost, live.layout, live.policy) if part is not None}
+        if live.chunker is not None:  # not copied: replaced below
+            shared[id(live.chunker)] = chunker
+        twin.controller = copy.deepcopy(live, shared)
+        twin.controller.chunker = chunker
         twin.controller.token_budget = token_budget
         twin._durations = self.config.cost
         twin._on_complete = on_complete

@@ -75,8 +75,8 @@ def build_schedule(
     batching: bool = False,
 ) -> Schedule:
     """Plan ``requests`` (lengths or ``RequestSpec``) end to end for one policy. ``batching``
-    off by default: these are the streams the reference runtime, which runs one request per
-    forward, executes (``factory.controller_config``)."""
+    off by default: one request per forward, the reference runtime's ``--no-batch-requests``
+    (``factory.controller_config``); the runtime's default batches, as ``batching=True`` plans."""
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
     layout = build_layout(num_ranks, num_layers, spec.layout_kind, split)
     specs = [r if isinstance(r, RequestSpec) else RequestSpec(int(r)) for r in requests]

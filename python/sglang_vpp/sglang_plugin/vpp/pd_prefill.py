@@ -29,9 +29,11 @@ runs them through SGLang's own methods, at points every rank reaches in the same
 - refused on ``--device cpu``: a decode server at another ``--tp-size`` (its attention TP, read
   from its registration on the first transfer), whose KV takes Mooncake's head-sliced path
   (``send_kvcache_slice``: one transfer per token and layer). On this CPU those transfers stalled
-  with idle cores, 15 to 60 s, under stock PP too; a VPP prefill's ranks send a chunk's KV
-  together, and 3 of its 4 requests failed after Mooncake's 30 s progress bound. The request
-  fails at once with the reason and the fix instead (``around_send_kvcache_slice``).
+  with idle cores, 15 to 60 s, under stock PP too (its cause in Mooncake's TCP transport is not
+  known); behind a VPP prefill 3 of 4 requests once failed after Mooncake's 30 s progress
+  bound. The transfer fails at once instead (``around_send_kvcache_slice``): the prefill log
+  names both sizes and the fix; the client gets SGLang's failed-transfer error, and Mooncake
+  marks the decode session failed, so later requests fail at once too (docs/pd.md).
 
 Rank 0 polls after each ``ingest_requests`` (a TP collective, so the TP ranks of rank 0 poll at
 the same points); a verdict that admits requests wakes an idle loop.
@@ -89,14 +91,15 @@ def head_sliced_refusal(prefill_tp: int, decode_tp: int) -> str:
         f"a VPP prefill (--pp-mode vpp*) at --tp-size {prefill_tp} cannot serve a decode server at "
         f"--tp-size {decode_tp} on --device cpu: that KV takes Mooncake's head-sliced transfer (one "
         "transfer per token and layer), which stalled past Mooncake's 30 s progress bound on the CPU. "
-        f"Start the decode server with --tp-size {prefill_tp}, or use --pp-mode cpp for this prefill"
+        f"Start the decode server with --tp-size {prefill_tp}"
     )
 
 
 def around_send_kvcache_slice(original, self: Any, mooncake_session_id: str, prefill_kv_indices: Any,
                               dst_kv_ptrs: list, dst_kv_indices: Any, dst_tp_rank: int, dst_attn_tp_size: int,
                               *args: Any, **kwargs: Any) -> int:
-    """Fail the transfer (-1: SGLang fails the request and answers its client) with the reason."""
+    """Fail the transfer (-1: SGLang fails the request and answers its client with its own
+    failed-transfer error); the reason and the fix go to this server's log."""
     logger.error("sglang-vpp: %s", head_sliced_refusal(int(self.attn_tp_size), int(dst_attn_tp_size)))
     return -1
 
