@@ -130,4 +130,4 @@ def test_batched_short_requests_equal_reference(pool2, matches_reference, model,
     layers = resolve_model(model, 0, None).config.num_hidden_layers
     samples = [s for s in cost_samples(run_layout(result.spec, layers), result.reports) if s.kind == "compute"]
     assert any(s.batch for s in samples)
-    assert all(sum(tokens for _, tokens in s.parts) == forwards[s.key] for s in samples)
+    assert all(s.total_tokens == forwards[s.key] for s in samples)

@@ -112,8 +112,7 @@ class SharedCostModel:
                     continue
                 assert s.num_layers is not None, s
                 # A batched forward is keyed as ``_LayoutCost`` asks: the lead's prefix, all its tokens.
-                forward_tokens = sum(tokens for _, tokens in s.parts)
-                key = (s.num_layers, s.stage_index == 0, s.stage_index == last_stage, s.prefix_tokens, forward_tokens)
+                key = (s.num_layers, s.stage_index == 0, s.stage_index == last_stage, s.prefix_tokens, s.total_tokens)
                 minima = per_mode.setdefault(key, {})
                 minima[run.mode] = min(s.duration_s, minima.get(run.mode, float("inf")))
         assert per_mode, "no compute samples to fit"

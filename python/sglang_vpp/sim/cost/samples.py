@@ -75,6 +75,11 @@ class CostSample:
         """(prefix, tokens) of every request in the forward, the lead first."""
         return ((self.prefix_tokens, self.num_tokens), *self.batch)
 
+    @property
+    def total_tokens(self) -> int:
+        """Tokens of the whole forward (``ChunkSpec.total_tokens``)."""
+        return self.num_tokens + sum(tokens for _, tokens in self.batch)
+
     def to_dict(self) -> dict:
         data = {"kind": self.kind, "stage": self.stage_index, "request": self.request_index,
                 "chunk": self.chunk_index, "prefix": self.prefix_tokens, "tokens": self.num_tokens,
@@ -118,10 +123,10 @@ def _batch(value) -> tuple[tuple[int, int], ...]:
     return tuple((int(prefix), int(tokens)) for prefix, tokens in pairs)
 
 
-def _csv_cell(sample: "CostSample", column: str):
-    if column == "batch":
-        return " ".join(f"{prefix}:{tokens}" for prefix, tokens in sample.batch)
-    return sample.to_dict().get(column, "")
+def _csv_row(sample: "CostSample") -> dict:
+    row = sample.to_dict()
+    row["batch"] = " ".join(f"{prefix}:{tokens}" for prefix, tokens in sample.batch)
+    return {column: row.get(column, "") for column in _COLUMNS}
 
 
 def samples_to_json(samples: Iterable[CostSample], meta: dict | None = None) -> dict:
@@ -143,7 +148,7 @@ def write_samples(samples: Iterable[CostSample], path: str | Path, meta: dict | 
         writer = csv.DictWriter(buffer, fieldnames=_COLUMNS)
         writer.writeheader()
         for sample in samples:
-            writer.writerow({k: _csv_cell(sample, k) for k in _COLUMNS})
+            writer.writerow(_csv_row(sample))
         path.write_text(buffer.getvalue())
     elif path.suffix == ".json":
         path.write_text(json.dumps(samples_to_json(samples, meta), indent=1) + "\n")
