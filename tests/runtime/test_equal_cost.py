@@ -36,7 +36,7 @@ def test_recovers_fixed_and_per_layer_costs_from_two_layouts():
     runs = [MeasuredRunCosts(plan.policy, plan.layout, _samples(plan)) for plan in (_plan("cpp"), _plan("vpp"))]
     model = SharedCostModel.fit(runs)
     assert model.fixed == pytest.approx((FIXED, EMBED, HEAD), rel=1e-6, abs=1e-9)
-    assert model.per_layer[(512, 256)] == pytest.approx(_layer(512, 256), rel=1e-6)
+    assert model.per_layer[((512, 256),)] == pytest.approx(_layer(512, 256), rel=1e-6)
     assert model.rel_rmse < 1e-9
 
 
@@ -58,7 +58,7 @@ def test_unmeasured_chunk_position_is_an_error():
     cpp = _plan("cpp")
     model = SharedCostModel.fit([MeasuredRunCosts(cpp.policy, cpp.layout, _samples(cpp))])
     other = build_schedule("cpp", 2, 8, [RequestSpec(1000)], 300)
-    with pytest.raises(KeyError, match="no measured chunk"):
+    with pytest.raises(KeyError, match="no measured forward"):
         equal_cost_replay(other, model, {0: 0.0})
 
 
@@ -85,3 +85,18 @@ def test_shapes_many_modes_ran_are_not_favoured():
     arrivals = {0: 0.0, 1: 0.0}
     assert equal_cost_replay(vpp, lucky, arrivals).makespan_s == pytest.approx(
         equal_cost_replay(vpp, uniform, arrivals).makespan_s, rel=1e-9)
+
+
+def test_a_batched_forward_is_not_merged_with_a_chunk_of_as_many_tokens():
+    """Four 256-token prompts in one forward and one 1024-token chunk at the same lead prefix
+    have the same total tokens but different costs: the model keeps both."""
+    layout = _plan("cpp").layout
+    batched = CostSample("compute", 0, 0, 0, 0, 256, 0.010, 4, batch=((0, 256), (0, 256), (0, 256)))
+    whole = CostSample("compute", 0, 4, 0, 0, 1024, 0.030, 4)
+    also = [CostSample("compute", 1, 0, 0, 0, 256, 0.011, 4, batch=((0, 256), (0, 256), (0, 256))),
+            CostSample("compute", 1, 4, 0, 0, 1024, 0.031, 4)]
+    model = SharedCostModel.fit([MeasuredRunCosts("cpp", layout, [batched, whole, *also])])
+    assert batched.total_tokens == whole.total_tokens
+    assert set(model.per_layer) == {batched.parts, whole.parts}
+    for sample in (batched, whole):
+        assert model.compute(4, True, False, sample.parts) == pytest.approx(sample.duration_s, rel=0.1)

@@ -109,7 +109,7 @@ def test_vpp_pack_tp2_pp2_prefill_refuses_a_tp1_decode(tp2_decode, pd_model_dir,
             generate(router.url, ids)
         assert time.monotonic() - began < REFUSAL_BOUND_S, f"the refusal took {time.monotonic() - began:.0f} s"
     log = deployment.prefill.log_tail(200_000)
-    assert "cannot serve a decode server at --tp-size 1" in log and "--tp-size 2" in log, log[-3000:]
+    assert "cannot serve a decode server at attention TP size 1" in log and "--tp-size 2" in log, log[-3000:]
     assert_kv_idle(deployment.prefill, deployment.decode, what="vpp-pack tp2 x pp2 prefill, tp1 decode: ")
 
 

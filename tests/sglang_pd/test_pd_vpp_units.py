@@ -143,14 +143,23 @@ def test_a_release_is_logged_and_asks_the_loop_for_a_scheduling_turn():
     assert pd.leader_poll(events) is False and len(events) == 1  # nothing ended: the loop may idle
 
 
-def test_a_head_sliced_transfer_fails_at_once_naming_the_flags_and_the_fix(caplog):
-    """A decode server at another --tp-size: the transfer fails (-1, so SGLang fails the request)
-    without reaching Mooncake, and the log names both sizes and the fix."""
+def test_a_head_sliced_transfer_fails_at_once_naming_the_flags_and_the_fix(caplog, monkeypatch):
+    """A decode server at another attention TP size: the transfer fails (-1, so SGLang fails the
+    request) without reaching Mooncake, and the log names both sizes and the fix, once per decode
+    session however many chunks and ranks reach it."""
+    monkeypatch.setattr(pd_prefill, "_REFUSALS_LOGGED", set())
     reached = []
     manager = SimpleNamespace(attn_tp_size=2)
+
+    def send(session):
+        return pd_prefill.around_send_kvcache_slice(lambda *a, **k: reached.append(a) or 0, manager, session,
+                                                    [0], [1], [2], 0, 1, 64, None)
+
     with caplog.at_level("ERROR"):
-        ret = pd_prefill.around_send_kvcache_slice(lambda *a, **k: reached.append(a) or 0, manager, "peer:1",
-                                                   [0], [1], [2], 0, 1, 64, None)
-    assert ret == -1 and not reached
-    assert "at --tp-size 2 cannot serve a decode server at --tp-size 1" in caplog.text
-    assert "Start the decode server with --tp-size 2" in caplog.text
+        assert [send("peer:1"), send("peer:1"), send("peer:2")] == [-1, -1, -1]
+    assert not reached
+    assert "at attention TP size 2 cannot serve a decode server at attention TP size 1" in caplog.text
+    assert "Start the decode server at attention TP size 2 (--tp-size 2 without DP attention" in caplog.text
+    assert [r.getMessage().count("peer:") for r in caplog.records] == [1, 1]
+    assert "decode session peer:1" in caplog.records[0].getMessage()
+    assert "decode session peer:2" in caplog.records[1].getMessage()

@@ -10,7 +10,8 @@ Cost model (``SharedCostModel``), fitted on the compute samples of all modes tog
     stage call on the chunk at (prefix L, c tokens) with n layers =
         fixed + first * embed + last * head + n * layer(L, c)
 
-``layer(L, c)`` is a table: one layer's cost at that chunk position. ``fixed`` is what one stage
+``layer(L, c)`` is a table: one layer's cost at that chunk position (for a forward that batches
+several prompts, at that tuple of (prefix, tokens) parts: four 1K prompts are not one 4K chunk). ``fixed`` is what one stage
 call costs whatever its layers (dispatch, the hand-off's tensor bookkeeping); ``embed`` / ``head``
 what only the first / last stage runs. Contiguous (cpp, dcpp) and fold-back (vpp*) layouts run
 the same chunk positions with different layers per stage, which is what separates ``fixed`` from
@@ -18,7 +19,7 @@ the per-layer part; all unknowns come from one least-squares solve on relative r
 (``fixed``, ``embed``, ``head`` kept >= 0). Positions only one layout ran (dcpp's chunks) get
 their per-layer cost from their own samples, given the shared fixed terms.
 
-Least disturbed: for every (layers, first, last, prefix, tokens) shape each mode contributes its
+Least disturbed: for every (layers, first, last, parts) shape each mode contributes its
 *minimum* over its repeats (a neighbour process on the same cores stretches thread CPU time --
 shared caches, memory bandwidth -- but never shortens it), and the solve sees the median of those
 per-mode minima. Every mode's estimate rests on the same number of samples: a minimum over all
@@ -46,8 +47,9 @@ __all__ = ["EQUAL_COST_LABEL", "MeasuredRunCosts", "SharedCostModel", "equal_cos
 EQUAL_COST_LABEL = "replayed on one cost model shared by all modes (least-disturbed costs of every mode)"
 
 _FIXED_TERMS = ("fixed", "embed", "head")
-Shape = tuple[int, int]
-"""(prefix tokens, chunk tokens): one chunk position."""
+Shape = tuple[tuple[int, int], ...]
+"""(prefix tokens, chunk tokens) of every request in one forward, the lead first: one chunk
+position, or a batched forward's parts (four 1K prompts in one forward are not one 4K chunk)."""
 
 
 @dataclass(frozen=True)
@@ -75,12 +77,12 @@ class SharedCostModel:
     fallback: SharedCostModel | None = None
     """Asked for chunk positions this model's samples do not hold."""
 
-    def compute(self, num_layers: int, first: bool, last: bool, prefix: int, tokens: int) -> float:
-        layer = self.per_layer.get((prefix, tokens))
+    def compute(self, num_layers: int, first: bool, last: bool, shape: Shape) -> float:
+        layer = self.per_layer.get(shape)
         if layer is None and self.fallback is not None:
-            return self.fallback.compute(num_layers, first, last, prefix, tokens)
+            return self.fallback.compute(num_layers, first, last, shape)
         if layer is None:
-            raise KeyError(f"no measured chunk at prefix {prefix}, {tokens} tokens: the shared model only "
+            raise KeyError(f"no measured forward of (prefix, tokens) parts {list(shape)}: the shared model only "
                            "replays chunk positions some mode of the same repeat ran")
         return self.fixed[0] + first * self.fixed[1] + last * self.fixed[2] + num_layers * layer
 
@@ -102,7 +104,7 @@ class SharedCostModel:
 
     @classmethod
     def fit(cls, runs: Sequence[MeasuredRunCosts], fallback: SharedCostModel | None = None) -> SharedCostModel:
-        per_mode: dict[tuple[int, bool, bool, int, int], dict[str, float]] = {}
+        per_mode: dict[tuple[int, bool, bool, Shape], dict[str, float]] = {}
         transfers: dict[int, float] = {}
         for run in runs:
             last_stage = run.layout.num_stages - 1
@@ -111,18 +113,17 @@ class SharedCostModel:
                     transfers[s.num_tokens] = min(s.duration_s, transfers.get(s.num_tokens, float("inf")))
                     continue
                 assert s.num_layers is not None, s
-                # A batched forward is keyed as ``_LayoutCost`` asks: the lead's prefix, all its tokens.
-                key = (s.num_layers, s.stage_index == 0, s.stage_index == last_stage, s.prefix_tokens, s.total_tokens)
+                key = (s.num_layers, s.stage_index == 0, s.stage_index == last_stage, s.parts)
                 minima = per_mode.setdefault(key, {})
                 minima[run.mode] = min(s.duration_s, minima.get(run.mode, float("inf")))
         assert per_mode, "no compute samples to fit"
         least = {key: statistics.median(minima.values()) for key, minima in per_mode.items()}
-        shapes = sorted({(prefix, tokens) for (_, _, _, prefix, tokens) in least})
+        shapes = sorted({shape for (_, _, _, shape) in least})
         column = {shape: len(_FIXED_TERMS) + i for i, shape in enumerate(shapes)}
         features = np.zeros((len(least), len(_FIXED_TERMS) + len(shapes)))
-        for row, (layers, first, last, prefix, tokens) in enumerate(least):
+        for row, (layers, first, last, shape) in enumerate(least):
             features[row, :3] = (1.0, float(first), float(last))
-            features[row, column[(prefix, tokens)]] = layers
+            features[row, column[shape]] = layers
         y = np.array(list(least.values()), dtype=float)
         solution = _fixed_terms_nonnegative_fit(features, y)
         rel = (features @ solution - y) / np.maximum(y, 1e-12)
@@ -138,8 +139,8 @@ class _LayoutCost(StageCostModel):
 
     def stage_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
         first, last = stage.stage_index == 0, stage.stage_index == self.layout.num_stages - 1
-        # A batched forward is keyed as the ranks record it: the lead's prefix, every part's tokens.
-        return self.shared.compute(stage.num_layers, first, last, chunk.start, chunk.total_tokens)
+        parts = tuple((part.start, part.num_tokens) for part in chunk.parts)
+        return self.shared.compute(stage.num_layers, first, last, parts)
 
     def transfer_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
         return self.shared.transfer(chunk.total_tokens)

@@ -87,20 +87,32 @@ def around_send_kv_chunk(original, self: Any, req: Any, last_chunk: bool = False
 
 
 def head_sliced_refusal(prefill_tp: int, decode_tp: int) -> str:
+    """The reason and the fix. Both sizes are attention TP sizes (``--tp-size``, divided by
+    ``--dp-size`` under DP attention), which is what Mooncake compares."""
     return (
-        f"a VPP prefill (--pp-mode vpp*) at --tp-size {prefill_tp} cannot serve a decode server at "
-        f"--tp-size {decode_tp} on --device cpu: that KV takes Mooncake's head-sliced transfer (one "
-        "transfer per token and layer), which stalled past Mooncake's 30 s progress bound on the CPU. "
-        f"Start the decode server with --tp-size {prefill_tp}"
+        f"a VPP prefill (--pp-mode vpp*) at attention TP size {prefill_tp} cannot serve a decode server "
+        f"at attention TP size {decode_tp} on --device cpu: that KV takes Mooncake's head-sliced transfer "
+        "(one transfer per token and layer), which stalled past Mooncake's 30 s progress bound on the CPU. "
+        f"Start the decode server at attention TP size {prefill_tp} (--tp-size {prefill_tp} without DP "
+        f"attention; with it, --tp-size / --dp-size = {prefill_tp})"
     )
+
+
+_REFUSALS_LOGGED: set[tuple[str, int, int]] = set()
+"""(decode session, prefill TP, decode TP) already logged: a refused request fails on its first
+transfer, but each of its chunks comes here on every rank: one line per session and rank process says it."""
 
 
 def around_send_kvcache_slice(original, self: Any, mooncake_session_id: str, prefill_kv_indices: Any,
                               dst_kv_ptrs: list, dst_kv_indices: Any, dst_tp_rank: int, dst_attn_tp_size: int,
                               *args: Any, **kwargs: Any) -> int:
     """Fail the transfer (-1: SGLang fails the request and answers its client with its own
-    failed-transfer error); the reason and the fix go to this server's log."""
-    logger.error("sglang-vpp: %s", head_sliced_refusal(int(self.attn_tp_size), int(dst_attn_tp_size)))
+    failed-transfer error); the reason and the fix go to this server's log, once per decode
+    session and pair of sizes."""
+    key = (str(mooncake_session_id), int(self.attn_tp_size), int(dst_attn_tp_size))
+    if key not in _REFUSALS_LOGGED:
+        _REFUSALS_LOGGED.add(key)
+        logger.error("sglang-vpp: %s (decode session %s)", head_sliced_refusal(key[1], key[2]), key[0])
     return -1
 
 
