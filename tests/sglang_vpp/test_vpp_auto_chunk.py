@@ -74,7 +74,7 @@ def _serve(scheduler, length: int) -> list[int]:
         adder.new_chunked_req = request if take < remaining else None
         adder.taken = take
 
-    adder = SimpleNamespace(rem_chunk_tokens=scheduler.chunked_prefill_size, new_chunked_req=None)
+    adder = SimpleNamespace(rem_chunk_tokens=scheduler.chunked_prefill_size, new_chunked_req=None, can_run_list=[])
     chunk_sizing.around_add_one_req(admit, adder, req, has_chunked_req=False, truncation_align_size=None)
     cut = [adder.taken]
     scheduler.chunked_req = req
