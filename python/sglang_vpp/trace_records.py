@@ -7,7 +7,8 @@ Per rank ``r``, ``DIR/vpp_rank<r>.records.json`` holds::
     {"schema": 2, "clock_origin_s": float, "summary": {...}, "counters": {...},
      "records":    [ComputeRecord as a dict, ...],       # every stage compute, in order
      "controller": {mode, pp_size, stage_layers, max_in_flight, chunk_size, cost},
-     "decisions":  [{"kind": "admit" | "hold" | "left" | "pick" | "chunk" | "decode", ...}, ...],
+     "decisions":  [{"kind": "admit" | "hold" | "left" | "pick" | "chunk" | "decode" | "resize",
+                     ...}, ...],
      "arrivals":   [{"stage", "seq", "t_s"}, ...],        # VPP: each hidden-state message received
      "builds":     [{"seq", "slot", "t_s"}, ...]}         # VPP rank 0: each micro-batch SGLang built
 
@@ -16,7 +17,9 @@ Decision records: ``admit`` (``decision``: ``yes`` | ``packed``) and ``hold`` ca
 (``micro_batch_record``); ``left`` a ``seq``; ``pick`` the ``ready`` items and the ``chosen`` one,
 each ``[stage, seq]``; ``decode`` the prefill-only slot whose requests wait to decode (``from_slot``), the
 ``running`` requests of each decode slot that could take it (``[slot, count]`` pairs) and the
-``chosen`` slot (null: none could). ``DIR/vpp_rank<r>.json`` is the Perfetto (Chrome JSON) view of ``records``.
+``chosen`` slot (null: none could); ``chunk`` an ``auto`` chunker's cut (``prefix``,
+``remaining``, ``size``); ``resize`` an ``auto`` situation (``lengths``) and its ``size`` (traces
+written before it existed have none and replay as before). ``DIR/vpp_rank<r>.json`` is the Perfetto (Chrome JSON) view of ``records``.
 
 Times are seconds on the rank's ``time.perf_counter`` since ``clock_origin_s`` (that clock's
 value when the loop started; one clock for every rank of a host). What ``check --trace
@@ -38,7 +41,7 @@ from .schedule import LinearAttentionCost, MicroBatch, StageCostModel
 from .schedule.errors import CostModelError
 from .schedule.fitted_cost import FittedCostModel
 
-__all__ = ["ComputeRecord", "ADMIT", "HOLD", "LEFT", "PICK", "CHUNK", "DECODE", "DECISION_KINDS", "records_file", "chrome_trace_file",
+__all__ = ["ComputeRecord", "ADMIT", "HOLD", "LEFT", "PICK", "CHUNK", "DECODE", "RESIZE", "DECISION_KINDS", "records_file", "chrome_trace_file",
            "RECORDS_GLOB", "PROFILE_ENV", "profile_file", "SCHEMA", "SCHEMA_VERSION", "CLOCK_ORIGIN", "CLOCK_FIELDS", "ARRIVALS", "BUILDS",
            "rank_of_records_file", "micro_batch_record", "micro_batch_from_record", "cost_record",
            "cost_from_record"]
@@ -49,7 +52,11 @@ CHUNK = "chunk"
 DECODE = "decode"
 """The decode slot the requests of a prefill-only slot join (``Controller.decode_move``;
 ``DecodeMove.record`` writes its fields)."""
-DECISION_KINDS = (ADMIT, HOLD, LEFT, PICK, CHUNK, DECODE)
+RESIZE = "resize"
+"""An ``auto`` server's situation and the size chosen for it (``Controller.resize``): the prompt
+``lengths`` waiting and in flight when rank 0 formed a batch, and the ``size`` (chunk size of
+the next requests and budget of a batch of new ones). Every rank records the size it applied."""
+DECISION_KINDS = (ADMIT, HOLD, LEFT, PICK, CHUNK, DECODE, RESIZE)
 RECORDS_GLOB = "vpp_rank*.records.json"
 SCHEMA, SCHEMA_VERSION = "schema", 2
 CLOCK_ORIGIN, ARRIVALS, BUILDS = "clock_origin_s", "arrivals", "builds"

@@ -77,6 +77,27 @@ def test_controller_resize_sets_chunk_and_budget_only_for_auto():
     assert size == auto.token_budget == auto.next_chunk_size(0, 1 << 20)
 
 
+def test_an_executor_that_forms_its_batches_gets_the_size_as_budget_and_a_replica_adopts_it():
+    """A server's controller forms no batches (no token budget): the size of the last situation
+    bounds the executor's batch of new requests; another rank applies rank 0's size unplanned."""
+    spec = get_policy("vpp-pack")
+    layout = build_layout(2, 8, spec.layout_kind)
+    cost = LinearAttentionCost(fixed_per_chunk=1e-3)
+    leader, replica = (Controller(spec, layout, cost, chunker=auto_chunker(spec, layout, cost, 16_384))
+                       for _ in range(2))
+    assert leader.new_batch_budget(16_384) == 16_384  # nothing told yet: the executor's cap
+    size = leader.resize([300] * 8)
+    assert leader.token_budget is None and leader.new_batch_budget(16_384) == size
+    assert leader.new_batch_budget(size // 2) == size // 2
+    assert replica.adopt_size([300] * 8, size) == size and replica.new_batch_budget(16_384) == size
+    assert replica.next_chunk_size(0, 5000) == leader.next_chunk_size(0, 5000)
+    assert replica.chunker.choice.scores == ()  # adopted, not planned
+    with pytest.raises(ChunkingError, match="not one of the candidates"):
+        replica.adopt_size([300] * 8, 300)
+    fixed = Controller(spec, layout, cost, chunker=FixedChunker(64))
+    assert fixed.adopt_size([300], 512) is None and fixed.new_batch_budget(64) == 64
+
+
 def test_bad_situations_are_refused():
     chunker = _chunker("cpp", 2, LinearAttentionCost())
     with pytest.raises(ChunkingError, match="lengths"):

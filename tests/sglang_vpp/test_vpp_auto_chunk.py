@@ -18,7 +18,7 @@ from sglang_vpp.schedule.auto_size import SERVER_CAP
 from sglang_vpp.sglang_plugin.cli_args import add_pipeline_args, check_namespace
 from sglang_vpp.sglang_plugin.accounting import RankAccounting
 from sglang_vpp.sglang_plugin.errors import PpModeError
-from sglang_vpp.trace_records import CHUNK
+from sglang_vpp.trace_records import CHUNK, RESIZE
 from sglang_vpp.sglang_plugin.validate import VPP_REFUSALS
 from sglang_vpp.sglang_plugin.vpp import chunk_sizing, state as vpp_state
 from sglang_vpp.sglang_plugin.vpp.state import VppConfig, VppState
@@ -74,7 +74,7 @@ def _serve(scheduler, length: int) -> list[int]:
         adder.new_chunked_req = request if take < remaining else None
         adder.taken = take
 
-    adder = SimpleNamespace(rem_chunk_tokens=scheduler.chunked_prefill_size, new_chunked_req=None)
+    adder = SimpleNamespace(rem_chunk_tokens=scheduler.chunked_prefill_size, new_chunked_req=None, can_run_list=[])
     chunk_sizing.around_add_one_req(admit, adder, req, has_chunked_req=False, truncation_align_size=None)
     cut = [adder.taken]
     scheduler.chunked_req = req
@@ -149,3 +149,162 @@ def test_on_cpu_the_estimate_carries_the_measured_host_gap_so_auto_chunks_are_no
     # 8000-token prompt (served in 512-token chunks it took 5x cpp's makespan) gets large chunks.
     assert generic.chunker.sizer.choose((8000,)).chunk_size == smallest
     assert cpu.chunker.sizer.choose((8000,)).chunk_size >= 4096
+
+
+class _Scheduler(SimpleNamespace):
+    """The scheduler state ``auto`` reads: the request being chunked and the waiting queue."""
+
+
+def _request(length: int, rid: str = "r") -> SimpleNamespace:
+    return SimpleNamespace(rid=rid, prefix_len=0, origin_input_ids=[1] * length, output_ids=[])
+
+
+def _ranks(monkeypatch, waiting: list) -> list:
+    """Rank 0 and rank 1 of an auto server (SGLang's cap), each its scheduler replica, controller,
+    situation reporter and decision log."""
+    ranks = []
+    for rank in (0, 1):
+        state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, auto_chunk=True, on_cpu=True), rank=rank)
+        state.ensure_layout(8)
+        controller = state.build_controller(SERVER_CAP)
+        acct = RankAccounting(rank, "unused-trace-dir")
+        controller.chunker.on_choice = functools.partial(acct.decision, CHUNK)
+        scheduler = _Scheduler(chunked_prefill_size=SERVER_CAP, max_prefill_tokens=SERVER_CAP, chunked_req=None,
+                               dynamic_chunk_sizer=None, waiting_queue=list(waiting))
+        situation = chunk_sizing.AutoSituation(scheduler, controller, functools.partial(acct.decision, RESIZE))
+        ranks.append(SimpleNamespace(state=state, controller=controller, scheduler=scheduler, acct=acct,
+                                     situation=situation))
+    monkeypatch.setattr(chunk_sizing, "_sizer", None)
+    return ranks
+
+
+def _form_batch(scheduler, controller) -> list[int]:
+    """SGLang's prefill adder over the waiting queue with the plugin's hook: whole requests while
+    they fit the budget, the first that does not is cut to the rest (it then waits chunked)."""
+    chunk_sizing.install_chunk_sizer(scheduler, controller)
+
+    def admit(adder, request, *args, **kwargs):
+        remaining = len(request.origin_input_ids) - request.prefix_len
+        take = min(adder.rem_chunk_tokens, remaining)
+        adder.rem_chunk_tokens -= take
+        adder.can_run_list.append(take)
+        adder.new_chunked_req = request if take < remaining else None
+
+    adder = SimpleNamespace(rem_chunk_tokens=scheduler.chunked_prefill_size, new_chunked_req=None, can_run_list=[])
+    for req in list(scheduler.waiting_queue):
+        if adder.rem_chunk_tokens <= 0:
+            break
+        chunk_sizing.around_add_one_req(admit, adder, req, has_chunked_req=False, truncation_align_size=None)
+        scheduler.waiting_queue.remove(req)
+        if adder.new_chunked_req is not None:
+            break
+    return adder.can_run_list
+
+
+def test_a_burst_of_short_prompts_is_batched_at_the_size_the_controller_chose(monkeypatch):
+    """Rank 0 tells the controller the 8 waiting prompts; the batch is cut at the size it chose
+    (not SGLang's 16384 cap), and rank 1, replaying the event, forms the same batch."""
+    burst = [_request(300, f"r{i}") for i in range(8)]
+    leader, follower = _ranks(monkeypatch, burst)
+    events: list = []
+    leader.situation.before_schedule(events)
+    [(kind, lengths, size)] = events
+    assert kind == chunk_sizing.AUTO_EVENT and lengths == (300,) * 8
+    plan = leader.controller.chunker.sizer.choose(lengths)
+    assert size == plan.chunk_size < SERVER_CAP  # the schedule core's choice, not the cap
+    leader.situation.before_schedule(events)  # nothing changed: nothing to tell again
+    assert len(events) == 1
+    batch = _form_batch(leader.scheduler, leader.controller)
+    assert sum(batch) == min(size, 8 * 300) and len(batch) < 8
+    follower.situation.replay(events[0], rank=1)
+    assert _form_batch(follower.scheduler, follower.controller) == batch
+    assert leader.acct.decisions[0] == follower.acct.decisions[0] == {"kind": RESIZE, "lengths": [300] * 8,
+                                                                      "size": size}
+
+
+def test_a_rank_whose_scheduler_sees_another_situation_stops(monkeypatch):
+    from sglang_vpp.sglang_plugin.vpp.errors import SchedulerDivergenceError
+
+    leader, follower = _ranks(monkeypatch, [_request(300), _request(900)])
+    events: list = []
+    leader.situation.before_schedule(events)
+    follower.scheduler.waiting_queue.pop()
+    with pytest.raises(SchedulerDivergenceError, match="rank 0 sized a batch for prompts of \\[300, 900\\]"):
+        follower.situation.replay(events[0], rank=1)
+
+
+def test_the_request_being_chunked_leads_the_situation(monkeypatch):
+    [leader, _] = _ranks(monkeypatch, [_request(300)])
+    leader.scheduler.chunked_req = _request(5000)
+    assert chunk_sizing.situation(leader.scheduler) == (5000, 300)
+    leader.scheduler.chunked_req, leader.scheduler.waiting_queue = None, []
+    events: list = []
+    leader.situation.before_schedule(events)  # nothing to size
+    assert events == [] and leader.controller.auto_size is None
+
+
+def _write_trace(tmp_path, inputs: dict, decisions: dict[int, list]) -> str:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for rank in (0, 1):
+        (tmp_path / f"vpp_rank{rank}.records.json").write_text(json.dumps(
+            {"records": [], "counters": {}, "controller": inputs, "decisions": decisions.get(rank, [])}))
+    return str(tmp_path)
+
+
+def _served_burst(monkeypatch) -> tuple[dict, dict[int, list], int]:
+    """Both ranks' records of a burst of 8 x 300 tokens, then a 5000-token prompt, served."""
+    from sglang_vpp.trace_records import ADMIT, LEFT, micro_batch_record
+    from sglang_vpp.schedule import Admission, MicroBatch
+
+    leader, follower = _ranks(monkeypatch, [_request(300, f"r{i}") for i in range(8)])
+    events: list = []
+    leader.situation.before_schedule(events)
+    batch = _form_batch(leader.scheduler, leader.controller)
+    follower.situation.replay(events[0], rank=1)
+    _form_batch(follower.scheduler, follower.controller)
+    mb = MicroBatch(0, frozenset({"r0", "r1"}), 0, sum(batch), True)
+    leader.acct.decision(ADMIT, decision=str(leader.controller.admission(mb)), **micro_batch_record(mb))
+    leader.controller.on_admitted(mb, Admission.YES)
+    leader.acct.decision(LEFT, seq=0)
+    for rank in (leader, follower):
+        rank.scheduler.waiting_queue.append(_request(5000, "long"))
+    events = []
+    leader.situation.before_schedule(events)
+    follower.situation.replay(events[0], rank=1)
+    for rank in (leader, follower):
+        _form_batch(rank.scheduler, rank.controller)
+    inputs = leader.state.controller_inputs(leader.controller)
+    return inputs, {0: leader.acct.decisions, 1: follower.acct.decisions}, sum(batch)
+
+
+def test_check_trace_replays_each_resize_and_reports_a_wrong_size(monkeypatch, tmp_path):
+    inputs, decisions, _ = _served_burst(monkeypatch)
+    resizes = [r for r in decisions[0] if r["kind"] == RESIZE]
+    assert len(resizes) == 2 and [r for r in decisions[1] if r["kind"] == RESIZE] == resizes
+    result = CliRunner().invoke(app, ["check", "--trace", _write_trace(tmp_path / "ok", inputs, decisions)])
+    assert result.exit_code == 0, result.output
+    for rank in (0, 1):  # negative control: an edited size on either rank is a reported difference
+        wrong = {r: [dict(d) for d in ds] for r, ds in decisions.items()}
+        edited = next(d for d in wrong[rank] if d["kind"] == RESIZE)
+        edited["size"] = next(c for c in (256, 512, 1024) if c != edited["size"])
+        result = CliRunner().invoke(app, ["check", "--trace", _write_trace(tmp_path / f"bad{rank}", inputs, wrong)])
+        assert result.exit_code == 1, result.output
+        assert f"rank {rank}" in result.output
+        assert f"a size of {resizes[0]['size']} tokens for prompts of [300, 300" in result.output
+
+
+def test_check_trace_reports_a_batch_over_the_auto_size(monkeypatch, tmp_path):
+    inputs, decisions, tokens = _served_burst(monkeypatch)
+    wrong = {r: [dict(d) for d in ds] for r, ds in decisions.items()}
+    admit = next(d for d in wrong[0] if d["kind"] == "admit")
+    admit["tokens"] = 8 * 300  # the whole burst in one forward: SGLang's cap, not the auto size
+    result = CliRunner().invoke(app, ["check", "--trace", _write_trace(tmp_path, inputs, wrong)])
+    assert result.exit_code == 1, result.output
+    assert f"a prefill forward of at most {tokens} tokens (the auto size)" in result.output
+
+
+def test_a_trace_without_resize_records_still_replays(monkeypatch, tmp_path):
+    inputs, decisions, _ = _served_burst(monkeypatch)
+    old = {r: [d for d in ds if d["kind"] not in (RESIZE, CHUNK)] for r, ds in decisions.items()}
+    result = CliRunner().invoke(app, ["check", "--trace", _write_trace(tmp_path, inputs, old)])
+    assert result.exit_code == 0, result.output

@@ -177,7 +177,7 @@ def test_vpp_taper_server_cuts_the_chunks_the_planner_cuts(monkeypatch):
         adder.new_chunked_req = request if take < remaining else None
         adder.taken = take
 
-    adder = SimpleNamespace(rem_chunk_tokens=128, new_chunked_req=None)
+    adder = SimpleNamespace(rem_chunk_tokens=128, new_chunked_req=None, can_run_list=[])
     chunk_sizing.around_add_one_req(admit, adder, req, has_chunked_req=False, truncation_align_size=None)
     cut = [adder.taken]
     scheduler.chunked_req = req
@@ -188,10 +188,10 @@ def test_vpp_taper_server_cuts_the_chunks_the_planner_cuts(monkeypatch):
     assert cut == planned and planned[0] < 128 < length and max(planned) == 128, planned
     # A short request is left whole, and a refused one gives its budget back.
     short = SimpleNamespace(prefix_len=0, origin_input_ids=[1] * 100, output_ids=[])
-    adder = SimpleNamespace(rem_chunk_tokens=128, new_chunked_req=None)
+    adder = SimpleNamespace(rem_chunk_tokens=128, new_chunked_req=None, can_run_list=[])
     chunk_sizing.around_add_one_req(admit, adder, short)
     assert adder.taken == 100 and adder.rem_chunk_tokens == 28
-    adder = SimpleNamespace(rem_chunk_tokens=128, new_chunked_req=None)
+    adder = SimpleNamespace(rem_chunk_tokens=128, new_chunked_req=None, can_run_list=[])
     chunk_sizing.around_add_one_req(lambda *a, **k: None, adder, req)
     assert adder.rem_chunk_tokens == 128
 

@@ -249,6 +249,17 @@ class AutoChunker:
         self.history.append(self.choice)
         return self.choice
 
+    def adopt(self, lengths: Sequence[int], size: int) -> AutoChoice:
+        """The size another replica of this chunker chose for ``lengths`` with ``resize``: a
+        pipeline's rank 0 plans, the other ranks take its answer instead of planning again
+        (``check --trace`` plans every recorded one again). ChunkingError for a size that is not
+        a candidate."""
+        if size not in self.sizer.candidates:
+            raise ChunkingError(f"auto size {size} is not one of the candidates {list(self.sizer.candidates)}")
+        self.choice = AutoChoice(int(size), tuple(int(n) for n in lengths[: self.sizer.window]), ())
+        self.history.append(self.choice)
+        return self.choice
+
     def resize_live(self, planner: Planner, arriving: Sequence[tuple[int, float]], to_come: int = 0) -> AutoChoice:
         """``resize`` for requests arriving at a running planner (``AutoSizer.choose_live``)."""
         self.choice = self.sizer.choose_live(planner, arriving, to_come)

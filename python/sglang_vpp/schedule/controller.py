@@ -200,6 +200,8 @@ class Controller:
         """The in-flight limit while the deep window is closed; None: ``limits.in_flight`` always."""
         self.token_budget = token_budget
         """Tokens one prefill forward may carry when requests are batched; None: no batching."""
+        self.auto_size: int | None = None
+        """The size an ``auto`` chunker chose last (``resize``); None: none chosen yet."""
         self.decodes = decodes
         self.decode: DecodeGroups = decode_groups(self.limits.slots, layout.num_ranks, decodes)
         """The slots that keep running requests: stock PP's count, whatever the mode's slots."""
@@ -345,11 +347,26 @@ class Controller:
         resize = getattr(self.chunker, "resize_live", None)
         return None if resize is None else self._resized(resize(planner, arriving, to_come).chunk_size)
 
+    def adopt_size(self, lengths: Sequence[int], size: int) -> int | None:
+        """Apply the size an equal controller's ``resize(lengths)`` chose (a pipeline's rank 0
+        decides, the other ranks apply its answer: ``AutoChunker.adopt``). None when the chunker
+        is not ``auto``."""
+        adopt = getattr(self.chunker, "adopt", None)
+        return None if adopt is None else self._resized(adopt(lengths, size).chunk_size)
+
     def _resized(self, size: int) -> int:
-        """An ``auto`` size also sizes the batch budget of a controller that batches."""
+        """An ``auto`` size also sizes the batch budget: this controller's when it batches, and
+        the executor's (``new_batch_budget``) when the executor forms the batches."""
+        self.auto_size = size
         if self.token_budget is not None:
             self.token_budget = size
         return size
+
+    def new_batch_budget(self, max_tokens: int) -> int:
+        """Tokens of a prefill forward that starts with a new request, for an executor that
+        forms its own batches (SGLang's prefill adder; ``max_tokens``: its cap): the size
+        ``auto`` chose for the last situation it was told (``resize``), else ``max_tokens``."""
+        return max_tokens if self.auto_size is None else min(self.auto_size, max_tokens)
 
     def batch_budget(self, prefix_len: int, remaining: int, max_tokens: int) -> int:
         """Token budget of the forward that continues a chunked request: its next chunk, or, when

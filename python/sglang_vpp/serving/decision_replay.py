@@ -12,6 +12,10 @@ inputs (mode, layout, limits, cost model) -> the rank's recorded calls replayed 
   controller must choose the recorded one;
 - ``chunk`` records (``--chunked-prefill-size auto``: the inputs carry ``auto_chunk_cap``) carry
   each chunk size the ``auto`` chunker gave: the controller must give the same size;
+- ``resize`` records (``auto``: the prompt lengths waiting and in flight when rank 0 formed a
+  batch, on every rank the size it applied) carry each situation: the controller, told the same
+  lengths (``Controller.resize``), must choose the same size; the ``chunk`` records after it
+  replay at that size, and no prefill micro-batch admitted after it may carry more tokens;
 - ``decode`` records (requests of a prefill-only slot waited to decode) carry that slot and the
   running requests of the decode slots that could take them: the controller, asked about that
   slot with the others in flight, must decide the recorded move (slot, or none).
@@ -59,6 +63,7 @@ from ..trace_records import (
     LEFT,
     PICK,
     RECORDS_GLOB,
+    RESIZE,
     cost_from_record,
     micro_batch_from_record,
     micro_batch_record,
@@ -183,6 +188,9 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
                 if observed is not expected:
                     return Divergence(rank, index, mb.seq, _admission_text(expected), _admission_text(observed))
                 if observed is not Admission.NO:
+                    divergence = _over_budget(controller, rank, index, mb)
+                    if divergence is not None:
+                        return divergence
                     controller.on_admitted(mb, observed)
             elif kind == "left":
                 seq = int(record["seq"])
@@ -197,6 +205,10 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
                 if expected_size != int(record["size"]):
                     return Divergence(rank, index, None, f"a chunk of {expected_size} tokens after prefix "
                                       f"{record['prefix']}", f"{record['size']} tokens")
+            elif kind == RESIZE:
+                divergence = _replay_resize(controller, rank, index, record)
+                if divergence is not None:
+                    return divergence
             elif kind == DECODE:
                 divergence = _replay_decode(controller, rank, index, record)
                 if divergence is not None:
@@ -214,6 +226,30 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
             if isinstance(exc, TraceError):
                 raise
             raise TraceError(f"rank {rank}, decision {index}: unreadable record {record!r} ({exc!r})") from None
+    return None
+
+
+def _over_budget(controller: Controller, rank: int, index: int, mb: MicroBatch) -> Divergence | None:
+    """An ``auto`` size bounds every prefill forward formed after it: a batch of new requests
+    gets it as budget, a chunked request's chunks are cut at it."""
+    size = controller.auto_size
+    if not mb.is_prefill or size is None or mb.num_tokens <= size:
+        return None
+    return Divergence(rank, index, mb.seq, f"a prefill forward of at most {size} tokens (the auto size)",
+                      f"{mb.num_tokens} tokens")
+
+
+def _replay_resize(controller: Controller, rank: int, index: int, record: dict) -> Divergence | None:
+    """The controller told the recorded situation must choose the recorded size."""
+    lengths = [int(n) for n in record["lengths"]]
+    expected = controller.resize(lengths)
+    if expected is None:
+        raise TraceError(f"rank {rank}, decision {index}: a resize record in a trace without auto_chunk_cap "
+                         "in its controller inputs")
+    if expected != int(record["size"]):
+        shown = ", ".join(map(str, lengths[:8])) + (", ..." if len(lengths) > 8 else "")
+        return Divergence(rank, index, None, f"a size of {expected} tokens for prompts of [{shown}] tokens",
+                          f"{record['size']} tokens")
     return None
 
 
@@ -363,7 +399,7 @@ def compare_decisions(server: Sequence[dict], planner: Sequence[dict], rank: int
     point the server runs the fold stage right after the stage before it without asking; the
     planner's picks of it are checked and skipped."""
     # The planner has no micro-batch slots, so no decode grouping to compare.
-    server = [record for record in server if record["kind"] != DECODE]
+    server = [record for record in server if record["kind"] not in (DECODE, RESIZE)]
     ours: list[dict] = []
     for record in planner:
         if fold_stage is not None and record["kind"] == "pick" and any(s == fold_stage for s, _ in record["ready"]):

@@ -102,7 +102,8 @@ class ServerConfig:
     pp_size: int = 1
     pp_mode: str | None = None
     """``--pp-mode``; None leaves the flag out (stock command line)."""
-    chunked_prefill_size: int | None = 64
+    chunked_prefill_size: int | str | None = 64
+    """``--chunked-prefill-size``: tokens, or "auto" (vpp modes)."""
     max_total_tokens: int = 16384
     extra_args: tuple[str, ...] = ()
     platform_args: tuple[str, ...] = CPU_PLATFORM_ARGS

@@ -55,6 +55,7 @@ from ..trace_records import (
     HOLD,
     LEFT,
     PICK,
+    RESIZE,
     SCHEMA,
     SCHEMA_VERSION,
     micro_batch_from_record,
@@ -520,8 +521,8 @@ def reproduce_trace(trace_dir: str | Path, timings: Timings | None = None) -> Re
         raise TraceError(f"{str(trace_dir)!r}: ranks {old} were traced before arrivals and poll times were "
                          f"recorded (schema {SCHEMA_VERSION}); check --trace replays them, --reproduce needs a "
                          "trace from this version's --vpp-trace")
-    # Chunk cuts and decode-slot joins do not depend on timing; the replay run first checks them.
-    expected = {rank: (data["records"], [d for d in data.get("decisions") or [] if d["kind"] not in (CHUNK, DECODE)])
+    # Chunk cuts, auto sizes and decode-slot joins do not depend on timing; the replay run first checks them.
+    expected = {rank: (data["records"], [d for d in data.get("decisions") or [] if d["kind"] not in (CHUNK, DECODE, RESIZE)])
                 for rank, data in ranks.items()}
     try:
         model = ServerModel(ranks[0]["controller"], builds_from_trace(ranks[0]),

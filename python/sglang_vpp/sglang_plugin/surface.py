@@ -188,7 +188,6 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_SCHED + "disaggregation_mode", R, VPD),
     N(_SCHED + "disagg_prefill_bootstrap_queue", R, VPD),
     N(_SCHED + "disagg_prefill_inflight_queue", R, VPD),
-    N(_SCHED + "waiting_queue", R, VPD),
     N(_SCHED + "process_prefill_chunk", C, VPD, ("self", "last_batch", "running_batch")),
     N(_SCHED + "get_new_batch_prefill", C, VPD, ("self", "running_batch")),
     N(_SCHED + "process_bootstrapped_queue", C, VPD, ("self",)),
@@ -294,10 +293,12 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_BATCH + "is_empty", C, V),
     N(_BATCH + "chunked_req", R, V),
     N(_REQ + "finished", C, V),
-    # --- VPP: chunk sizes and retraction (vpp/chunk_sizing.py, vpp/retraction.py)
+    # --- VPP: chunk sizes, auto situations and retraction (vpp/chunk_sizing.py, vpp/retraction.py)
     N(_S + "managers.schedule_policy.PrefillAdder.add_one_req", H, V, ("self", "req")),
     N(_S + "managers.schedule_policy.PrefillAdder.rem_chunk_tokens", W, V),
     N(_S + "managers.schedule_policy.PrefillAdder.new_chunked_req", R, V),
+    N(_S + "managers.schedule_policy.PrefillAdder.can_run_list", R, V),  # empty: a batch of new requests
+    N(_SCHED + "waiting_queue", R, V),  # chunk_sizing.situation; pd_prefill.py
     N(_BATCH + "retract_decode", H, V, ("self",)),
     N(_S + "managers.scheduler_components.new_token_ratio_tracker.NewTokenRatioTracker."
       "estimate_new_token_ratio_after_retract", C, V, ("reqs",)),

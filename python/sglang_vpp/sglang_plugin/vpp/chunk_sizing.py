@@ -13,15 +13,30 @@ cuts at ``--chunked-prefill-size``:
 
 Every rank replays the same scheduling decisions (``replica.py``) and the chunker is a pure
 function of (prefix, remaining), so every rank cuts the same chunks.
+
+With ``--chunked-prefill-size auto`` the size also depends on the situation: before SGLang forms
+a batch, rank 0 tells the controller the prompt lengths waiting and in flight
+(``AutoSituation``; ``Controller.resize``), and the size chosen becomes the chunk size of the
+requests and the budget of a batch that starts with a new request (the hook above lowers
+SGLang's budget to ``Controller.new_batch_budget``). The size travels to the other ranks as a
+scheduler event, ``("auto", lengths, size)``, replayed just before the batch it sized; each
+rank checks that its replica of the scheduler sees the same lengths.
 """
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any, Callable
 
 from sglang_vpp.schedule import Controller, TaperedChunker
+from sglang_vpp.schedule.auto_size import WINDOW
 
-__all__ = ["ControllerChunkSizer", "install_chunk_sizer", "around_add_one_req", "taper_note", "ADD_ONE_REQ"]
+from .errors import SchedulerDivergenceError
+
+__all__ = ["ControllerChunkSizer", "install_chunk_sizer", "around_add_one_req", "taper_note", "ADD_ONE_REQ",
+           "AUTO_EVENT", "AutoSituation", "situation"]
+
+AUTO_EVENT = "auto"
 
 ADD_ONE_REQ = "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req"
 
@@ -72,14 +87,65 @@ def _length(req: Any) -> int:
     return len(req.origin_input_ids) + len(req.output_ids)
 
 
+def situation(scheduler: Any) -> tuple[int, ...]:
+    """The prompt lengths ``auto`` sizes for when a batch is formed: the request being chunked,
+    then the waiting queue in its order (at most ``WINDOW``; ``auto`` plans no more). Decoding
+    requests are not in it: the plan is of prefill work."""
+    chunked = scheduler.chunked_req
+    head = [_length(chunked)] if chunked is not None else []
+    return tuple(head + [_length(req) for req in islice(scheduler.waiting_queue, WINDOW - len(head))])
+
+
+class AutoSituation:
+    """An ``auto`` server's situation reports: rank 0 tells the controller before each batch is
+    formed and logs the answer as an event; the other ranks apply the logged answer."""
+
+    def __init__(self, scheduler: Any, controller: Controller, record: Callable[..., None]) -> None:
+        """``record``: writes a ``resize`` trace record (``lengths``, ``size``)."""
+        self.scheduler = scheduler
+        self.controller = controller
+        self.record = record
+        self.told: tuple[int, ...] = ()
+
+    def before_schedule(self, events: list) -> None:
+        """Rank 0, before SGLang forms a batch: tell the controller the situation when it
+        changed since it was last told (an unchanged one gets the same answer), and append the
+        size to ``events``. Nothing waiting and nothing chunked: no batch to size."""
+        lengths = situation(self.scheduler)
+        if not lengths or lengths == self.told:
+            return
+        self.told = lengths
+        size = self.controller.resize(lengths)
+        self.record(lengths=list(lengths), size=size)
+        events.append((AUTO_EVENT, lengths, size))
+
+    def replay(self, event: tuple, rank: int) -> None:
+        """Another rank: apply rank 0's size to the same situation, just before the batch it sized."""
+        _, lengths, size = event
+        mine = situation(self.scheduler)
+        if mine != tuple(lengths):
+            raise SchedulerDivergenceError(
+                f"VPP rank {rank}: rank 0 sized a batch for prompts of {list(lengths)[:8]} tokens, this rank's "
+                f"scheduler holds {list(mine)[:8]}. The replicated schedulers diverged; report this with the "
+                "server log."
+            )
+        self.told = mine
+        self.controller.adopt_size(lengths, size)
+        self.record(lengths=list(lengths), size=size)
+
+
 def around_add_one_req(original: Callable[..., Any], adder: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
     """Cut a new request's first chunk where the chunker says, when that is below the budget.
 
-    The chunk closes the batch, as a chunk cut at the full budget does in stock SGLang.
+    The chunk closes the batch, as a chunk cut at the full budget does in stock SGLang. A batch
+    that starts with a new request gets the controller's budget (``new_batch_budget``; a batch
+    that continues a chunked request got its budget from ``predict``).
     """
     budget = adder.rem_chunk_tokens
     if _sizer is None or budget is None:
         return original(adder, req, *args, **kwargs)
+    if not adder.can_run_list:
+        budget = adder.rem_chunk_tokens = _sizer.controller.new_batch_budget(budget)
     prefix_len = int(req.prefix_len)
     length = _length(req)
     first = _sizer.size(prefix_len, length)

@@ -20,6 +20,8 @@ use) decides everything else:
   stage of a returned one; a middle rank: its forward and its fold-back stage) runs
   ``Controller.pick``'s choice first;
 - chunk size: SGLang's chunk-size hook asks ``Controller.next_chunk_size`` (``chunk_sizing.ControllerChunkSizer``);
+  with ``auto``, rank 0 first tells the controller the prompt lengths waiting and in flight
+  (``chunk_sizing.AutoSituation``), which also sets the budget of a batch of new requests;
 - communication: each link is a ``Controller.hand_off`` (group, peer, semantics). ``BLOCKING``
   (vpp) waits for each send to complete; ``ASYNC`` posts sends. Every mode moves its messages over
   the ``sglang_vpp.comm`` communicator's two direction groups ("fwd", "bwd": the server's
@@ -53,8 +55,8 @@ from sglang_vpp.schedule import Admission, Controller, MicroBatch
 from sglang_vpp.schedule.auto_size import AutoChunker
 
 from sglang_vpp.sglang_plugin.accounting import RankAccounting
-from sglang_vpp.trace_records import ADMIT, CHUNK, DECODE, HOLD, LEFT, PICK, micro_batch_record
-from .chunk_sizing import install_chunk_sizer, taper_note
+from sglang_vpp.trace_records import ADMIT, CHUNK, DECODE, HOLD, LEFT, PICK, RESIZE, micro_batch_record
+from .chunk_sizing import AutoSituation, install_chunk_sizer, taper_note
 from .decode_slots import DecodeRegrouper
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
 from .pd_prefill import pd_prefill_for
@@ -117,6 +119,7 @@ class _LoopBase:
         self.acct.controller = state.controller_inputs(self.controller)
         if isinstance(self.controller.chunker, AutoChunker):  # check --trace replays each size
             self.controller.chunker.on_choice = functools.partial(self.acct.decision, CHUNK)
+            self.replica.auto = AutoSituation(scheduler, self.controller, functools.partial(self.acct.decision, RESIZE))
         logger.info("VPP controller: rank %d estimates stage costs with %s", self.rank, state.cost_source())
         self.inbox = Inbox(self.config.comm_timeout_s)
         # When this rank last polled, began to wait, and what ended the wait (trace_records).
@@ -336,6 +339,8 @@ class LeaderLoop(_LoopBase):
             slot = self.cursor
             if self.slot_seq[slot] is not None:
                 return None  # the oldest slot is still in flight
+            if self.replica.auto is not None:  # the size travels ahead of the batch it sizes
+                self.replica.auto.before_schedule(self.events)
             batch = self.replica.schedule(slot)
             self.events.append(("sched", slot, batch_signature(batch)))
             self.cursor = (slot + 1) % self.num_slots

@@ -11,6 +11,8 @@ log in order (it travels with the forward-sweep messages):
                                   the dict of ``_pp_prepare_tensor_dict``)
     ("idle",)                     on_idle housekeeping (it resets the new-token ratio)
     ("pd", kind, ...)             a PD prefill server's bootstrap or release verdict (pd_prefill.py)
+    ("auto", lengths, size)       ``--chunked-prefill-size auto``: the size rank 0's controller chose
+                                  for the next batch (chunk_sizing.AutoSituation)
 
 Slots are SGLang's micro-batch slots (``mbs``/``running_mbs``/``last_mbs``): a slot is reused
 only after its batch's outputs are processed, as in stock PP. A follower checks that its replayed
@@ -82,6 +84,8 @@ class Replica:
         PD prefill loop does, applies results and replays ``("pd", ...)`` events."""
         self.regroup: Any = None
         """A ``decode_slots.DecodeRegrouper`` keeping decode in the controller's decode slots."""
+        self.auto: Any = None
+        """A ``chunk_sizing.AutoSituation`` when the controller sizes chunks ``auto``."""
 
     def ingest(self, requests: list) -> None:
         self.num_events += 1
@@ -160,6 +164,8 @@ class Replica:
             self.idle()
         elif kind == "pd":
             self.pd.replay(event)
+        elif kind == "auto":
+            self.auto.replay(event, self.rank)
         else:
             raise AssertionError(f"unknown event {kind!r}")
         return None
