@@ -78,12 +78,13 @@ def test_controller_resize_sets_chunk_and_budget_only_for_auto():
 
 
 def test_an_executor_that_forms_its_batches_gets_the_size_as_budget_and_a_replica_adopts_it():
-    """A server's controller forms no batches (no token budget): the size of the last situation
-    bounds the executor's batch of new requests; another rank applies rank 0's size unplanned."""
+    """A server's controller forms no batches (no token budget): on a server that only
+    prefills, the size of the last situation bounds the executor's batch of new requests; another
+    rank applies rank 0's size unplanned."""
     spec = get_policy("vpp-pack")
     layout = build_layout(2, 8, spec.layout_kind)
     cost = LinearAttentionCost(fixed_per_chunk=1e-3)
-    leader, replica = (Controller(spec, layout, cost, chunker=auto_chunker(spec, layout, cost, 16_384))
+    leader, replica = (Controller(spec, layout, cost, chunker=auto_chunker(spec, layout, cost, 16_384), decodes=False)
                        for _ in range(2))
     assert leader.new_batch_budget(16_384) == 16_384  # nothing told yet: the executor's cap
     size = leader.resize([300] * 8)
@@ -96,6 +97,10 @@ def test_an_executor_that_forms_its_batches_gets_the_size_as_budget_and_a_replic
         replica.adopt_size([300] * 8, 300)
     fixed = Controller(spec, layout, cost, chunker=FixedChunker(64))
     assert fixed.adopt_size([300], 512) is None and fixed.new_batch_budget(64) == 64
+    # A server that also decodes keeps its cap for new batches: the plan is of prefill only.
+    decoding = Controller(spec, layout, cost, chunker=auto_chunker(spec, layout, cost, 16_384))
+    assert decoding.resize([300] * 8) == size and decoding.new_batch_budget(16_384) == 16_384
+    assert decoding.next_chunk_size(0, 5000) == leader.next_chunk_size(0, 5000)  # chunks still at the size
 
 
 def test_bad_situations_are_refused():

@@ -23,7 +23,7 @@ from sglang_harness import SKIP_NO_SGLANG, wait_for_json
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
 from vpp_checks import QWEN2_8L, Reference, all_admitted_left, make_prompts  # noqa: E402
 from conftest import PROMPT_LENGTHS, PROMPT_SEED, SERVED  # noqa: E402
-from pd_checks import NUM_NEW, check, four_prompts, serve  # noqa: E402
+from pd_checks import NUM_NEW, check, four_prompts, prefill_of, serve  # noqa: E402
 
 SKIP_NO_PD = pytest.mark.skipif(
     importlib.util.find_spec("mooncake") is None or importlib.util.find_spec("sglang_router") is None,
@@ -77,7 +77,35 @@ def test_vpp_pack_prefill_equals_cpp_and_transformers_and_its_trace_replays(
     assert "the server followed the controller" in replay.output
 
 
-@pytest.mark.parametrize("mode", ["vpp", "vpp-taper", "vpp-stream"])  # vpp-async: vpp-pack without packing
+@pytest.mark.parametrize("mode", ["vpp", "vpp-taper"])  # vpp-async: vpp-pack without packing; vpp-stream below
 def test_every_vpp_mode_prefill_equals_cpp(deployment, model_dir, prompts, cpp_answers, mode):
     router = serve(deployment, model_dir, mode)
     check(deployment, f"{mode} prefill", four_prompts(router.url, prompts), cpp_answers)
+
+
+def test_auto_sizes_the_prefill_batches_on_every_rank_and_its_trace_replays(
+        deployment, model_dir, prompts, expected, tmp_path):
+    """vpp-stream with --chunked-prefill-size auto on the prefill server: rank 0 tells the
+    controller the prompts waiting before each batch, every rank applies the size it chose
+    (equal ``resize`` records), no prefill forward is larger than the size in force (a server
+    that only prefills takes it as the budget of new batches: ``check --trace`` checks each),
+    and the answers equal transformers'."""
+    from dataclasses import replace
+
+    from typer.testing import CliRunner
+
+    from sglang_vpp.cli.app import app
+    from sglang_vpp.trace_records import RESIZE
+
+    trace_dir = tmp_path / "trace"
+    config = replace(prefill_of(model_dir, "vpp-stream", ("--vpp-trace", str(trace_dir))), chunked_prefill_size="auto")
+    router = deployment.serve_prefill(config)
+    check(deployment, "vpp-stream auto prefill", four_prompts(router.url, prompts), expected)
+    leader = wait_for_json(trace_dir / "vpp_rank0.records.json", until=all_admitted_left)
+    follower = wait_for_json(trace_dir / "vpp_rank1.records.json")
+    resizes = [(d["lengths"], d["size"]) for d in leader["decisions"] if d["kind"] == RESIZE]
+    assert resizes and resizes == [(d["lengths"], d["size"]) for d in follower["decisions"] if d["kind"] == RESIZE]
+    assert leader["controller"]["decodes"] is False
+    replay = CliRunner().invoke(app, ["check", "--trace", str(trace_dir)])
+    assert replay.exit_code == 0, replay.output
+    assert "the server followed the controller" in replay.output

@@ -159,14 +159,15 @@ def _request(length: int, rid: str = "r") -> SimpleNamespace:
     return SimpleNamespace(rid=rid, prefix_len=0, origin_input_ids=[1] * length, output_ids=[])
 
 
-def _ranks(monkeypatch, waiting: list) -> list:
-    """Rank 0 and rank 1 of an auto server (SGLang's cap), each its scheduler replica, controller,
-    situation reporter and decision log."""
+def _ranks(monkeypatch, waiting: list, decodes: bool = False) -> list:
+    """Rank 0 and rank 1 of an auto server (SGLang's cap; by default the prefill server of a
+    prefill-decode split), each its scheduler replica, controller, situation reporter and
+    decision log."""
     ranks = []
     for rank in (0, 1):
         state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, auto_chunk=True, on_cpu=True), rank=rank)
         state.ensure_layout(8)
-        controller = state.build_controller(SERVER_CAP)
+        controller = state.build_controller(SERVER_CAP, decodes=decodes)
         acct = RankAccounting(rank, "unused-trace-dir")
         controller.chunker.on_choice = functools.partial(acct.decision, CHUNK)
         scheduler = _Scheduler(chunked_prefill_size=SERVER_CAP, max_prefill_tokens=SERVER_CAP, chunked_req=None,
@@ -220,6 +221,20 @@ def test_a_burst_of_short_prompts_is_batched_at_the_size_the_controller_chose(mo
     assert _form_batch(follower.scheduler, follower.controller) == batch
     assert leader.acct.decisions[0] == follower.acct.decisions[0] == {"kind": RESIZE, "lengths": [300] * 8,
                                                                       "size": size}
+
+
+def test_a_server_that_also_decodes_batches_new_requests_at_its_cap(monkeypatch):
+    """Where the server decodes, the size still cuts long prompts, but a batch of new requests
+    keeps SGLang's budget: the plan is of prefill only, and small batches spread decode."""
+    leader, follower = _ranks(monkeypatch, [_request(300, f"r{i}") for i in range(8)], decodes=True)
+    events: list = []
+    leader.situation.before_schedule(events)
+    [(_, _, size)] = events
+    assert size < 8 * 300
+    assert _form_batch(leader.scheduler, leader.controller) == [300] * 8
+    follower.situation.replay(events[0], rank=1)
+    assert _form_batch(follower.scheduler, follower.controller) == [300] * 8
+    assert follower.controller.next_chunk_size(0, 5000) == leader.controller.next_chunk_size(0, 5000) == size
 
 
 def test_a_rank_whose_scheduler_sees_another_situation_stops(monkeypatch):

@@ -364,9 +364,14 @@ class Controller:
 
     def new_batch_budget(self, max_tokens: int) -> int:
         """Tokens of a prefill forward that starts with a new request, for an executor that
-        forms its own batches (SGLang's prefill adder; ``max_tokens``: its cap): the size
-        ``auto`` chose for the last situation it was told (``resize``), else ``max_tokens``."""
-        return max_tokens if self.auto_size is None else min(self.auto_size, max_tokens)
+        forms its own batches (SGLang's prefill adder; ``max_tokens``: its cap). On a server
+        that only prefills: the size ``auto`` chose for the last situation it was told
+        (``resize``). Where the server also decodes, ``max_tokens``: the plan is of prefill only,
+        and smaller batches of new requests spread their decode over more micro-batches, which
+        made a served burst of short prompts slower (docs/auto-chunk.md, "Server")."""
+        if self.auto_size is None or self.decodes:
+            return max_tokens
+        return min(self.auto_size, max_tokens)
 
     def batch_budget(self, prefix_len: int, remaining: int, max_tokens: int) -> int:
         """Token budget of the forward that continues a chunked request: its next chunk, or, when

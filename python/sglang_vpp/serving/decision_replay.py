@@ -230,12 +230,13 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
 
 
 def _over_budget(controller: Controller, rank: int, index: int, mb: MicroBatch) -> Divergence | None:
-    """An ``auto`` size bounds every prefill forward formed after it: a batch of new requests
-    gets it as budget, a chunked request's chunks are cut at it."""
-    size = controller.auto_size
-    if not mb.is_prefill or size is None or mb.num_tokens <= size:
+    """On a server that only prefills, an ``auto`` size bounds every prefill forward formed
+    after it: a batch of new requests gets it as budget (``Controller.new_batch_budget``), a
+    chunked request's chunks are cut at it."""
+    bound = controller.new_batch_budget(mb.num_tokens)
+    if not mb.is_prefill or mb.num_tokens <= bound:
         return None
-    return Divergence(rank, index, mb.seq, f"a prefill forward of at most {size} tokens (the auto size)",
+    return Divergence(rank, index, mb.seq, f"a prefill forward of at most {bound} tokens (the auto size)",
                       f"{mb.num_tokens} tokens")
 
 
