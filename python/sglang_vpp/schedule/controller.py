@@ -164,6 +164,8 @@ class _InFlight:
     mb: MicroBatch
     group: int | None
     packed: bool
+    stage0_cost: float
+    """The estimate's stage-0 cost of ``mb``, which ``deep_window_open`` reads at every admission."""
 
 
 @dataclass(slots=True)
@@ -246,14 +248,14 @@ class Controller:
         assert decision is not Admission.NO, mb
         assert mb.seq not in self._in_flight, mb
         group = self._group_of(mb) if mb.is_prefill else None
-        entry = _InFlight(mb, group, decision is Admission.PACKED)
+        entry = _InFlight(mb, group, decision is Admission.PACKED, self._stage_cost(0, mb))
         if decision is Admission.PACKED:
             oldest = self._oldest_prefill_group()
             assert oldest is not None
             window = self._current_window(oldest)
             assert window is not None
             self._window = window
-            window.budget -= self._stage_cost(0, mb)
+            window.budget -= entry.stage0_cost
             window.packed += 1
             self.num_packed += 1
         if mb.is_prefill:
@@ -275,7 +277,7 @@ class Controller:
     def deep_window_open(self) -> bool:
         """The prefill micro-batches in flight differ in estimated stage-0 cost by more than
         ``DEEP_WINDOW_SPREAD``: only then does a ``deep_window`` policy admit past 2P-1."""
-        costs = [self._stage_cost(0, e.mb) for e in self._in_flight.values() if e.mb.is_prefill and not e.packed]
+        costs = [e.stage0_cost for e in self._in_flight.values() if e.mb.is_prefill and not e.packed]
         return bool(costs) and max(costs) > (1.0 + DEEP_WINDOW_SPREAD) * min(costs)
 
     def on_left(self, seq: int) -> None:
