@@ -117,7 +117,8 @@ def test_a_batched_micro_batch_is_finished_for_every_part_before_any_callback():
 
 
 def _mutable(value) -> bool:
-    return isinstance(value, (list, dict, set, bytearray, deque)) or hasattr(value, "__dict__") or hasattr(value, "__slots__")
+    containers = (list, dict, set, bytearray, deque)
+    return isinstance(value, containers) or hasattr(value, "__dict__") or hasattr(value, "__slots__")
 
 
 def test_a_fork_has_every_field_of_the_planner_and_shares_no_mutable_state():

@@ -8,7 +8,9 @@ that size for a batch of short ones, as SGLang's ``--chunked-prefill-size`` is b
 the candidate whose larger relative loss, in estimated makespan (throughput) and in mean
 completion (TTFT) against the best candidate of each, is smallest (``score``): a size that
 wins throughput by 1 % but costs 10 % TTFT loses to one within 3 % of both. Scores within
-``TIE_TOLERANCE`` tie; the smaller makespan, then the smaller size decide. The planner's estimated
+``TIE_TOLERANCE`` tie; the smaller makespan, then the smaller size decide. A fold-back mode with
+fixed chunks also weighs vpp-taper's cut (``factory.tapered_chunker``) near the best fixed size
+(``AutoSizer._taper_sizes``); ``AutoChoice.tapered`` says which cut was chosen. The planner's estimated
 clock is the simulator's engine without its transport detail, so the choice is what a
 simulator sweep over the candidates finds best for that situation (``benchmarks/auto_sweep.py``
 and ``tests/schedule/test_auto_size.py`` check it).
@@ -214,9 +216,12 @@ class AutoSizer:
         sizes = [size for size, _, _ in scores]
         best = sizes.index(self._pick([((size, False), m, t) for size, m, t in scores])[0])
         lengths = sorted(set(cut))
-        return [size for size in sizes[max(0, best - 1): best + 2]
-                if any(split_request(self.taper_for(size, longest), n) != split_request(self.chunker_for(size, longest), n)
-                       for n in lengths)]
+
+        def cuts_otherwise(size: int) -> bool:
+            taper, fixed = self.taper_for(size, longest), self.chunker_for(size, longest)
+            return any(split_request(taper, n) != split_request(fixed, n) for n in lengths)
+
+        return [size for size in sizes[max(0, best - 1): best + 2] if cuts_otherwise(size)]
 
     def _planned_sizes(self, total: int) -> list[int]:
         """The candidates worth planning for a situation of ``total`` tokens: none that cuts it into
