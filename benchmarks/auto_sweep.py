@@ -57,7 +57,10 @@ def _workload(name: str):
 def _metrics(row) -> dict:
     s = row.result.sim
     return {"mode": row.result.mode, "chunk": "auto" if row.result.auto_sizes else row.result.chunk_size,
-            "auto_sizes": sorted(set(row.result.auto_sizes)), "ttft_s": s.ttft_s,
+            "auto_sizes": sorted(set(row.result.auto_sizes)),
+            "auto_fixed": sorted({n for n, t in zip(row.result.auto_sizes, row.result.auto_tapered) if not t}),
+            "auto_tapered": sorted({n for n, t in zip(row.result.auto_sizes, row.result.auto_tapered) if t}),
+            "ttft_s": s.ttft_s,
             "throughput_tok_s": s.throughput_tok_s, "bubble_s": s.bubble_s,
             "idle_by_cause_s": {c: s.idle_by_cause.get(c, 0.0) for c in IDLE_CAUSES}}
 
@@ -98,7 +101,8 @@ def _pct_worse_tput(auto: float, best: float) -> float:
 def _size(run: dict) -> str:
     chunk = run["chunk"]
     if chunk == "auto":
-        return "/".join(f"{s // 1024}k" for s in run["auto_sizes"]) or "-"
+        labels = [f"{s // 1024}k" for s in run["auto_fixed"]] + [f"{s // 1024}k taper" for s in run["auto_tapered"]]
+        return "/".join(labels) or "-"
     return f"{chunk // 1024}k"
 
 

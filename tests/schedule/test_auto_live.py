@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
 from sglang_vpp.schedule import (FixedChunker, LinearAttentionCost, Planner, RequestSpec, build_layout,
@@ -112,3 +114,43 @@ def test_a_batched_micro_batch_is_finished_for_every_part_before_any_callback():
     planner.advance()
     assert len(planner.sequence) == 1  # one forward carried both
     assert seen == [{0: 3.0, 1: 3.0}, {0: 3.0, 1: 3.0}]
+
+
+def _mutable(value) -> bool:
+    containers = (list, dict, set, bytearray, deque)
+    return isinstance(value, containers) or hasattr(value, "__dict__") or hasattr(value, "__slots__")
+
+
+def test_a_fork_has_every_field_of_the_planner_and_shares_no_mutable_state():
+    """A field added to ``Planner`` is in the fork, and whatever of it can change is the fork's
+    own: the read-only parts (config, estimate, callbacks) are the only objects both hold."""
+    live = _planner(mode="vpp-stream", ranks=2, batching=True)
+    live.submit(RequestSpec(6000))
+    live.submit(RequestSpec(900))
+    live.advance(until=2.5)
+    twin = live.fork(FixedChunker(1000), 1000)
+    assert vars(twin).keys() == vars(live).keys()
+    read_only = {"config", "_durations", "_on_complete"}
+    for name, value in vars(live).items():
+        mine = getattr(twin, name)
+        if name in read_only or not _mutable(value) or isinstance(value, tuple):
+            continue
+        assert mine is not value, name
+        if isinstance(value, list):
+            assert not any(a is b for a, b in zip(mine, value) if isinstance(a, list)), name
+    # The controller's state moves on alone; its estimate, layout and policy are shared.
+    assert twin.controller._in_flight is not live.controller._in_flight
+    assert twin.controller.cost is live.controller.cost
+
+
+def test_a_fork_continued_like_the_live_planner_plans_the_same():
+    live = _planner(mode="vpp-stream", ranks=2, batching=True, auto=False, chunk_size=1000)
+    for length in (6000, 900, 2500):
+        live.submit(RequestSpec(length))
+    live.advance(until=4.0)
+    twin = live.fork(live.controller.chunker, live.controller.token_budget)
+    for planner in (live, twin):
+        planner.submit(RequestSpec(3000, 4.0))
+        planner.advance()
+    assert twin.request_finish == live.request_finish
+    assert twin.rank_actions(0) == [] and twin.timeline == []

@@ -209,8 +209,8 @@ def test_a_burst_of_short_prompts_is_batched_at_the_size_the_controller_chose(mo
     leader, follower = _ranks(monkeypatch, burst)
     events: list = []
     leader.situation.before_schedule(events)
-    [(kind, lengths, size)] = events
-    assert kind == chunk_sizing.AUTO_EVENT and lengths == (300,) * 8
+    [(kind, lengths, size, tapered)] = events
+    assert kind == chunk_sizing.AUTO_EVENT and lengths == (300,) * 8 and tapered is False
     plan = leader.controller.chunker.sizer.choose(lengths)
     assert size == plan.chunk_size < SERVER_CAP  # the schedule core's choice, not the cap
     leader.situation.before_schedule(events)  # nothing changed: nothing to tell again
@@ -220,7 +220,7 @@ def test_a_burst_of_short_prompts_is_batched_at_the_size_the_controller_chose(mo
     follower.situation.replay(events[0], rank=1)
     assert _form_batch(follower.scheduler, follower.controller) == batch
     assert leader.acct.decisions[0] == follower.acct.decisions[0] == {"kind": RESIZE, "lengths": [300] * 8,
-                                                                      "size": size}
+                                                                      "size": size, "tapered": False}
 
 
 def test_a_server_that_also_decodes_batches_new_requests_at_its_cap(monkeypatch):
@@ -229,7 +229,7 @@ def test_a_server_that_also_decodes_batches_new_requests_at_its_cap(monkeypatch)
     leader, follower = _ranks(monkeypatch, [_request(300, f"r{i}") for i in range(8)], decodes=True)
     events: list = []
     leader.situation.before_schedule(events)
-    [(_, _, size)] = events
+    [(_, _, size, _)] = events
     assert size < 8 * 300
     assert _form_batch(leader.scheduler, leader.controller) == [300] * 8
     follower.situation.replay(events[0], rank=1)
@@ -306,6 +306,10 @@ def test_check_trace_replays_each_resize_and_reports_a_wrong_size(monkeypatch, t
         assert result.exit_code == 1, result.output
         assert f"rank {rank}" in result.output
         assert f"a size of {resizes[0]['size']} tokens for prompts of [300, 300" in result.output
+    tapered = {r: [dict(d) for d in ds] for r, ds in decisions.items()}  # the same size, cut tapered
+    next(d for d in tapered[1] if d["kind"] == RESIZE)["tapered"] = True
+    result = CliRunner().invoke(app, ["check", "--trace", _write_trace(tmp_path / "tapered", inputs, tapered)])
+    assert result.exit_code == 1 and f"size of {resizes[0]['size']} tokens, tapered" in result.output, result.output
 
 
 def test_check_trace_reports_a_batch_over_the_auto_size(monkeypatch, tmp_path):

@@ -8,7 +8,9 @@ that size for a batch of short ones, as SGLang's ``--chunked-prefill-size`` is b
 the candidate whose larger relative loss, in estimated makespan (throughput) and in mean
 completion (TTFT) against the best candidate of each, is smallest (``score``): a size that
 wins throughput by 1 % but costs 10 % TTFT loses to one within 3 % of both. Scores within
-``TIE_TOLERANCE`` tie; the smaller makespan, then the smaller size decide. The planner's estimated
+``TIE_TOLERANCE`` tie; the smaller makespan, then the smaller size decide. A fold-back mode with
+fixed chunks also weighs vpp-taper's cut (``factory.tapered_chunker``) near the best fixed size
+(``AutoSizer._taper_sizes``); ``AutoChoice.tapered`` says which cut was chosen. The planner's estimated
 clock is the simulator's engine without its transport detail, so the choice is what a
 simulator sweep over the candidates finds best for that situation (``benchmarks/auto_sweep.py``
 and ``tests/schedule/test_auto_size.py`` check it).
@@ -34,16 +36,16 @@ with nothing to come, is ``choose``'s situation: the requests sent together.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
-from .chunking import Chunker
+from .chunking import Chunker, split_request
 from .cost import StageCostModel
 from .errors import ChunkingError
 from .ir import RequestSpec
-from .layout import Layout
+from .layout import Layout, LayoutKind
 from .planner import Planner
 from .policies import PolicySpec
-from .factory import ControllerConfig, default_chunker
+from .factory import ControllerConfig, default_chunker, tapered_chunker
 
 __all__ = ["AUTO", "LiveSituation", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_CAP", "WINDOW", "TIE_TOLERANCE", "AutoChoice",
            "AutoSizer", "AutoChunker", "is_auto", "candidates_up_to", "auto_chunker", "score"]
@@ -78,8 +80,8 @@ TIE_TOLERANCE = 0.002
 """Scores within this fraction count as equal; the makespan, then the size decides."""
 
 
-def score(scores: Sequence[tuple[int, float, float]]) -> dict[int, float]:
-    """Per candidate of ``(size, makespan, mean completion)``: the larger of its relative losses
+def score(scores: Sequence[tuple[Hashable, float, float]]) -> dict[Hashable, float]:
+    """Per candidate of ``(key, makespan, mean completion)``: the larger of its relative losses
     against the smallest makespan and the smallest mean completion among ``scores``."""
     best_makespan = min(m for _, m, _ in scores)
     best_ttft = min(t for _, _, t in scores)
@@ -107,10 +109,14 @@ class AutoChoice:
     """The planned prompt lengths (at most ``WINDOW``, in the order given)."""
     scores: tuple[tuple[int, float, float], ...]
     """(candidate, estimated makespan s, estimated mean completion s) for each candidate planned."""
+    tapered: bool = False
+    """The chosen cut is the tapered one at ``chunk_size`` (``AutoSizer.taper_for``)."""
+    taper_scores: tuple[tuple[int, float, float], ...] = ()
+    """``scores`` of the tapered cuts planned (``AutoSizer._taper_sizes``)."""
 
     def to_record(self) -> dict:
-        return {"chunk_size": self.chunk_size, "situation": list(self.situation),
-                "scores": [list(s) for s in self.scores]}
+        return {"chunk_size": self.chunk_size, "tapered": self.tapered, "situation": list(self.situation),
+                "scores": [list(s) for s in self.scores], "taper_scores": [list(s) for s in self.taper_scores]}
 
 
 ChunkerFactory = Callable[[int, int], Chunker]
@@ -122,9 +128,11 @@ class AutoSizer:
 
     def __init__(self, policy: PolicySpec, layout: Layout, cost: StageCostModel, chunker_for: ChunkerFactory, *,
                  max_in_flight: int | None = None, candidates: Sequence[int] = CANDIDATES,
-                 window: int = WINDOW, batch: bool = True) -> None:
+                 window: int = WINDOW, batch: bool = True, taper_for: ChunkerFactory | None = None) -> None:
         """``chunker_for``: the mode's chunker at a size (fixed, tapered or the DCPP curve);
-        ``batch``: the executor batches whole short requests up to the size (SGLang does)."""
+        ``batch``: the executor batches whole short requests up to the size (SGLang does);
+        ``taper_for``: a tapered chunker at a size, weighed beside ``chunker_for``'s near the
+        best of those (``_taper_sizes``); None: no tapered candidates."""
         if not candidates or any(not isinstance(c, int) or c < 1 for c in candidates):
             raise ChunkingError(f"auto needs candidate sizes >= 1 token, got {list(candidates)}")
         if window < 1:
@@ -137,6 +145,7 @@ class AutoSizer:
         self.candidates = tuple(sorted(set(candidates)))
         self.window = window
         self.batch = batch
+        self.taper_for = taper_for
         self._cache: dict[tuple[int, ...], AutoChoice] = {}
 
     def choose(self, lengths: Sequence[int]) -> AutoChoice:
@@ -147,8 +156,12 @@ class AutoSizer:
         cached = self._cache.get(situation)
         if cached is not None:
             return cached
-        scores = [(size, *self._plan(size, situation)) for size in self._planned_sizes(sum(situation))]
-        choice = AutoChoice(self._pick(scores), situation, tuple(scores))
+        longest = max(situation)
+
+        def plan(chunker: Chunker, size: int) -> tuple[int, float, float]:
+            return (size, *self._plan(chunker, size, situation))
+
+        choice = self._choose(situation, situation, longest, plan)
         self._cache[situation] = choice
         return choice
 
@@ -169,16 +182,46 @@ class AutoSizer:
         total = sum(situation)
         longest = max(length for length, _ in arriving)
         now = planner.now
-        scores = []
-        for size in self._planned_sizes(total):
+
+        def plan(chunker: Chunker, size: int) -> tuple[int, float, float]:
             follow = _Replacements(min(to_come, len(situation)))
-            twin = follow.twin = planner.fork(self.chunker_for(size, longest), size if self.batch else None, follow)
+            twin = follow.twin = planner.fork(chunker, size if self.batch else None, follow)
             for length, arrival in arriving:
                 twin.submit(RequestSpec(int(length), max(float(arrival), now)))
             twin.advance()
             left = [twin.request_finish[i] - now for i in range(len(twin.requests)) if i not in done]
-            scores.append((size, max(left), sum(left) / len(left)))
-        return AutoChoice(self._pick(scores), situation[: self.window], tuple(scores))
+            return size, max(left), sum(left) / len(left)
+
+        return self._choose(situation[: self.window], [int(length) for length, _ in arriving], longest, plan)
+
+    def _choose(self, situation: tuple[int, ...], cut: Sequence[int], longest: int,
+                plan: Callable[[Chunker, int], tuple[int, float, float]]) -> AutoChoice:
+        """Plan every candidate size with the mode's chunker, then the tapered cuts near the best
+        of those, and pick among all (``_pick``). ``cut``: the prompt lengths the candidate
+        cuts (the arriving ones)."""
+        scores = [plan(self.chunker_for(size, longest), size) for size in self._planned_sizes(sum(situation))]
+        tapers = [plan(self.taper_for(size, longest), size) for size in self._taper_sizes(scores, cut, longest)]
+        keyed = [((size, False), m, t) for size, m, t in scores] + [((size, True), m, t) for size, m, t in tapers]
+        size, tapered = self._pick(keyed)
+        return AutoChoice(size, situation, tuple(scores), tapered, tuple(tapers))
+
+    def _taper_sizes(self, scores: Sequence[tuple[int, float, float]], cut: Sequence[int], longest: int) -> list[int]:
+        """The sizes whose tapered cut ``auto`` also plans: the best size with the mode's chunker
+        and its neighbours among the sizes planned (the taper's body is at most the size, and
+        its ends smaller, so its best size lies at or just above the best fixed one), where the
+        tapered cut of some prompt of ``cut`` differs from the mode's cut. Planning a taper at
+        every size would double the work of a choice."""
+        if self.taper_for is None:
+            return []
+        sizes = [size for size, _, _ in scores]
+        best = sizes.index(self._pick([((size, False), m, t) for size, m, t in scores])[0])
+        lengths = sorted(set(cut))
+
+        def cuts_otherwise(size: int) -> bool:
+            taper, fixed = self.taper_for(size, longest), self.chunker_for(size, longest)
+            return any(split_request(taper, n) != split_request(fixed, n) for n in lengths)
+
+        return [size for size in sizes[max(0, best - 1): best + 2] if cuts_otherwise(size)]
 
     def _planned_sizes(self, total: int) -> list[int]:
         """The candidates worth planning for a situation of ``total`` tokens: none that cuts it into
@@ -194,14 +237,15 @@ class AutoSizer:
         return sizes
 
     @staticmethod
-    def _pick(scores: Sequence[tuple[int, float, float]]) -> int:
+    def _pick(scores: Sequence[tuple[tuple[int, bool], float, float]]) -> tuple[int, bool]:
+        """The (size, tapered) of the best score; ties: the smaller makespan, the smaller size,
+        the mode's cut before the tapered one."""
         loss = score(scores)
         best = min(loss.values())
         close = [s for s in scores if loss[s[0]] <= best + TIE_TOLERANCE]
         return min(close, key=lambda s: (s[1], s[0]))[0]
 
-    def _plan(self, size: int, situation: tuple[int, ...]) -> tuple[float, float]:
-        chunker = self.chunker_for(size, max(situation))
+    def _plan(self, chunker: Chunker, size: int, situation: tuple[int, ...]) -> tuple[float, float]:
         config = ControllerConfig(self.policy, self.layout, chunker, self.cost, self.max_in_flight,
                                   token_budget=size if self.batch else None)
         planner = Planner(config)
@@ -249,14 +293,16 @@ class AutoChunker:
         self.history.append(self.choice)
         return self.choice
 
-    def adopt(self, lengths: Sequence[int], size: int) -> AutoChoice:
-        """The size another replica of this chunker chose for ``lengths`` with ``resize``: a
-        pipeline's rank 0 plans, the other ranks take its answer instead of planning again
-        (``check --trace`` plans every recorded one again). ChunkingError for a size that is not
-        a candidate."""
+    def adopt(self, lengths: Sequence[int], size: int, tapered: bool = False) -> AutoChoice:
+        """The cut another replica of this chunker chose for ``lengths`` with ``resize`` (its
+        size, and whether tapered): a pipeline's rank 0 plans, the other ranks take its answer
+        instead of planning again (``check --trace`` plans every recorded one again).
+        ChunkingError for a size that is not a candidate, or a tapered cut this mode never plans."""
         if size not in self.sizer.candidates:
             raise ChunkingError(f"auto size {size} is not one of the candidates {list(self.sizer.candidates)}")
-        self.choice = AutoChoice(int(size), tuple(int(n) for n in lengths[: self.sizer.window]), ())
+        if tapered and self.sizer.taper_for is None:
+            raise ChunkingError(f"a tapered auto cut at {size} for a mode whose auto weighs no tapered cut")
+        self.choice = AutoChoice(int(size), tuple(int(n) for n in lengths[: self.sizer.window]), (), bool(tapered))
         self.history.append(self.choice)
         return self.choice
 
@@ -268,16 +314,20 @@ class AutoChunker:
 
     def size_for(self, length: int) -> int:
         """The chunk size a ``length``-token request is cut at now."""
-        choice = self.choice if self.choice is not None else self.sizer.choose((length,))
-        return choice.chunk_size
+        return self._choice_for(length).chunk_size
+
+    def _choice_for(self, length: int) -> AutoChoice:
+        return self.choice if self.choice is not None else self.sizer.choose((length,))
 
     def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
         length = prefix_len + remaining
-        size = self.size_for(length)
-        key = (size, length)
+        choice = self._choice_for(length)
+        key = (choice.chunk_size, choice.tapered, length)
         chunker = self._chunkers.get(key)
         if chunker is None:
-            chunker = self._chunkers[key] = self.sizer.chunker_for(size, length)
+            make = self.sizer.taper_for if choice.tapered else self.sizer.chunker_for
+            assert make is not None
+            chunker = self._chunkers[key] = make(choice.chunk_size, length)
         cut = chunker.next_chunk_size(prefix_len, remaining)
         if self.on_choice is not None:
             self.on_choice(prefix=prefix_len, remaining=remaining, size=cut)
@@ -288,12 +338,18 @@ def auto_chunker(policy: PolicySpec, layout: Layout, cost: StageCostModel, cap: 
                  max_in_flight: int | None = None, chunker_for: ChunkerFactory | None = None,
                  batch: bool = True) -> AutoChunker:
     """An ``auto`` chunker choosing among the candidates up to ``cap`` tokens (the executor's
-    largest forward); ``chunker_for`` defaults to ``default_chunker``'s chunker for the mode."""
+    largest forward); ``chunker_for`` defaults to ``default_chunker``'s chunker for the mode, and
+    then a fold-back mode with fixed chunks also weighs vpp-taper's cut (``tapered_chunker``)."""
+    taper_for = None
     if chunker_for is None:
         def chunker_for(size: int, max_length: int) -> Chunker:
             return default_chunker(policy, size, layout, cost, max_length)
+
+        if layout.kind is LayoutKind.FOLDBACK and not policy.tapered_chunks and not policy.dynamic_chunks:
+            def taper_for(size: int, max_length: int) -> Chunker:
+                return tapered_chunker(size, layout)
     sizer = AutoSizer(policy, layout, cost, chunker_for, max_in_flight=max_in_flight,
-                      candidates=candidates_up_to(cap), batch=batch)
+                      candidates=candidates_up_to(cap), batch=batch, taper_for=taper_for)
     return AutoChunker(sizer)
 
 

@@ -164,6 +164,8 @@ class _InFlight:
     mb: MicroBatch
     group: int | None
     packed: bool
+    stage0_cost: float
+    """The estimate's stage-0 cost of ``mb``, which ``deep_window_open`` reads at every admission."""
 
 
 @dataclass(slots=True)
@@ -248,14 +250,14 @@ class Controller:
         assert decision is not Admission.NO, mb
         assert mb.seq not in self._in_flight, mb
         group = self._group_of(mb) if mb.is_prefill else None
-        entry = _InFlight(mb, group, decision is Admission.PACKED)
+        entry = _InFlight(mb, group, decision is Admission.PACKED, self._stage_cost(0, mb))
         if decision is Admission.PACKED:
             oldest = self._oldest_prefill_group()
             assert oldest is not None
             window = self._current_window(oldest)
             assert window is not None
             self._window = window
-            window.budget -= self._stage_cost(0, mb)
+            window.budget -= entry.stage0_cost
             window.packed += 1
             self.num_packed += 1
         if mb.is_prefill:
@@ -277,7 +279,7 @@ class Controller:
     def deep_window_open(self) -> bool:
         """The prefill micro-batches in flight differ in estimated stage-0 cost by more than
         ``DEEP_WINDOW_SPREAD``: only then does a ``deep_window`` policy admit past 2P-1."""
-        costs = [self._stage_cost(0, e.mb) for e in self._in_flight.values() if e.mb.is_prefill and not e.packed]
+        costs = [e.stage0_cost for e in self._in_flight.values() if e.mb.is_prefill and not e.packed]
         return bool(costs) and max(costs) > (1.0 + DEEP_WINDOW_SPREAD) * min(costs)
 
     def on_left(self, seq: int) -> None:
@@ -347,12 +349,17 @@ class Controller:
         resize = getattr(self.chunker, "resize_live", None)
         return None if resize is None else self._resized(resize(planner, arriving, to_come).chunk_size)
 
-    def adopt_size(self, lengths: Sequence[int], size: int) -> int | None:
-        """Apply the size an equal controller's ``resize(lengths)`` chose (a pipeline's rank 0
-        decides, the other ranks apply its answer: ``AutoChunker.adopt``). None when the chunker
-        is not ``auto``."""
+    def adopt_size(self, lengths: Sequence[int], size: int, tapered: bool = False) -> int | None:
+        """Apply the cut an equal controller's ``resize(lengths)`` chose (size, and whether
+        tapered: ``auto_tapered``): a pipeline's rank 0 decides, the other ranks apply its answer
+        (``AutoChunker.adopt``). None when the chunker is not ``auto``."""
         adopt = getattr(self.chunker, "adopt", None)
-        return None if adopt is None else self._resized(adopt(lengths, size).chunk_size)
+        return None if adopt is None else self._resized(adopt(lengths, size, tapered).chunk_size)
+
+    @property
+    def auto_tapered(self) -> bool:
+        """Whether the last ``auto`` choice cuts tapered at its size (False when none or not auto)."""
+        return bool(getattr(getattr(self.chunker, "choice", None), "tapered", False))
 
     def _resized(self, size: int) -> int:
         """An ``auto`` size also sizes the batch budget: this controller's when it batches, and

@@ -26,7 +26,14 @@ from .layout import Layout
 from .policies import PolicySpec, dcpp, get_policy, vpp_taper
 
 __all__ = ["ControllerConfig", "CostChoice", "build_controller", "choose_cost", "controller_config",
-           "default_chunker", "read_cost_profile"]
+           "default_chunker", "read_cost_profile", "tapered_chunker"]
+
+
+def tapered_chunker(chunk_size: int, layout: Layout) -> TaperedChunker:
+    """vpp-taper's chunker: chunks of at most ``chunk_size`` planned for ``layout``'s depth
+    (``policies/vpp_taper.py``); also the tapered cut ``auto`` weighs (``auto_size.py``)."""
+    return TaperedChunker(chunk_size, vpp_taper.TAPER_RATIO, vpp_taper.CHUNKS_PER_STAGE * layout.num_stages,
+                          vpp_taper.MIN_BODY_TOKENS)
 
 
 def default_chunker(policy: PolicySpec, chunk_size: int, layout: Layout, cost: StageCostModel | None,
@@ -35,8 +42,7 @@ def default_chunker(policy: PolicySpec, chunk_size: int, layout: Layout, cost: S
     on the cost estimate of stage 0 up to ``max_length`` tokens (as SGLang profiles prefill
     latency on PP rank 0 at start-up), smoothed by ``policies.dcpp.SMOOTH_FACTOR``."""
     if policy.tapered_chunks:
-        return TaperedChunker(chunk_size, vpp_taper.TAPER_RATIO,
-                              vpp_taper.CHUNKS_PER_STAGE * layout.num_stages, vpp_taper.MIN_BODY_TOKENS)
+        return tapered_chunker(chunk_size, layout)
     if not policy.dynamic_chunks:
         return FixedChunker(chunk_size)
     estimate = cost if cost is not None else LinearAttentionCost()

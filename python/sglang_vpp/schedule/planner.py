@@ -95,6 +95,7 @@ class Planner:
         self._completions: list[tuple[float, int]] = []
         self.request_finish: dict[int, float] = {}
         self.timeline: list[TimelineEntry] = []
+        self._records_timeline = True
         self.now = 0.0
 
     # ----------------------------------------------------------------- public API
@@ -143,8 +144,16 @@ class Planner:
         """A copy that plans on from this state on the controller's estimate, with ``chunker``
         and ``token_budget`` for what is submitted or batched from now on: the what-if an ``auto``
         chunker scores (``auto_size.AutoSizer.choose_live``). It writes no actions the executors
-        see, and its timeline starts empty; ``on_complete`` replaces the executor's callback."""
+        see and records no timeline; ``on_complete`` replaces the executor's callback."""
         twin = copy.copy(self)
+        # Every list and dict of the plan's state is copied (one level into lists of lists), so
+        # a field added to the planner moves on independently in the fork without being named
+        # here; ``tests/schedule/test_auto_live.py`` checks that nothing mutable is shared.
+        for name, value in vars(self).items():
+            if isinstance(value, list):
+                setattr(twin, name, [list(row) if isinstance(row, list) else row for row in value])
+            elif isinstance(value, dict):
+                setattr(twin, name, dict(value))
         # The estimate, the layout and the policy are shared read-only; the rest of the
         # controller's state (in flight, window) moves on independently.
         live = self.controller
@@ -157,19 +166,12 @@ class Planner:
         twin._durations = self.config.cost
         twin._on_complete = on_complete
         twin._blocking = twin.controller.blocking
-        twin._lowering = Lowering(twin.controller)
+        # Nobody runs a fork's actions or reads its timeline: it writes neither.
+        twin._lowering = _Unlowered(twin.controller)
         twin._actions = twin._lowering.actions
         twin._taken = [0] * self._num_ranks
-        twin.requests = list(self.requests)
-        twin.sequence = list(self.sequence)
-        twin._ready_at = [list(row) for row in self._ready_at]
-        twin._finish = [list(row) for row in self._finish]
-        twin._next_position = list(self._next_position)
-        twin._rank_free = list(self._rank_free)
-        twin._offer = list(self._offer)
-        twin._completions = list(self._completions)
-        twin.request_finish = dict(self.request_finish)
         twin.timeline = []
+        twin._records_timeline = False
         return twin
 
     # ----------------------------------------------------------------- the event loop
@@ -277,7 +279,8 @@ class Planner:
             self.controller.on_admitted(micro_batch, self.controller.admission(micro_batch))
         self._lowering.compute(rank, stage, chunk)
         end = now + self._stage_cost(stage, chunk)
-        self.timeline.append(TimelineEntry(rank, stage, request, index, now, end))
+        if self._records_timeline:
+            self.timeline.append(TimelineEntry(rank, stage, request, index, now, end))
         self._finish[stage][position] = end
         self._next_position[stage] = position + 1
         self._rank_free[rank] = end
@@ -349,3 +352,13 @@ class Planner:
             f"planner stopped with work left: next positions {self._next_position}, "
             f"sequence length {len(self.sequence)}, offers {self._offer}, rank free {self._rank_free}, now {self.now}"
         )
+
+
+class _Unlowered(Lowering):
+    """A fork's lowering: the decisions are made, no action is written (``Planner.fork``)."""
+
+    def compute(self, rank: int, stage: int, chunk: ChunkSpec) -> None:
+        pass
+
+    def handoff(self, stage: int, chunk: ChunkSpec) -> None:
+        pass

@@ -241,17 +241,24 @@ def _over_budget(controller: Controller, rank: int, index: int, mb: MicroBatch) 
 
 
 def _replay_resize(controller: Controller, rank: int, index: int, record: dict) -> Divergence | None:
-    """The controller told the recorded situation must choose the recorded size."""
+    """The controller told the recorded situation must choose the recorded cut (size, and
+    whether tapered; a record without ``tapered`` is a fixed cut)."""
     lengths = [int(n) for n in record["lengths"]]
     expected = controller.resize(lengths)
     if expected is None:
         raise TraceError(f"rank {rank}, decision {index}: a resize record in a trace without auto_chunk_cap "
                          "in its controller inputs")
-    if expected != int(record["size"]):
+    cut = (expected, controller.auto_tapered)
+    recorded = (int(record["size"]), bool(record.get("tapered", False)))
+    if cut != recorded:
         shown = ", ".join(map(str, lengths[:8])) + (", ..." if len(lengths) > 8 else "")
-        return Divergence(rank, index, None, f"a size of {expected} tokens for prompts of [{shown}] tokens",
-                          f"{record['size']} tokens")
+        return Divergence(rank, index, None, f"a {_cut_text(*cut)} for prompts of [{shown}] tokens",
+                          _cut_text(*recorded))
     return None
+
+
+def _cut_text(size: int, tapered: bool) -> str:
+    return f"size of {size} tokens" + (", tapered" if tapered else "")
 
 
 def _replay_decode(controller: Controller, rank: int, index: int, record: dict) -> Divergence | None:

@@ -81,6 +81,8 @@ class PlannedWorkload:
     that released it, on the run's clock)."""
     auto_sizes: tuple[int, ...] = ()
     """With ``auto_chunk``: the size chosen at each decision, in order."""
+    auto_tapered: tuple[bool, ...] = ()
+    """Per decision of ``auto_sizes``: the tapered cut at that size was chosen."""
 
 
 @dataclass
@@ -92,6 +94,8 @@ class ModeResult:
     schedule: Schedule | None = None
     auto_sizes: tuple[int, ...] = ()
     """Sizes an ``auto`` run chose, in decision order (empty: a fixed chunk size)."""
+    auto_tapered: tuple[bool, ...] = ()
+    """Per decision of ``auto_sizes``: the tapered cut at that size was chosen."""
 
     @property
     def gap_to_bound(self) -> float:
@@ -110,6 +114,8 @@ class ModeResult:
             "num_tokens": s.num_tokens, "deadlock": s.deadlock is not None,
             "per_rank": [r.to_dict() for r in s.per_rank],
             **({"auto_chunk_sizes": sorted(set(self.auto_sizes))} if self.auto_sizes else {}),
+            **({"auto_tapered_sizes": sorted({s for s, t in zip(self.auto_sizes, self.auto_tapered) if t})}
+               if any(self.auto_tapered) else {}),
         }
 
 
@@ -149,8 +155,8 @@ def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: R
     planner.advance()
     schedule = schedule_from_planner(planner)
     assert len(schedule.requests) == len(workload.requests), (len(schedule.requests), len(workload.requests))
-    sizes = tuple(c.chunk_size for c in getattr(planner.controller.chunker, "history", ()))
-    return PlannedWorkload(schedule, sizes)
+    history = getattr(planner.controller.chunker, "history", ())
+    return PlannedWorkload(schedule, tuple(c.chunk_size for c in history), tuple(c.tapered for c in history))
 
 
 def run_engine(mode: str, workload: Workload, config: RunConfig, num_layers: int, *, estimate: StageCostModel,
@@ -167,7 +173,7 @@ def run_engine(mode: str, workload: Workload, config: RunConfig, num_layers: int
     sim = simulate_schedule(schedule, durations, config.sim, admitted_at=schedule.admission_times())
     bound = lower_bound(schedule, durations, sim) if sim.ok else 0.0
     return ModeResult(mode, config.chunk_size, sim, bound, schedule if keep_schedule else None,
-                      planned.auto_sizes)
+                      planned.auto_sizes, planned.auto_tapered)
 
 
 def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig, num_layers: int,

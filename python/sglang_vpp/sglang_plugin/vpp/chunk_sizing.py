@@ -19,7 +19,7 @@ a batch, rank 0 tells the controller the prompt lengths waiting and in flight
 (``AutoSituation``; ``Controller.resize``), and the size chosen becomes the chunk size of the
 requests and the budget of a batch that starts with a new request (the hook above lowers
 SGLang's budget to ``Controller.new_batch_budget``). The size travels to the other ranks as a
-scheduler event, ``("auto", lengths, size)``, replayed just before the batch it sized; each
+scheduler event, ``("auto", lengths, size, tapered)``, replayed just before the batch it sized; each
 rank checks that its replica of the scheduler sees the same lengths.
 """
 
@@ -101,7 +101,7 @@ class AutoSituation:
     formed and logs the answer as an event; the other ranks apply the logged answer."""
 
     def __init__(self, scheduler: Any, controller: Controller, record: Callable[..., None]) -> None:
-        """``record``: writes a ``resize`` trace record (``lengths``, ``size``)."""
+        """``record``: writes a ``resize`` trace record (``lengths``, ``size``, ``tapered``)."""
         self.scheduler = scheduler
         self.controller = controller
         self.record = record
@@ -116,12 +116,13 @@ class AutoSituation:
             return
         self.told = lengths
         size = self.controller.resize(lengths)
-        self.record(lengths=list(lengths), size=size)
-        events.append((AUTO_EVENT, lengths, size))
+        tapered = self.controller.auto_tapered
+        self.record(lengths=list(lengths), size=size, tapered=tapered)
+        events.append((AUTO_EVENT, lengths, size, tapered))
 
     def replay(self, event: tuple, rank: int) -> None:
-        """Another rank: apply rank 0's size to the same situation, just before the batch it sized."""
-        _, lengths, size = event
+        """Another rank: apply rank 0's cut to the same situation, just before the batch it sized."""
+        _, lengths, size, tapered = event
         mine = situation(self.scheduler)
         if mine != tuple(lengths):
             raise SchedulerDivergenceError(
@@ -130,8 +131,8 @@ class AutoSituation:
                 "server log."
             )
         self.told = mine
-        self.controller.adopt_size(lengths, size)
-        self.record(lengths=list(lengths), size=size)
+        self.controller.adopt_size(lengths, size, tapered)
+        self.record(lengths=list(lengths), size=size, tapered=tapered)
 
 
 def around_add_one_req(original: Callable[..., Any], adder: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
