@@ -103,8 +103,9 @@ def test_auto_sizes_the_prefill_batches_on_every_rank_and_its_trace_replays(
     check(deployment, "vpp-stream auto prefill", four_prompts(router.url, prompts), expected)
     leader = wait_for_json(trace_dir / "vpp_rank0.records.json", until=all_admitted_left)
     follower = wait_for_json(trace_dir / "vpp_rank1.records.json")
-    resizes = [(d["lengths"], d["size"]) for d in leader["decisions"] if d["kind"] == RESIZE]
-    assert resizes and resizes == [(d["lengths"], d["size"]) for d in follower["decisions"] if d["kind"] == RESIZE]
+    resizes = [(d["lengths"], d["size"], d["tapered"]) for d in leader["decisions"] if d["kind"] == RESIZE]
+    assert resizes and resizes == [(d["lengths"], d["size"], d["tapered"])
+                                   for d in follower["decisions"] if d["kind"] == RESIZE]
     assert leader["controller"]["decodes"] is False
     replay = CliRunner().invoke(app, ["check", "--trace", str(trace_dir)])
     assert replay.exit_code == 0, replay.output

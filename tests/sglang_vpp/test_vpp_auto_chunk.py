@@ -117,6 +117,43 @@ def test_check_trace_replays_the_auto_sizes(monkeypatch, tmp_path):
     assert f"controller expected a chunk of {records[0]['size']} tokens" in result.output
 
 
+def test_a_trace_from_a_server_whose_auto_weighed_no_tapered_cut_still_replays(monkeypatch, tmp_path):
+    """The controller inputs say whether auto weighed the tapered cut (``auto_taper``). A trace
+    without the field replays with the mode's own cut only, so its fixed cuts still replay; the
+    same cuts under inputs that say the taper was weighed fail, where the taper cuts otherwise
+    (the analytic estimate, no per-forward cost: 256 tapered, ramps of 128)."""
+    from sglang_vpp.schedule import build_layout, get_policy
+    from sglang_vpp.schedule.factory import build_controller, controller_config
+    from sglang_vpp.serving.decision_replay import _cost_model
+
+    state, scheduler, _ = _server(monkeypatch, cap=16384)
+    inputs = state.controller_inputs(scheduler.dynamic_chunk_sizer.controller)
+    assert inputs["auto_taper"] is True
+    policy = get_policy("vpp-pack")
+    untapered = build_controller(controller_config(
+        policy, build_layout(2, 8, policy.layout_kind), 16384, _cost_model(inputs["cost"]), 16384, batching=False,
+        auto_chunk=True, forward_batches=True, auto_taper=False))
+    records: list[dict] = []
+    untapered.chunker.on_choice = lambda **fields: records.append({"kind": CHUNK, **fields})
+    old_cuts = [size for _, size in split_request(untapered.chunker, 1500)]
+    new_cuts = [size for _, size in split_request(scheduler.dynamic_chunk_sizer.controller.chunker, 1500)]
+    assert old_cuts != new_cuts and min(new_cuts) < min(old_cuts)
+
+    def write(controller_inputs, where):
+        where.mkdir()
+        for rank in (0, 1):
+            (where / f"vpp_rank{rank}.records.json").write_text(json.dumps(
+                {"records": [], "counters": {}, "controller": controller_inputs,
+                 "decisions": records if rank == 0 else []}))
+        return str(where)
+
+    old = {key: value for key, value in inputs.items() if key != "auto_taper"}
+    result = CliRunner().invoke(app, ["check", "--trace", write(old, tmp_path / "old")])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(app, ["check", "--trace", write(inputs, tmp_path / "new")])
+    assert result.exit_code == 1 and f"server did {old_cuts[0]}" in result.output, result.output
+
+
 def test_bench_serve_launch_passes_auto_to_vpp_modes_and_the_cap_to_stock(tmp_path):
     from sglang_vpp.cli.bench_serve_launch import LaunchSpec
 
@@ -219,6 +256,11 @@ def test_a_burst_of_short_prompts_is_batched_at_the_size_the_controller_chose(mo
     assert sum(batch) == min(size, 8 * 300) and len(batch) < 8
     follower.situation.replay(events[0], rank=1)
     assert _form_batch(follower.scheduler, follower.controller) == batch
+    leader.situation.before_schedule(events)  # requests only left the situation: the answer holds
+    assert len(events) == 1
+    leader.scheduler.waiting_queue.append(_request(900, "late"))
+    leader.situation.before_schedule(events)  # one arrived: planned again
+    assert len(events) == 2 and events[1][1][-1] == 900
     assert leader.acct.decisions[0] == follower.acct.decisions[0] == {"kind": RESIZE, "lengths": [300] * 8,
                                                                       "size": size, "tapered": False}
 

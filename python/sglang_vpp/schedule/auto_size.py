@@ -336,16 +336,17 @@ class AutoChunker:
 
 def auto_chunker(policy: PolicySpec, layout: Layout, cost: StageCostModel, cap: int | None = None, *,
                  max_in_flight: int | None = None, chunker_for: ChunkerFactory | None = None,
-                 batch: bool = True) -> AutoChunker:
+                 batch: bool = True, taper: bool = True) -> AutoChunker:
     """An ``auto`` chunker choosing among the candidates up to ``cap`` tokens (the executor's
     largest forward); ``chunker_for`` defaults to ``default_chunker``'s chunker for the mode, and
-    then a fold-back mode with fixed chunks also weighs vpp-taper's cut (``tapered_chunker``)."""
+    then, with ``taper``, a fold-back mode with fixed chunks also weighs vpp-taper's cut
+    (``tapered_chunker``)."""
     taper_for = None
     if chunker_for is None:
         def chunker_for(size: int, max_length: int) -> Chunker:
             return default_chunker(policy, size, layout, cost, max_length)
 
-        if layout.kind is LayoutKind.FOLDBACK and not policy.tapered_chunks and not policy.dynamic_chunks:
+        if taper and layout.kind is LayoutKind.FOLDBACK and not policy.tapered_chunks and not policy.dynamic_chunks:
             def taper_for(size: int, max_length: int) -> Chunker:
                 return tapered_chunker(size, layout)
     sizer = AutoSizer(policy, layout, cost, chunker_for, max_in_flight=max_in_flight,

@@ -136,7 +136,8 @@ class ControllerConfig:
 def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int, cost: StageCostModel | None,
                       max_length: int, *, batching: bool = True, max_in_flight: int | None = None,
                       num_groups: int | None = None, chunker: Chunker | None = None, auto_chunk: bool = False,
-                      forward_batches: bool | None = None, decodes: bool = True) -> ControllerConfig:
+                      forward_batches: bool | None = None, decodes: bool = True,
+                      auto_taper: bool = True) -> ControllerConfig:
     """The configuration of ``policy``'s controller on ``layout`` with base chunk ``chunk_size``.
 
     ``cost``: the estimate the controller decides with (None: ``LinearAttentionCost``).
@@ -148,14 +149,17 @@ def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int,
     up to ``chunk_size``, planning with whole short requests batched when ``forward_batches``
     (default: ``batching``; an SGLang server batches although its controller does not form
     the batches).
-    ``decodes``: False on a server that only prefills (no decode slots, ``decode_groups``)."""
+    ``decodes``: False on a server that only prefills (no decode slots, ``decode_groups``).
+    ``auto_taper``: ``auto`` also weighs the tapered cut where the mode allows (False: only the
+    mode's own cut, as servers traced before the tapered cut was weighed chose)."""
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
     estimate = cost if cost is not None else LinearAttentionCost()
     if chunker is None and auto_chunk:
         from .auto_size import auto_chunker  # auto_size plans with the planner, which imports this module
 
         batches = batching if forward_batches is None else forward_batches
-        chunker = auto_chunker(spec, layout, estimate, chunk_size, max_in_flight=max_in_flight, batch=batches)
+        chunker = auto_chunker(spec, layout, estimate, chunk_size, max_in_flight=max_in_flight, batch=batches,
+                               taper=auto_taper)
     elif chunker is None:
         chunker = default_chunker(spec, chunk_size, layout, estimate, max_length)
     return ControllerConfig(spec, layout, chunker, estimate, max_in_flight, num_groups,

@@ -164,7 +164,9 @@ def _build_controller(inputs: dict, rank: int) -> Controller:
         config = controller_config(policy, layout, chunk_size, _cost_model(inputs["cost"]), chunk_size,
                                    batching=False, max_in_flight=inputs.get("max_in_flight"), num_groups=2,
                                    auto_chunk=cap is not None, forward_batches=True,
-                                   decodes=bool(inputs.get("decodes", True)))
+                                   decodes=bool(inputs.get("decodes", True)),
+                                   # A trace without the field comes from a server whose auto weighed no tapered cut.
+                                   auto_taper=bool(inputs.get("auto_taper", False)))
         return build_controller(config)
     except (KeyError, TypeError) as exc:
         raise TraceError(f"rank {rank}: the controller inputs in the trace are incomplete ({exc!r})") from None

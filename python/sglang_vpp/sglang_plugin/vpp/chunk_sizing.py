@@ -108,11 +108,14 @@ class AutoSituation:
         self.told: tuple[int, ...] = ()
 
     def before_schedule(self, events: list) -> None:
-        """Rank 0, before SGLang forms a batch: tell the controller the situation when it
-        changed since it was last told (an unchanged one gets the same answer), and append the
-        size to ``events``. Nothing waiting and nothing chunked: no batch to size."""
+        """Rank 0, before SGLang forms a batch: tell the controller the situation when requests
+        arrived since it was last told, and append the cut to ``events``. A situation that is
+        the end of the last one told (requests only left it: batched, or done chunking) keeps
+        that answer: each plan holds rank 0's loop for its duration (up to about 2 s for 32 or
+        more waiting prompts at P = 4 on this host), so it runs once per arrival, not once per
+        batch. Nothing waiting and nothing chunked: no batch to size."""
         lengths = situation(self.scheduler)
-        if not lengths or lengths == self.told:
+        if not lengths or lengths == self.told[len(self.told) - len(lengths):]:
             return
         self.told = lengths
         size = self.controller.resize(lengths)
@@ -130,7 +133,6 @@ class AutoSituation:
                 f"scheduler holds {list(mine)[:8]}. The replicated schedulers diverged; report this with the "
                 "server log."
             )
-        self.told = mine
         self.controller.adopt_size(lengths, size, tapered)
         self.record(lengths=list(lengths), size=size, tapered=tapered)
 
