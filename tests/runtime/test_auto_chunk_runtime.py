@@ -30,7 +30,7 @@ def test_runtime_and_simulator_size_a_burst_by_the_same_rule():
 
     lengths = [9000, 9000, 9000]
     # A per-forward cost, so more chunks are not free and the situation matters.
-    cost = LinearAttentionCost(linear_per_token=2e-6, attention_per_pair=3e-9, fixed_per_chunk=1e-3,
+    cost = LinearAttentionCost(linear_per_token=2e-6, attention_per_pair=3e-9, fixed_per_chunk=3e-3,
                                transfer_per_token=1e-8)
     spec = RunSpec(model="tiny-qwen3", mode="vpp-pack", num_ranks=2, planner_cost=cost,
                    requests=tuple(RequestArrival(n, 0.0) for n in lengths), chunk_size=4096, auto_chunk=True)
