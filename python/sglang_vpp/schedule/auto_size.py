@@ -114,10 +114,6 @@ class AutoChoice:
     taper_scores: tuple[tuple[int, float, float], ...] = ()
     """``scores`` of the tapered cuts planned (``AutoSizer._taper_sizes``)."""
 
-    def to_record(self) -> dict:
-        return {"chunk_size": self.chunk_size, "tapered": self.tapered, "situation": list(self.situation),
-                "scores": [list(s) for s in self.scores], "taper_scores": [list(s) for s in self.taper_scores]}
-
 
 ChunkerFactory = Callable[[int, int], Chunker]
 """(chunk size, longest prompt) -> the mode's chunker at that size."""

@@ -17,8 +17,9 @@ function of (prefix, remaining), so every rank cuts the same chunks.
 With ``--chunked-prefill-size auto`` the size also depends on the situation: before SGLang forms
 a batch, rank 0 tells the controller the prompt lengths waiting and in flight
 (``AutoSituation``; ``Controller.resize``), and the size chosen becomes the chunk size of the
-requests and the budget of a batch that starts with a new request (the hook above lowers
-SGLang's budget to ``Controller.new_batch_budget``). The size travels to the other ranks as a
+requests and, on a server that only prefills, the budget of a batch that starts with a new
+request (the hook above lowers SGLang's budget to ``Controller.new_batch_budget``, which keeps
+the cap where the server also decodes). The size travels to the other ranks as a
 scheduler event, ``("auto", lengths, size, tapered)``, replayed just before the batch it sized; each
 rank checks that its replica of the scheduler sees the same lengths.
 """
