@@ -9,6 +9,7 @@ from sglang_vpp.schedule.chunking import split_request
 from sglang_vpp.schedule.factory import tapered_chunker
 from sglang_vpp.schedule.auto_size import (
     CANDIDATES,
+    CHUNKER_CACHE,
     TIE_TOLERANCE,
     AutoChunker,
     auto_chunker,
@@ -67,6 +68,28 @@ def test_without_a_situation_a_request_is_cut_at_the_size_chosen_for_it_alone():
     make = chunker.sizer.taper_for if alone.tapered else chunker.sizer.chunker_for
     assert chunker.next_chunk_size(0, 262_144) == make(alone.chunk_size, 262_144).next_chunk_size(0, 262_144)
     assert chunker.choice is None
+
+
+def test_a_long_lived_chunker_keeps_a_bounded_number_of_chunkers_and_cuts_alike():
+    chunker = _chunker("dcpp", 2, LinearAttentionCost())
+    chunker.resize([8_000])
+    lengths = [8_000 + 97 * i for i in range(3 * CHUNKER_CACHE)]
+    first = [chunker.next_chunk_size(0, n) for n in lengths]
+    assert len(chunker._chunkers) == CHUNKER_CACHE
+    assert [chunker.next_chunk_size(0, n) for n in lengths] == first  # rebuilt chunkers cut alike
+
+
+def test_the_planned_situation_is_cut_at_the_window_in_one_place():
+    spec = get_policy("vpp-pack")
+    layout = build_layout(2, 8, spec.layout_kind)
+    cost = LinearAttentionCost()
+    controller = Controller(spec, layout, cost, chunker=auto_chunker(spec, layout, cost, 4096))
+    assert controller.auto_window == controller.chunker.sizer.window
+    window = controller.auto_window
+    lengths = [300] * (window + 5)
+    assert controller.chunker.resize(lengths).situation == (300,) * window
+    assert controller.chunker.adopt(lengths, 512).situation == (300,) * window
+    assert Controller(spec, layout, cost).auto_window is None
 
 
 def test_controller_resize_sets_chunk_and_budget_only_for_auto():

@@ -293,7 +293,8 @@ def test_a_rank_whose_scheduler_sees_another_situation_stops(monkeypatch):
 def test_the_request_being_chunked_leads_the_situation(monkeypatch):
     [leader, _] = _ranks(monkeypatch, [_request(300)])
     leader.scheduler.chunked_req = _request(5000)
-    assert chunk_sizing.situation(leader.scheduler) == (5000, 300)
+    assert chunk_sizing.situation(leader.scheduler, leader.controller.auto_window) == (5000, 300)
+    assert chunk_sizing.situation(leader.scheduler, 1) == (5000,)
     leader.scheduler.chunked_req, leader.scheduler.waiting_queue = None, []
     events: list = []
     leader.situation.before_schedule(events)  # nothing to size

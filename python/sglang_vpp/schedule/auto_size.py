@@ -35,6 +35,7 @@ with nothing to come, is ``choose``'s situation: the requests sent together.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
@@ -75,6 +76,9 @@ WINDOW = 128
 on how many requests share the pipeline (a 16-request window picks 8K for 100 x 4K on CPP at
 P = 4 where the 100 requests run best at 16K), so the window covers the paper's 100-request
 loads whole; planning 128 requests at every candidate size takes about a second."""
+
+CHUNKER_CACHE = 64
+"""Chunkers an ``AutoChunker`` keeps built (``AutoChunker._chunkers``)."""
 
 TIE_TOLERANCE = 0.002
 """Scores within this fraction count as equal; the makespan, then the size decides."""
@@ -144,9 +148,13 @@ class AutoSizer:
         self.taper_for = taper_for
         self._cache: dict[tuple[int, ...], AutoChoice] = {}
 
+    def planned(self, lengths: Sequence[int]) -> tuple[int, ...]:
+        """The part of a situation that is planned: its first ``window`` prompt lengths."""
+        return tuple(int(n) for n in lengths[: self.window])
+
     def choose(self, lengths: Sequence[int]) -> AutoChoice:
         """The best candidate for the prompts ``lengths`` (waiting and in flight, oldest first)."""
-        situation = tuple(int(n) for n in lengths[: self.window])
+        situation = self.planned(lengths)
         if not situation or min(situation) < 1:
             raise ChunkingError(f"auto needs prompt lengths >= 1 token, got {list(lengths)[:8]}")
         cached = self._cache.get(situation)
@@ -188,7 +196,7 @@ class AutoSizer:
             left = [twin.request_finish[i] - now for i in range(len(twin.requests)) if i not in done]
             return size, max(left), sum(left) / len(left)
 
-        return self._choose(situation[: self.window], [int(length) for length, _ in arriving], longest, plan)
+        return self._choose(self.planned(situation), [int(length) for length, _ in arriving], longest, plan)
 
     def _choose(self, situation: tuple[int, ...], cut: Sequence[int], longest: int,
                 plan: Callable[[Chunker, int], tuple[int, float, float]]) -> AutoChoice:
@@ -282,7 +290,10 @@ class AutoChunker:
         self.on_choice: Callable[..., None] | None = None
         """Called with ``prefix``, ``remaining`` and ``size`` after every ``next_chunk_size``
         (an executor that records decisions for ``check --trace``)."""
-        self._chunkers: dict[tuple[int, int], Chunker] = {}
+        self._chunkers: OrderedDict[tuple[int, bool, int], Chunker] = OrderedDict()
+        """Chunkers by (size, tapered, prompt length), least recently used first: a server sees
+        a new prompt length with almost every request, so it keeps ``CHUNKER_CACHE`` of them (a
+        chunker holds no state between calls; one rebuilt cuts alike)."""
 
     def resize(self, lengths: Sequence[int]) -> AutoChoice:
         self.choice = self.sizer.choose(lengths)
@@ -298,7 +309,7 @@ class AutoChunker:
             raise ChunkingError(f"auto size {size} is not one of the candidates {list(self.sizer.candidates)}")
         if tapered and self.sizer.taper_for is None:
             raise ChunkingError(f"a tapered auto cut at {size} for a mode whose auto weighs no tapered cut")
-        self.choice = AutoChoice(int(size), tuple(int(n) for n in lengths[: self.sizer.window]), (), bool(tapered))
+        self.choice = AutoChoice(int(size), self.sizer.planned(lengths), (), bool(tapered))
         self.history.append(self.choice)
         return self.choice
 
@@ -324,6 +335,10 @@ class AutoChunker:
             make = self.sizer.taper_for if choice.tapered else self.sizer.chunker_for
             assert make is not None
             chunker = self._chunkers[key] = make(choice.chunk_size, length)
+            if len(self._chunkers) > CHUNKER_CACHE:
+                self._chunkers.popitem(last=False)
+        else:
+            self._chunkers.move_to_end(key)
         cut = chunker.next_chunk_size(prefix_len, remaining)
         if self.on_choice is not None:
             self.on_choice(prefix=prefix_len, remaining=remaining, size=cut)

@@ -357,6 +357,12 @@ class Controller:
         return None if adopt is None else self._resized(adopt(lengths, size, tapered).chunk_size)
 
     @property
+    def auto_window(self) -> int | None:
+        """How many prompt lengths of a situation an ``auto`` chunker plans (the rest it
+        ignores); None when the chunker is not ``auto``."""
+        return getattr(getattr(self.chunker, "sizer", None), "window", None)
+
+    @property
     def auto_tapered(self) -> bool:
         """Whether the last ``auto`` choice cuts tapered at its size (False when none or not auto)."""
         return bool(getattr(getattr(self.chunker, "choice", None), "tapered", False))

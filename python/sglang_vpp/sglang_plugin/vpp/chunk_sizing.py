@@ -30,7 +30,6 @@ from itertools import islice
 from typing import Any, Callable
 
 from sglang_vpp.schedule import Controller, TaperedChunker
-from sglang_vpp.schedule.auto_size import WINDOW
 
 from .errors import SchedulerDivergenceError
 
@@ -88,13 +87,14 @@ def _length(req: Any) -> int:
     return len(req.origin_input_ids) + len(req.output_ids)
 
 
-def situation(scheduler: Any) -> tuple[int, ...]:
+def situation(scheduler: Any, limit: int) -> tuple[int, ...]:
     """The prompt lengths ``auto`` sizes for when a batch is formed: the request being chunked,
-    then the waiting queue in its order (at most ``WINDOW``; ``auto`` plans no more). Decoding
-    requests are not in it: the plan is of prefill work."""
+    then the waiting queue in its order, at most ``limit`` (``Controller.auto_window``: what
+    ``auto`` plans; read no further into a long queue). Decoding requests are not in it: the
+    plan is of prefill work."""
     chunked = scheduler.chunked_req
     head = [_length(chunked)] if chunked is not None else []
-    return tuple(head + [_length(req) for req in islice(scheduler.waiting_queue, WINDOW - len(head))])
+    return tuple(head + [_length(req) for req in islice(scheduler.waiting_queue, max(limit - len(head), 0))])
 
 
 class AutoSituation:
@@ -107,6 +107,7 @@ class AutoSituation:
         self.controller = controller
         self.record = record
         self.told: tuple[int, ...] = ()
+        """Rank 0's last situation told (``before_schedule``); the other ranks keep none."""
 
     def before_schedule(self, events: list) -> None:
         """Rank 0, before SGLang forms a batch: tell the controller the situation when requests
@@ -115,7 +116,7 @@ class AutoSituation:
         that answer: each plan holds rank 0's loop for its duration (up to about 2 s for 32 or
         more waiting prompts at P = 4 on this host), so it runs once per arrival, not once per
         batch. Nothing waiting and nothing chunked: no batch to size."""
-        lengths = situation(self.scheduler)
+        lengths = situation(self.scheduler, self.controller.auto_window)
         if not lengths or lengths == self.told[len(self.told) - len(lengths):]:
             return
         self.told = lengths
@@ -127,7 +128,7 @@ class AutoSituation:
     def replay(self, event: tuple, rank: int) -> None:
         """Another rank: apply rank 0's cut to the same situation, just before the batch it sized."""
         _, lengths, size, tapered = event
-        mine = situation(self.scheduler)
+        mine = situation(self.scheduler, self.controller.auto_window)
         if mine != tuple(lengths):
             raise SchedulerDivergenceError(
                 f"VPP rank {rank}: rank 0 sized a batch for prompts of {list(lengths)[:8]} tokens, this rank's "
