@@ -232,3 +232,20 @@ def test_a_replica_adopts_a_tapered_cut_and_cuts_what_the_leader_cuts():
     flat = build_layout(8, model.num_layers, cpp.layout_kind)
     with pytest.raises(ChunkingError, match="weighs no tapered cut"):
         Controller(cpp, flat, cost, chunker=auto_chunker(cpp, flat, cost)).adopt_size([65_536], size, tapered=True)
+
+
+def test_a_plan_cuts_each_request_with_the_chunker_built_for_its_length():
+    from sglang_vpp.schedule.auto_size import _CutPerRequest
+
+    spec = get_policy("dcpp")
+    cost = AnalyticCostModel(load_model("glm-5.2"), load_hardware("ascend-910c"))
+    chunker = auto_chunker(spec, build_layout(4, 48, spec.layout_kind), cost)
+    make = chunker.sizer.chunker_for
+    short, long = 9_000, 1_048_576
+    # A DCPP curve fitted up to the longest prompt cuts a short one otherwise.
+    assert split_request(make(2048, long), short) != split_request(make(2048, short), short)
+    planned = _CutPerRequest(make, 2048)
+    assert split_request(planned, short) == split_request(make(2048, short), short)
+    assert split_request(planned, long) == split_request(make(2048, long), long)
+    chunker.adopt([long, short], 2048)
+    assert split_request(chunker, short) == split_request(planned, short)

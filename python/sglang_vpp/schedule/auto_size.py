@@ -120,7 +120,7 @@ class AutoChoice:
 
 
 ChunkerFactory = Callable[[int, int], Chunker]
-"""(chunk size, longest prompt) -> the mode's chunker at that size."""
+"""(chunk size, prompt length) -> the mode's chunker at that size for a prompt of that length."""
 
 
 class AutoSizer:
@@ -160,12 +160,11 @@ class AutoSizer:
         cached = self._cache.get(situation)
         if cached is not None:
             return cached
-        longest = max(situation)
 
         def plan(chunker: Chunker, size: int) -> tuple[int, float, float]:
             return (size, *self._plan(chunker, size, situation))
 
-        choice = self._choose(situation, situation, longest, plan)
+        choice = self._choose(situation, situation, plan)
         self._cache[situation] = choice
         return choice
 
@@ -184,7 +183,6 @@ class AutoSizer:
         waiting = [r.length for i, r in enumerate(planner.requests) if i not in done]
         situation = tuple(waiting + [int(length) for length, _ in arriving])
         total = sum(situation)
-        longest = max(length for length, _ in arriving)
         now = planner.now
 
         def plan(chunker: Chunker, size: int) -> tuple[int, float, float]:
@@ -196,20 +194,20 @@ class AutoSizer:
             left = [twin.request_finish[i] - now for i in range(len(twin.requests)) if i not in done]
             return size, max(left), sum(left) / len(left)
 
-        return self._choose(self.planned(situation), [int(length) for length, _ in arriving], longest, plan)
+        return self._choose(self.planned(situation), [int(length) for length, _ in arriving], plan)
 
-    def _choose(self, situation: tuple[int, ...], cut: Sequence[int], longest: int,
+    def _choose(self, situation: tuple[int, ...], cut: Sequence[int],
                 plan: Callable[[Chunker, int], tuple[int, float, float]]) -> AutoChoice:
         """Plan every candidate size with the mode's chunker, then the tapered cuts near the best
         of those, and pick among all (``_pick``). ``cut``: the prompt lengths the candidate
         cuts (the arriving ones)."""
-        scores = [plan(self.chunker_for(size, longest), size) for size in self._planned_sizes(sum(situation))]
-        tapers = [plan(self.taper_for(size, longest), size) for size in self._taper_sizes(scores, cut, longest)]
+        scores = [plan(_CutPerRequest(self.chunker_for, size), size) for size in self._planned_sizes(sum(situation))]
+        tapers = [plan(_CutPerRequest(self.taper_for, size), size) for size in self._taper_sizes(scores, cut)]
         keyed = [((size, False), m, t) for size, m, t in scores] + [((size, True), m, t) for size, m, t in tapers]
         size, tapered = self._pick(keyed)
         return AutoChoice(size, situation, tuple(scores), tapered, tuple(tapers))
 
-    def _taper_sizes(self, scores: Sequence[tuple[int, float, float]], cut: Sequence[int], longest: int) -> list[int]:
+    def _taper_sizes(self, scores: Sequence[tuple[int, float, float]], cut: Sequence[int]) -> list[int]:
         """The sizes whose tapered cut ``auto`` also plans: the best size with the mode's chunker
         and its neighbours among the sizes planned (the taper's body is at most the size, and
         its ends smaller, so its best size lies at or just above the best fixed one), where the
@@ -222,8 +220,8 @@ class AutoSizer:
         lengths = sorted(set(cut))
 
         def cuts_otherwise(size: int) -> bool:
-            taper, fixed = self.taper_for(size, longest), self.chunker_for(size, longest)
-            return any(split_request(taper, n) != split_request(fixed, n) for n in lengths)
+            return any(split_request(self.taper_for(size, n), n) != split_request(self.chunker_for(size, n), n)
+                       for n in lengths)
 
         return [size for size in sizes[max(0, best - 1): best + 2] if cuts_otherwise(size)]
 
@@ -258,6 +256,24 @@ class AutoSizer:
         planner.advance()
         finish = planner.request_finish
         return max(finish.values()), sum(finish.values()) / len(finish)
+
+
+class _CutPerRequest:
+    """A candidate's cut as ``AutoChunker`` executes it: each request by the mode's chunker
+    built for that request's length (a DCPP curve depends on the longest prompt it is fitted
+    to), so a plan of mixed lengths cuts every request as the executor will."""
+
+    def __init__(self, make: ChunkerFactory, size: int) -> None:
+        self._make = make
+        self._size = size
+        self._built: dict[int, Chunker] = {}
+
+    def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
+        length = prefix_len + remaining
+        chunker = self._built.get(length)
+        if chunker is None:
+            chunker = self._built[length] = self._make(self._size, length)
+        return chunker.next_chunk_size(prefix_len, remaining)
 
 
 class _Replacements:
