@@ -246,8 +246,8 @@ def test_a_burst_of_short_prompts_is_batched_at_the_size_the_controller_chose(mo
     leader, follower = _ranks(monkeypatch, burst)
     events: list = []
     leader.situation.before_schedule(events)
-    [(kind, lengths, size, tapered)] = events
-    assert kind == chunk_sizing.AUTO_EVENT and lengths == (300,) * 8 and tapered is False
+    [(kind, lengths, size, tapered, seen)] = events
+    assert kind == chunk_sizing.AUTO_EVENT and lengths == seen == (300,) * 8 and tapered is False
     plan = leader.controller.chunker.sizer.choose(lengths)
     assert size == plan.chunk_size < SERVER_CAP  # the schedule core's choice, not the cap
     leader.situation.before_schedule(events)  # nothing changed: nothing to tell again
@@ -259,10 +259,58 @@ def test_a_burst_of_short_prompts_is_batched_at_the_size_the_controller_chose(mo
     leader.situation.before_schedule(events)  # requests only left the situation: the answer holds
     assert len(events) == 1
     leader.scheduler.waiting_queue.append(_request(900, "late"))
-    leader.situation.before_schedule(events)  # one arrived: planned again
-    assert len(events) == 2 and events[1][1][-1] == 900
+    leader.situation.before_schedule(events)  # one arrived: planned off the loop
+    planned = leader.situation.told
+    assert planned[-1] == 900 and len(events) == 1
+    leader.situation.wait(timeout_s=60)
+    leader.situation.before_schedule(events)  # the answer applies before the next batch
+    assert len(events) == 2 and events[1][1] == planned and events[1][4] == planned
+    assert events[1][2] == leader.controller.auto_size == leader.controller.chunker.sizer.choose(planned).chunk_size
     assert leader.acct.decisions[0] == follower.acct.decisions[0] == {"kind": RESIZE, "lengths": [300] * 8,
                                                                       "size": size, "tapered": False}
+
+
+def test_a_later_situation_is_planned_off_the_loop_one_at_a_time(monkeypatch):
+    """Rank 0's loop does not wait for a plan after the first: it forms batches at the size in
+    force, plans one situation at a time, and applies each answer before the next batch, with
+    what its scheduler holds then for the other ranks to check."""
+    import threading
+
+    leader, follower = _ranks(monkeypatch, [_request(300, f"r{i}") for i in range(8)])
+    events: list = []
+    leader.situation.before_schedule(events)
+    follower.situation.replay(events[0], rank=1)
+    first = events[0][2]
+    release, asked = threading.Event(), []
+    plan = leader.controller.auto_plan
+
+    def slow_plan(lengths):
+        asked.append(tuple(lengths))
+        assert release.wait(60)
+        return plan(lengths)
+
+    monkeypatch.setattr(leader.controller, "auto_plan", slow_plan)
+    for rank in (leader, follower):
+        rank.scheduler.waiting_queue.append(_request(6000, "long"))
+    leader.situation.before_schedule(events)
+    for rank in (leader, follower):
+        rank.scheduler.waiting_queue.append(_request(7000, "longer"))
+    leader.situation.before_schedule(events)  # a plan is running: no second one, no waiting
+    assert len(events) == 1 and leader.controller.auto_size == first
+    assert leader.controller.next_chunk_size(0, 6000) == min(first, 6000)
+    release.set()
+    leader.situation.wait(timeout_s=60)
+    leader.situation.before_schedule(events)  # the answer applies; the newer situation is planned
+    leader.situation.wait(timeout_s=60)
+    leader.situation.before_schedule(events)
+    assert asked == [(300,) * 8 + (6000,), (300,) * 8 + (6000, 7000)]
+    assert [e[1] for e in events[1:]] == asked
+    assert [e[4] for e in events[1:]] == [(300,) * 8 + (6000, 7000)] * 2
+    for event in events[1:]:
+        follower.situation.replay(event, rank=1)
+    assert follower.controller.auto_size == leader.controller.auto_size == events[-1][2]
+    resizes = [[d for d in rank.acct.decisions if d["kind"] == RESIZE] for rank in (leader, follower)]
+    assert len(resizes[0]) == 3 and resizes[0] == resizes[1]
 
 
 def test_a_server_that_also_decodes_batches_new_requests_at_its_cap(monkeypatch):
@@ -271,7 +319,7 @@ def test_a_server_that_also_decodes_batches_new_requests_at_its_cap(monkeypatch)
     leader, follower = _ranks(monkeypatch, [_request(300, f"r{i}") for i in range(8)], decodes=True)
     events: list = []
     leader.situation.before_schedule(events)
-    [(_, _, size, _)] = events
+    [(_, _, size, _, _)] = events
     assert size < 8 * 300
     assert _form_batch(leader.scheduler, leader.controller) == [300] * 8
     follower.situation.replay(events[0], rank=1)
@@ -327,6 +375,8 @@ def _served_burst(monkeypatch) -> tuple[dict, dict[int, list], int]:
     for rank in (leader, follower):
         rank.scheduler.waiting_queue.append(_request(5000, "long"))
     events = []
+    leader.situation.before_schedule(events)
+    leader.situation.wait(timeout_s=60)
     leader.situation.before_schedule(events)
     follower.situation.replay(events[0], rank=1)
     for rank in (leader, follower):

@@ -63,6 +63,7 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from .chunking import Chunker
 from .cost import StageCostModel
@@ -70,6 +71,9 @@ from .decode_groups import DecodeGroups, DecodeMove, decode_groups
 from .ir import GROUP_BACKWARD, GROUP_FORWARD, GROUP_SINGLE, ChunkSpec
 from .layout import Layout, LayoutKind
 from .policies import CommSemantics, PolicySpec, Priority
+
+if TYPE_CHECKING:  # auto_size builds controllers: importing it here would be circular
+    from .auto_size import AutoChoice
 
 __all__ = ["Admission", "MicroBatch", "ControllerLimits", "Controller", "HandOff", "DEEP_WINDOW_SPREAD",
            "default_in_flight_limit", "hand_off_group", "hand_off_groups"]
@@ -348,6 +352,13 @@ class Controller:
         ``auto``."""
         resize = getattr(self.chunker, "resize_live", None)
         return None if resize is None else self._resized(resize(planner, arriving, to_come).chunk_size)
+
+    def auto_plan(self, lengths: Sequence[int]) -> AutoChoice | None:
+        """The ``AutoChoice`` ``resize(lengths)`` would apply, without applying it: it reads no
+        state that deciding writes, so an executor may plan off its loop and apply the answer
+        with ``adopt_size``. None when the chunker is not ``auto``."""
+        sizer = getattr(self.chunker, "sizer", None)
+        return None if sizer is None else sizer.choose(lengths)
 
     def adopt_size(self, lengths: Sequence[int], size: int, tapered: bool = False) -> int | None:
         """Apply the cut an equal controller's ``resize(lengths)`` chose (size, and whether

@@ -15,17 +15,20 @@ Every rank replays the same scheduling decisions (``replica.py``) and the chunke
 function of (prefix, remaining), so every rank cuts the same chunks.
 
 With ``--chunked-prefill-size auto`` the size also depends on the situation: before SGLang forms
-a batch, rank 0 tells the controller the prompt lengths waiting and in flight
-(``AutoSituation``; ``Controller.resize``), and the size chosen becomes the chunk size of the
-requests and, on a server that only prefills, the budget of a batch that starts with a new
-request (the hook above lowers SGLang's budget to ``Controller.new_batch_budget``, which keeps
-the cap where the server also decodes). The size travels to the other ranks as a
-scheduler event, ``("auto", lengths, size, tapered)``, replayed just before the batch it sized; each
-rank checks that its replica of the scheduler sees the same lengths.
+a batch, rank 0 gives the controller's ``auto`` sizer the prompt lengths waiting and in flight
+(``AutoSituation``: the first in the loop, later ones on a worker thread), and the size chosen
+becomes the chunk size of the requests and, on a server that only prefills, the budget of a
+batch that starts with a new request (the hook above lowers SGLang's budget to
+``Controller.new_batch_budget``, which keeps the cap where the server also decodes). The size
+travels to the other ranks as a scheduler event, ``("auto", lengths, size, tapered, seen)``,
+replayed just before the batch it sizes; each rank checks that its replica of the scheduler
+holds what rank 0's held (``seen``).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from itertools import islice
 from typing import Any, Callable
 
@@ -99,7 +102,15 @@ def situation(scheduler: Any, limit: int) -> tuple[int, ...]:
 
 class AutoSituation:
     """An ``auto`` server's situation reports: rank 0 tells the controller before each batch is
-    formed and logs the answer as an event; the other ranks apply the logged answer."""
+    formed and logs the answer as an event; the other ranks apply the logged answer.
+
+    A plan takes from a tenth of a second to seconds (docs/auto-chunk.md, "Server"), and rank 0's
+    loop feeds every rank: planning there would hold the whole pipeline at every arrival. So
+    only the first situation is planned in the loop (nothing was sized yet); every later one is
+    planned on a worker thread, one at a time, while the loop goes on with the size in force,
+    and its answer is applied before the first batch formed after it is ready. Planning is pure
+    Python and reads nothing the loop writes (``AutoSizer.choose``: the situation, the estimate,
+    its own cache)."""
 
     def __init__(self, scheduler: Any, controller: Controller, record: Callable[..., None]) -> None:
         """``record``: writes a ``resize`` trace record (``lengths``, ``size``, ``tapered``)."""
@@ -107,31 +118,54 @@ class AutoSituation:
         self.controller = controller
         self.record = record
         self.told: tuple[int, ...] = ()
-        """Rank 0's last situation told (``before_schedule``); the other ranks keep none."""
+        """Rank 0's last situation given to the planner (``before_schedule``); the other ranks
+        keep none."""
+        self._planning: tuple[tuple[int, ...], Future] | None = None
+        """Rank 0: the situation being planned on the worker, and its answer to come."""
+        self._worker: ThreadPoolExecutor | None = None
 
     def before_schedule(self, events: list) -> None:
-        """Rank 0, before SGLang forms a batch: tell the controller the situation when requests
-        arrived since it was last told, and append the cut to ``events``. A situation that is
-        the end of the last one told (requests only left it: batched, or done chunking) keeps
-        that answer: each plan holds rank 0's loop for its duration (up to about 2 s for 32 or
-        more waiting prompts at P = 4 on this host), so it runs once per arrival, not once per
-        batch. Nothing waiting and nothing chunked: no batch to size."""
+        """Rank 0, before SGLang forms a batch: apply a finished plan, and give the planner the
+        situation when requests arrived since it was last given one. A situation that is the end
+        of the last one (requests only left it: batched, or done chunking) keeps that answer: a
+        plan per batch would only repeat the last. Nothing waiting and nothing chunked: no batch
+        to size. Each applied answer is appended to ``events`` as ``(AUTO_EVENT, lengths, size,
+        tapered, seen)``: the situation planned and what rank 0's scheduler holds now."""
         lengths = situation(self.scheduler, self.controller.auto_window)
+        if self._planning is not None and self._planning[1].done():
+            (planned, answer), self._planning = self._planning, None
+            choice = answer.result()  # a planning error surfaces here, in the loop
+            self._apply(planned, self.controller.adopt_size(planned, choice.chunk_size, choice.tapered),
+                        choice.tapered, lengths, events)
         if not lengths or lengths == self.told[len(self.told) - len(lengths):]:
             return
-        self.told = lengths
-        size = self.controller.resize(lengths)
-        tapered = self.controller.auto_tapered
-        self.record(lengths=list(lengths), size=size, tapered=tapered)
-        events.append((AUTO_EVENT, lengths, size, tapered))
+        if self.controller.auto_size is None:  # nothing sized yet: this batch waits for its plan
+            self.told = lengths
+            self._apply(lengths, self.controller.resize(lengths), self.controller.auto_tapered, lengths, events)
+        elif self._planning is None:
+            self.told = lengths
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vpp-auto-plan")
+            self._planning = (lengths, self._worker.submit(self.controller.auto_plan, lengths))
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Block until the plan on the worker, if any, has its answer (tests, shutdown)."""
+        if self._planning is not None:
+            wait_futures([self._planning[1]], timeout=timeout_s)
+
+    def _apply(self, planned: tuple[int, ...], size: int, tapered: bool, seen: tuple[int, ...],
+               events: list) -> None:
+        self.record(lengths=list(planned), size=size, tapered=tapered)
+        events.append((AUTO_EVENT, planned, size, tapered, seen))
 
     def replay(self, event: tuple, rank: int) -> None:
-        """Another rank: apply rank 0's cut to the same situation, just before the batch it sized."""
-        _, lengths, size, tapered = event
+        """Another rank: apply rank 0's cut, just before the batch it sizes, after checking that
+        this rank's replica of the scheduler holds what rank 0's held then."""
+        _, lengths, size, tapered, seen = event
         mine = situation(self.scheduler, self.controller.auto_window)
-        if mine != tuple(lengths):
+        if mine != tuple(seen):
             raise SchedulerDivergenceError(
-                f"VPP rank {rank}: rank 0 sized a batch for prompts of {list(lengths)[:8]} tokens, this rank's "
+                f"VPP rank {rank}: rank 0 sized a batch for prompts of {list(seen)[:8]} tokens, this rank's "
                 f"scheduler holds {list(mine)[:8]}. The replicated schedulers diverged; report this with the "
                 "server log."
             )

@@ -20,8 +20,9 @@ use) decides everything else:
   stage of a returned one; a middle rank: its forward and its fold-back stage) runs
   ``Controller.pick``'s choice first;
 - chunk size: SGLang's chunk-size hook asks ``Controller.next_chunk_size`` (``chunk_sizing.ControllerChunkSizer``);
-  with ``auto``, rank 0 first tells the controller the prompt lengths waiting and in flight
-  (``chunk_sizing.AutoSituation``), which also sets the budget of a batch of new requests;
+  with ``auto``, rank 0 first gives the controller's sizer the prompt lengths waiting and in
+  flight (``chunk_sizing.AutoSituation``; after the first, planned on a worker thread and applied
+  when ready), which also sets the budget of a batch of new requests;
 - communication: each link is a ``Controller.hand_off`` (group, peer, semantics). ``BLOCKING``
   (vpp) waits for each send to complete; ``ASYNC`` posts sends. Every mode moves its messages over
   the ``sglang_vpp.comm`` communicator's two direction groups ("fwd", "bwd": the server's

@@ -11,8 +11,11 @@ log in order (it travels with the forward-sweep messages):
                                   the dict of ``_pp_prepare_tensor_dict``)
     ("idle",)                     on_idle housekeeping (it resets the new-token ratio)
     ("pd", kind, ...)             a PD prefill server's bootstrap or release verdict (pd_prefill.py)
-    ("auto", lengths, size, tap)  ``--chunked-prefill-size auto``: the cut rank 0's controller chose
-                                  for the next batch, tapered or not (chunk_sizing.AutoSituation)
+    ("auto", lengths, size, tap, seen)
+                                  ``--chunked-prefill-size auto``: the cut rank 0's controller chose
+                                  for the situation ``lengths``, tapered or not, applied from the
+                                  next batch; ``seen``: rank 0's situation then
+                                  (chunk_sizing.AutoSituation)
 
 Slots are SGLang's micro-batch slots (``mbs``/``running_mbs``/``last_mbs``): a slot is reused
 only after its batch's outputs are processed, as in stock PP. A follower checks that its replayed
