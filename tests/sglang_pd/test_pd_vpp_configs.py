@@ -90,7 +90,8 @@ def _tp2pp2_behind(deployment: PdDeployment, model_dir: Path, decode_tp: int):
         if _tp_size(deployment.decode.config) != decode_tp:
             deployment.restart_decode(config=decode, served=served)
         return deployment.router
-    if deployment.decode is None or deployment.decode.process is None or _tp_size(deployment.decode.config) != decode_tp:
+    decode_up = deployment.decode is not None and deployment.decode.process is not None
+    if not decode_up or _tp_size(deployment.decode.config) != decode_tp:
         deployment.start_decode(decode)
     return deployment.serve_prefill(
         prefill_of(model_dir, "vpp-pack", ("--tp-size", "2"), extra_env=TP2_BIND), served=served)
