@@ -200,7 +200,7 @@ def test_load_all_end_kv_idle_and_greedy_equal_to_cpp(server, request):
     assert outcomes.count("answered") >= NUM_LOAD_REQUESTS - NUM_LOAD_REQUESTS // 8, outcomes
     deadline = time.monotonic() + 60
     while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(0.2)
     assert _kv_tokens_in_use(server) == 0
     out = post_json(
         server.url + "/generate",
@@ -273,7 +273,7 @@ def test_abort_and_disconnect_mid_prefill_while_packing(server):
         gone.result(timeout=300)
     deadline = time.monotonic() + 60
     while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(0.2)
     assert _kv_tokens_in_use(server) == 0
     _assert_still_serving(server)
     if server.trace_dir is not None:  # vpp-pack: a queued request entered the drain window
@@ -318,7 +318,7 @@ def test_kv_pool_exhausted_in_decode_every_request_is_served_and_equal_to_cpp(se
     assert all(len(ids) == 120 for ids in outputs)
     deadline = time.monotonic() + 60
     while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(0.2)
     assert _kv_tokens_in_use(server) == 0
     # The load reached retraction. VPP decodes in stock PP's count of slots (the controller's
     # decode slots), so whether a slot is left with one request depends on the order of the

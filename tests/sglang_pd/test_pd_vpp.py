@@ -7,7 +7,9 @@ transformers' greedy continuation, and to what the stock PP (``cpp``) prefill ga
 (test_pd_router.py records that; served here only when that module did not run). On the
 8-layer tiny Qwen2 at --pp-size 2, rank 0 owns layers 0-1 and 6-7 and rank 1 layers 2-5, so
 positional pairing would put KV into the wrong layers; only pairing by id gives these tokens.
-The vpp-pack server's trace replays through the controller (``sglang-vpp check --trace``).
+The vpp-pack server is started and measured by ``bench-serve --launch ... --pd``'s launch code
+(the four prompts are its warm-up); its trace replays through the controller (``sglang-vpp check
+--trace``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from sglang_harness import SKIP_NO_SGLANG, wait_for_json
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
 from vpp_checks import QWEN2_8L, Reference, all_admitted_left, make_prompts  # noqa: E402
-from conftest import PROMPT_LENGTHS, PROMPT_SEED, SERVED  # noqa: E402
+from conftest import CHUNK, PROMPT_LENGTHS, PROMPT_SEED, SERVED  # noqa: E402
 from pd_checks import NUM_NEW, check, four_prompts, prefill_of, serve  # noqa: E402
 
 SKIP_NO_PD = pytest.mark.skipif(
@@ -59,17 +61,56 @@ def cpp_answers(deployment, model_dir, prompts, expected) -> list[list[int]]:
     return SERVED["cpp"]
 
 
+BENCH_INPUT_LEN = 300
+"""The bench_serving pass's one prompt: five chunks of 64."""
+
+
 def test_vpp_pack_prefill_equals_cpp_and_transformers_and_its_trace_replays(
         deployment, model_dir, prompts, expected, cpp_answers, tmp_path):
+    """vpp-pack's prefill server as ``bench-serve --launch vpp-pack --pd`` starts and measures it
+    (``bench_serve_launch.run_launched``, on the session's decode server: one prefill server start
+    instead of the command line's decode, stock prefill and VPP prefill servers; the command
+    line's own refusals and report are tests/sglang/test_bench_serve.py's). Its warm-up is the
+    four prompts: equal to the cpp prefill's and transformers' answers, KV back to 0. Then a
+    bench_serving pass through the router, whose per-rank idle comes from the prefill server's
+    trace (the warm-up excluded); the whole trace replays through the controller."""
     from typer.testing import CliRunner
 
     from sglang_vpp.cli.app import app
+    from sglang_vpp.cli.bench_serve_launch import LaunchSpec, run_launched
+    from sglang_vpp.serving.bench_serving import LoadPlan, Workload, run_pass
 
-    trace_dir = tmp_path / "trace"
-    router = serve(deployment, model_dir, "vpp-pack", ("--vpp-trace", str(trace_dir)))
-    answers = four_prompts(router.url, prompts)
-    check(deployment, "vpp-pack prefill", answers, cpp_answers)
-    check(deployment, "vpp-pack prefill", answers, expected)
+    spec = LaunchSpec(model_dir=str(model_dir), pp_size=2, chunked_prefill_size=CHUNK, work_dir=tmp_path, pd=True)
+    plan = LoadPlan(workload=Workload.LONG, num_requests=1, input_len=BENCH_INPUT_LEN, output_len=2, concurrency=1,
+                    warmup=0, tokenizer=str(model_dir), progress=False)
+    urls, events = [], []
+
+    def warm_up(url: str) -> int:
+        urls.append(url)
+        answers = four_prompts(url, prompts)
+        check(deployment, "vpp-pack prefill", answers, cpp_answers)
+        check(deployment, "vpp-pack prefill", answers, expected)
+        return len(prompts)
+
+    def one_pass(url: str, seed: int):
+        urls.append(url)
+        return run_pass(plan, url, tmp_path / "bench.jsonl", tmp_path / "bench.log", seed_offset=seed, warmup=0)
+
+    runs = run_launched(spec, ["vpp-pack"], repeats=1, warm_up=warm_up, run_once=one_pass, on_event=events.append,
+                        deployment=deployment)
+    (run,) = runs
+    assert set(urls) == {run.url} and run.url != deployment.decode.url, (urls, run.url)
+    assert "starting --pp-mode vpp-pack as the prefill server, and the router" in events, events
+    (serving_pass,) = run.passes
+    assert serving_pass.num_requests == 1 and not serving_pass.num_failed, serving_pass.errors
+    assert serving_pass.ttfts[0] > 0 and serving_pass.input_lens == [BENCH_INPUT_LEN]
+    (idle,) = run.idle
+    # The measured request only: 5 chunks, each one compute per virtual stage (2 per rank).
+    assert idle.num_ranks == 2 and idle.num_micro_batches == 5, idle.to_json()
+    assert idle.num_prefill_computes == 5 * 4, idle.to_json()
+    assert all(rank.busy_s > 0 for rank in idle.ranks)
+    assert deployment.prefill is None and deployment.decode is not None  # the decode server stays
+    trace_dir = tmp_path / "trace-vpp-pack"
     wait_for_json(trace_dir / "vpp_rank0.records.json", until=all_admitted_left)
     wait_for_json(trace_dir / "vpp_rank1.records.json")
     replay = CliRunner().invoke(app, ["check", "--trace", str(trace_dir)])

@@ -6,18 +6,19 @@ Through the router, the four prompts of the PD tests (3 to 5 chunks of 64; the l
 the others are in prefill) must decode to transformers' greedy continuation, and KV must be back
 to 0 on both sides:
 
-- vpp-pack at --tp-size 2 --pp-size 2 on the 8-layer tiny Qwen2, with a decode server at
-  --tp-size 2: each TP rank sends its KV heads of its own layers to the decode rank holding those
-  heads; also equal to what the stock pp-2 prefill served when test_pd_router.py ran first
-  (another parallel config: transformers is the oracle); then the same prefill server behind a
-  decode server at --tp-size 1, which it refuses per request on the CPU (docs/pd.md);
+- vpp-pack at --tp-size 2 --pp-size 2 on the 8-layer tiny Qwen2, first behind the session's
+  decode server at --tp-size 1, which it refuses per request on the CPU (docs/pd.md), then behind
+  a decode server at --tp-size 2 swapped in behind the same prefill server
+  (``PdDeployment.restart_decode``): each TP rank sends its KV heads of its own layers to the
+  decode rank holding those heads; also equal to what the stock pp-2 prefill served when
+  test_pd_router.py ran first (another parallel config: transformers is the oracle);
 - a 9-layer tiny DeepSeek-V3 (MLA with q_lora_rank, MoE) with its own decode server, serving in
   turn vpp-pack at --pp-size 4 (8 virtual stages of 2, 1, ..., 1 layers: rank 0 owns layers 0-1
   and 8, uneven) and vpp at --pp-size 2 (4 virtual stages of 3, 2, 2, 2 layers).
 
-Each of the decode servers replaces the session's for its tests only
-(``PdDeployment.other_decode``; the TP-1 one replaces the TP-2 one behind the running prefill
-server, ``restart_decode``); the next PD test, if any, starts the session's again.
+The TP-2 and the DeepSeek decode servers replace the session's for their tests only; the next
+PD test, if any, starts the session's again. The refusal runs first so that the session's decode
+server, already running, is its TP-1 decode server: one decode server start fewer.
 """
 
 from __future__ import annotations
@@ -68,41 +69,54 @@ def _expected(reference: Reference, spec: TinyModelSpec, prompts: list[list[int]
     return [reference(spec, ids, NUM_NEW)["tokens"] for ids in prompts]
 
 
+def _tp_size(config: ServerConfig) -> int:
+    args = list(config.extra_args)
+    return int(args[args.index("--tp-size") + 1]) if "--tp-size" in args else 1
+
+
+def _tp2pp2_behind(deployment: PdDeployment, model_dir: Path, decode_tp: int):
+    """The router in front of the vpp-pack TP2 x PP2 prefill server, with a decode server (pp 1)
+    at ``decode_tp`` of the session's model behind it: the prefill server starts once, and a
+    decode server of the other TP size is swapped in behind it (``restart_decode``)."""
+    decode = decode_config(ServerConfig(
+        model_dir=str(model_dir), chunked_prefill_size=CHUNK,
+        extra_args=("--tp-size", "2") if decode_tp == 2 else (),
+        extra_env=(("SGLANG_CPU_OMP_THREADS_BIND", "0|1"),) if decode_tp == 2 else (),
+    ))  # fmt: skip
+    served = decode_tp == 2  # a TP-1 decode server refuses every request of this prefill server
+    prefill = deployment.prefill
+    if (prefill is not None and prefill.process is not None and prefill.config.pp_mode == "vpp-pack"
+            and _tp_size(prefill.config) == 2 and deployment.decode is not None):
+        if _tp_size(deployment.decode.config) != decode_tp:
+            deployment.restart_decode(config=decode, served=served)
+        return deployment.router
+    decode_up = deployment.decode is not None and deployment.decode.process is not None
+    if not decode_up or _tp_size(deployment.decode.config) != decode_tp:
+        deployment.start_decode(decode)
+    return deployment.serve_prefill(
+        prefill_of(model_dir, "vpp-pack", ("--tp-size", "2"), extra_env=TP2_BIND), served=served)
+
+
 @pytest.fixture(scope="module")
-def tp2_decode(deployment: PdDeployment, pd_model_dir: Path):
-    """The deployment with a decode server at --tp-size 2 (pp 1) of the session's model."""
-    config = ServerConfig(model_dir=str(pd_model_dir), chunked_prefill_size=CHUNK, extra_args=("--tp-size", "2"),
-                          extra_env=(("SGLANG_CPU_OMP_THREADS_BIND", "0|1"),))
-    with deployment.other_decode(decode_config(config)):
+def tp2pp2(deployment: PdDeployment):
+    """The deployment for the TP2 x PP2 tests; after them, the next PD test starts the session's
+    decode server again (the TP-2 one took its place)."""
+    home = deployment.decode.config if deployment.decode is not None else deployment.home_decode
+    try:
         yield deployment
+    finally:
+        deployment.stop()
+        deployment.home_decode = home
 
 
-def test_vpp_pack_tp2_pp2_prefill_equals_transformers(tp2_decode, pd_model_dir, prompts, reference):
-    began = time.monotonic()
-    deployment = tp2_decode
-    router = serve(deployment, pd_model_dir, "vpp-pack", ("--tp-size", "2"), extra_env=TP2_BIND)
-    answers = four_prompts(router.url, prompts)
-    check(deployment, "vpp-pack tp2 x pp2 prefill", answers, _expected(reference, QWEN2_8L, prompts))
-    if "cpp" in SERVED:
-        check(deployment, "vpp-pack tp2 x pp2 prefill vs stock pp 2", answers, SERVED["cpp"])
-    print(f"vpp-pack tp2 x pp2: {time.monotonic() - began:.0f} s")
-
-
-def test_vpp_pack_tp2_pp2_prefill_refuses_a_tp1_decode(tp2_decode, pd_model_dir, prompts):
-    """The same prefill server (started by the test above, or here when run alone) behind a
-    decode server at --tp-size 1: on the CPU every request fails at once (the first refused
-    transfer marks the decode session failed in Mooncake, so later ones may fail on that), the
-    prefill log names the flags and the fix, KV is back to 0 on both sides (Mooncake's head-sliced transfer
-    stalled past its 30 s bound here, docs/pd.md)."""
-    deployment = tp2_decode
-    tp1 = decode_config(ServerConfig(model_dir=str(pd_model_dir), chunked_prefill_size=CHUNK))
-    if deployment.prefill is not None and deployment.prefill.config.pp_mode == "vpp-pack":
-        deployment.restart_decode(config=tp1, served=False)
-        router = deployment.router
-    else:
-        deployment.start_decode(tp1)
-        router = deployment.serve_prefill(
-            prefill_of(pd_model_dir, "vpp-pack", ("--tp-size", "2"), extra_env=TP2_BIND), served=False)
+def test_vpp_pack_tp2_pp2_prefill_refuses_a_tp1_decode(tp2pp2, pd_model_dir, prompts):
+    """The prefill server behind a decode server at --tp-size 1 (the session's): on the CPU every
+    request fails at once (the first refused transfer marks the decode session failed in
+    Mooncake, so later ones may fail on that), the prefill log names the flags and the fix, KV
+    is back to 0 on both sides (Mooncake's head-sliced transfer stalled past its 30 s bound
+    here, docs/pd.md)."""
+    deployment = tp2pp2
+    router = _tp2pp2_behind(deployment, pd_model_dir, decode_tp=1)
     for ids in prompts[:2]:
         began = time.monotonic()
         with pytest.raises(Exception):
@@ -111,6 +125,19 @@ def test_vpp_pack_tp2_pp2_prefill_refuses_a_tp1_decode(tp2_decode, pd_model_dir,
     log = deployment.prefill.log_tail(200_000)
     assert "cannot serve a decode server at attention TP size 1" in log and "--tp-size 2" in log, log[-3000:]
     assert_kv_idle(deployment.prefill, deployment.decode, what="vpp-pack tp2 x pp2 prefill, tp1 decode: ")
+
+
+def test_vpp_pack_tp2_pp2_prefill_equals_transformers(tp2pp2, pd_model_dir, prompts, reference):
+    """The same prefill server (started by the test above, or here when run alone) behind a
+    decode server at --tp-size 2."""
+    began = time.monotonic()
+    deployment = tp2pp2
+    router = _tp2pp2_behind(deployment, pd_model_dir, decode_tp=2)
+    answers = four_prompts(router.url, prompts)
+    check(deployment, "vpp-pack tp2 x pp2 prefill", answers, _expected(reference, QWEN2_8L, prompts))
+    if "cpp" in SERVED:
+        check(deployment, "vpp-pack tp2 x pp2 prefill vs stock pp 2", answers, SERVED["cpp"])
+    print(f"vpp-pack tp2 x pp2: {time.monotonic() - began:.0f} s")
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,10 @@ __all__ = ["PD_TRANSFER_BACKEND", "PdDeployment", "RouterProcess", "decode_confi
 PD_TRANSFER_BACKEND = "mooncake_tcp"
 """Mooncake with its TCP transport: the backend that runs without RDMA hardware."""
 
+ROUTER_POLL_S = 0.25
+"""Between two probe requests while the router registers its workers: it answers a refused probe
+at once, and every router start (each prefill server, each decode restart) waits on it."""
+
 
 def _pd_args(mode: str, bootstrap_port: int | None, backend: str) -> tuple[str, ...]:
     args = ("--disaggregation-mode", mode, "--disaggregation-transfer-backend", backend,
@@ -132,7 +136,7 @@ class RouterProcess:
                 last = str(exc)[:300]  # 503 "No prefill workers available" until registered
                 if not served and isinstance(exc, RuntimeError) and "-> 503" not in last:
                     return self
-            time.sleep(1.0)
+            time.sleep(ROUTER_POLL_S)
         self.stop()
         raise ServerStartError(f"no request through the router succeeded within {timeout:.0f} s "
                                f"(last: {last}); router log tail:\n{self.log_tail()}")
