@@ -28,9 +28,8 @@ what happens to the requests there:
   flight, so no request waits past an idle pipeline.
 
 The running requests thus form at most P decode micro-batches per cycle, never more. A held
-request waits for the decode slot's next turn instead of decoding in its own slot's; it loses
-at most one turn of the cycle, and the decode micro-batch it joins is larger (fewer forwards
-per generated token).
+request waits for the decode slot's next turn instead of decoding at its own slot's, and the
+decode micro-batch it joins is larger (fewer forwards per generated token).
 
 The decision reads only its inputs, so every rank that replays the same scheduling steps
 decides alike, and a trace replays it (``DecodeMove.record`` is a ``decode`` record of
@@ -107,8 +106,8 @@ class DecodeGroups:
 
         ``prefill_ended``: requests whose prefill ended in ``slot`` wait to decode (the chunked
         request, whose next chunk comes later, and finished ones do not count). ``running``:
-        running requests of each slot (missing: none), held ones included. ``in_flight``: slots whose batch is
-        scheduled and its result not yet processed. None: nothing to decide."""
+        running requests of each slot (missing: none), held ones included. ``in_flight``: slots
+        whose batch is scheduled and its result not yet processed. None: nothing to decide."""
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot {slot} is not one of 0..{self.num_slots - 1}")
         if self.is_decode_slot(slot) or not (prefill_ended or running.get(slot, 0) > 0):
