@@ -66,9 +66,11 @@ def burst_decode(records: dict, rids: set[str]) -> dict:
 
 
 def spread(values: list[float], scale: float = 1.0) -> str:
+    """min/median/max; milliseconds (``scale`` 1e3) without decimals, seconds with two."""
     if not values:
         return "none"
-    return "/".join(f"{v * scale:.2f}" for v in (min(values), statistics.median(values), max(values)))
+    digits = 0 if scale >= 1e3 else 2
+    return "/".join(f"{v * scale:.{digits}f}" for v in (min(values), statistics.median(values), max(values)))
 
 
 def main() -> None:
@@ -112,7 +114,8 @@ def main() -> None:
     print(f"{args.mode} chunk {args.chunk}, min/median/max over {args.bursts} bursts:")
     print(f"  burst wall s {spread(walls)}; decode micro-batches/step {spread(steps)}")
     print(f"  TTFT s {spread(ttft)}; ITL ms {spread(itl, 1e3)}")
-    print(f"  waited requests: first gap ms {spread(first_waited, 1e3)}, all gaps ms {spread(gaps_waited, 1e3)}")
+    print(f"  waited requests' gaps ms: first {spread(first_waited, 1e3)},"
+          f" all {spread(gaps_waited, 1e3)}")
 
 
 def _records_with(path: Path, rids: set[str], timeout_s: float = 60.0) -> dict:

@@ -24,4 +24,4 @@ def test_burst_decode_counts_decode_micro_batches_and_finds_requests_that_waited
     builds = [{"seq": s, "slot": slot} for s, slot in ((0, 1), (1, 2), (2, 0), (3, 4), (4, 0), (5, 3))]
     found = burst.burst_decode({"decisions": decisions, "builds": builds}, {"a", "b", "c", "d"})
     assert found == {"decode_micro_batches": 2, "slots": [0], "waited": ["c"]}
-    assert burst.spread([]) == "none" and burst.spread([0.1, 0.3, 0.2], 1e3) == "100.00/200.00/300.00"
+    assert burst.spread([]) == "none" and burst.spread([0.1, 0.3, 0.2], 1e3) == "100/200/300"
