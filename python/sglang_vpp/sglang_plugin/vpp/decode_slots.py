@@ -84,6 +84,8 @@ class DecodeRegrouper:
                 s.last_mbs[slot] = None
             self.held.add(slot)
             s.running_mbs[slot].is_prefill_only = True
+            if s.running_batch is running:  # the merge may have made the prefill the running batch
+                s.running_batch = s.running_mbs[slot]
             return
         self.record(**move.record())
         if ended:
