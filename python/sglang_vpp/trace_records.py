@@ -52,7 +52,8 @@ ADMIT, HOLD, LEFT, PICK = "admit", "hold", "left", "pick"
 CHUNK = "chunk"
 """An ``auto`` chunker's cut: ``prefix`` tokens already chunked, ``remaining``, and the ``size`` cut."""
 DECODE = "decode"
-"""The decode slot the requests of a prefill-only slot join (``Controller.decode_move``;
+"""The decode slot the requests of a prefill-only slot join, or ``chosen`` None: they are held
+(not decoded) until one opens (``Controller.decode_move`` / ``decode_joins``;
 ``DecodeMove.record`` writes its fields)."""
 RESIZE = "resize"
 """An ``auto`` server's situation and the size chosen for it (``Controller.resize``): the prompt

@@ -71,10 +71,10 @@ PACK2 = decode_groups(6, 2)
     (1, True, {}, (), ((0, 0), (3, 0), 0)),                   # missing: no running request
     # Slot 3's decode batch is in flight: it cannot grow, so slot 0 although fuller.
     (1, True, {0: 5, 3: 1}, (3,), ((0, 5), 0)),
-    # Both in flight: the requests stay (a record with no choice; asked again later).
+    # Both in flight: the requests are held (a record with no choice; they do not decode).
     (4, True, {0: 5, 3: 1}, (0, 3), (None,)),
-    # No new prefill, but slot 2 decoded its requests once while every decode slot was busy:
-    # at its next turn they move.
+    # No new prefill, but slot 2 holds requests from when every decode slot was busy: at its
+    # next turn they move.
     (2, False, {2: 1, 0: 2, 3: 4}, (1, 5), ((0, 2), (3, 4), 0)),
     # A prefill-only slot's own in-flight batch does not block the move.
     (5, True, {0: 0, 3: 0, 5: 2}, (5,), ((0, 0), (3, 0), 0)),
@@ -86,6 +86,53 @@ def test_move_on_hand_checked_cases(slot, ended, running, in_flight, expected):
         return
     *pairs, chosen = expected
     assert move.from_slot == slot and move.running == tuple(pairs) and move.chosen == chosen
+
+
+@pytest.mark.parametrize("held, running, in_flight, expected", [
+    # Nothing open: every held slot stays held, nothing to record.
+    ((2, 4), {0: 3, 3: 1, 2: 1, 4: 2}, (0, 3), []),
+    # Slot 0's result opens it: both held slots join it, in slot order.
+    ((4, 2), {0: 3, 3: 1, 2: 1, 4: 2}, (3,), [(2, ((0, 3),), 0), (4, ((0, 4),), 0)]),
+    # Both open: slot 2 joins the emptier slot 3 (1 -> 2 running), and slot 4, counting it,
+    # still finds slot 3 (2) emptier than slot 0 (3).
+    ((2, 4), {0: 3, 3: 1, 2: 1, 4: 2}, (), [(2, ((0, 3), (3, 1)), 3), (4, ((0, 3), (3, 2)), 3)]),
+    # Counting the first join moves the second: slot 2's 3 requests make slot 3 the fuller.
+    ((2, 4), {0: 3, 3: 1, 2: 3, 4: 2}, (), [(2, ((0, 3), (3, 1)), 3), (4, ((0, 3), (3, 4)), 0)]),
+    # A held slot whose requests all finished still leaves the hold (joining with none).
+    ((1,), {0: 2}, (), [(1, ((0, 2), (3, 0)), 3)]),
+])
+def test_held_slots_join_the_first_decode_slot_that_opens(held, running, in_flight, expected):
+    moves = PACK2.joins(held, running, in_flight)
+    assert [(m.from_slot, m.running, m.chosen) for m in moves] == expected
+
+
+def test_joins_refuse_a_decode_slot_as_held():
+    with pytest.raises(ValueError, match="slot 3 is a decode slot"):
+        PACK2.joins((3,), {}, ())
+
+
+def test_at_most_p_decode_micro_batches_per_cycle_with_holds():
+    """Every request that ends its prefill anywhere is either moved or held, so over a cycle
+    of the slots only the decode slots ever carry running requests that decode."""
+    running, held, decoding = {}, set(), set()
+    for turn in range(60):
+        slot = turn % PACK2.num_slots
+        in_flight = {(slot + k) % 6 for k in (1, 2, 4)}  # a busy pipeline, varying open slots
+        move = PACK2.move(slot, prefill_ended=True, running=running, in_flight=in_flight)
+        if move is None:
+            decoding.add(slot)
+            continue
+        if move.holds:
+            held.add(slot)
+            running[slot] = running.get(slot, 0) + 1
+        else:
+            running[move.chosen] = running.get(move.chosen, 0) + 1 + running.pop(slot, 0)
+            held.discard(slot)
+        for join in PACK2.joins(held, running, in_flight):
+            running[join.chosen] = running.get(join.chosen, 0) + running.pop(join.from_slot, 0)
+            held.discard(join.from_slot)
+        decoding.update(s for s, n in running.items() if n and s not in held)
+    assert decoding <= set(PACK2.decode_slots) and len(PACK2.decode_slots) == 2
 
 
 def test_a_move_is_recorded_as_a_decode_trace_record():

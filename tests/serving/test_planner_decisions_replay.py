@@ -81,6 +81,10 @@ def test_decode_slot_choices_replay_and_a_wrong_one_diverges(tmp_path):
     ({"kind": "decode", "from_slot": 0, "running": [[3, 2]], "chosen": 3}, "no move: slot 0 is a decode slot"),
     # Slot 2 runs prefill only, so it can never be a choice.
     ({"kind": "decode", "from_slot": 1, "running": [[2, 0], [3, 2]], "chosen": 2}, "decode slots [3] to choose"),
+    # A hold while decode slot 3 was open: the requests had to join it.
+    ({"kind": "decode", "from_slot": 2, "running": [[3, 2]], "chosen": None}, "expected join decode slot 3 of {3: 2}, server did hold"),
+    # A join while every decode slot was in flight: the requests had to be held.
+    ({"kind": "decode", "from_slot": 2, "running": [], "chosen": 0}, "expected hold (no decode slot open), server did join"),
 ])
 def test_a_decode_record_the_controller_would_not_write_diverges(tmp_path, record, expected):
     _write_trace(tmp_path, "vpp-pack", 2, [record])

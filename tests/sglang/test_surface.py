@@ -292,3 +292,15 @@ def test_the_vpp_loop_accounts_for_all_of_the_stock_pp_loop_state():
                 and isinstance(node.ctx, ast.Store) and ast.unparse(node.value) == "self"}
     assert assigned == set(PP_LOOP_STATE), "classify in vpp/replica.PP_LOOP_STATE: " + \
         f"new {sorted(assigned - set(PP_LOOP_STATE))}, gone {sorted(set(PP_LOOP_STATE) - assigned)}"
+
+
+@pytest.mark.sglang
+def test_sglang_never_decodes_a_prefill_only_running_batch():
+    """The decode hold (vpp/decode_slots.py) relies on ``get_next_batch_to_run`` skipping the
+    decode of a running batch flagged ``is_prefill_only``: an upgrade that drops the check
+    would decode held requests in their prefill-only slot."""
+    scheduler = pytest.importorskip("sglang.srt.managers.scheduler")
+    import inspect
+
+    source = inspect.getsource(scheduler.Scheduler.get_next_batch_to_run)
+    assert "not running_batch.is_prefill_only" in source

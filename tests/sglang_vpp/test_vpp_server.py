@@ -186,3 +186,44 @@ def test_vpp_taper_serves_the_planned_chunks_through_the_openai_api(server, refe
     records = wait_for_json(server.trace_dir / "vpp_rank0.records.json",
                             until=lambda d: any(sum(c) == length for c in cut(d).values()))
     assert planned in cut(records).values(), (planned, cut(records))
+
+
+def test_a_decoding_burst_uses_stock_pps_count_of_decode_micro_batches(server, reference, tmp_path):
+    """8 prompts of 300 tokens at once, 8 new tokens each: greedy tokens equal transformers'
+    (hence stock cpp's, test_vpp_models.py), and by the trace the running requests decode in
+    the controller's P decode slots only: no cycle of the slots runs more than P decode
+    micro-batches, requests that could not join a decode slot were held (not decoded where
+    their prefill ran), and ``check --trace`` replays every hold and join."""
+    if server.config.pp_mode not in ("vpp", "vpp-pack"):
+        pytest.skip("decode grouping is exercised on the 2P-1 (vpp) and 2(2P-1) (vpp-pack) slot cycles")
+    from sglang_vpp.schedule.decode_groups import decode_groups
+
+    prompts = make_prompts((300,) * 8, seed=31)
+    rids = [f"burst-{i}" for i in range(len(prompts))]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        answers = list(pool.map(lambda pair: generate(server, pair[0], rid=pair[1]), zip(prompts, rids)))
+    for ids, answer in zip(prompts, answers):
+        check_answer(answer, ids, reference(QWEN2_8L, ids), server)
+    records = wait_for_json(server.trace_dir / "vpp_rank0.records.json", until=lambda d: all_admitted_left(d)
+                            and any(set(rec.get("requests", ())) & set(rids) for rec in d["decisions"]))
+    groups = decode_groups({"vpp": 3, "vpp-pack": 6}[server.config.pp_mode], 2)  # 2P-1, 2(2P-1) slots
+    slot_of = {build["seq"]: build["slot"] for build in records["builds"]}
+    decode_seqs = sorted(rec["seq"] for rec in records["decisions"] if rec["kind"] == "admit" and not rec["prefill"])
+    burst = [seq for seq in decode_seqs if set(next(rec["requests"] for rec in records["decisions"]
+                                                    if rec["kind"] == "admit" and rec["seq"] == seq)) & set(rids)]
+    assert burst, "the burst decoded nothing"
+    assert {slot_of[seq] for seq in decode_seqs} <= set(groups.decode_slots), (
+        {seq: slot_of[seq] for seq in decode_seqs}, groups.decode_slots)
+    # A cycle of the slots: builds in order, a new cycle when the slot number wraps.
+    per_cycle, previous = [0], -1
+    for seq in sorted(slot_of):
+        if slot_of[seq] <= previous:
+            per_cycle.append(0)
+        previous = slot_of[seq]
+        per_cycle[-1] += seq in decode_seqs
+    assert max(per_cycle) <= 2, per_cycle
+    holds = [r for r in records["decisions"] if r["kind"] == "decode" and r["chosen"] is None]
+    print(f"{server.config.pp_mode}: {len(burst)} decode micro-batches for the burst's "
+          f"{NUM_NEW_TOKENS - 1} decode steps; {len(holds)} holds in the trace")  # pytest -rP
+    replay = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir)])
+    assert replay.exit_code == 0 and "the server followed the controller" in replay.output, replay.output

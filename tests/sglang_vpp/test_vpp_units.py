@@ -235,6 +235,7 @@ def test_decode_retraction_keeps_a_slots_last_request_while_others_hold_kv():
 class _FakeReq:
     def __init__(self, rid: str, finished: bool = False) -> None:
         self.rid, self._finished = rid, finished
+        self.is_prefill_only = False
 
     def finished(self) -> bool:
         return self._finished
@@ -250,6 +251,7 @@ class _FakeBatch:
         self.forward_mode = SimpleNamespace(is_extend=lambda: extend)
         self.chunked_req = chunked_req
         self.batch_is_full = batch_is_full
+        self.is_prefill_only = False
 
     def is_empty(self) -> bool:
         return not self.reqs
@@ -262,12 +264,14 @@ class _FakeBatch:
 
     def merge_batch(self, other) -> None:
         self.reqs += other.reqs
+        self.is_prefill_only = self.is_prefill_only and other.is_prefill_only
 
 
 def test_decode_regrouper_moves_ended_prefills_to_the_least_loaded_open_decode_slot():
     """vpp-pack, P = 2: 6 slots, decode in slots 0 and 3. A prefill that ends in slot 1 joins
     the open decode slot with fewer running requests, without its finished and chunked
-    requests; with every decode slot in flight it stays until slot 1's next turn."""
+    requests; with every decode slot in flight it is held (in slot 2's running batch, flagged
+    so SGLang does not decode it) and joins the first decode slot whose result comes."""
     from types import SimpleNamespace
 
     from sglang_vpp.schedule import LinearAttentionCost, build_controller, build_layout, controller_config
@@ -290,16 +294,30 @@ def test_decode_regrouper_moves_ended_prefills_to_the_least_loaded_open_decode_s
     regroup.on_result(1)
     assert [r.rid for r in s.running_mbs[3].reqs] == ["x", "c"] and s.last_mbs[1] is None
     assert records == [{"from_slot": 1, "running": [[3, 1]], "chosen": 3}]
-    # Both decode slots in flight: the requests stay, and move at slot 2's next turn.
+    # Both decode slots in flight: the request is held in slot 2, not decoded there.
     regroup.on_scheduled(3, s.running_mbs[3])
-    d = _FakeReq("d")
+    d, e = _FakeReq("d"), _FakeReq("e")
     s.last_mbs[2] = _FakeBatch([d], extend=True)
     regroup.on_scheduled(2, s.last_mbs[2])
     regroup.on_result(2)
-    assert records[-1] == {"from_slot": 2, "running": [], "chosen": None} and s.last_mbs[2] is not None
-    regroup.on_result(0)
+    assert records[-1] == {"from_slot": 2, "running": [], "chosen": None}
+    assert s.last_mbs[2] is None and [r.rid for r in s.running_mbs[2].reqs] == ["d"]
+    assert s.running_mbs[2].is_prefill_only and regroup.held == {2}
+    # Its next turn asks again: still no decode slot open, the hold stands (not recorded twice).
     regroup.before_schedule(2)
-    assert [r.rid for r in s.running_mbs[0].reqs] == ["a", "b", "d"] and s.last_mbs[2] is None
-    assert records[-1] == {"from_slot": 2, "running": [[0, 2]], "chosen": 0}
+    assert len(records) == 2
+    with pytest.raises(AssertionError, match="holds its requests"):
+        regroup.on_scheduled(2, _FakeBatch([d]))       # SGLang must not decode a held slot
+    # Slot 2 runs a prefill meanwhile; another request ends there: held too (recorded).
+    s.last_mbs[2] = _FakeBatch([e], extend=True)
+    regroup.on_scheduled(2, s.last_mbs[2])
+    regroup.on_result(2)
+    assert records[-1] == {"from_slot": 2, "running": [], "chosen": None} and len(records) == 3
+    assert [r.rid for r in s.running_mbs[2].reqs] == ["d", "e"] and s.running_mbs[2].is_prefill_only
+    # Slot 0's result opens it: the held requests join it there, before any further turn.
+    regroup.on_result(0)
+    assert [r.rid for r in s.running_mbs[0].reqs] == ["a", "b", "d", "e"]
+    assert not s.running_mbs[0].is_prefill_only and s.running_mbs[2].is_empty()
+    assert records[-1] == {"from_slot": 2, "running": [[0, 2]], "chosen": 0} and regroup.held == set()
     regroup.before_schedule(0)  # a decode slot keeps its own requests: nothing asked
-    assert len(records) == 3 and regroup.num_moved == 2
+    assert len(records) == 4 and regroup.num_moved == 2

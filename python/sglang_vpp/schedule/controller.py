@@ -15,7 +15,8 @@ hence the simulator and the reference runtime) and the SGLang loops (leader and 
   output to the next stage (None when both stages share a rank, or for the last stage).
 - ``decode``: which micro-batch slots keep running requests (as many as stock PP's);
   ``decode_move(slot, ...)``, at each turn and result of a slot, whether its requests move to a
-  decode slot and to which (``decode_groups.py``).
+  decode slot and to which, or are held; ``decode_joins`` which held slots join one now
+  (``decode_groups.py``).
 
 Decisions depend only on the order of these calls and on the estimated costs of the micro-batches,
 never on a clock, so a recorded sequence of calls replays exactly (``check --trace``).
@@ -305,8 +306,13 @@ class Controller:
     def decode_move(self, slot: int, *, prefill_ended: bool, running: Mapping[int, int],
                     in_flight: Collection[int]) -> DecodeMove | None:
         """Whether the requests of ``slot`` move to a decode slot now, and to which
-        (``DecodeGroups.move``); None: nothing to decide."""
+        (``DecodeGroups.move``); None: nothing to decide; ``chosen`` None: they are held."""
         return self.decode.move(slot, prefill_ended=prefill_ended, running=running, in_flight=in_flight)
+
+    def decode_joins(self, held: Collection[int], *, running: Mapping[int, int],
+                     in_flight: Collection[int]) -> list[DecodeMove]:
+        """Which held slots join a decode slot now, and where (``DecodeGroups.joins``)."""
+        return self.decode.joins(held, running, in_flight)
 
     # ----------------------------------------------------------------- order
     def pick(self, rank: int, ready: Sequence[tuple[int, int]]) -> tuple[int, int]:

@@ -18,9 +18,18 @@ what happens to the requests there:
 - a prefill-only slot with no request whose prefill ended and no running request: nothing;
 - otherwise they move to a decode slot (``join``): the one with the fewest running requests
   among those that can take them now (a slot whose decode batch is in flight cannot grow: the
-  executor names those), ties to the lower slot; None when none can: they stay, the next turn
-  or result of their slot asks again, and meanwhile they decode where their prefill ran (as
-  SGLang's PP loop does: it merges a slot's ended prefill into that slot's running batch).
+  executor names those), ties to the lower slot;
+- when none can (every decode slot in flight), they are HELD (``chosen`` None): they stay
+  where they are but do not decode there (the slot's turns run prefill only), since decoding
+  in place would add a decode micro-batch beyond stock PP's count. A decode slot opens only at
+  its result, so at every turn and result of any slot the held slots ask again
+  (``DecodeGroups.joins``, in slot order) and join the first decode slot that opens: a hold
+  lasts at most until the next result of a decode slot, and nothing is held once nothing is in
+  flight, so no request waits past an idle pipeline.
+
+The running requests thus form at most P decode micro-batches per cycle, never more. A held
+request waits for the decode slot's next turn instead of decoding at its own slot's, and the
+decode micro-batch it joins is larger (fewer forwards per generated token).
 
 The decision reads only its inputs, so every rank that replays the same scheduling steps
 decides alike, and a trace replays it (``DecodeMove.record`` is a ``decode`` record of
@@ -41,13 +50,17 @@ __all__ = ["DecodeGroups", "DecodeMove", "decode_groups"]
 
 @dataclass(frozen=True, slots=True)
 class DecodeMove:
-    """A decision on the requests of a prefill-only slot: move them to ``chosen``, or keep them
-    where they are (``chosen`` None: no decode slot could take them)."""
+    """A decision on the requests of a prefill-only slot: move them to ``chosen``, or hold them
+    (``chosen`` None: no decode slot could take them; they do not decode until they join)."""
 
     from_slot: int
     running: tuple[tuple[int, int], ...]
     """``(slot, running requests)`` of each decode slot that could take them, by slot."""
     chosen: int | None
+
+    @property
+    def holds(self) -> bool:
+        return self.chosen is None
 
     def record(self) -> dict:
         """The fields of a ``decode`` trace record."""
@@ -93,14 +106,31 @@ class DecodeGroups:
 
         ``prefill_ended``: requests whose prefill ended in ``slot`` wait to decode (the chunked
         request, whose next chunk comes later, and finished ones do not count). ``running``:
-        running requests of each slot (missing: none). ``in_flight``: slots whose batch is
-        scheduled and its result not yet processed. None: nothing to decide."""
+        running requests of each slot (missing: none), held ones included. ``in_flight``: slots
+        whose batch is scheduled and its result not yet processed. None: nothing to decide."""
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot {slot} is not one of 0..{self.num_slots - 1}")
         if self.is_decode_slot(slot) or not (prefill_ended or running.get(slot, 0) > 0):
             return None
         open_slots = {d: running.get(d, 0) for d in self.decode_slots if d not in in_flight}
         return DecodeMove(slot, tuple(sorted(open_slots.items())), self.join(open_slots))
+
+    def joins(self, held: Collection[int], running: Mapping[int, int],
+              in_flight: Collection[int]) -> list[DecodeMove]:
+        """The held slots that join a decode slot now, in slot order, each counting the requests
+        joined before it (``running`` includes the held slots' own requests). Slots missing
+        stay held: no decode slot is open, and the next turn or result asks again."""
+        counts = dict(running)
+        moves = []
+        for slot in sorted(held):
+            if self.is_decode_slot(slot):
+                raise ValueError(f"slot {slot} is a decode slot {self.decode_slots}: it holds nothing")
+            move = self.move(slot, prefill_ended=True, running=counts, in_flight=in_flight)
+            if move.holds:
+                break  # the same open slots for every held slot: none can join
+            counts[move.chosen] = counts.get(move.chosen, 0) + counts.pop(slot, 0)
+            moves.append(move)
+        return moves
 
 
 def decode_groups(num_slots: int, num_ranks: int, decodes: bool = True) -> DecodeGroups:

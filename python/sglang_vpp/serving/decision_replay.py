@@ -18,7 +18,7 @@ inputs (mode, layout, limits, cost model) -> the rank's recorded calls replayed 
   replay at that size, and no prefill micro-batch admitted after it may carry more tokens;
 - ``decode`` records (requests of a prefill-only slot waited to decode) carry that slot and the
   running requests of the decode slots that could take them: the controller, asked about that
-  slot with the others in flight, must decide the recorded move (slot, or none).
+  slot with the others in flight, must decide the recorded move (the slot joined, or a hold).
 
 The first mismatch is a ``Divergence`` naming the rank, the micro-batch and both decisions.
 
@@ -278,8 +278,9 @@ def _replay_decode(controller: Controller, rank: int, index: int, record: dict) 
         return Divergence(rank, index, None, f"decode slots {sorted(dict(move.running))} to choose from",
                           observed)
     if move.chosen != observed_slot:
-        return Divergence(rank, index, None, f"join decode slot {move.chosen} of {running}",
-                          f"slot {observed_slot}")
+        def text(chosen: int | None) -> str:
+            return "hold (no decode slot open)" if chosen is None else f"join decode slot {chosen} of {running}"
+        return Divergence(rank, index, None, text(move.chosen), text(observed_slot))
     return None
 
 

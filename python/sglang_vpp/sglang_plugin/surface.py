@@ -293,6 +293,9 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_BATCH + "is_empty", C, V),
     N(_BATCH + "chunked_req", R, V),
     N(_REQ + "finished", C, V),
+    # A held slot's running batch: get_next_batch_to_run never decodes a prefill-only batch.
+    N(_BATCH + "is_prefill_only", W, V),
+    N(_REQ + "is_prefill_only", R, V),
     # --- VPP: chunk sizes, auto situations and retraction (vpp/chunk_sizing.py, vpp/retraction.py)
     N(_S + "managers.schedule_policy.PrefillAdder.add_one_req", H, V, ("self", "req")),
     N(_S + "managers.schedule_policy.PrefillAdder.rem_chunk_tokens", W, V),

@@ -11,6 +11,15 @@ result is processed, so it cannot grow meanwhile). A move is done by the same tw
 that merge the requests in the stock loop (``ScheduleBatch.filter_batch`` with the chunked
 request excluded, then ``merge_batch``), and recorded as the controller decided it.
 
+A hold (no decode slot open) keeps the requests in the slot's running batch, where SGLang's
+abort and idle checks see them (``running_mbs``), with the batch's ``is_prefill_only`` set:
+``get_next_batch_to_run`` then schedules that slot's prefill as usual but never decodes its
+running batch ("skip for prefill-only batches"). The ended prefill is merged into it here
+(as SGLang would merge it, but a merge would clear the flag). At every turn and result of any
+slot the held slots ask ``Controller.decode_joins``; joining restores the flag to what SGLang
+derives from the requests. A hold is recorded once per slot and again when more requests join
+it; every join is recorded.
+
 Every rank replays the same "sched" and "result" events in the same order on equal schedulers,
 so every rank moves the same requests to the same slot. Requests always sit in one of
 SGLang's ``running_mbs`` / ``mbs``, which its abort and idle checks read.
@@ -35,18 +44,24 @@ class DecodeRegrouper:
         """Writes a ``decode`` decision record (``trace_records.DECODE``)."""
         self.in_flight: set[int] = set()
         """Slots whose batch is scheduled and its result not yet processed."""
+        self.held: set[int] = set()
+        """Prefill-only slots whose running requests wait for a decode slot (not decoding)."""
         self.num_moved = 0
 
     def before_schedule(self, slot: int) -> None:
         self._ask(slot)
+        self._join_held()
 
     def on_scheduled(self, slot: int, batch: Any) -> None:
         if batch is not None:
+            if slot in self.held and not batch.forward_mode.is_extend():
+                raise AssertionError(f"slot {slot} holds its requests but SGLang scheduled them to decode")
             self.in_flight.add(slot)
 
     def on_result(self, slot: int) -> None:
         self.in_flight.discard(slot)
         self._ask(slot)
+        self._join_held()
 
     def _ask(self, slot: int) -> None:
         s = self.s
@@ -60,17 +75,46 @@ class DecodeRegrouper:
                                            in_flight=self.in_flight)
         if move is None:
             return
-        self.record(**move.record())
-        if move.chosen is None:
+        if move.holds:
+            if moving or slot not in self.held:
+                self.record(**move.record())
+            if ended:
+                last.filter_batch(reqs_to_exclude=exclude)
+                self._merge_into(slot, last)
+                s.last_mbs[slot] = None
+            self.held.add(slot)
+            s.running_mbs[slot].is_prefill_only = True
+            if s.running_batch is running:  # the merge may have made the prefill the running batch
+                s.running_batch = s.running_mbs[slot]
             return
+        self.record(**move.record())
         if ended:
             last.filter_batch(reqs_to_exclude=exclude)
             self._merge_into(move.chosen, last)
             s.last_mbs[slot] = None
+        self._take(slot, move.chosen)
+
+    def _join_held(self) -> None:
+        if not self.held:
+            return
+        for move in self.controller.decode_joins(self.held, running=self._running(), in_flight=self.in_flight):
+            self.record(**move.record())
+            self._take(move.from_slot, move.chosen)
+
+    def _take(self, slot: int, target: int) -> None:
+        """Move ``slot``'s running requests into decode slot ``target``."""
+        s = self.s
+        running = s.running_mbs[slot]
+        self.held.discard(slot)
         if not running.is_empty():
-            self._merge_into(move.chosen, running)
+            self._merge_into(target, running)
             s.running_mbs[slot] = type(running)(reqs=[], batch_is_full=False)
-        s.running_batch = s.running_mbs[slot]
+        into = s.running_mbs[target]
+        # A held batch carries the flag that stops SGLang decoding it; SGLang's own value for a
+        # batch is that every request is prefill-only (ScheduleBatch.init_new, merge_batch).
+        into.is_prefill_only = bool(into.reqs) and all(req.is_prefill_only for req in into.reqs)
+        if s.running_batch is running:
+            s.running_batch = s.running_mbs[slot]
         self.num_moved += 1
 
     def _running(self) -> dict[int, int]:
