@@ -75,7 +75,7 @@ def test_a_long_lived_chunker_keeps_a_bounded_number_of_chunkers_and_cuts_alike(
     chunker.resize([8_000])
     lengths = [8_000 + 97 * i for i in range(3 * CHUNKER_CACHE)]
     first = [chunker.next_chunk_size(0, n) for n in lengths]
-    assert len(chunker._chunkers) == CHUNKER_CACHE
+    assert chunker.cut_in_force(lengths[0]).built() == CHUNKER_CACHE
     assert [chunker.next_chunk_size(0, n) for n in lengths] == first  # rebuilt chunkers cut alike
 
 
@@ -235,7 +235,7 @@ def test_a_replica_adopts_a_tapered_cut_and_cuts_what_the_leader_cuts():
 
 
 def test_a_plan_cuts_each_request_with_the_chunker_built_for_its_length():
-    from sglang_vpp.schedule.auto_size import _CutPerRequest
+    from sglang_vpp.schedule.auto_size import PerLengthCut
 
     spec = get_policy("dcpp")
     cost = AnalyticCostModel(load_model("glm-5.2"), load_hardware("ascend-910c"))
@@ -244,7 +244,7 @@ def test_a_plan_cuts_each_request_with_the_chunker_built_for_its_length():
     short, long = 9_000, 1_048_576
     # A DCPP curve fitted up to the longest prompt cuts a short one otherwise.
     assert split_request(make(2048, long), short) != split_request(make(2048, short), short)
-    planned = _CutPerRequest(make, 2048)
+    planned = PerLengthCut(make, 2048)
     assert split_request(planned, short) == split_request(make(2048, short), short)
     assert split_request(planned, long) == split_request(make(2048, long), long)
     chunker.adopt([long, short], 2048)

@@ -78,7 +78,8 @@ P = 4 where the 100 requests run best at 16K), so the window covers the paper's 
 loads whole; planning 128 requests at every candidate size takes about a second."""
 
 CHUNKER_CACHE = 64
-"""Chunkers an ``AutoChunker`` keeps built (``AutoChunker._chunkers``)."""
+"""Chunkers a ``PerLengthCut`` keeps built, one per prompt length (a server sees a new length
+with almost every request; a chunker holds no state between calls, so one rebuilt cuts alike)."""
 
 TIE_TOLERANCE = 0.002
 """Scores within this fraction count as equal; the makespan, then the size decides."""
@@ -201,8 +202,8 @@ class AutoSizer:
         """Plan every candidate size with the mode's chunker, then the tapered cuts near the best
         of those, and pick among all (``_pick``). ``cut``: the prompt lengths the candidate
         cuts (the arriving ones)."""
-        scores = [plan(_CutPerRequest(self.chunker_for, size), size) for size in self._planned_sizes(sum(situation))]
-        tapers = [plan(_CutPerRequest(self.taper_for, size), size) for size in self._taper_sizes(scores, cut)]
+        scores = [plan(PerLengthCut(self.chunker_for, size), size) for size in self._planned_sizes(sum(situation))]
+        tapers = [plan(PerLengthCut(self.taper_for, size), size) for size in self._taper_sizes(scores, cut)]
         keyed = [((size, False), m, t) for size, m, t in scores] + [((size, True), m, t) for size, m, t in tapers]
         size, tapered = self._pick(keyed)
         return AutoChoice(size, situation, tuple(scores), tapered, tuple(tapers))
@@ -258,21 +259,30 @@ class AutoSizer:
         return max(finish.values()), sum(finish.values()) / len(finish)
 
 
-class _CutPerRequest:
-    """A candidate's cut as ``AutoChunker`` executes it: each request by the mode's chunker
-    built for that request's length (a DCPP curve depends on the longest prompt it is fitted
-    to), so a plan of mixed lengths cuts every request as the executor will."""
+class PerLengthCut:
+    """A cut at one size as ``auto`` plans and executes it: each request by the chunker built for
+    that request's length (a DCPP curve depends on the longest prompt it is fitted to), so a plan
+    of mixed lengths cuts every request as the executor will. Keeps the ``CHUNKER_CACHE`` most
+    recently used chunkers."""
 
     def __init__(self, make: ChunkerFactory, size: int) -> None:
+        self.size = size
         self._make = make
-        self._size = size
-        self._built: dict[int, Chunker] = {}
+        self._built: OrderedDict[int, Chunker] = OrderedDict()
+
+    def built(self) -> int:
+        """How many chunkers are kept now."""
+        return len(self._built)
 
     def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
         length = prefix_len + remaining
         chunker = self._built.get(length)
         if chunker is None:
-            chunker = self._built[length] = self._make(self._size, length)
+            chunker = self._built[length] = self._make(self.size, length)
+            if len(self._built) > CHUNKER_CACHE:
+                self._built.popitem(last=False)
+        else:
+            self._built.move_to_end(length)
         return chunker.next_chunk_size(prefix_len, remaining)
 
 
@@ -306,10 +316,8 @@ class AutoChunker:
         self.on_choice: Callable[..., None] | None = None
         """Called with ``prefix``, ``remaining`` and ``size`` after every ``next_chunk_size``
         (an executor that records decisions for ``check --trace``)."""
-        self._chunkers: OrderedDict[tuple[int, bool, int], Chunker] = OrderedDict()
-        """Chunkers by (size, tapered, prompt length), least recently used first: a server sees
-        a new prompt length with almost every request, so it keeps ``CHUNKER_CACHE`` of them (a
-        chunker holds no state between calls; one rebuilt cuts alike)."""
+        self._cut: tuple[tuple[int, bool], PerLengthCut] | None = None
+        """The cut of the choice in force, keyed by its (size, tapered)."""
 
     def resize(self, lengths: Sequence[int]) -> AutoChoice:
         self.choice = self.sizer.choose(lengths)
@@ -342,20 +350,18 @@ class AutoChunker:
     def _choice_for(self, length: int) -> AutoChoice:
         return self.choice if self.choice is not None else self.sizer.choose((length,))
 
-    def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
-        length = prefix_len + remaining
+    def cut_in_force(self, length: int) -> PerLengthCut:
+        """The cut a ``length``-token request gets now (built once per choice)."""
         choice = self._choice_for(length)
-        key = (choice.chunk_size, choice.tapered, length)
-        chunker = self._chunkers.get(key)
-        if chunker is None:
+        key = (choice.chunk_size, choice.tapered)
+        if self._cut is None or self._cut[0] != key:
             make = self.sizer.taper_for if choice.tapered else self.sizer.chunker_for
             assert make is not None
-            chunker = self._chunkers[key] = make(choice.chunk_size, length)
-            if len(self._chunkers) > CHUNKER_CACHE:
-                self._chunkers.popitem(last=False)
-        else:
-            self._chunkers.move_to_end(key)
-        cut = chunker.next_chunk_size(prefix_len, remaining)
+            self._cut = (key, PerLengthCut(make, choice.chunk_size))
+        return self._cut[1]
+
+    def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
+        cut = self.cut_in_force(prefix_len + remaining).next_chunk_size(prefix_len, remaining)
         if self.on_choice is not None:
             self.on_choice(prefix=prefix_len, remaining=remaining, size=cut)
         return cut
