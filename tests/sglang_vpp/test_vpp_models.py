@@ -6,11 +6,14 @@ and a shared expert, yarn rope) on 4 gloo processes, 8 virtual stages: the defau
 seven of 1) and, under vpp-async, ``--vpp-layer-split 1,1,2,1,1,1,1,1``. Oracle: transformers'
 greedy tokens and prompt logprobs (within 1e-4) on prompts longer than the chunk, concurrently;
 each server's recorded decisions must replay through the schedule core's controller
-(``check --trace``).
+(``check --trace --reproduce``; every VPP case below too).
 
 DeepSeek-V2 (pp 2, ``--vpp-layer-split 1,2,1,1``, ``--pp-mode vpp``) against stock cpp only: on
 that tiny config stock SGLang's DeepSeek-V2 itself differs from transformers' (docs/sglang-vpp.md),
 so transformers is no oracle for it. Its cpp case runs first.
+
+Llama (pp 2, 7 layers: an odd count over 4 virtual stages, ``--pp-mode vpp-async``) against
+transformers: the dense model class most deployments start from.
 
 MoE and MLA at TP2 x PP2 and over two nodes: test_vpp_deploy_matrix.py.
 """
@@ -41,6 +44,7 @@ _WELL_CONDITIONED = {"initializer_range": 0.1}
 """As in vpp_checks: sharp enough for a decisive argmax, mild enough for a 1e-4 logprob bound."""
 DEEPSEEK_V3_9L = TinyModelSpec("deepseek-v3-tiny", num_layers=9, overrides=_WELL_CONDITIONED)
 DEEPSEEK_V2 = TinyModelSpec("deepseek-v2-tiny", overrides=_WELL_CONDITIONED)
+LLAMA_7L = TinyModelSpec("llama-tiny", num_layers=7, overrides=_WELL_CONDITIONED)
 
 CASES = {
     "deepseek-v3-9l-pp4-vpp": (DEEPSEEK_V3_9L, 4, "vpp", ()),
@@ -48,6 +52,7 @@ CASES = {
     "deepseek-v3-9l-pp4-vpp-pack": (DEEPSEEK_V3_9L, 4, "vpp-pack", ()),
     "deepseek-v2-pp2-cpp": (DEEPSEEK_V2, 2, "cpp", ()),
     "deepseek-v2-pp2-vpp": (DEEPSEEK_V2, 2, "vpp", ("--vpp-layer-split", "1,2,1,1")),
+    "llama-7l-pp2-vpp-async": (LLAMA_7L, 2, "vpp-async", ()),
 }
 LENGTHS = (300, 37, 200, 130)
 """Five, one, four and three chunks of 64."""
@@ -85,11 +90,11 @@ def test_equal_transformers_or_stock_cpp(case, reference):
     assert "VPP KV rank" in server.log_tail(10**7), "no per-rank KV log line"
 
 
-def test_pp4_decisions_replay_through_the_controller(case):
+def test_decisions_replay_through_the_controller(case):
     _, server = case
-    if server.config.pp_size != 4:
-        pytest.skip("the pp 2 servers replay in test_vpp_server.py")
-    load_then_wait_for_decisions(server, num_ranks=4)
+    if server.config.pp_mode == "cpp":
+        pytest.skip("stock cpp takes no controller decisions")
+    load_then_wait_for_decisions(server, num_ranks=server.config.pp_size)
     replay = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir), "--reproduce"])
     assert replay.exit_code == 0, replay.output
     assert "reproduced record by record" in replay.output
