@@ -79,6 +79,18 @@ def test_a_long_lived_chunker_keeps_a_bounded_number_of_chunkers_and_cuts_alike(
     assert [chunker.next_chunk_size(0, n) for n in lengths] == first  # rebuilt chunkers cut alike
 
 
+def test_a_long_lived_sizer_keeps_a_bounded_number_of_answers_and_answers_alike(monkeypatch):
+    from sglang_vpp.schedule import auto_size
+
+    monkeypatch.setattr(auto_size, "CHOICE_CACHE", 4)
+    sizer = _chunker("vpp-pack", 2, LinearAttentionCost(), num_layers=8, cap=2048).sizer
+    situations = [(300 + 7 * i, 1_000) for i in range(10)]
+    first = [sizer.choose(s) for s in situations]
+    assert len(sizer._cache) == 4
+    assert sizer.choose(situations[-1]) is first[-1]  # kept
+    assert [sizer.choose(s) for s in situations] == first  # dropped ones planned again alike
+
+
 def test_the_planned_situation_is_cut_at_the_window_in_one_place():
     spec = get_policy("vpp-pack")
     layout = build_layout(2, 8, spec.layout_kind)

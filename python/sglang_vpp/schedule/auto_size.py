@@ -81,6 +81,10 @@ CHUNKER_CACHE = 64
 """Chunkers a ``PerLengthCut`` keeps built, one per prompt length (a server sees a new length
 with almost every request; a chunker holds no state between calls, so one rebuilt cuts alike)."""
 
+CHOICE_CACHE = 256
+"""Situations an ``AutoSizer`` keeps the answer of (least recently used dropped): a server
+meets a new situation at almost every arrival, for its whole lifetime."""
+
 TIE_TOLERANCE = 0.002
 """Scores within this fraction count as equal; the makespan, then the size decides."""
 
@@ -147,7 +151,9 @@ class AutoSizer:
         self.window = window
         self.batch = batch
         self.taper_for = taper_for
-        self._cache: dict[tuple[int, ...], AutoChoice] = {}
+        self._cache: OrderedDict[tuple[int, ...], AutoChoice] = OrderedDict()
+        """Answers by situation, at most ``CHOICE_CACHE``; a situation planned again is
+        answered alike (a plan is a pure function of the situation)."""
 
     def planned(self, lengths: Sequence[int]) -> tuple[int, ...]:
         """The part of a situation that is planned: its first ``window`` prompt lengths."""
@@ -160,6 +166,7 @@ class AutoSizer:
             raise ChunkingError(f"auto needs prompt lengths >= 1 token, got {list(lengths)[:8]}")
         cached = self._cache.get(situation)
         if cached is not None:
+            self._cache.move_to_end(situation)
             return cached
 
         def plan(chunker: Chunker, size: int) -> tuple[int, float, float]:
@@ -167,6 +174,8 @@ class AutoSizer:
 
         choice = self._choose(situation, situation, plan)
         self._cache[situation] = choice
+        if len(self._cache) > CHOICE_CACHE:
+            self._cache.popitem(last=False)
         return choice
 
     def choose_live(self, planner: Planner, arriving: Sequence[tuple[int, float]], to_come: int = 0) -> AutoChoice:
