@@ -49,7 +49,7 @@ def test_window_after_seq_and_missing_fields():
 
 
 def test_accounting_records_the_thread_cpu_between_computes():
-    acct = RankAccounting(0, None)
+    acct = RankAccounting(0, "unwritten-trace-dir")
     for seq in range(3):
         started = acct.start()
         acct.finish(started, stage=0, seq=seq, is_prefill=True, num_tokens=1)
@@ -59,6 +59,14 @@ def test_accounting_records_the_thread_cpu_between_computes():
     first, *rest = acct.records
     assert first.host_cpu_s == 0.0
     assert all(r.host_cpu_s >= 0.009 for r in rest)
+
+
+def test_accounting_without_a_trace_dir_keeps_no_records():
+    acct = RankAccounting(0, None)
+    for seq in range(3):
+        acct.finish(acct.start(), stage=0, seq=seq, is_prefill=True, num_tokens=1)
+        acct.decision("left", seq=seq)
+    assert acct.records == [] and acct.decisions == []
 
 
 def _summary():

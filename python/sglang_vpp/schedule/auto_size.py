@@ -320,8 +320,10 @@ class AutoChunker:
     def __init__(self, sizer: AutoSizer) -> None:
         self.sizer = sizer
         self.choice: AutoChoice | None = None
-        self.history: list[AutoChoice] = []
-        """Every choice ``resize`` made, in order (executors report them)."""
+        self.history: list[AutoChoice] | None = []
+        """Every choice made, in order (a simulation reports them); None keeps none (a server,
+        which meets a new situation at almost every arrival for its whole lifetime, records
+        them in its trace instead)."""
         self.on_choice: Callable[..., None] | None = None
         """Called with ``prefix``, ``remaining`` and ``size`` after every ``next_chunk_size``
         (an executor that records decisions for ``check --trace``)."""
@@ -329,9 +331,7 @@ class AutoChunker:
         """The cut of the choice in force, keyed by its (size, tapered)."""
 
     def resize(self, lengths: Sequence[int]) -> AutoChoice:
-        self.choice = self.sizer.choose(lengths)
-        self.history.append(self.choice)
-        return self.choice
+        return self._chose(self.sizer.choose(lengths))
 
     def adopt(self, lengths: Sequence[int], size: int, tapered: bool = False) -> AutoChoice:
         """The cut another replica of this chunker chose for ``lengths`` with ``resize`` (its
@@ -342,15 +342,17 @@ class AutoChunker:
             raise ChunkingError(f"auto size {size} is not one of the candidates {list(self.sizer.candidates)}")
         if tapered and self.sizer.taper_for is None:
             raise ChunkingError(f"a tapered auto cut at {size} for a mode whose auto weighs no tapered cut")
-        self.choice = AutoChoice(int(size), self.sizer.planned(lengths), (), bool(tapered))
-        self.history.append(self.choice)
-        return self.choice
+        return self._chose(AutoChoice(int(size), self.sizer.planned(lengths), (), bool(tapered)))
 
     def resize_live(self, planner: Planner, arriving: Sequence[tuple[int, float]], to_come: int = 0) -> AutoChoice:
         """``resize`` for requests arriving at a running planner (``AutoSizer.choose_live``)."""
-        self.choice = self.sizer.choose_live(planner, arriving, to_come)
-        self.history.append(self.choice)
-        return self.choice
+        return self._chose(self.sizer.choose_live(planner, arriving, to_come))
+
+    def _chose(self, choice: AutoChoice) -> AutoChoice:
+        self.choice = choice
+        if self.history is not None:
+            self.history.append(choice)
+        return choice
 
     def size_for(self, length: int) -> int:
         """The chunk size a ``length``-token request is cut at now."""

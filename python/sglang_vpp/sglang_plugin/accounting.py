@@ -103,6 +103,8 @@ class RankAccounting:
         host = 0.0 if self._last_end_cpu is None else max(0.0, cpu0 - self._last_end_cpu)
         end_cpu = time.thread_time()
         self._last_end_cpu = end_cpu
+        if not self.trace_dir:  # a server without --vpp-trace keeps no records (they grow per forward)
+            return
         self.records.append(
             ComputeRecord(
                 rank=self.rank,

@@ -120,6 +120,7 @@ class _LoopBase:
         self.acct.controller = state.controller_inputs(self.controller)
         if isinstance(self.controller.chunker, AutoChunker):  # check --trace replays each size
             self.controller.chunker.on_choice = functools.partial(self.acct.decision, CHUNK)
+            self.controller.chunker.history = None  # a server's choices go to its trace (resize records)
             self.replica.auto = AutoSituation(scheduler, self.controller, functools.partial(self.acct.decision, RESIZE))
         logger.info("VPP controller: rank %d estimates stage costs with %s", self.rank, state.cost_source())
         self.inbox = Inbox(self.config.comm_timeout_s)
