@@ -261,3 +261,10 @@ def test_a_plan_cuts_each_request_with_the_chunker_built_for_its_length():
     assert split_request(planned, long) == split_request(make(2048, long), long)
     chunker.adopt([long, short], 2048)
     assert split_request(chunker, short) == split_request(planned, short)
+
+
+def test_a_chunker_that_keeps_no_history_still_chooses_and_adopts():
+    chunker = _chunker("vpp-pack", 2, LinearAttentionCost(), num_layers=8, cap=2048)
+    chunker.history = None
+    size = chunker.resize([3_000, 900]).chunk_size
+    assert chunker.adopt([3_000], size).chunk_size == size and chunker.history is None
