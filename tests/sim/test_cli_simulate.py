@@ -99,3 +99,14 @@ def test_chunk_size_auto(tmp_path):
     assert all(len(r["auto_chunk_sizes"]) == 1 for r in auto)
     bad = RUNNER.invoke(app, ["simulate", "--seq-len", "64k", "--chunk-size", "autox"])
     assert bad.exit_code != 0 and "autox" in bad.output
+
+
+def test_simulate_refuses_a_file_the_long_workload_would_ignore(tmp_path):
+    from typer.testing import CliRunner
+
+    from sglang_vpp.cli.app import app
+
+    path = tmp_path / "reqs.jsonl"
+    path.write_text('{"length": 1024}\n')
+    result = CliRunner().invoke(app, ["simulate", "--file", str(path), "--modes", "cpp"])
+    assert result.exit_code == 2 and "the long workload does not read --file" in result.output

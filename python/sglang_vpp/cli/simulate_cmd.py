@@ -101,7 +101,8 @@ def simulate(
     layer_split = parse_int_list(split, "--split")
     sim_config = SimConfig(record_timeline=bool(trace or plot))
     if workload == "long" and lengths:
-        runs = [(n, build_workload("long", lengths=[n], num_requests=requests, concurrency=concurrency)) for n in lengths]
+        runs = [(n, build_workload("long", lengths=[n], num_requests=requests, concurrency=concurrency,
+                                   path=str(file) if file else None)) for n in lengths]
     else:
         built = build_workload(workload, lengths=lengths, num_requests=requests, concurrency=concurrency,
                                seed=seed, path=str(file) if file else None)
