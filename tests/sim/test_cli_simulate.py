@@ -110,3 +110,12 @@ def test_simulate_refuses_a_file_the_long_workload_would_ignore(tmp_path):
     path.write_text('{"length": 1024}\n')
     result = CliRunner().invoke(app, ["simulate", "--file", str(path), "--modes", "cpp"])
     assert result.exit_code == 2 and "the long workload does not read --file" in result.output
+
+
+def test_an_auto_rows_json_chunk_size_reads_auto_not_the_cap(tmp_path):
+    out = tmp_path / "auto.json"
+    result = RUNNER.invoke(app, ["simulate", "--workload", "short", "--requests", "3", "--seq-len", "8k",
+                                 "--chunk-size", "auto", "--modes", "cpp,vpp-pack", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["results"]
+    assert all(r["chunk_size"] == "auto" and r["auto_chunk_sizes"] for r in rows)
