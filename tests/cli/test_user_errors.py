@@ -37,6 +37,8 @@ CASES = [
     (_URL + ["--workload", "file", "--file", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
     (_URL + ["--workload", "file"], "--file PATH"),
     (_URL + ["--file", "REQS"], "--workload file only"),
+    (_URL + ["--workload", "short", "--max-input-len", "4k"], "--max-input-len is read only with --workload mixed"),
+    (_URL + ["--workload", "mixed", "--input-len", "1k", "--max-input-len", "4k"], "drop --input-len"),
     (_URL + ["--workload", "file", "--file", "REQS", "--input-len", "8"], "drop --input-len"),
     (_URL + ["--workload", "file", "--file", "REQS", "--request-rate", "2"], "drop --request-rate"),
     (_URL + ["--workload", "file", "--file", "REQS", "--num-requests", "5"], "holds 2 request(s)"),

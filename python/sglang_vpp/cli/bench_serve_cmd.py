@@ -164,6 +164,12 @@ def bench_serve(
         sizes["--chunked-prefill-size"] = AUTO
     for flag in ("--input-len", "--output-len", "--max-input-len"):
         at_least(sizes[flag], 1, flag)
+    if sizes["--max-input-len"] is not None and workload == Workload.MIXED and sizes["--input-len"] is not None:
+        raise BenchServeError("--workload mixed draws lengths up to --max-input-len, which leaves --input-len "
+                              "unread; drop --input-len (--max-input-len defaults to twice it)")
+    if sizes["--max-input-len"] is not None and workload not in (Workload.MIXED, Workload.FILE):
+        raise BenchServeError(f"--max-input-len is read only with --workload mixed; --workload {workload.value} "
+                              "sends --input-len tokens per prompt, drop --max-input-len")
     default_num, default_in, default_out, default_conc = WORKLOAD_DEFAULTS[workload]
     if file is not None and workload != Workload.FILE:
         raise BenchServeError(f"--file {file} is read with --workload file only (bench_serving's own files: "
