@@ -196,3 +196,19 @@ def test_help_keeps_every_option_name_whole_in_80_columns(command):
     params = typer.main.get_command(app).commands[command].params
     for name in (o for p in params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")):
         assert re.search(re.escape(name) + r"(?![\w-])", result.output), f"{command} --help cuts {name}"
+
+
+@pytest.mark.parametrize("server_args, fragment", [
+    (("--pp-mode", "vpp"), "sets pp-mode to 'vpp', which bench-serve sets itself; use bench-serve's --launch"),
+    (("--pipeline-parallel-size=4",), "sets pp-size to 4"),
+    (("--model", "/elsewhere"), "use bench-serve's --model-path"),
+])
+def test_launch_refuses_a_server_arg_that_overrides_what_it_sets(server_args, fragment):
+    pytest.importorskip("sglang")
+    spec = bench_serve_launch.LaunchSpec(model_dir="m", pp_size=2, chunked_prefill_size=64, server_args=server_args)
+    with pytest.raises(bench_serve_launch.LaunchError, match="--launch cpp: --server-arg ") as caught:
+        bench_serve_launch.check_launch_args(spec, ["cpp"])
+    assert fragment in str(caught.value)
+    bench_serve_launch.check_launch_args(
+        bench_serve_launch.LaunchSpec(model_dir="m", pp_size=2, chunked_prefill_size=64,
+                                      server_args=("--max-total-tokens", "32768", "--pp-mode=cpp")), ["cpp"])
