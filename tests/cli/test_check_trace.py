@@ -80,3 +80,9 @@ def test_a_trace_missing_a_rank_of_its_pp_size_exits_2(tmp_path):
     assert result.exit_code == 2, result.output
     assert "holds records of ranks [0], but the server ran pp_size 2" in result.output
     assert "Traceback" not in result.output
+
+
+def test_plan_flags_next_to_trace_are_refused_not_ignored(tmp_path):
+    result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path), "--mode", "vpp-pack", "--pp", "4"])
+    assert result.exit_code == 2, result.output
+    assert "drop --mode, --pp" in result.output
