@@ -71,6 +71,8 @@ CASES = [
     (["simulate", "--costs", "NOT_JSON"], "is not readable JSON"),
     (["simulate", "--costs", "NO_FORMAT"], 'has no "format" field'),
     (["simulate", "--costs", "/nonexistent.json"], "does not exist"),
+    (["simulate", "--costs", "BAD_FIT"], "is a malformed sglang-vpp.fitted-cost file (KeyError: 'b')"),
+    (["simulate", "--costs", "BAD_TABLE"], "is a malformed sglang-vpp.table-cost file"),
     (["simulate", "--seq-len", "8k", "--json", "/dev/null/out.json"], "--json"),
     (["simulate", "--seq-len", "8k", "--plot", "/dev/null/gantt.png"], "--plot"),
     (["simulate", "--seq-len", "8k", "--trace", "/dev/null/trace.json"], "--trace"),
@@ -129,6 +131,8 @@ def _case_id(args: list[str]) -> str:
 @pytest.mark.parametrize("args, fragment", CASES, ids=[_case_id(a) for a, _ in CASES])
 def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
     files = {"NOT_JSON": "not json at all\n", "NO_FORMAT": '{"stages": {}}\n', "PARTIAL.json": '{"name": "x"}\n',
+             "BAD_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 1}}\n',
+             "BAD_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 1]]}\n',
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n'}
     for name, text in files.items():
         (tmp_path / name).write_text(text)

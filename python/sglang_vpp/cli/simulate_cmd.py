@@ -45,10 +45,13 @@ def _cost_model(model_spec, hardware_spec, tp: Optional[int], costs: Optional[Pa
         raise CostModelError(f"--costs {str(costs)!r} is not readable JSON ({error}); write one with "
                              "sglang-vpp bench --costs FILE") from None
     kind = data.get("format") if isinstance(data, dict) else None
-    if kind == "sglang-vpp.fitted-cost":
-        return FittedCostModel.from_json(data)
-    if kind == "sglang-vpp.table-cost":
-        return TableCostModel.from_json(data, fallback=analytic)
+    try:
+        if kind == "sglang-vpp.fitted-cost":
+            return FittedCostModel.from_json(data)
+        if kind == "sglang-vpp.table-cost":
+            return TableCostModel.from_json(data, fallback=analytic)
+    except CostModelError as error:
+        raise CostModelError(f"--costs {str(costs)!r} is {error}") from None
     found = "has no \"format\" field" if kind is None else f"has format {kind!r}"
     raise CostModelError(f"--costs {str(costs)!r} {found}; expected sglang-vpp.fitted-cost or "
                          "sglang-vpp.table-cost (see docs/calibration.md)")
