@@ -119,3 +119,14 @@ def test_an_auto_rows_json_chunk_size_reads_auto_not_the_cap(tmp_path):
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())["results"]
     assert all(r["chunk_size"] == "auto" and r["auto_chunk_sizes"] for r in rows)
+
+
+def test_measured_costs_are_named_in_the_title_not_the_hardware_preset(tmp_path):
+    costs = tmp_path / "fit.json"
+    costs.write_text(json.dumps({"format": "sglang-vpp.fitted-cost", "meta": {"model": "tiny-qwen3"},
+                                 "per_layer": {"a": 1e-10, "b": 1e-6, "d": 1e-4}}))
+    result = RUNNER.invoke(app, ["simulate", "--costs", str(costs), "--seq-len", "4k", "--chunk-size", "1k",
+                                 "--modes", "cpp"])
+    assert result.exit_code == 0, result.output
+    title = result.output.split("   seq")[0]
+    assert "measured costs" in title and "tiny-qwen3" in title and "ascend-910c" not in title, title

@@ -118,7 +118,12 @@ def simulate(
                                 sim_config, seq_len=length, balance=balance, jitter=jitter, jitter_seed=jitter_seed)
     # With --json - the JSON owns stdout; the human-readable table goes to stderr.
     to_stderr = json_out is not None and str(json_out) == "-"
-    title = (f"{model_spec.name} on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')}), pp={pp}, "
+    # Measured costs replace the hardware: the title says whose they are, not the preset's.
+    measured_on = getattr(cost, "meta", {}).get("model") if costs is not None else None
+    where = (f"on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')})" if costs is None else
+             f"({model_spec.num_layers} layers) on the measured costs in {costs}"
+             + (f" (measured on {measured_on})" if measured_on else ""))
+    title = (f"{model_spec.name} {where}, pp={pp}, "
              f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""))
     echo_wrapped(title, err=to_stderr)
     typer.echo(format_table(rows, mark_best=bool(sweep_chunk)), err=to_stderr)
@@ -155,5 +160,5 @@ def simulate(
         if plot:
             from ..sim.trace import write_gantt_png
 
-            write_gantt_png(timelines, plot, title=f"{model_spec.name} on {hardware_spec.name}, pp={pp}")
+            write_gantt_png(timelines, plot, title=f"{model_spec.name} {where}, pp={pp}")
             typer.echo(f"plot: {plot}", err=to_stderr)
