@@ -37,6 +37,11 @@ CASES = [
     (_URL + ["--workload", "file", "--file", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
     (_URL + ["--workload", "file"], "--file PATH"),
     (_URL + ["--file", "REQS"], "--workload file only"),
+    (_URL + ["--repeats", "5"], "--repeats applies to --launch only; drop it with --url"),
+    (_URL + ["--pp-size", "4", "--server-arg=--tp-size=2"], "--pp-size, --server-arg apply to --launch only"),
+    # --model-path that does not exist: were the check to regress, the command still stops before any server.
+    (["bench-serve", "--launch", "cpp", "--label", "x", "--model-path", "/nonexistent-model", "--no-progress"],
+     "--label applies to --url only"),
     (_URL + ["--workload", "short", "--max-input-len", "4k"], "--max-input-len is read only with --workload mixed"),
     (_URL + ["--workload", "mixed", "--input-len", "1k", "--max-input-len", "4k"], "drop --input-len"),
     (_URL + ["--workload", "file", "--file", "REQS", "--input-len", "8"], "drop --input-len"),
