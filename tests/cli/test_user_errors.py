@@ -221,3 +221,11 @@ def test_launch_refuses_a_server_arg_that_overrides_what_it_sets(server_args, fr
     bench_serve_launch.check_launch_args(
         bench_serve_launch.LaunchSpec(model_dir="m", pp_size=2, chunked_prefill_size=64,
                                       server_args=("--max-total-tokens", "32768", "--pp-mode=cpp")), ["cpp"])
+
+
+def test_a_plot_path_that_is_a_directory_is_refused_not_written_next_to_it(tmp_path):
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    result = CliRunner().invoke(app, ["simulate", "--seq-len", "8k", "--modes", "cpp", "--plot", str(folder)])
+    _assert_one_line_error(result, "is a directory")
+    assert not (tmp_path / "plots.png").exists()
