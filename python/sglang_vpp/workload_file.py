@@ -6,7 +6,7 @@ JSONL, one request per line::
     {"length": 4096, "arrival": 0.5, "output_len": 16}
 
 - ``length``: prompt tokens, an integer in 1..2**24 (``input_len`` or ``prompt_len`` are read too);
-- ``arrival``: seconds after the start of the run, >= 0 (default 0: all at once);
+- ``arrival``: seconds after the start of the run, 0..MAX_ARRIVAL_S (a year; default 0: all at once);
 - ``output_len``: tokens to generate, 1..2**24 (optional; bench-serve uses ``--output-len`` without
   it, and the simulator, which models prefill, ignores it).
 
@@ -22,12 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LENGTH_KEYS", "MAX_TOKENS", "WorkloadFileError", "WorkloadRecord", "read_workload_file"]
+__all__ = ["LENGTH_KEYS", "MAX_ARRIVAL_S", "MAX_TOKENS", "WorkloadFileError", "WorkloadRecord", "read_workload_file"]
 
 LENGTH_KEYS = ("length", "input_len", "prompt_len")
 #: Far beyond any served context (2**24 = 16M tokens); a larger count is a typo that would have
 #: the simulator or a load generator work without end.
 MAX_TOKENS = 1 << 24
+#: A year of seconds: far beyond any replayed trace; a later arrival is a typo whose sums of
+#: idle seconds overflow a float.
+MAX_ARRIVAL_S = 365 * 24 * 3600.0
 _EXAMPLE = '{"length": 4096, "arrival": 0.5, "output_len": 16}'
 
 
@@ -61,8 +64,9 @@ def _record(fields: Any) -> WorkloadRecord:
     if key is None:
         raise ValueError(f"no length; expected one of {', '.join(LENGTH_KEYS)}")
     arrival = fields.get("arrival", 0.0)
-    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival) or arrival < 0:
-        raise ValueError(f"arrival must be a number of seconds >= 0, got {arrival!r}")
+    if (isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival)
+            or not 0 <= arrival <= MAX_ARRIVAL_S):
+        raise ValueError(f"arrival must be a number of seconds in 0..{MAX_ARRIVAL_S:.0f}, got {arrival!r}")
     output_len = fields.get("output_len")
     return WorkloadRecord(_count(fields[key], key), float(arrival),
                           None if output_len is None else _count(output_len, "output_len"))

@@ -71,3 +71,18 @@ def test_unreadable_or_stock_traces_exit_2_with_one_line(tmp_path):
 def test_plan_check_still_needs_its_options():
     result = CliRunner().invoke(app, ["check", "--mode", "vpp"])
     assert result.exit_code == 2 and "missing --pp, --seq-len, --chunk-size" in result.output
+
+
+def test_a_trace_missing_a_rank_of_its_pp_size_exits_2(tmp_path):
+    _write(tmp_path)
+    (tmp_path / "vpp_rank1.records.json").unlink()
+    result = CliRunner().invoke(app, ["check", "--trace", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "holds records of ranks [0], but the server ran pp_size 2" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_plan_flags_next_to_trace_are_refused_not_ignored(tmp_path):
+    result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path), "--mode", "vpp-pack", "--pp", "4"])
+    assert result.exit_code == 2, result.output
+    assert "drop --mode, --pp" in result.output

@@ -37,6 +37,13 @@ CASES = [
     (_URL + ["--workload", "file", "--file", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
     (_URL + ["--workload", "file"], "--file PATH"),
     (_URL + ["--file", "REQS"], "--workload file only"),
+    (_URL + ["--repeats", "5"], "--repeats applies to --launch only; drop it with --url"),
+    (_URL + ["--pp-size", "4", "--server-arg=--tp-size=2"], "--pp-size, --server-arg apply to --launch only"),
+    # --model-path that does not exist: were the check to regress, the command still stops before any server.
+    (["bench-serve", "--launch", "cpp", "--label", "x", "--model-path", "/nonexistent-model", "--no-progress"],
+     "--label applies to --url only"),
+    (_URL + ["--workload", "short", "--max-input-len", "4k"], "--max-input-len is read only with --workload mixed"),
+    (_URL + ["--workload", "mixed", "--input-len", "1k", "--max-input-len", "4k"], "drop --input-len"),
     (_URL + ["--workload", "file", "--file", "REQS", "--input-len", "8"], "drop --input-len"),
     (_URL + ["--workload", "file", "--file", "REQS", "--request-rate", "2"], "drop --request-rate"),
     (_URL + ["--workload", "file", "--file", "REQS", "--num-requests", "5"], "holds 2 request(s)"),
@@ -69,6 +76,8 @@ CASES = [
     (["simulate", "--costs", "NOT_JSON"], "is not readable JSON"),
     (["simulate", "--costs", "NO_FORMAT"], 'has no "format" field'),
     (["simulate", "--costs", "/nonexistent.json"], "does not exist"),
+    (["simulate", "--costs", "BAD_FIT"], "is a malformed sglang-vpp.fitted-cost file (KeyError: 'b')"),
+    (["simulate", "--costs", "BAD_TABLE"], "is a malformed sglang-vpp.table-cost file"),
     (["simulate", "--seq-len", "8k", "--json", "/dev/null/out.json"], "--json"),
     (["simulate", "--seq-len", "8k", "--plot", "/dev/null/gantt.png"], "--plot"),
     (["simulate", "--seq-len", "8k", "--trace", "/dev/null/trace.json"], "--trace"),
@@ -127,6 +136,8 @@ def _case_id(args: list[str]) -> str:
 @pytest.mark.parametrize("args, fragment", CASES, ids=[_case_id(a) for a, _ in CASES])
 def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
     files = {"NOT_JSON": "not json at all\n", "NO_FORMAT": '{"stages": {}}\n', "PARTIAL.json": '{"name": "x"}\n',
+             "BAD_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 1}}\n',
+             "BAD_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 1]]}\n',
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n'}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -194,3 +205,27 @@ def test_help_keeps_every_option_name_whole_in_80_columns(command):
     params = typer.main.get_command(app).commands[command].params
     for name in (o for p in params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")):
         assert re.search(re.escape(name) + r"(?![\w-])", result.output), f"{command} --help cuts {name}"
+
+
+@pytest.mark.parametrize("server_args, fragment", [
+    (("--pp-mode", "vpp"), "sets pp-mode to 'vpp', which bench-serve sets itself; use bench-serve's --launch"),
+    (("--pipeline-parallel-size=4",), "sets pp-size to 4"),
+    (("--model", "/elsewhere"), "use bench-serve's --model-path"),
+])
+def test_launch_refuses_a_server_arg_that_overrides_what_it_sets(server_args, fragment):
+    pytest.importorskip("sglang")
+    spec = bench_serve_launch.LaunchSpec(model_dir="m", pp_size=2, chunked_prefill_size=64, server_args=server_args)
+    with pytest.raises(bench_serve_launch.LaunchError, match="--launch cpp: --server-arg ") as caught:
+        bench_serve_launch.check_launch_args(spec, ["cpp"])
+    assert fragment in str(caught.value)
+    bench_serve_launch.check_launch_args(
+        bench_serve_launch.LaunchSpec(model_dir="m", pp_size=2, chunked_prefill_size=64,
+                                      server_args=("--max-total-tokens", "32768", "--pp-mode=cpp")), ["cpp"])
+
+
+def test_a_plot_path_that_is_a_directory_is_refused_not_written_next_to_it(tmp_path):
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    result = CliRunner().invoke(app, ["simulate", "--seq-len", "8k", "--modes", "cpp", "--plot", str(folder)])
+    _assert_one_line_error(result, "is a directory")
+    assert not (tmp_path / "plots.png").exists()

@@ -26,6 +26,7 @@ def test_reads_lengths_arrivals_and_output_lengths_in_arrival_order(tmp_path):
     ('{"length": 8, "arrival": -1}', "arrival must be"),
     ('{"length": 8, "arrival": NaN}', "arrival must be"),
     ('{"length": 8, "arrival": "soon"}', "arrival must be"),
+    ('{"length": 8, "arrival": 1e308}', "arrival must be a number of seconds in 0..31536000"),
     ('{"length": 16777217}', "length must be in 1..16777216"),
     ('{"length": 9007199254740993.0}', "length must be in 1..16777216"),
     ('{"length": 8, "output_len": 0}', "output_len must be in 1..16777216"),

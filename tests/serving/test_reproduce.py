@@ -149,3 +149,15 @@ def test_a_trace_without_timings_is_refused_with_the_fix(tmp_path):
         reproduce_trace(trace)
     out = CliRunner().invoke(app, ["check", "--trace", str(trace), "--reproduce"])
     assert out.exit_code == 2 and "schema" in out.output, out.output
+
+
+@pytest.mark.parametrize("edit", [lambda d: d.pop("records"), lambda d: d.update(records="abc")],
+                         ids=["records missing", "records not a list"])
+def test_a_hand_edited_records_file_is_one_error_exit_2(tmp_path, edit):
+    trace, _ = _synthetic(tmp_path)
+    path = records_file(trace, 0)
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    out = CliRunner().invoke(app, ["check", "--trace", str(trace), "--reproduce"])
+    assert out.exit_code == 2 and "unreadable timing records" in out.output, out.output

@@ -99,3 +99,34 @@ def test_chunk_size_auto(tmp_path):
     assert all(len(r["auto_chunk_sizes"]) == 1 for r in auto)
     bad = RUNNER.invoke(app, ["simulate", "--seq-len", "64k", "--chunk-size", "autox"])
     assert bad.exit_code != 0 and "autox" in bad.output
+
+
+def test_simulate_refuses_a_file_the_long_workload_would_ignore(tmp_path):
+    from typer.testing import CliRunner
+
+    from sglang_vpp.cli.app import app
+
+    path = tmp_path / "reqs.jsonl"
+    path.write_text('{"length": 1024}\n')
+    result = CliRunner().invoke(app, ["simulate", "--file", str(path), "--modes", "cpp"])
+    assert result.exit_code == 2 and "the long workload does not read --file" in result.output
+
+
+def test_an_auto_rows_json_chunk_size_reads_auto_not_the_cap(tmp_path):
+    out = tmp_path / "auto.json"
+    result = RUNNER.invoke(app, ["simulate", "--workload", "short", "--requests", "3", "--seq-len", "8k",
+                                 "--chunk-size", "auto", "--modes", "cpp,vpp-pack", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["results"]
+    assert all(r["chunk_size"] == "auto" and r["auto_chunk_sizes"] for r in rows)
+
+
+def test_measured_costs_are_named_in_the_title_not_the_hardware_preset(tmp_path):
+    costs = tmp_path / "fit.json"
+    costs.write_text(json.dumps({"format": "sglang-vpp.fitted-cost", "meta": {"model": "tiny-qwen3"},
+                                 "per_layer": {"a": 1e-10, "b": 1e-6, "d": 1e-4}}))
+    result = RUNNER.invoke(app, ["simulate", "--costs", str(costs), "--seq-len", "4k", "--chunk-size", "1k",
+                                 "--modes", "cpp"])
+    assert result.exit_code == 0, result.output
+    title = result.output.split("   seq")[0]
+    assert "measured costs" in title and "tiny-qwen3" in title and "ascend-910c" not in title, title

@@ -68,3 +68,16 @@ def test_mixed_workload_runs_every_mode():
     rows = {mode: run_mode(mode, work, cost, RunConfig(2, 8192), 16).sim for mode in ("cpp", "dcpp", "vpp-pack")}
     for sim in rows.values():
         assert sim.ok and len(sim.request_ttft_s) == 40 and sim.num_tokens == work.num_tokens
+
+
+@pytest.mark.parametrize("kind, options, flag", [
+    ("long", {"lengths": [1024], "path": "reqs.jsonl"}, "--file"),
+    ("short", {"lengths": [1024], "path": "reqs.jsonl"}, "--file"),
+    ("mixed", {"lengths": [65536]}, "--seq-len"),
+    ("mixed", {"path": "reqs.jsonl"}, "--file"),
+    ("file", {"path": "reqs.jsonl", "lengths": [5120]}, "--seq-len"),
+    ("file", {"path": "reqs.jsonl", "num_requests": 7}, "--requests"),
+])
+def test_a_flag_the_workload_would_ignore_is_refused(kind, options, flag):
+    with pytest.raises(WorkloadError, match=f"the {kind} workload does not read {flag}"):
+        build_workload(kind, **options)

@@ -42,6 +42,11 @@ from .common import png_path
 __all__ = ["BenchServeError", "bench_serve"]
 
 _FORMATS = ("table", "md", "json")
+#: Parameters (by name) that only one way of running reads, with their flags.
+_LAUNCH_ONLY = {"model_path": "--model-path", "pp_size": "--pp-size", "chunked_prefill_size": "--chunked-prefill-size",
+                "device": "--device", "server_arg": "--server-arg", "repeats": "--repeats",
+                "startup_timeout": "--startup-timeout", "port": "--port"}
+_URL_ONLY = {"label": "--label", "allow_shared_host": "--allow-shared-host"}
 
 
 def _looks_local(model_path: str) -> bool:
@@ -89,6 +94,7 @@ def _file_records(file: Path | None, request_rate: float, sizes: dict[str, int |
 
 @user_errors
 def bench_serve(
+    ctx: typer.Context,
     url: Optional[list[str]] = typer.Option(None, "--url", help="Server base URL, e.g. http://127.0.0.1:30000; repeat as name=URL to compare servers side by side."),
     launch: Optional[str] = typer.Option(None, "--launch", help="Instead of --url: start one server per --pp-mode in turn (e.g. cpp,vpp-pack or all) and compare them, with per-rank prefill idle."),
     model_path: Optional[str] = typer.Option(None, "--model-path", help="--launch: the model (default: a tiny 8-layer Qwen2 built locally)."),
@@ -138,6 +144,14 @@ def bench_serve(
         raise BenchServeError("give either --url (running servers) or --launch MODES (start them), not both or neither")
     if pd and launch is None:
         raise BenchServeError("--pd starts a prefill-decode split per mode: give it with --launch MODES")
+    # A flag of the other way of running would be ignored: the run would not be the one asked for.
+    unread = _LAUNCH_ONLY if launch is None else _URL_ONLY
+    ignored = [flag for name, flag in unread.items()
+               if ctx.get_parameter_source(name).name in ("COMMANDLINE", "ENVIRONMENT")]
+    if ignored:
+        raise BenchServeError(f"{', '.join(ignored)} {'apply' if len(ignored) > 1 else 'applies'} to "
+                              f"{'--launch' if launch is None else '--url'} only; drop "
+                              f"{'them' if len(ignored) > 1 else 'it'} with {'--url' if launch is None else '--launch'}")
     if vocab_size is not None:
         raise BenchServeError(f"--vocab-size {vocab_size}: bench_serving draws token ids from the tokenizer's "
                               "vocabulary; drop --vocab-size (or give --tokenizer)")
@@ -164,6 +178,12 @@ def bench_serve(
         sizes["--chunked-prefill-size"] = AUTO
     for flag in ("--input-len", "--output-len", "--max-input-len"):
         at_least(sizes[flag], 1, flag)
+    if sizes["--max-input-len"] is not None and workload == Workload.MIXED and sizes["--input-len"] is not None:
+        raise BenchServeError("--workload mixed draws lengths up to --max-input-len, which leaves --input-len "
+                              "unread; drop --input-len (--max-input-len defaults to twice it)")
+    if sizes["--max-input-len"] is not None and workload not in (Workload.MIXED, Workload.FILE):
+        raise BenchServeError(f"--max-input-len is read only with --workload mixed; --workload {workload.value} "
+                              "sends --input-len tokens per prompt, drop --max-input-len")
     default_num, default_in, default_out, default_conc = WORKLOAD_DEFAULTS[workload]
     if file is not None and workload != Workload.FILE:
         raise BenchServeError(f"--file {file} is read with --workload file only (bench_serving's own files: "

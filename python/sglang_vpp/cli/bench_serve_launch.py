@@ -28,7 +28,7 @@ import importlib.util
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -87,6 +87,12 @@ def check_can_launch() -> None:
                           "run scripts/install_sglang_cpu.sh, or use --url with a running server")
 
 
+#: launch_server options (by argparse dest) the launcher sets, with the bench-serve flag that sets them.
+_LAUNCHER_SET = {"model_path": "--model-path", "pp_size": "--pp-size", "pp_mode": "--launch",
+                 "chunked_prefill_size": "--chunked-prefill-size", "device": "--device", "port": "--port",
+                 "host": None, "vpp_trace": "--work-dir"}
+
+
 def check_launch_args(spec: LaunchSpec, modes: list[str]) -> None:
     """What ``bench`` and the plugin refuse, refused here before any server starts: a device this
     host lacks, and each mode's server command line as the plugin's argument check sees it."""
@@ -105,11 +111,20 @@ def check_launch_args(spec: LaunchSpec, modes: list[str]) -> None:
     if "--pp-mode" not in parser._option_string_actions:  # the plugin's hook adds them when loaded
         add_pipeline_args(parser)
     for mode in modes:
-        command = spec.config(mode, Path("trace")).command(port=1)
+        config = spec.config(mode, Path("trace"))
+        command = config.command(port=1)
         try:
             namespace, _unknown = parser.parse_known_args(command[3:])
+            own, _ = parser.parse_known_args(replace(config, extra_args=("--vpp-trace", "trace")).command(port=1)[3:])
         except (argparse.ArgumentError, SystemExit):
             return  # a --server-arg SGLang's parser refuses: the server says so in its own words
+        # The last copy of a flag wins: a --server-arg one would run another server than the
+        # one every result is labelled with.
+        for dest, option in _LAUNCHER_SET.items():
+            if getattr(namespace, dest, None) != getattr(own, dest, None):
+                raise LaunchError(f"--launch {mode}: --server-arg sets {dest.replace('_', '-')} to "
+                                  f"{getattr(namespace, dest)!r}, which bench-serve sets itself; "
+                                  + (f"use bench-serve's {option}" if option else "drop that --server-arg"))
         try:
             check_namespace(namespace)
         except ValueError as error:

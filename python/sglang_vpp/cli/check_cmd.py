@@ -37,6 +37,12 @@ def check(
     if reproduce and trace is None:
         raise ValueError("--reproduce needs --trace DIR, the directory a VPP server wrote with --vpp-trace")
     if trace is not None:
+        plan_flags = [flag for flag, value in (("--mode", mode), ("--pp", pp), ("--seq-len", seq_len),
+                                               ("--chunk-size", chunk_size), ("--groups", groups),
+                                               ("--split", split)) if value is not None]
+        if plan_flags:
+            raise ValueError(f"--trace replays the server's own plan; drop {', '.join(plan_flags)} "
+                             "(they describe a plan to check without --trace)")
         _check_trace(trace, as_json, reproduce)
     missing = [flag for flag, value in (("--mode", mode), ("--pp", pp), ("--seq-len", seq_len),
                                         ("--chunk-size", chunk_size)) if value is None]

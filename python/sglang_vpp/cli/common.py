@@ -128,7 +128,8 @@ def check_output_path(path: Path | None, flag: str) -> None:
 
 
 def png_path(path: Path | None) -> Path | None:
-    """A ``--plot`` path as matplotlib writes it: ``out`` becomes ``out.png``."""
-    if path is None or path.suffix:
+    """A ``--plot`` path as matplotlib writes it: ``out`` becomes ``out.png`` (a directory stays
+    as given, for ``check_output_path`` to refuse, rather than become a file next to it)."""
+    if path is None or path.suffix or path.is_dir():
         return path
     return path.with_name(path.name + ".png")

@@ -45,10 +45,13 @@ def _cost_model(model_spec, hardware_spec, tp: Optional[int], costs: Optional[Pa
         raise CostModelError(f"--costs {str(costs)!r} is not readable JSON ({error}); write one with "
                              "sglang-vpp bench --costs FILE") from None
     kind = data.get("format") if isinstance(data, dict) else None
-    if kind == "sglang-vpp.fitted-cost":
-        return FittedCostModel.from_json(data)
-    if kind == "sglang-vpp.table-cost":
-        return TableCostModel.from_json(data, fallback=analytic)
+    try:
+        if kind == "sglang-vpp.fitted-cost":
+            return FittedCostModel.from_json(data)
+        if kind == "sglang-vpp.table-cost":
+            return TableCostModel.from_json(data, fallback=analytic)
+    except CostModelError as error:
+        raise CostModelError(f"--costs {str(costs)!r} is {error}") from None
     found = "has no \"format\" field" if kind is None else f"has format {kind!r}"
     raise CostModelError(f"--costs {str(costs)!r} {found}; expected sglang-vpp.fitted-cost or "
                          "sglang-vpp.table-cost (see docs/calibration.md)")
@@ -101,7 +104,8 @@ def simulate(
     layer_split = parse_int_list(split, "--split")
     sim_config = SimConfig(record_timeline=bool(trace or plot))
     if workload == "long" and lengths:
-        runs = [(n, build_workload("long", lengths=[n], num_requests=requests, concurrency=concurrency)) for n in lengths]
+        runs = [(n, build_workload("long", lengths=[n], num_requests=requests, concurrency=concurrency,
+                                   path=str(file) if file else None)) for n in lengths]
     else:
         built = build_workload(workload, lengths=lengths, num_requests=requests, concurrency=concurrency,
                                seed=seed, path=str(file) if file else None)
@@ -114,7 +118,12 @@ def simulate(
                                 sim_config, seq_len=length, balance=balance, jitter=jitter, jitter_seed=jitter_seed)
     # With --json - the JSON owns stdout; the human-readable table goes to stderr.
     to_stderr = json_out is not None and str(json_out) == "-"
-    title = (f"{model_spec.name} on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')}), pp={pp}, "
+    # Measured costs replace the hardware: the title says whose they are, not the preset's.
+    measured_on = getattr(cost, "meta", {}).get("model") if costs is not None else None
+    where = (f"on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')})" if costs is None else
+             f"({model_spec.num_layers} layers) on the measured costs in {costs}"
+             + (f" (measured on {measured_on})" if measured_on else ""))
+    title = (f"{model_spec.name} {where}, pp={pp}, "
              f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""))
     echo_wrapped(title, err=to_stderr)
     typer.echo(format_table(rows, mark_best=bool(sweep_chunk)), err=to_stderr)
@@ -151,5 +160,5 @@ def simulate(
         if plot:
             from ..sim.trace import write_gantt_png
 
-            write_gantt_png(timelines, plot, title=f"{model_spec.name} on {hardware_spec.name}, pp={pp}")
+            write_gantt_png(timelines, plot, title=f"{model_spec.name} {where}, pp={pp}")
             typer.echo(f"plot: {plot}", err=to_stderr)

@@ -112,13 +112,17 @@ class FittedCostModel(StageCostModel):
         if data.get("format") != FITTED_FORMAT:
             raise CostModelError(f"not a fitted cost model: format {data.get('format')!r}, expected {FITTED_FORMAT!r}")
         transfer = data.get("transfer")
-        return cls(
-            {int(k): Coefficients.from_dict(v) for k, v in data.get("stages", {}).items()},
-            Coefficients.from_dict(data["per_layer"]) if data.get("per_layer") else None,
-            TransferFit(float(transfer["alpha"]), float(transfer["beta"]), int(transfer.get("num_samples", 0)))
-            if transfer else None,
-            dict(data.get("meta", {})),
-        )
+        try:
+            return cls(
+                {int(k): Coefficients.from_dict(v) for k, v in data.get("stages", {}).items()},
+                Coefficients.from_dict(data["per_layer"]) if data.get("per_layer") else None,
+                TransferFit(float(transfer["alpha"]), float(transfer["beta"]), int(transfer.get("num_samples", 0)))
+                if transfer else None,
+                dict(data.get("meta", {})),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise CostModelError(f"a malformed {FITTED_FORMAT} file ({type(error).__name__}: {error}); write it "
+                                 "again with sglang-vpp bench --costs FILE") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")

@@ -131,6 +131,11 @@ def load_trace(trace_dir: str | Path) -> dict[int, dict]:
             f"{str(root)!r} holds no controller decisions: stock --pp-mode cpp / dcpp run SGLang's own loop, "
             "which the controller does not drive; use --pp-mode vpp, vpp-async, vpp-pack, vpp-taper or vpp-stream"
         )
+    # A rank whose file is missing would replay as if it had made no decision at all.
+    pp_size = ranks[0]["controller"].get("pp_size") if isinstance(ranks[0]["controller"], dict) else None
+    if isinstance(pp_size, int) and pp_size != len(ranks):
+        raise TraceError(f"{str(root)!r} holds records of ranks {sorted(ranks)}, but the server ran pp_size "
+                         f"{pp_size}; every rank 0..{pp_size - 1} is needed (copy the whole --vpp-trace directory)")
     return ranks
 
 

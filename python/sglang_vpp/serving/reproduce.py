@@ -522,12 +522,13 @@ def reproduce_trace(trace_dir: str | Path, timings: Timings | None = None) -> Re
                          f"recorded (schema {SCHEMA_VERSION}); check --trace replays them, --reproduce needs a "
                          "trace from this version's --vpp-trace")
     # Chunk cuts, auto sizes and decode-slot joins do not depend on timing; the replay run first checks them.
-    expected = {rank: (data["records"], [d for d in data.get("decisions") or [] if d["kind"] not in (CHUNK, DECODE, RESIZE)])
-                for rank, data in ranks.items()}
     try:
+        expected = {rank: (data["records"], [d for d in data.get("decisions") or []
+                                             if d["kind"] not in (CHUNK, DECODE, RESIZE)])
+                    for rank, data in ranks.items()}
         model = ServerModel(ranks[0]["controller"], builds_from_trace(ranks[0]),
                             timings if timings is not None else MeasuredTimings(ranks), expected)
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise TraceError(f"{str(trace_dir)!r}: unreadable timing records ({exc!r})") from None
     difference = model.run()
     compared = {state.rank: len(state.computes) + len(state.decisions) for state in model.ranks}

@@ -29,7 +29,7 @@ from ..schedule import (
     schedule_from_planner,
     validate_schedule,
 )
-from ..schedule.auto_size import LiveSituation
+from ..schedule.auto_size import AUTO, LiveSituation
 from .config import SimConfig
 from .cost.jitter import JitteredCostModel
 from .engine import simulate_schedule
@@ -105,7 +105,8 @@ class ModeResult:
         """The mode's JSON fields (makespan, idle, TTFT), plus the bound, chunk counts and the per-rank split."""
         s = self.sim
         return {
-            "mode": self.mode, "chunk_size": self.chunk_size, "ttft_s": s.ttft_s,
+            # An auto row ran at the sizes it lists, not at the cap it was given.
+            "mode": self.mode, "chunk_size": AUTO if self.auto_sizes else self.chunk_size, "ttft_s": s.ttft_s,
             "throughput_tok_s": s.throughput_tok_s, "makespan_s": s.makespan_s, "compute_s": s.compute_s,
             "bubble_s": s.bubble_s, "exposed_comm_s": s.exposed_comm_s, "bubble_ratio": s.bubble_ratio,
             "idle_by_cause_s": s.idle_by_cause,

@@ -78,7 +78,11 @@ class TableCostModel(StageCostModel):
         if data.get("format") != TABLE_FORMAT:
             raise CostModelError(f"not a table cost model: format {data.get('format')!r}, expected {TABLE_FORMAT!r}")
         read = lambda rows: {(int(s), int(r), int(c)): float(v) for s, r, c, v in rows}  # noqa: E731
-        return cls(read(data.get("compute", [])), read(data.get("transfer", [])), fallback)
+        try:
+            return cls(read(data.get("compute", [])), read(data.get("transfer", [])), fallback)
+        except (TypeError, ValueError) as error:
+            raise CostModelError(f"a malformed {TABLE_FORMAT} file ({type(error).__name__}: {error}); rows are "
+                                 "[stage, request, chunk, seconds]") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json()) + "\n")

@@ -14,6 +14,13 @@ __all__ = ["Workload", "WORKLOADS", "build_workload", "long_workload", "short_wo
 
 WORKLOADS = ("long", "short", "mixed", "file")
 
+# A flag a workload would ignore is refused: the run would not be the one asked for.
+_UNREAD_FLAGS = {"long": ("--file",), "short": ("--file",), "mixed": ("--seq-len", "--file"),
+                 "file": ("--seq-len", "--requests")}
+_UNREAD_WHY = {"long": "its prompts are --seq-len tokens", "short": "its prompts are --seq-len tokens",
+               "mixed": "it draws its own lengths, seeded by --seed",
+               "file": "the file gives every request's length and arrival"}
+
 
 def build_workload(kind: str, *, lengths: list[int] | None = None, num_requests: int | None = None,
                    concurrency: int | None = None, seed: int = 0, path: str | None = None) -> Workload:
@@ -22,6 +29,10 @@ def build_workload(kind: str, *, lengths: list[int] | None = None, num_requests:
     for flag, value in (("--requests", num_requests), ("--concurrency", concurrency)):
         if value is not None and value < 1:
             raise WorkloadError(f"{flag} must be >= 1, got {value}; omit it for the workload's default")
+    given = {"--seq-len": lengths, "--requests": num_requests, "--file": path}
+    for flag in _UNREAD_FLAGS.get(kind, ()):
+        if given[flag]:
+            raise WorkloadError(f"the {kind} workload does not read {flag} ({_UNREAD_WHY[kind]}); drop {flag}")
     if kind == "long":
         if not lengths:
             raise WorkloadError("the long workload needs --seq-len (e.g. 512k or 64k,128k)")
