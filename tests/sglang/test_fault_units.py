@@ -57,7 +57,7 @@ class _Logprobs:
     "options,message",
     [(_Logprobs(top_logprobs_num=11), "top_logprobs_num"), (_Logprobs(top_logprobs_num=-1), "got -1"),
      (_Logprobs(top_logprobs_num="3"), "got '3'"), (_Logprobs(token_ids_logprob=[3, 10]), "got 10"),
-     (_Logprobs(token_ids_logprob=[-1]), "got -1"), (_Logprobs(token_ids_logprob=[1.5]), "got 1.5")],
+     (_Logprobs(token_ids_logprob=[-1]), "got -1"), (_Logprobs(token_ids_logprob=[1.5]), "got 1.5"), (_Logprobs(token_ids_logprob=12), "got 12")],
 )  # fmt: skip
 def test_guard_refuses_logprob_options_the_sampler_cannot_serve(options, message):
     with pytest.raises(InputRejectedError) as info:

@@ -8,10 +8,10 @@ integer fails the same way. So do two logprob options, whatever the prompt: a
 ``top_logprobs_num`` above the vocabulary size or below 0 (``topk`` of the sampler raises "selected
 index k out of range"; the OpenAI ``logprobs`` / ``top_logprobs`` fields map to it unchecked) and a
 ``token_ids_logprob`` id at or above the vocabulary size (an ``IndexError`` in the logprob gather; a
-negative id would silently read another token's logprob, so it is refused too). The guard turns each into an ``InputRejectedError`` (a
-``ValueError``), which SGLang's HTTP and OpenAI-compatible handlers answer with status 400 and
-the message; the server keeps serving. On a decode server of a prefill-decode split the same
-hook refuses a bootstrap address that cannot work (``pd_guard.py``).
+negative id would silently read another token's logprob, so it is refused too). The guard turns
+each into an ``InputRejectedError`` (a ``ValueError``), which SGLang's HTTP and OpenAI-compatible
+handlers answer with status 400 and the message; the server keeps serving. On a decode server of
+a prefill-decode split the same hook refuses a bootstrap address that cannot work (``pd_guard.py``).
 
 Data flow (the HTTP server process, where the TokenizerManager lives)::
 
@@ -85,6 +85,8 @@ def check_logprob_options(obj: Any, vocab_size: int) -> None:
             f"this model's vocabulary size; got {top!r}"
         )
     token_ids = getattr(obj, "token_ids_logprob", None) or []
+    if not isinstance(token_ids, list):
+        token_ids = [token_ids]  # one id where a list belongs: checked as that id
     bad = [value for value in token_ids if type(value) is not int or not 0 <= value < vocab_size]
     if bad:
         shown = ", ".join(repr(value) for value in bad[:_MAX_IDS_SHOWN])
