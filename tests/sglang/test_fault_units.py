@@ -19,7 +19,12 @@ from sglang_vpp.sglang_plugin import failure_report
 from sglang_vpp.sglang_plugin.cli_args import check_pp_mode_name
 from sglang_vpp.sglang_plugin.errors import InputRejectedError, PpModeError
 from sglang_vpp.sglang_plugin.failure_report import RankRecord, describe_exit, parse_scheduler_title
-from sglang_vpp.sglang_plugin.input_guard import check_logprob_options, check_request_tokens, check_token_ids
+from sglang_vpp.sglang_plugin.input_guard import (
+    check_hidden_states_request,
+    check_logprob_options,
+    check_request_tokens,
+    check_token_ids,
+)
 from sglang_vpp.sglang_plugin.stock_loop_watchdog import RankProcessState, StockLoopWatchdog
 
 
@@ -70,6 +75,24 @@ def test_guard_accepts_logprob_options_within_the_vocabulary():
     check_logprob_options(_Logprobs(top_logprobs_num=None), vocab_size=10)
     # SGLang reads neither option without return_logprob, so the guard does not either.
     check_logprob_options(_Logprobs(return_logprob=False, top_logprobs_num=10**6, token_ids_logprob=[-5]), vocab_size=10)
+
+
+class _HiddenStates:
+    def __init__(self, mode):
+        self.return_hidden_states = mode
+
+
+@pytest.mark.parametrize("mode", [True, "last", "full", ["last", False]])
+def test_guard_refuses_hidden_states_under_pp(mode):
+    with pytest.raises(InputRejectedError) as info:
+        check_hidden_states_request(_HiddenStates(mode), pp_size=2)
+    assert "--pp-size 2" in str(info.value) and "return_hidden_states" in str(info.value)
+
+
+def test_guard_passes_hidden_states_without_pp_and_no_request_under_pp():
+    check_hidden_states_request(_HiddenStates("full"), pp_size=1)
+    for mode in (False, None, "none"):
+        check_hidden_states_request(_HiddenStates(mode), pp_size=3)
 
 
 def test_unknown_pp_mode_is_one_line_listing_the_choices():

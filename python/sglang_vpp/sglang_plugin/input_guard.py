@@ -8,7 +8,11 @@ integer fails the same way. So do two logprob options, whatever the prompt: a
 ``top_logprobs_num`` above the vocabulary size or below 0 (``topk`` of the sampler raises "selected
 index k out of range"; the OpenAI ``logprobs`` / ``top_logprobs`` fields map to it unchecked) and a
 ``token_ids_logprob`` id at or above the vocabulary size (an ``IndexError`` in the logprob gather; a
-negative id would silently read another token's logprob, so it is refused too). The guard turns
+negative id would silently read another token's logprob, so it is refused too). With
+``--pp-size`` > 1, a request for hidden states (``return_hidden_states``, served when the server
+runs with ``--enable-return-hidden-states``) kills the server in every ``--pp-mode``: SGLang's
+prefill result processing reads the hidden states of a logits output that a rank without the
+last stage does not have (``AttributeError`` on ``None``). The guard turns
 each into an ``InputRejectedError`` (a ``ValueError``), which SGLang's HTTP and OpenAI-compatible
 handlers answer with status 400 and the message; the server keeps serving. On a decode server of
 a prefill-decode split the same hook refuses a bootstrap address that cannot work (``pd_guard.py``).
@@ -18,7 +22,8 @@ Data flow (the HTTP server process, where the TokenizerManager lives)::
     /generate, /v1/completions, /v1/chat/completions  (single or batch)
       TokenizerManager._tokenize_one_request / _batch_tokenize_and_process
         -> TokenizerManager._validate_one_request(obj, input_ids)
-             [BEFORE hook: check_request_tokens: the prompt's ids, then the logprob options]
+             [BEFORE hook: check_request_tokens: the prompt's ids, the logprob options,
+              a hidden-states request under PP]
                -> InputRejectedError -> HTTP 400
       (a batch whose later item is refused: SGLang aborts the items already dispatched)
 
@@ -36,6 +41,7 @@ from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address
 
 __all__ = [
     "VALIDATE_REQUEST_TARGET",
+    "check_hidden_states_request",
     "check_logprob_options",
     "check_request_tokens",
     "check_token_ids",
@@ -96,6 +102,19 @@ def check_logprob_options(obj: Any, vocab_size: int) -> None:
         )
 
 
+_NO_HIDDEN_STATES = ("", "none", "null", "false")
+
+
+def check_hidden_states_request(obj: Any, pp_size: int) -> None:
+    """Raise InputRejectedError for a hidden-states request to a pipeline of more than one rank."""
+    mode = getattr(obj, "return_hidden_states", False)
+    if pp_size > 1 and mode and str(mode).lower() not in _NO_HIDDEN_STATES:
+        raise InputRejectedError(
+            f"return_hidden_states is not served with --pp-size {pp_size} (SGLang 0.5.23's pipeline "
+            "ranks without the last stage fail on it); drop return_hidden_states, or serve with --pp-size 1"
+        )
+
+
 def check_request_tokens(manager: Any, obj: Any, input_ids: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE hook on ``TokenizerManager._validate_one_request(self, obj, input_ids)``."""
     if getattr(obj, "input_embeds", None) is not None:
@@ -103,6 +122,7 @@ def check_request_tokens(manager: Any, obj: Any, input_ids: Any, *args: Any, **k
     vocab_size = int(manager.model_config.vocab_size)
     check_token_ids(input_ids, vocab_size)
     check_logprob_options(obj, vocab_size)
+    check_hidden_states_request(obj, int(getattr(getattr(manager, "server_args", None), "pp_size", 1) or 1))
     check_bootstrap_address(manager, obj)
     return None
 
