@@ -19,7 +19,12 @@ from sglang_vpp.sglang_plugin import failure_report
 from sglang_vpp.sglang_plugin.cli_args import check_pp_mode_name
 from sglang_vpp.sglang_plugin.errors import InputRejectedError, PpModeError
 from sglang_vpp.sglang_plugin.failure_report import RankRecord, describe_exit, parse_scheduler_title
-from sglang_vpp.sglang_plugin.input_guard import check_request_tokens, check_token_ids
+from sglang_vpp.sglang_plugin.input_guard import (
+    check_hidden_states_request,
+    check_logprob_options,
+    check_request_tokens,
+    check_token_ids,
+)
 from sglang_vpp.sglang_plugin.stock_loop_watchdog import RankProcessState, StockLoopWatchdog
 
 
@@ -42,6 +47,52 @@ def test_guard_accepts_the_vocabulary_bounds_and_skips_embeddings():
         input_embeds = [[0.0]]
 
     check_request_tokens(object(), Embeds(), None)  # no ids to check, and no vocab needed
+
+
+class _Logprobs:
+    """The logprob fields of one GenerateReqInput item as the guard sees them."""
+
+    def __init__(self, return_logprob=True, top_logprobs_num=0, token_ids_logprob=None):
+        self.return_logprob = return_logprob
+        self.top_logprobs_num = top_logprobs_num
+        self.token_ids_logprob = token_ids_logprob
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [(_Logprobs(top_logprobs_num=11), "top_logprobs_num"), (_Logprobs(top_logprobs_num=-1), "got -1"),
+     (_Logprobs(top_logprobs_num="3"), "got '3'"), (_Logprobs(token_ids_logprob=[3, 10]), "got 10"),
+     (_Logprobs(token_ids_logprob=[-1]), "got -1"), (_Logprobs(token_ids_logprob=[1.5]), "got 1.5"), (_Logprobs(token_ids_logprob=12), "got 12")],
+)  # fmt: skip
+def test_guard_refuses_logprob_options_the_sampler_cannot_serve(options, message):
+    with pytest.raises(InputRejectedError) as info:
+        check_logprob_options(options, vocab_size=10)
+    assert message in str(info.value) and "[0, 10" in str(info.value)
+
+
+def test_guard_accepts_logprob_options_within_the_vocabulary():
+    check_logprob_options(_Logprobs(top_logprobs_num=10, token_ids_logprob=[0, 9]), vocab_size=10)
+    check_logprob_options(_Logprobs(top_logprobs_num=None), vocab_size=10)
+    # SGLang reads neither option without return_logprob, so the guard does not either.
+    check_logprob_options(_Logprobs(return_logprob=False, top_logprobs_num=10**6, token_ids_logprob=[-5]), vocab_size=10)
+
+
+class _HiddenStates:
+    def __init__(self, mode):
+        self.return_hidden_states = mode
+
+
+@pytest.mark.parametrize("mode", [True, "last", "full", ["last", False]])
+def test_guard_refuses_hidden_states_under_pp(mode):
+    with pytest.raises(InputRejectedError) as info:
+        check_hidden_states_request(_HiddenStates(mode), pp_size=2)
+    assert "--pp-size 2" in str(info.value) and "return_hidden_states" in str(info.value)
+
+
+def test_guard_passes_hidden_states_without_pp_and_no_request_under_pp():
+    check_hidden_states_request(_HiddenStates("full"), pp_size=1)
+    for mode in (False, None, "none"):
+        check_hidden_states_request(_HiddenStates(mode), pp_size=3)
 
 
 def test_unknown_pp_mode_is_one_line_listing_the_choices():

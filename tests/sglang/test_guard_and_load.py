@@ -4,7 +4,9 @@ One pp 2 server per mode (vpp-pack, stock cpp with the plugin loaded), shared by
 that mode (module-scoped fixture: pytest groups the tests per server).
 
 - Input guard: the three crashing inputs (empty text, id >= vocab, id -1) and their relatives
-  on /generate, /v1/completions and /v1/chat/completions, single and batch; after each refusal
+  on /generate, /v1/completions and /v1/chat/completions, single and batch, and the logprob
+  options that crash the sampler (top_logprobs_num outside [0, vocab], token_ids_logprob ids
+  outside the vocabulary) and return_hidden_states under PP; after each refusal
   the same server answers a valid request.
 - Abort mid-prefill and a client that leaves, with two long prompts queued behind a short one
   (under vpp-pack one of them is packed into the short one's drain window; the test checks it).
@@ -60,6 +62,16 @@ BAD_INPUTS = [
     ("completions-batch-one-bad", "/v1/completions", {"prompt": [[5, 6], [20000]]}, f"[0, {VOCAB})"),
     ("completions-batch-text-one-empty", "/v1/completions", {"prompt": ["import os", ""]}, "no tokens"),
     ("completions-stream-id-vocab", "/v1/completions", {"prompt": [VOCAB], "stream": True}, f"[0, {VOCAB})"),
+    # Logprob options the sampler cannot serve (stock SGLang's scheduler dies on each).
+    ("generate-top-logprobs-over-vocab", "/generate", {"input_ids": [5, 6], "return_logprob": True, "top_logprobs_num": VOCAB + 1}, f"[0, {VOCAB}]"),
+    ("generate-top-logprobs-negative", "/generate", {"input_ids": [5, 6], "return_logprob": True, "top_logprobs_num": -1}, "got -1"),
+    ("generate-batch-top-logprobs-one-bad", "/generate", {"input_ids": [[5, 6], [7, 8]], "return_logprob": True, "top_logprobs_num": [2, VOCAB + 1]}, "top_logprobs_num"),
+    ("generate-token-ids-logprob-vocab", "/generate", {"input_ids": [5, 6], "return_logprob": True, "token_ids_logprob": [5, VOCAB]}, f"[0, {VOCAB})"),
+    ("completions-logprobs-over-vocab", "/v1/completions", {"prompt": [5, 6], "logprobs": VOCAB + 1}, "top_logprobs_num"),
+    # Hidden states under PP (every rank without the last stage dies on them; these servers run
+    # without --enable-return-hidden-states, so this checks that the guard answers first).
+    ("generate-hidden-states-under-pp", "/generate", {"input_ids": [5, 6], "return_hidden_states": True}, "--pp-size 2"),
+    ("chat-top-logprobs-over-vocab", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": VOCAB + 1}, "top_logprobs_num"),
 ]  # fmt: skip
 
 GOOD_GENERATE = {"input_ids": [11, 12, 13, 14], "sampling_params": {"temperature": 0, "max_new_tokens": 4}}
