@@ -110,6 +110,11 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_TM + "TokenizerManager._validate_one_request", H, E, ("self", "obj", "input_ids")),
     N(_TM + "TokenizerManager", M, E),
     N(_TM + "TokenizerManager.model_config", R, E),
+    N(_S + "managers.io_struct.GenerateReqInput.input_embeds", R, E),
+    N(_S + "managers.io_struct.GenerateReqInput.return_logprob", R, E),
+    N(_S + "managers.io_struct.GenerateReqInput.top_logprobs_num", R, E),
+    N(_S + "managers.io_struct.GenerateReqInput.token_ids_logprob", R, E),
+    N(_S + "managers.io_struct.GenerateReqInput.return_hidden_states", R, E),
     # --- every mode: failure report (failure_report.py)
     N(_S + "utils.watchdog.SubprocessWatchdog.start", H, E, ("self",)),
     N(_S + "utils.watchdog.SubprocessWatchdog._processes", R, E),
