@@ -223,6 +223,14 @@ def test_launch_refuses_a_server_arg_that_overrides_what_it_sets(server_args, fr
                                       server_args=("--max-total-tokens", "32768", "--pp-mode=cpp")), ["cpp"])
 
 
+def test_launch_refuses_a_server_arg_trace_directory_it_would_ignore():
+    pytest.importorskip("sglang")
+    spec = bench_serve_launch.LaunchSpec(model_dir="m", pp_size=2, chunked_prefill_size=64,
+                                         server_args=("--vpp-trace=/tmp/mine",))
+    with pytest.raises(bench_serve_launch.LaunchError, match="sets --vpp-trace, which bench-serve sets itself"):
+        bench_serve_launch.check_launch_args(spec, ["vpp"])
+
+
 def test_a_plot_path_that_is_a_directory_is_refused_not_written_next_to_it(tmp_path):
     folder = tmp_path / "plots"
     folder.mkdir()

@@ -40,29 +40,55 @@ def test_guard_refuses(ids, message):
     assert isinstance(info.value, ValueError)  # SGLang answers ValueError with HTTP 400
 
 
-def test_guard_accepts_the_vocabulary_bounds_and_skips_embeddings():
+class _Manager:
+    """What the guard reads of SGLang's TokenizerManager: the vocabulary and the server's pp size."""
+
+    class model_config:  # noqa: N801 - the attribute path TokenizerManager has
+        vocab_size = 10
+
+    class server_args:  # noqa: N801
+        pp_size = 2
+        disaggregation_mode = "null"
+
+
+class _Embeds:
+    """A request that sends embeddings instead of token ids."""
+
+    def __init__(self, return_logprob=False, top_logprobs_num=0, return_hidden_states=False):
+        self.input_embeds = [[0.0]]
+        self.return_logprob = return_logprob
+        self.top_logprobs_num = top_logprobs_num
+        self.return_hidden_states = return_hidden_states
+
+
+def test_guard_accepts_the_vocabulary_bounds_and_skips_the_ids_of_embeddings():
     check_token_ids([0, 9], vocab_size=10)
+    check_request_tokens(_Manager(), _Embeds(), None)  # embeddings carry no ids to check
 
-    class Embeds:
-        input_embeds = [[0.0]]
 
-    check_request_tokens(object(), Embeds(), None)  # no ids to check, and no vocab needed
+@pytest.mark.parametrize(
+    "request_,message",
+    [(_Embeds(return_logprob=True, top_logprobs_num=11), "top_logprobs_num"),
+     (_Embeds(return_hidden_states=True), "--pp-size 2")],
+)  # fmt: skip
+def test_guard_checks_the_other_options_of_an_embeddings_request(request_, message):
+    with pytest.raises(InputRejectedError) as info:
+        check_request_tokens(_Manager(), request_, None)
+    assert message in str(info.value)
 
 
 class _Logprobs:
     """The logprob fields of one GenerateReqInput item as the guard sees them."""
 
-    def __init__(self, return_logprob=True, top_logprobs_num=0, token_ids_logprob=None):
+    def __init__(self, return_logprob=True, top_logprobs_num=0):
         self.return_logprob = return_logprob
         self.top_logprobs_num = top_logprobs_num
-        self.token_ids_logprob = token_ids_logprob
 
 
 @pytest.mark.parametrize(
     "options,message",
     [(_Logprobs(top_logprobs_num=11), "top_logprobs_num"), (_Logprobs(top_logprobs_num=-1), "got -1"),
-     (_Logprobs(top_logprobs_num="3"), "got '3'"), (_Logprobs(token_ids_logprob=[3, 10]), "got 10"),
-     (_Logprobs(token_ids_logprob=[-1]), "got -1"), (_Logprobs(token_ids_logprob=[1.5]), "got 1.5"), (_Logprobs(token_ids_logprob=12), "got 12")],
+     (_Logprobs(top_logprobs_num="3"), "got '3'")],
 )  # fmt: skip
 def test_guard_refuses_logprob_options_the_sampler_cannot_serve(options, message):
     with pytest.raises(InputRejectedError) as info:
@@ -71,10 +97,10 @@ def test_guard_refuses_logprob_options_the_sampler_cannot_serve(options, message
 
 
 def test_guard_accepts_logprob_options_within_the_vocabulary():
-    check_logprob_options(_Logprobs(top_logprobs_num=10, token_ids_logprob=[0, 9]), vocab_size=10)
+    check_logprob_options(_Logprobs(top_logprobs_num=10), vocab_size=10)
     check_logprob_options(_Logprobs(top_logprobs_num=None), vocab_size=10)
-    # SGLang reads neither option without return_logprob, so the guard does not either.
-    check_logprob_options(_Logprobs(return_logprob=False, top_logprobs_num=10**6, token_ids_logprob=[-5]), vocab_size=10)
+    # SGLang does not read the option without return_logprob, so the guard does not either.
+    check_logprob_options(_Logprobs(return_logprob=False, top_logprobs_num=10**6), vocab_size=10)
 
 
 class _HiddenStates:

@@ -304,3 +304,22 @@ def test_sglang_never_decodes_a_prefill_only_running_batch():
 
     source = inspect.getsource(scheduler.Scheduler.get_next_batch_to_run)
     assert "not running_batch.is_prefill_only" in source
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("ids", [[3, 10], [-1], [1.5]])
+def test_sglang_refuses_token_ids_logprob_outside_the_vocabulary_itself(ids):
+    """The input guard leaves ``token_ids_logprob`` to SGLang's own check in the method it hooks;
+    an upgrade that drops that check would let an out-of-vocabulary id crash the sampler."""
+    tokenizer_manager = pytest.importorskip("sglang.srt.managers.tokenizer_manager")
+
+    class Manager:
+        class model_config:  # noqa: N801 - the attribute path TokenizerManager has
+            vocab_size = 10
+
+    class Request:
+        token_ids_logprob = ids
+
+    with pytest.raises(ValueError):
+        tokenizer_manager.TokenizerManager._validate_token_ids_logprob(Manager(), Request())
+    tokenizer_manager.TokenizerManager._validate_token_ids_logprob(Manager(), type("Ok", (), {"token_ids_logprob": [0, 9]})())

@@ -2,7 +2,7 @@
 
 Data flow (per mode, one server alive at a time)::
 
-    ServerConfig(model, --pp-size, --pp-mode MODE, --chunked-prefill-size, --vpp-trace DIR/MODE)
+    ServerConfig(model, --pp-size, --pp-mode MODE, --chunked-prefill-size, --vpp-trace WORK_DIR/trace-MODE)
       -> SGLangServer.start() (log in DIR/MODE.log)
       -> warm-up pass of bench_serving (``warm_up`` returns how many requests it sent);
          wait_for_records(): the seq reached so far
@@ -90,7 +90,7 @@ def check_can_launch() -> None:
 #: launch_server options (by argparse dest) the launcher sets, with the bench-serve flag that sets them.
 _LAUNCHER_SET = {"model_path": "--model-path", "pp_size": "--pp-size", "pp_mode": "--launch",
                  "chunked_prefill_size": "--chunked-prefill-size", "device": "--device", "port": "--port",
-                 "host": None, "vpp_trace": "--work-dir"}
+                 "host": None}
 
 
 def check_launch_args(spec: LaunchSpec, modes: list[str]) -> None:
@@ -102,10 +102,15 @@ def check_launch_args(spec: LaunchSpec, modes: list[str]) -> None:
 
     from sglang_vpp.runtime.bench import check_device
     from sglang_vpp.runtime.spec import Device
+    from sglang_vpp.serving.results import option_value
     from sglang_vpp.sglang_plugin.cli_args import add_pipeline_args, check_namespace
 
     if spec.device in tuple(Device):
         check_device(Device(spec.device))
+    if option_value(spec.server_args, "--vpp-trace") is not None:
+        # The launcher's own --vpp-trace comes last and wins: the given directory would stay empty.
+        raise LaunchError("--server-arg sets --vpp-trace, which bench-serve sets itself (trace-MODE under "
+                          "--work-dir); use bench-serve's --work-dir")
     parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     ServerArgs.add_cli_args(parser)
     if "--pp-mode" not in parser._option_string_actions:  # the plugin's hook adds them when loaded

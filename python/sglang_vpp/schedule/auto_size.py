@@ -153,7 +153,9 @@ class AutoSizer:
         self.taper_for = taper_for
         self._cache: OrderedDict[tuple[int, ...], AutoChoice] = OrderedDict()
         """Answers by situation, at most ``CHOICE_CACHE``; a situation planned again is
-        answered alike (a plan is a pure function of the situation)."""
+        answered alike (a plan is a pure function of the situation). Not locked: ``choose``
+        runs on one thread at a time (a server plans in its loop only until its first answer,
+        then only on its one planning worker: ``vpp/chunk_sizing.AutoSituation``)."""
 
     def planned(self, lengths: Sequence[int]) -> tuple[int, ...]:
         """The part of a situation that is planned: its first ``window`` prompt lengths."""

@@ -4,11 +4,11 @@ Stock SGLang 0.5.23 sends two kinds of request to the model that kill the schedu
 it the whole server, every pipeline mode included): a prompt with no tokens (``"text": ""``:
 the attention reshape of zero elements fails) and token ids outside ``[0, vocab)`` (``-1`` or
 ``vocab`` and above: the embedding lookup raises ``IndexError``). A token id that is not an
-integer fails the same way. So do two logprob options, whatever the prompt: a
+integer fails the same way. So does a logprob request, whatever the prompt, with a
 ``top_logprobs_num`` above the vocabulary size or below 0 (``topk`` of the sampler raises "selected
-index k out of range"; the OpenAI ``logprobs`` / ``top_logprobs`` fields map to it unchecked) and a
-``token_ids_logprob`` id at or above the vocabulary size (an ``IndexError`` in the logprob gather; a
-negative id would silently read another token's logprob, so it is refused too). With
+index k out of range"; the OpenAI ``logprobs`` / ``top_logprobs`` fields map to it unchecked).
+SGLang checks ``token_ids_logprob`` against the vocabulary itself, in the method the guard runs
+before, so the guard leaves it alone. With
 ``--pp-size`` > 1, a request for hidden states (``return_hidden_states``, served when the server
 runs with ``--enable-return-hidden-states``) kills the server in every ``--pp-mode``: SGLang's
 prefill result processing reads the hidden states of a logits output that a rank without the
@@ -22,8 +22,9 @@ Data flow (the HTTP server process, where the TokenizerManager lives)::
     /generate, /v1/completions, /v1/chat/completions  (single or batch)
       TokenizerManager._tokenize_one_request / _batch_tokenize_and_process
         -> TokenizerManager._validate_one_request(obj, input_ids)
-             [BEFORE hook: check_request_tokens: the prompt's ids, the logprob options,
-              a hidden-states request under PP]
+             [BEFORE hook: check_request_tokens: the prompt's ids (unless it sends
+              embeddings), top_logprobs_num, a hidden-states request under PP, a PD
+              decode server's bootstrap address]
                -> InputRejectedError -> HTTP 400
       (a batch whose later item is refused: SGLang aborts the items already dispatched)
 
@@ -78,10 +79,10 @@ def check_token_ids(input_ids: Sequence[Any] | None, vocab_size: int) -> None:
 
 
 def check_logprob_options(obj: Any, vocab_size: int) -> None:
-    """Raise InputRejectedError unless the logprob options of one request fit the vocabulary.
+    """Raise InputRejectedError unless a logprob request's ``top_logprobs_num`` fits the vocabulary.
 
-    Only a request that returns logprobs reaches the code that reads them; without
-    ``return_logprob`` SGLang ignores both options, and so does the guard."""
+    Only a request that returns logprobs reaches the code that reads it; without
+    ``return_logprob`` SGLang ignores the option, and so does the guard."""
     if not getattr(obj, "return_logprob", False):
         return
     top = getattr(obj, "top_logprobs_num", None) or 0
@@ -89,16 +90,6 @@ def check_logprob_options(obj: Any, vocab_size: int) -> None:
         raise InputRejectedError(
             f"top_logprobs_num (OpenAI: logprobs / top_logprobs) must be an integer in [0, {vocab_size}], "
             f"this model's vocabulary size; got {top!r}"
-        )
-    token_ids = getattr(obj, "token_ids_logprob", None) or []
-    if not isinstance(token_ids, list):
-        token_ids = [token_ids]  # one id where a list belongs: checked as that id
-    bad = [value for value in token_ids if type(value) is not int or not 0 <= value < vocab_size]
-    if bad:
-        shown = ", ".join(repr(value) for value in bad[:_MAX_IDS_SHOWN])
-        raise InputRejectedError(
-            f"token_ids_logprob ids must be integers in [0, {vocab_size}) for this model's vocabulary; "
-            f"got {shown} ({len(bad)} out of range)"
         )
 
 
@@ -117,10 +108,9 @@ def check_hidden_states_request(obj: Any, pp_size: int) -> None:
 
 def check_request_tokens(manager: Any, obj: Any, input_ids: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE hook on ``TokenizerManager._validate_one_request(self, obj, input_ids)``."""
-    if getattr(obj, "input_embeds", None) is not None:
-        return None  # embeddings replace the lookup; SGLang checks their shape itself
     vocab_size = int(manager.model_config.vocab_size)
-    check_token_ids(input_ids, vocab_size)
+    if getattr(obj, "input_embeds", None) is None:  # embeddings replace the lookup; SGLang checks their shape
+        check_token_ids(input_ids, vocab_size)
     check_logprob_options(obj, vocab_size)
     check_hidden_states_request(obj, int(getattr(getattr(manager, "server_args", None), "pp_size", 1) or 1))
     check_bootstrap_address(manager, obj)

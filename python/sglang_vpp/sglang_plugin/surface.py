@@ -113,7 +113,6 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "managers.io_struct.GenerateReqInput.input_embeds", R, E),
     N(_S + "managers.io_struct.GenerateReqInput.return_logprob", R, E),
     N(_S + "managers.io_struct.GenerateReqInput.top_logprobs_num", R, E),
-    N(_S + "managers.io_struct.GenerateReqInput.token_ids_logprob", R, E),
     N(_S + "managers.io_struct.GenerateReqInput.return_hidden_states", R, E),
     # --- every mode: failure report (failure_report.py)
     N(_S + "utils.watchdog.SubprocessWatchdog.start", H, E, ("self",)),
@@ -154,7 +153,7 @@ SURFACE: tuple[SurfaceName, ...] = (
     # --- prefill-decode split, stock pp > 1 prefill: aborts in chunked prefill (pd_abort.py)
     N(_SCHED + "process_prefill_chunk", H, PD, ("self", "last_batch", "running_batch")),
     N(_SCHED + "process_pending_chunked_abort", C, PD, ("self",)),
-    N(_TM + "TokenizerManager.server_args", R, E),  # the input guard asks whether it serves a split
+    N(_TM + "TokenizerManager.server_args", R, E),  # the input guard reads pp_size and whether it serves a split
     # --- PD: KV layers registered and paired by global layer id (pd_layers.py)
     N(_S + "disaggregation.utils.build_kv_layer_ids", H, PD, ("token_to_kv_pool", "draft_token_to_kv_pool")),
     N(_S + "disaggregation.utils.build_transfer_entry_pairs",
