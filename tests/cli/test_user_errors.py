@@ -82,6 +82,11 @@ CASES = [
     (["simulate", "--seq-len", "8k", "--plot", "/dev/null/gantt.png"], "--plot"),
     (["simulate", "--seq-len", "8k", "--trace", "/dev/null/trace.json"], "--trace"),
     (["simulate", "--workload", "short"], "needs --seq-len"),
+    # Only mixed draws with --seed: given explicitly (even at its default 0) elsewhere it is refused.
+    (["simulate", "--seed", "0"], "the long workload does not read --seed"),
+    (["simulate", "--seq-len", "8k", "--jitter", "0.03", "--seed", "1"], "drop --seed (--jitter's draws are seeded by --jitter-seed)"),
+    (["simulate", "--workload", "short", "--seq-len", "4k", "--seed", "7"], "the short workload does not read --seed"),
+    (["simulate", "--workload", "file", "--file", "REQS", "--seed", "7"], "the file workload does not read --seed"),
     (["simulate", "--workload", "short", "--seq-len", "4k,8k"], "takes one --seq-len"),
     (["simulate", "--tp", "0"], "--tp"),
     (["simulate", "--tp", "-3"], "--tp"),

@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 
 from ..schedule.policies.spec import Policy
-from .common import check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option, png_path, user_errors
+from .common import (check_output_path, echo_wrapped, emit_json, given_flags, parse_int_list, parse_size_option,
+                     png_path, user_errors)
 
 DEFAULT_LONG_SEQ_LEN = "128k"
 """The long workload's prompt length when --seq-len is not given (docs/cli.md)."""
@@ -59,6 +60,7 @@ def _cost_model(model_spec, hardware_spec, tp: Optional[int], costs: Optional[Pa
 
 @user_errors
 def simulate(
+    ctx: typer.Context,
     model: str = typer.Option("deepseek-v3.1", "--model", help="Model preset (or a .json path)."),
     hardware: str = typer.Option("ascend-910c", "--hardware", help="Hardware preset (or a .json path)."),
     pp: int = typer.Option(2, "--pp", help="Pipeline ranks P."),
@@ -103,12 +105,14 @@ def simulate(
     chunk_sizes = _sizes(sweep_chunk, "--sweep-chunk", True) if sweep_chunk else _sizes(chunk_size, "--chunk-size", True)
     layer_split = parse_int_list(split, "--split")
     sim_config = SimConfig(record_timeline=bool(trace or plot))
+    # None when not given: a workload that draws nothing refuses an explicit --seed.
+    given_seed = seed if given_flags(ctx, {"seed": "--seed"}) else None
     if workload == "long" and lengths:
         runs = [(n, build_workload("long", lengths=[n], num_requests=requests, concurrency=concurrency,
-                                   path=str(file) if file else None)) for n in lengths]
+                                   seed=given_seed, path=str(file) if file else None)) for n in lengths]
     else:
         built = build_workload(workload, lengths=lengths, num_requests=requests, concurrency=concurrency,
-                               seed=seed, path=str(file) if file else None)
+                               seed=given_seed, path=str(file) if file else None)
         runs = [(lengths[0] if lengths and workload == "short" else None, built)]
     from ..schedule import check_chunk_count
 
