@@ -58,6 +58,19 @@ def _cost_model(model_spec, hardware_spec, tp: Optional[int], costs: Optional[Pa
                          "sglang-vpp.table-cost (see docs/calibration.md)")
 
 
+def _warn_other_depth(cost, costs: Optional[Path], model_spec) -> None:
+    """A measured per-layer cost is multiplied by --model's layer count, the one thing --model
+    still sets with --costs: scaling it to another depth is a what-if worth running, but never
+    without saying so (files written before the count was recorded cannot be checked)."""
+    meta = getattr(cost, "meta", {}) if costs is not None else {}
+    measured = meta.get("num_layers")
+    if isinstance(measured, int) and measured != model_spec.num_layers:
+        on = f" on {meta['model']}" if meta.get("model") else ""
+        typer.echo(f"warning: --costs {costs} was measured{on} with {measured} layers; --model {model_spec.name} "
+                   f"has {model_spec.num_layers}: the measured per-layer cost is scaled to "
+                   f"{model_spec.num_layers} layers", err=True)
+
+
 @user_errors
 def simulate(
     ctx: typer.Context,
@@ -101,6 +114,7 @@ def simulate(
     model_spec = load_model(model)
     hardware_spec = load_hardware(hardware)
     cost = _cost_model(model_spec, hardware_spec, tp, costs)
+    _warn_other_depth(cost, costs, model_spec)
     lengths = _sizes(seq_len, "--seq-len") if seq_len else None
     chunk_sizes = _sizes(sweep_chunk, "--sweep-chunk", True) if sweep_chunk else _sizes(chunk_size, "--chunk-size", True)
     layer_split = parse_int_list(split, "--split")

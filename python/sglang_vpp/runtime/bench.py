@@ -427,8 +427,11 @@ def write_costs(report: BenchReport, path: Path) -> list[Path]:
         written.append(target)
     # Stage indices mean different layers in different layouts: keep only the per-layer fit.
     fitted = fit_cost_model(replay_samples(everything))
+    # The layer count lets ``simulate --costs`` tell a model of another depth (its --model).
+    num_layers = report.runs[0].replay.schedule.layout.num_layers if report.runs else None
     model = FittedCostModel({}, fitted.per_layer, fitted.transfer,
                             {"source": "sglang-vpp bench", "modes": list(report.config.modes),
-                             "model": report.config.model, "cost": "thread CPU seconds per compute"})
+                             "model": report.config.model, "num_layers": num_layers,
+                             "cost": "thread CPU seconds per compute"})
     model.save(path)
     return [path] + written
