@@ -133,6 +133,9 @@ class Verdict:
     repeat_flag: str = "--repeat"
     """The command's flag for the number of repeats (named when one repeat gives no verdict)."""
     paired: bool = True
+    baselines: tuple[str, ...] = BASELINES
+    """The modes every other mode is compared with in ``comparisons``."""
+    num_modes: int = 2
 
     def rule(self) -> str:
         """When a difference counts (printed under the headline, so each line explains itself)."""
@@ -142,11 +145,20 @@ class Verdict:
 
     def statement(self) -> str:
         """What the verdict says, in words that do not change with noise-level differences."""
+        if self.num_modes < 2:
+            return "one mode: nothing to compare"
         if self.repeats < 2:
             return f"one repeat gives no range; run {self.repeat_flag} 3 or more for a verdict"
         if self.winner is not None:
             return f"{self.winner} wins (significantly lower than every other mode)"
         return "no mode is significantly lower than all others"
+
+    def baseline_note(self) -> str:
+        """Says what the comparisons are against when no stock mode (``BASELINES``) was run."""
+        if self.num_modes < 2 or any(base in BASELINES for base in self.baselines):
+            return ""
+        return (f"no {' or '.join(BASELINES)} among the modes: every mode compared with "
+                f"{self.baselines[0]}, the first mode given")
 
     def headline(self) -> str:
         """The verdict as one string (JSON); ``lines()`` is the printed form."""
@@ -157,26 +169,31 @@ class Verdict:
         comparison, each line at most ``WIDTH`` columns."""
         keep = [f"{self.winner} wins"] if self.winner else []
         head = [*_wrap(f"verdict ({self.metric}):", ""), *_wrap(self.statement(), "  ", keep=keep)]
-        if self.repeats >= 2:
+        if self.repeats >= 2 and self.num_modes >= 2:
             head += _wrap(self.rule(), "  ")
+        if self.baseline_note():
+            head += _wrap(self.baseline_note(), "  ")
         return head + [line for c in self.comparisons for line in c.lines()]
 
     def to_dict(self) -> dict:
         return {"metric": self.metric, "winner": self.winner, "repeats": self.repeats, "headline": self.headline(),
-                "rule": self.rule(),
+                "rule": self.rule(), "baselines": list(self.baselines),
                 "comparisons": [c.to_dict() for c in self.comparisons]}
 
 
 def make_verdict(values: Mapping[str, Sequence[float]], metric: str, *, paired: bool,
                  baselines: Sequence[str] = BASELINES, repeat_flag: str = "--repeat") -> Verdict:
-    """Compare every mode with each baseline present in ``values`` and find a winner (lower is better)."""
+    """Compare every mode with each baseline present in ``values`` and find a winner (lower is
+    better). With no baseline present, the first mode of ``values`` is the baseline: a winner is
+    named from comparisons with every other mode, so the printed ones must show some of them."""
     modes = list(values)
+    present = tuple(base for base in baselines if base in values) or tuple(modes[:1])
     comparisons = tuple(compare(values, mode, base, paired=paired)
-                        for base in baselines if base in values for mode in modes if mode != base)
+                        for base in present for mode in modes if mode != base)
     repeats = min((len(v) for v in values.values()), default=0)
     winner = None
     for mode in modes:
         others = [compare(values, mode, other, paired=paired) for other in modes if other != mode]
         if others and all(c.outcome == "faster" for c in others):
             winner = mode
-    return Verdict(metric, comparisons, winner, repeats, repeat_flag, paired)
+    return Verdict(metric, comparisons, winner, repeats, repeat_flag, paired, present, len(modes))

@@ -86,3 +86,13 @@ def test_plan_flags_next_to_trace_are_refused_not_ignored(tmp_path):
     result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path), "--mode", "vpp-pack", "--pp", "4"])
     assert result.exit_code == 2, result.output
     assert "drop --mode, --pp" in result.output
+
+
+def test_plan_flags_with_defaults_next_to_trace_are_refused_too(tmp_path):
+    """--requests and --layers have defaults: given explicitly (even at the default's value) they
+    are still a plan the trace would ignore."""
+    for flags in (["--requests", "3"], ["--layers", "48"], ["--requests", "1", "--layers", "8"]):
+        result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path), *flags])
+        assert result.exit_code == 2, (flags, result.output)
+        assert f"drop {flags[0]}" in result.output
+        assert "Traceback" not in result.output

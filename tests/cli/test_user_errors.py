@@ -82,6 +82,11 @@ CASES = [
     (["simulate", "--seq-len", "8k", "--plot", "/dev/null/gantt.png"], "--plot"),
     (["simulate", "--seq-len", "8k", "--trace", "/dev/null/trace.json"], "--trace"),
     (["simulate", "--workload", "short"], "needs --seq-len"),
+    # Only mixed draws with --seed: given explicitly (even at its default 0) elsewhere it is refused.
+    (["simulate", "--seed", "0"], "the long workload does not read --seed"),
+    (["simulate", "--seq-len", "8k", "--jitter", "0.03", "--seed", "1"], "drop --seed (--jitter's draws are seeded by --jitter-seed)"),
+    (["simulate", "--workload", "short", "--seq-len", "4k", "--seed", "7"], "the short workload does not read --seed"),
+    (["simulate", "--workload", "file", "--file", "REQS", "--seed", "7"], "the file workload does not read --seed"),
     (["simulate", "--workload", "short", "--seq-len", "4k,8k"], "takes one --seq-len"),
     (["simulate", "--tp", "0"], "--tp"),
     (["simulate", "--tp", "-3"], "--tp"),
@@ -115,6 +120,19 @@ CASES = [
     (["check", "--mode", "cpp", "--pp", "2", "--seq-len", "-5", "--chunk-size", "8"], "--seq-len '-5'"),
     (["check", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--groups", "0"],
      "--groups must be 1 or 2"),
+    # One chunk past the limit of chunks per request, in every command that cuts chunks (at 1m
+    # tokens of 1-token chunks each took a minute and a gigabyte before printing anything).
+    (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "16385", "--chunk-size", "1", "--layers", "2"],
+     "a --seq-len request of 16385 tokens at --chunk-size 1 is 16385 chunks, more than the limit of 16384 "
+     "per request; raise --chunk-size to 2 or more"),
+    (["check", "--mode", "cpp", "--pp", "2", "--seq-len", "16385", "--chunk-size", "1", "--layers", "2"],
+     "is 16385 chunks, more than the limit of 16384"),
+    (["simulate", "--seq-len", "16385", "--chunk-size", "1", "--modes", "cpp"], "is 16385 chunks"),
+    (["simulate", "--seq-len", "16385", "--sweep-chunk", "2,1", "--modes", "cpp"], "raise --sweep-chunk to 2"),
+    (["simulate", "--workload", "file", "--file", "LONG_REQ", "--chunk-size", "1", "--modes", "cpp"],
+     "the longest file request of 16385 tokens at --chunk-size 1 is 16385 chunks"),
+    # zigzag: were the chunk count not checked first, the unknown mode would be the error.
+    (_BENCH + ["--seq-len", "16385", "--chunk-size", "1", "--modes", "cpp,zigzag"], "is 16385 chunks"),
     (["layout", "--pp", "2", "--layers", "8", "--mode", "foo"], "expected one of contiguous, cpp, dcpp,"),
     (["layout", "--pp", "0", "--layers", "8"], "--pp must be >= 1"),
 ]
@@ -138,7 +156,8 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
     files = {"NOT_JSON": "not json at all\n", "NO_FORMAT": '{"stages": {}}\n', "PARTIAL.json": '{"name": "x"}\n',
              "BAD_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 1}}\n',
              "BAD_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 1]]}\n',
-             "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n'}
+             "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n',
+             "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n'}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     args = [str(tmp_path / a) if a in files else a for a in args]

@@ -96,3 +96,24 @@ def test_each_line_says_why_a_difference_is_not_significant():
     assert unpaired.comparisons[0].text().endswith("(min-max ranges overlap)")
     assert "ranges over repeats do not overlap" in "\n".join(unpaired.lines())
     assert unpaired.to_dict()["rule"] == unpaired.rule() and paired.to_dict()["comparisons"][0]["reason"]
+
+
+def test_without_cpp_or_dcpp_every_mode_is_compared_with_the_first_mode_given():
+    # bench --modes vpp,vpp-pack,vpp-async: the winner must come with the comparisons that show it.
+    values = {"vpp": [2.0, 2.1, 2.0, 2.2, 2.0], "vpp-pack": [1.8, 1.9, 1.8, 2.0, 1.8],
+              "vpp-async": [2.0, 2.1, 2.0, 2.2, 2.01]}
+    verdict = make_verdict(values, "equal-cost makespan", paired=True)
+    assert [(c.mode, c.baseline) for c in verdict.comparisons] == [("vpp-pack", "vpp"), ("vpp-async", "vpp")]
+    assert verdict.winner == "vpp-pack" and verdict.baselines == ("vpp",)
+    text = "\n".join(verdict.lines())
+    assert "no cpp or dcpp among the modes: every mode compared with vpp, the first mode\n    given" in text
+    assert "vpp-pack vs vpp: -10.0%" in text and verdict.to_dict()["baselines"] == ["vpp"]
+    # With a stock mode present nothing changes, and no note is printed.
+    stock = make_verdict({"cpp": [2.0, 2.1, 2.0], "vpp": [1.0, 1.1, 1.0]}, "makespan", paired=True)
+    assert stock.baselines == ("cpp",) and "among the modes" not in "\n".join(stock.lines())
+
+
+def test_one_mode_has_nothing_to_compare():
+    verdict = make_verdict({"vpp": [2.0, 2.1, 2.0]}, "equal-cost makespan", paired=True)
+    assert verdict.winner is None and not verdict.comparisons
+    assert verdict.lines() == ["verdict (equal-cost makespan):", "  one mode: nothing to compare"]

@@ -78,6 +78,8 @@ def test_bench_runs_every_mode(tmp_path):
 
     fitted = FittedCostModel.load(tmp_path / "costs.json")
     assert fitted.per_layer is not None and fitted.per_layer.a >= 0
+    # tiny-qwen3's 8 layers: simulate --costs warns when --model has another depth.
+    assert fitted.meta["model"] == "tiny-qwen3" and fitted.meta["num_layers"] == 8
     samples = read_samples(tmp_path / "costs.vpp-pack.json")
     assert {s.kind for s in samples} == {"compute", "transfer"}
     assert all(s.num_layers == 2 for s in samples if s.kind == "compute")

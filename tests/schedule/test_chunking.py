@@ -98,3 +98,16 @@ def test_first_chunk_is_exactly_base_despite_rounding():
         for base in (64, 512, 1000, 4096, 24576):
             chunker = DynamicChunker(QuadraticCurve(a, b, 0.1), base)
             assert chunker.next_chunk_size(0, 10**9) == base // min(64, base) * min(64, base)
+
+
+def test_chunk_count_limit_refuses_one_past_it_and_leaves_every_legitimate_cut():
+    from sglang_vpp.schedule import MAX_CHUNKS_PER_REQUEST, check_chunk_count
+    from sglang_vpp.schedule.auto_size import CANDIDATES
+
+    check_chunk_count(MAX_CHUNKS_PER_REQUEST * 64, 64)  # 1M tokens at 64: exactly at the limit
+    with pytest.raises(ChunkingError, match=r"is 16385 chunks, more than the limit of 16384 per request; "
+                                            r"raise chunk size to 2 or more"):
+        check_chunk_count(MAX_CHUNKS_PER_REQUEST + 1, 1)
+    # auto's smallest candidate on a 1M prompt, and the benchmarks' finest cut (1M at 1K).
+    check_chunk_count(1 << 20, min(CANDIDATES))
+    check_chunk_count(1 << 20, 1024)

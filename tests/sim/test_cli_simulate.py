@@ -130,3 +130,21 @@ def test_measured_costs_are_named_in_the_title_not_the_hardware_preset(tmp_path)
     assert result.exit_code == 0, result.output
     title = result.output.split("   seq")[0]
     assert "measured costs" in title and "tiny-qwen3" in title and "ascend-910c" not in title, title
+
+
+@pytest.mark.parametrize("model, warned", [("deepseek-v3.1", True), ("qwen3-tiny", False)])
+def test_costs_of_another_depth_than_the_model_are_warned_about(tmp_path, model, warned):
+    """--model sets only the layer count the measured per-layer cost is multiplied by: a costs
+    file measured on a model of another depth says so in one stderr line (qwen3-tiny: 4 layers)."""
+    costs = tmp_path / "fit.json"
+    costs.write_text(json.dumps({"format": "sglang-vpp.fitted-cost", "meta": {"model": "tiny-x", "num_layers": 4},
+                                 "per_layer": {"a": 1e-10, "b": 1e-6, "d": 1e-4}}))
+    result = CliRunner().invoke(app, ["simulate", "--costs", str(costs), "--model", model,
+                                     "--seq-len", "4k", "--chunk-size", "1k", "--modes", "cpp"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    if warned:
+        assert warnings == [f"warning: --costs {costs} was measured on tiny-x with 4 layers; --model deepseek-v3.1 "
+                            "has 61: the measured per-layer cost is scaled to 61 layers"]
+    else:
+        assert not warnings and not result.stderr.strip()

@@ -116,7 +116,11 @@ def test_arrivals_gate_stage_zero():
     late = simulate_schedule(schedule, cost, arrivals={0: 5.0, 1: 5.0})
     assert min(s.start for s in late.timeline if s.kind is SliceKind.COMPUTE) == pytest.approx(5.0)
     assert late.request_ttft_s[0] == pytest.approx(late.request_finish_s[0] - 5.0)
-    assert late.per_rank[0].idle_by_cause["release"] == pytest.approx(5.0)
+    # Waiting for the first arrival is no bubble: the accounting starts there.
+    assert late.start_s == 5.0 and late.per_rank[0].idle_by_cause["release"] == 0.0
+    # A later arrival is: rank 0 ran its two chunks on [5, 7], then waits for request 1 at 20.
+    gap = simulate_schedule(schedule, cost, arrivals={0: 5.0, 1: 20.0})
+    assert gap.per_rank[0].idle_by_cause["release"] == pytest.approx(13.0)
 
 
 def test_stage_zero_starts_when_the_controller_admitted_it():

@@ -77,6 +77,9 @@ def test_mixed_workload_runs_every_mode():
     ("mixed", {"path": "reqs.jsonl"}, "--file"),
     ("file", {"path": "reqs.jsonl", "lengths": [5120]}, "--seq-len"),
     ("file", {"path": "reqs.jsonl", "num_requests": 7}, "--requests"),
+    ("long", {"lengths": [1024], "seed": 0}, "--seed"),
+    ("short", {"lengths": [1024], "seed": 3}, "--seed"),
+    ("file", {"path": "reqs.jsonl", "seed": 1}, "--seed"),
 ])
 def test_a_flag_the_workload_would_ignore_is_refused(kind, options, flag):
     with pytest.raises(WorkloadError, match=f"the {kind} workload does not read {flag}"):

@@ -186,7 +186,7 @@ def bench(
         split=tuple(layer_split) if layer_split else None, timeouts=Timeouts(comm_s=timeout),
         fault=FaultSpec.from_env(),  # tests inject a failing rank through SGLANG_VPP_FAULT
     )
-    check_config(config)  # modes, layouts, model, backend, device: exit 2 before any work starts
+    check_config(config)  # modes, layouts, chunk count, model, backend, device: exit 2 before any work starts
     total_tokens = config.seq_len * config.num_requests
     if total_tokens > LARGE_RUN_TOKENS and device_kind is Device.CPU:
         echo_wrapped(f"warning: {requests} x {config.seq_len} prompt tokens is a large CPU run (it may take "

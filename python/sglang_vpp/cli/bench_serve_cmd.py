@@ -37,7 +37,7 @@ from sglang_vpp.serving.bench_serving import (
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
 from .common import at_least, check_output_path, parse_size_option, positive, user_errors
-from .common import png_path
+from .common import given_flags, png_path
 
 __all__ = ["BenchServeError", "bench_serve"]
 
@@ -146,8 +146,7 @@ def bench_serve(
         raise BenchServeError("--pd starts a prefill-decode split per mode: give it with --launch MODES")
     # A flag of the other way of running would be ignored: the run would not be the one asked for.
     unread = _LAUNCH_ONLY if launch is None else _URL_ONLY
-    ignored = [flag for name, flag in unread.items()
-               if ctx.get_parameter_source(name).name in ("COMMANDLINE", "ENVIRONMENT")]
+    ignored = given_flags(ctx, unread)
     if ignored:
         raise BenchServeError(f"{', '.join(ignored)} {'apply' if len(ignored) > 1 else 'applies'} to "
                               f"{'--launch' if launch is None else '--url'} only; drop "

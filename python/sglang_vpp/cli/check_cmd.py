@@ -13,12 +13,17 @@ from typing import Optional
 
 import typer
 
-from .common import emit_json, user_errors
+from .common import emit_json, given_flags, user_errors
 from .schedule_cmd import plan_from_options
+
+# The flags that describe a plan to check; a trace holds the server's own plan.
+_PLAN_FLAGS = {"mode": "--mode", "pp": "--pp", "seq_len": "--seq-len", "chunk_size": "--chunk-size",
+               "requests": "--requests", "groups": "--groups", "layers": "--layers", "split": "--split"}
 
 
 @user_errors
 def check(
+    ctx: typer.Context,
     mode: Optional[str] = typer.Option(None, "--mode", help="cpp, dcpp, vpp, vpp-async, vpp-pack, vpp-taper or vpp-stream (required without --trace)."),
     pp: Optional[int] = typer.Option(None, "--pp", help="Number of pipeline ranks P (required without --trace)."),
     seq_len: Optional[str] = typer.Option(None, "--seq-len", help="Prompt length per request (16k, 1m, ...; required without --trace)."),
@@ -37,9 +42,7 @@ def check(
     if reproduce and trace is None:
         raise ValueError("--reproduce needs --trace DIR, the directory a VPP server wrote with --vpp-trace")
     if trace is not None:
-        plan_flags = [flag for flag, value in (("--mode", mode), ("--pp", pp), ("--seq-len", seq_len),
-                                               ("--chunk-size", chunk_size), ("--groups", groups),
-                                               ("--split", split)) if value is not None]
+        plan_flags = given_flags(ctx, _PLAN_FLAGS)
         if plan_flags:
             raise ValueError(f"--trace replays the server's own plan; drop {', '.join(plan_flags)} "
                              "(they describe a plan to check without --trace)")

@@ -17,6 +17,7 @@ __all__ = [
     "check_output_path",
     "echo_wrapped",
     "emit_json",
+    "given_flags",
     "parse_int_list",
     "parse_size_option",
     "png_path",
@@ -41,6 +42,13 @@ def user_errors(fn: Callable) -> Callable:
             raise typer.Exit(2) from None
 
     return wrapper
+
+
+def given_flags(ctx: typer.Context, flags: dict[str, str]) -> list[str]:
+    """The flags of ``flags`` (parameter name -> flag) the user gave, on the command line or
+    through the environment: a default is never "given", even when the value is the default's."""
+    return [flag for name, flag in flags.items()
+            if ctx.get_parameter_source(name).name in ("COMMANDLINE", "ENVIRONMENT")]
 
 
 def echo_wrapped(text: str, indent: str = "", err: bool = False) -> None:

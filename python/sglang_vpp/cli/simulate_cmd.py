@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 
 from ..schedule.policies.spec import Policy
-from .common import check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option, png_path, user_errors
+from .common import (check_output_path, echo_wrapped, emit_json, given_flags, parse_int_list, parse_size_option,
+                     png_path, user_errors)
 
 DEFAULT_LONG_SEQ_LEN = "128k"
 """The long workload's prompt length when --seq-len is not given (docs/cli.md)."""
@@ -57,8 +58,22 @@ def _cost_model(model_spec, hardware_spec, tp: Optional[int], costs: Optional[Pa
                          "sglang-vpp.table-cost (see docs/calibration.md)")
 
 
+def _warn_other_depth(cost, costs: Optional[Path], model_spec) -> None:
+    """A measured per-layer cost is multiplied by --model's layer count, the one thing --model
+    still sets with --costs: scaling it to another depth is a what-if worth running, but never
+    without saying so (files written before the count was recorded cannot be checked)."""
+    meta = getattr(cost, "meta", {}) if costs is not None else {}
+    measured = meta.get("num_layers")
+    if isinstance(measured, int) and measured != model_spec.num_layers:
+        on = f" on {meta['model']}" if meta.get("model") else ""
+        typer.echo(f"warning: --costs {costs} was measured{on} with {measured} layers; --model {model_spec.name} "
+                   f"has {model_spec.num_layers}: the measured per-layer cost is scaled to "
+                   f"{model_spec.num_layers} layers", err=True)
+
+
 @user_errors
 def simulate(
+    ctx: typer.Context,
     model: str = typer.Option("deepseek-v3.1", "--model", help="Model preset (or a .json path)."),
     hardware: str = typer.Option("ascend-910c", "--hardware", help="Hardware preset (or a .json path)."),
     pp: int = typer.Option(2, "--pp", help="Pipeline ranks P."),
@@ -99,17 +114,28 @@ def simulate(
     model_spec = load_model(model)
     hardware_spec = load_hardware(hardware)
     cost = _cost_model(model_spec, hardware_spec, tp, costs)
+    _warn_other_depth(cost, costs, model_spec)
     lengths = _sizes(seq_len, "--seq-len") if seq_len else None
     chunk_sizes = _sizes(sweep_chunk, "--sweep-chunk", True) if sweep_chunk else _sizes(chunk_size, "--chunk-size", True)
     layer_split = parse_int_list(split, "--split")
     sim_config = SimConfig(record_timeline=bool(trace or plot))
+    # None when not given: a workload that draws nothing refuses an explicit --seed.
+    given_seed = seed if given_flags(ctx, {"seed": "--seed"}) else None
     if workload == "long" and lengths:
         runs = [(n, build_workload("long", lengths=[n], num_requests=requests, concurrency=concurrency,
-                                   path=str(file) if file else None)) for n in lengths]
+                                   seed=given_seed, path=str(file) if file else None)) for n in lengths]
     else:
         built = build_workload(workload, lengths=lengths, num_requests=requests, concurrency=concurrency,
-                               seed=seed, path=str(file) if file else None)
+                               seed=given_seed, path=str(file) if file else None)
         runs = [(lengths[0] if lengths and workload == "short" else None, built)]
+    from ..schedule import check_chunk_count
+
+    size_flag = "--sweep-chunk" if sweep_chunk else "--chunk-size"
+    for _, work in runs:
+        longest = "a --seq-len request" if workload in ("long", "short") else f"the longest {workload} request"
+        for size in chunk_sizes:
+            if not isinstance(size, str):  # auto picks among sizes that cut no request that finely
+                check_chunk_count(work.max_length, size, size_flag, longest)
     if not 0.0 <= jitter <= 1.0:
         raise ValueError(f"--jitter must lie in [0, 1] (a relative spread: 0.03 = 3%), got {jitter}")
     rows = []

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..schedule import parse_policies
+from ..schedule import check_chunk_count, parse_policies
 from ..verdict import Verdict, make_verdict
 from .equal_cost import EQUAL_COST_LABEL, MeasuredRunCosts, SharedCostModel, equal_cost_replay
 from .launcher import LaunchResult, PoolSpec, RankPool, check_spec
@@ -253,6 +253,8 @@ def check_config(config: BenchConfig) -> None:
     from .errors import RunConfigError
     from .spec import BACKEND_FOR_DEVICE
 
+    if not config.auto_chunk:  # auto's sizes cut no request into too many chunks
+        check_chunk_count(config.seq_len, config.chunk_size, "--chunk-size", "a --seq-len request")
     resolve_model(config.model, config.seed, config.num_layers)
     for policy in parse_policies(",".join(config.modes)):
         check_spec(config.run_spec(str(policy.name)))
@@ -425,8 +427,11 @@ def write_costs(report: BenchReport, path: Path) -> list[Path]:
         written.append(target)
     # Stage indices mean different layers in different layouts: keep only the per-layer fit.
     fitted = fit_cost_model(replay_samples(everything))
+    # The layer count lets ``simulate --costs`` tell a model of another depth (its --model).
+    num_layers = report.runs[0].replay.schedule.layout.num_layers if report.runs else None
     model = FittedCostModel({}, fitted.per_layer, fitted.transfer,
                             {"source": "sglang-vpp bench", "modes": list(report.config.modes),
-                             "model": report.config.model, "cost": "thread CPU seconds per compute"})
+                             "model": report.config.model, "num_layers": num_layers,
+                             "cost": "thread CPU seconds per compute"})
     model.save(path)
     return [path] + written

@@ -8,11 +8,13 @@ streams on a ``Layout``) -> ``validate_schedule`` and ``check_deadlock`` -> exec
 
 from .balance import BALANCE_MODES, balance_split, estimated_makespan
 from .chunking import (
+    MAX_CHUNKS_PER_REQUEST,
     Chunker,
     DynamicChunker,
     FixedChunker,
     QuadraticCurve,
     TaperedChunker,
+    check_chunk_count,
     fit_quadratic,
     parse_size,
     split_request,
@@ -44,7 +46,7 @@ from .validate import ValidationIssue, find_issues, validate_schedule
 __all__ = [
     "Admission", "Controller", "ControllerLimits", "HandOff", "MicroBatch", "default_in_flight_limit",
     "BALANCE_MODES", "balance_split", "estimated_makespan", "Chunker", "DynamicChunker", "FixedChunker", "QuadraticCurve", "TaperedChunker", "fit_quadratic", "parse_size",
-    "split_request", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
+    "split_request", "MAX_CHUNKS_PER_REQUEST", "check_chunk_count", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
     "check_deadlock", "ChunkingError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
     "GROUP_BACKWARD", "GROUP_FORWARD", "GROUP_SINGLE", "Action", "ActionKind", "ChunkSpec",
     "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout",

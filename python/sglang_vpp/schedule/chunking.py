@@ -32,7 +32,17 @@ __all__ = [
     "fit_quadratic",
     "split_request",
     "parse_size",
+    "MAX_CHUNKS_PER_REQUEST",
+    "check_chunk_count",
 ]
+
+MAX_CHUNKS_PER_REQUEST = 16384
+"""The most chunks of the chunk size a request may be cut into (1M tokens at 64-token chunks).
+Planning time and memory grow with the chunk count, and 1M chunks of one token took a minute and
+a gigabyte before the first line of output; the largest legitimate cut is far below (``auto``'s
+smallest candidate cuts 1M tokens into 4096 chunks; the test suite's largest request is about
+2000 chunks). ``DynamicChunker`` may cut up to four times as many, down to its floor."""
+
 
 
 class Chunker(Protocol):
@@ -250,6 +260,20 @@ def split_request(chunker: Chunker, length: int) -> list[tuple[int, int]]:
         chunks.append((start, size))
         start += size
     return chunks
+
+
+def check_chunk_count(length: int, chunk_size: int, size_name: str = "chunk size",
+                      length_name: str = "a request") -> None:
+    """Refuse cutting a ``length``-token request into more than ``MAX_CHUNKS_PER_REQUEST`` chunks of
+    ``chunk_size`` (every chunker's chunks are at most ``chunk_size``, so this is the fewest it
+    cuts). ``size_name`` and ``length_name`` name them in the message (e.g. the CLI's flags)."""
+    count = -(-length // chunk_size)
+    if count > MAX_CHUNKS_PER_REQUEST:
+        smallest = -(-length // MAX_CHUNKS_PER_REQUEST)
+        raise ChunkingError(
+            f"{length_name} of {length} tokens at {size_name} {chunk_size} is {count} chunks, more than the "
+            f"limit of {MAX_CHUNKS_PER_REQUEST} per request; raise {size_name} to {smallest} or more"
+        )
 
 
 _SUFFIXES = {"": 1, "k": 1024, "m": 1024 * 1024}

@@ -95,7 +95,9 @@ class Engine:
         self.communicators: dict[tuple[str, int, int], Communicator] = {}
         self.stage_totals = [0.0] * len(self.stages)
         self.num_transfers = 0
-        self.idle = IdleLedger(self.num_ranks)
+        # Time is accounted from the first arrival: before it there is no work to idle on.
+        self.start_s = min(self.arrival.values(), default=0.0)
+        self.idle = IdleLedger(self.num_ranks, self.start_s)
         self._build_communicators()
 
     # ------------------------------------------------------------------ setup
@@ -300,7 +302,7 @@ class Engine:
         transfer_end = max((c.ends[-1] for c in self.communicators.values() if c.ends), default=0.0)
         makespan = max([s.busy_until for s in self.stats] + [transfer_end, 0.0])
         for stats in self.stats:
-            idle = makespan - stats.compute_s - stats.exposed_comm_s
+            idle = makespan - self.start_s - stats.compute_s - stats.exposed_comm_s
             stats.bubble_s = max(0.0, idle)
             stats.idle_by_cause = self.idle.finish(stats.rank, makespan, stats.bubble_s)
         ttft = {r: self.completion[r] - self.release.get(r, self.arrival.get(r, 0.0)) for r in self.completion}
@@ -308,6 +310,7 @@ class Engine:
             policy=str(self.schedule.policy),
             num_ranks=self.num_ranks,
             makespan_s=makespan,
+            start_s=self.start_s,
             per_rank=self.stats,
             request_ttft_s=ttft,
             request_finish_s=dict(self.completion),

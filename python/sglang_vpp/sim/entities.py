@@ -55,9 +55,9 @@ class TimelineSlice:
 
 @dataclass(slots=True)
 class RankStats:
-    """Where one rank's time went, over ``[0, makespan]`` (see docs/metrics.md).
+    """Where one rank's time went, over ``[first arrival, makespan]`` (see docs/metrics.md).
 
-    ``compute_s + exposed_comm_s + bubble_s == makespan`` for every rank.
+    ``compute_s + exposed_comm_s + bubble_s == makespan - first arrival`` for every rank.
     """
 
     rank: int
@@ -91,12 +91,13 @@ class RankStats:
         }
 
 
-def bubble_ratio(per_rank: Sequence[RankStats], makespan_s: float) -> float:
-    """Idle share of all rank-time: sum of bubbles / (ranks * makespan) (docs/metrics.md); the
-    simulator and the measured runtime report it alike."""
-    if makespan_s <= 0 or not per_rank:
+def bubble_ratio(per_rank: Sequence[RankStats], span_s: float) -> float:
+    """Idle share of all rank-time: sum of bubbles / (ranks * span), ``span_s`` the time the ranks'
+    stats cover (from the first arrival to the makespan; docs/metrics.md); the simulator and the
+    measured runtime report it alike."""
+    if span_s <= 0 or not per_rank:
         return 0.0
-    return sum(r.bubble_s for r in per_rank) / (len(per_rank) * makespan_s)
+    return sum(r.bubble_s for r in per_rank) / (len(per_rank) * span_s)
 
 
 def mean_ttft_s(request_ttft_s: Mapping[int, float]) -> float:

@@ -51,8 +51,10 @@ class IdleLedger:
     rank stopped (``stopped``), or to ``other`` when it gave none.
     """
 
-    def __init__(self, num_ranks: int) -> None:
-        self.cursor = [0.0] * num_ranks
+    def __init__(self, num_ranks: int, start: float = 0.0) -> None:
+        """``start``: where the accounting begins (the first arrival): no rank idles before it."""
+        self.start = start
+        self.cursor = [start] * num_ranks
         self.started = [False] * num_ranks
         self.reason: list[IdleCause | None] = [None] * num_ranks
         self.idle: list[dict[str, float]] = [dict.fromkeys(IDLE_CAUSES, 0.0) for _ in range(num_ranks)]
@@ -82,11 +84,12 @@ class IdleLedger:
     def wait(self, rank: int, start: float, end: float, idle_s: float, cause: IdleCause) -> None:
         """A comm action held ``rank`` on ``[start, end]``; ``idle_s`` of it was not communication."""
         self._catch_up(rank, start)
-        self._charge(rank, cause, idle_s)
+        # A wait posted before the first arrival was idle up to it: no data existed yet.
+        self._charge(rank, cause, idle_s - max(0.0, min(end, self.start) - start))
         self.cursor[rank] = max(self.cursor[rank], end)
 
     def finish(self, rank: int, makespan: float, bubble_s: float) -> dict[str, float]:
-        """The rank's idle by cause over ``[0, makespan]``; ``other`` closes the sum to ``bubble_s``."""
+        """The rank's idle by cause over ``[start, makespan]``; ``other`` closes the sum to ``bubble_s``."""
         idle = self.idle[rank]
         idle[IdleCause.DRAIN] += max(0.0, makespan - self.cursor[rank])
         named = sum(v for k, v in idle.items() if k != IdleCause.OTHER)

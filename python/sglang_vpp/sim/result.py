@@ -20,6 +20,7 @@ class SimResult:
     makespan_s: float
     """End of the last action on any rank or communicator."""
     per_rank: list[RankStats]
+    """Each rank's time over ``[start_s, makespan_s]``."""
     request_ttft_s: dict[int, float]
     """Per request: completion of its last chunk's last stage minus its release."""
     request_finish_s: dict[int, float] = field(default_factory=dict)
@@ -35,6 +36,9 @@ class SimResult:
     timeline: list[TimelineSlice] = field(default_factory=list)
     deadlock: DeadlockReport | None = None
     """Set when the schedule deadlocks; the times then cover only what ran."""
+    start_s: float = 0.0
+    """The first request's arrival, where the per-rank accounting (compute, comm, bubble) begins:
+    idling before any request exists is no bubble of the schedule."""
 
     @property
     def ok(self) -> bool:
@@ -63,7 +67,7 @@ class SimResult:
 
     @property
     def bubble_ratio(self) -> float:
-        return bubble_ratio(self.per_rank, self.makespan_s)
+        return bubble_ratio(self.per_rank, self.makespan_s - self.start_s)
 
     @property
     def ttft_s(self) -> float:
@@ -71,8 +75,9 @@ class SimResult:
 
     @property
     def throughput_tok_s(self) -> float:
-        """Prompt tokens prefilled per second of makespan."""
-        return self.num_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+        """Prompt tokens prefilled per second from the first arrival to the makespan."""
+        span = self.makespan_s - self.start_s
+        return self.num_tokens / span if span > 0 else 0.0
 
     @classmethod
     def deadlocked(cls, schedule, report: DeadlockReport) -> "SimResult":
@@ -82,7 +87,7 @@ class SimResult:
 
     def to_dict(self, timeline: bool = False) -> dict:
         data = {
-            "policy": self.policy, "num_ranks": self.num_ranks, "makespan_s": self.makespan_s,
+            "policy": self.policy, "num_ranks": self.num_ranks, "makespan_s": self.makespan_s, "start_s": self.start_s,
             "ttft_s": self.ttft_s, "throughput_tok_s": self.throughput_tok_s,
             "compute_s": self.compute_s, "bubble_s": self.bubble_s, "exposed_comm_s": self.exposed_comm_s,
             "bubble_ratio": self.bubble_ratio, "idle_by_cause_s": self.idle_by_cause, "steps": self.steps, "num_chunks": self.num_chunks,

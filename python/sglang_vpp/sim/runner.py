@@ -107,7 +107,7 @@ class ModeResult:
         return {
             # An auto row ran at the sizes it lists, not at the cap it was given.
             "mode": self.mode, "chunk_size": AUTO if self.auto_sizes else self.chunk_size, "ttft_s": s.ttft_s,
-            "throughput_tok_s": s.throughput_tok_s, "makespan_s": s.makespan_s, "compute_s": s.compute_s,
+            "throughput_tok_s": s.throughput_tok_s, "makespan_s": s.makespan_s, "start_s": s.start_s, "compute_s": s.compute_s,
             "bubble_s": s.bubble_s, "exposed_comm_s": s.exposed_comm_s, "bubble_ratio": s.bubble_ratio,
             "idle_by_cause_s": s.idle_by_cause,
             "steps": s.steps, "num_chunks": s.num_chunks, "lower_bound_s": self.lower_bound_s,

@@ -15,24 +15,28 @@ __all__ = ["Workload", "WORKLOADS", "build_workload", "long_workload", "short_wo
 WORKLOADS = ("long", "short", "mixed", "file")
 
 # A flag a workload would ignore is refused: the run would not be the one asked for.
-_UNREAD_FLAGS = {"long": ("--file",), "short": ("--file",), "mixed": ("--seq-len", "--file"),
-                 "file": ("--seq-len", "--requests")}
-_UNREAD_WHY = {"long": "its prompts are --seq-len tokens", "short": "its prompts are --seq-len tokens",
+# Only mixed draws anything at random (--jitter draws with its own --jitter-seed).
+_UNREAD_FLAGS = {"long": ("--file", "--seed"), "short": ("--file", "--seed"), "mixed": ("--seq-len", "--file"),
+                 "file": ("--seq-len", "--requests", "--seed")}
+_UNREAD_WHY = {"long": "its prompts are --seq-len tokens, nothing drawn at random",
+               "short": "its prompts are --seq-len tokens, nothing drawn at random",
                "mixed": "it draws its own lengths, seeded by --seed",
                "file": "the file gives every request's length and arrival"}
 
 
 def build_workload(kind: str, *, lengths: list[int] | None = None, num_requests: int | None = None,
-                   concurrency: int | None = None, seed: int = 0, path: str | None = None) -> Workload:
-    """One workload by name with the CLI's options; an unknown name lists the valid ones."""
+                   concurrency: int | None = None, seed: int | None = None, path: str | None = None) -> Workload:
+    """One workload by name with the CLI's options; an unknown name lists the valid ones. An
+    option left None was not given (``seed``: mixed draws with seed 0)."""
     # ``None`` picks the workload's default; an explicit 0 must not silently become it.
     for flag, value in (("--requests", num_requests), ("--concurrency", concurrency)):
         if value is not None and value < 1:
             raise WorkloadError(f"{flag} must be >= 1, got {value}; omit it for the workload's default")
-    given = {"--seq-len": lengths, "--requests": num_requests, "--file": path}
+    given = {"--seq-len": lengths, "--requests": num_requests, "--file": path, "--seed": seed}
     for flag in _UNREAD_FLAGS.get(kind, ()):
-        if given[flag]:
-            raise WorkloadError(f"the {kind} workload does not read {flag} ({_UNREAD_WHY[kind]}); drop {flag}")
+        if given[flag] is not None:
+            hint = " (--jitter's draws are seeded by --jitter-seed)" if flag == "--seed" else ""
+            raise WorkloadError(f"the {kind} workload does not read {flag} ({_UNREAD_WHY[kind]}); drop {flag}{hint}")
     if kind == "long":
         if not lengths:
             raise WorkloadError("the long workload needs --seq-len (e.g. 512k or 64k,128k)")
@@ -44,7 +48,7 @@ def build_workload(kind: str, *, lengths: list[int] | None = None, num_requests:
             raise WorkloadError(f"the short workload takes one --seq-len (e.g. 4k), got {len(lengths)} lengths")
         return short_workload(lengths[0], num_requests or 100, concurrency)
     if kind == "mixed":
-        return mixed_workload(num_requests or 500, seed, concurrency or 16)
+        return mixed_workload(num_requests or 500, seed or 0, concurrency or 16)
     if kind == "file":
         if not path:
             raise WorkloadError("the file workload needs --file requests.jsonl")
