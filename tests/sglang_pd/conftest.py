@@ -44,11 +44,28 @@ PROMPT_LENGTHS = (300, 200, 150, 130)
 """The four concurrent prompts (3 to 5 chunks of 64; the last one sent while the others are in
 prefill) that every prefill mode serves through the router."""
 PROMPT_SEED = 1919
+DECODE_KV_RELEASE_TIMEOUT_S = 10
+"""SGLang's ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT`` (default 30 s) on every
+decode server of the tests: the tests' "KV back to 0" waits it out where no drain ack comes (a
+refused transfer, a killed prefill rank; docs/pd.md, end of "Aborts and faults"). 10 s still
+outlasts a tiny model's KV transfer over TCP."""
 
 SERVED: dict[str, list[list[int]]] = {}
 """Greedy ids of the four prompts per prefill ``--pp-mode``, as the router returned them: the
 VPP modes are compared with what stock PP (``cpp``) served, without starting it twice."""
 _DEPLOYMENTS: list = []
+
+
+def pd_decode_config(model_dir: Path, extra_args: tuple[str, ...] = (),
+                     extra_env: tuple[tuple[str, str], ...] = ()):
+    """A decode server (pp 1) of the model at ``model_dir``, as every PD test starts one."""
+    from sglang_harness import ServerConfig
+
+    from sglang_vpp.serving.pd_launcher import decode_config
+
+    release = (("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", str(DECODE_KV_RELEASE_TIMEOUT_S)),)
+    return decode_config(ServerConfig(model_dir=str(model_dir), chunked_prefill_size=CHUNK, extra_args=extra_args,
+                                      extra_env=(*extra_env, *release)))
 
 
 @pytest.fixture(scope="session")
@@ -59,15 +76,13 @@ def pd_model_dir(tiny_model) -> Path:
 @pytest.fixture(scope="session")
 def deployment(tmp_path_factory, pd_model_dir: Path):
     """One decode server (pp 1) for the session; prefill servers and the router come and go."""
-    from sglang_harness import ServerConfig
-
-    from sglang_vpp.serving.pd_launcher import PdDeployment, decode_config
+    from sglang_vpp.serving.pd_launcher import PdDeployment
 
     # No retries: a request that fails (a fault) is reported, not sent again to the same pair.
     pd = PdDeployment(log_dir=tmp_path_factory.mktemp("pd-logs"), router_args=("--disable-retries",))
     _DEPLOYMENTS.append(pd)
     try:
-        pd.start_decode(decode_config(ServerConfig(model_dir=str(pd_model_dir), chunked_prefill_size=CHUNK)))
+        pd.start_decode(pd_decode_config(pd_model_dir))
         yield pd
     finally:
         pd.stop()

@@ -34,11 +34,11 @@ from sglang_harness import SKIP_NO_SGLANG, ServerConfig
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
 from vpp_checks import QWEN2_8L, Reference, make_prompts  # noqa: E402
-from conftest import CHUNK, PROMPT_LENGTHS, PROMPT_SEED, SERVED  # noqa: E402
+from conftest import PROMPT_LENGTHS, PROMPT_SEED, SERVED, pd_decode_config  # noqa: E402
 from pd_checks import NUM_NEW, assert_kv_idle, check, four_prompts, generate, prefill_of, serve  # noqa: E402
 
 from sglang_vpp.models.tiny_hf import TinyModelSpec  # noqa: E402
-from sglang_vpp.serving.pd_launcher import PdDeployment, decode_config  # noqa: E402
+from sglang_vpp.serving.pd_launcher import PdDeployment  # noqa: E402
 
 SKIP_NO_PD = pytest.mark.skipif(
     importlib.util.find_spec("mooncake") is None or importlib.util.find_spec("sglang_router") is None,
@@ -78,11 +78,10 @@ def _tp2pp2_behind(deployment: PdDeployment, model_dir: Path, decode_tp: int):
     """The router in front of the vpp-pack TP2 x PP2 prefill server, with a decode server (pp 1)
     at ``decode_tp`` of the session's model behind it: the prefill server starts once, and a
     decode server of the other TP size is swapped in behind it (``restart_decode``)."""
-    decode = decode_config(ServerConfig(
-        model_dir=str(model_dir), chunked_prefill_size=CHUNK,
-        extra_args=("--tp-size", "2") if decode_tp == 2 else (),
+    decode = pd_decode_config(
+        model_dir, extra_args=("--tp-size", "2") if decode_tp == 2 else (),
         extra_env=(("SGLANG_CPU_OMP_THREADS_BIND", "0|1"),) if decode_tp == 2 else (),
-    ))  # fmt: skip
+    )
     served = decode_tp == 2  # a TP-1 decode server refuses every request of this prefill server
     prefill = deployment.prefill
     if (prefill is not None and prefill.process is not None and prefill.config.pp_mode == "vpp-pack"
@@ -144,7 +143,7 @@ def test_vpp_pack_tp2_pp2_prefill_equals_transformers(tp2pp2, pd_model_dir, prom
 def deepseek(deployment: PdDeployment, tiny_model):
     """The deployment with a decode server (pp 1) of the 9-layer DeepSeek-V3, for this module."""
     model_dir = tiny_model(DEEPSEEK_V3_9L)
-    with deployment.other_decode(decode_config(ServerConfig(model_dir=str(model_dir), chunked_prefill_size=CHUNK))):
+    with deployment.other_decode(pd_decode_config(model_dir)):
         yield deployment, model_dir
 
 

@@ -94,13 +94,18 @@ def used_tokens(server: SGLangServer) -> int:
     return sum(int(load["num_used_tokens"]) for load in get_json(server.url + "/v1/loads")["loads"])
 
 
-def abort_mid_prefill(server: SGLangServer, num_tokens: int = 3000, wait_s: float = 4.0) -> dict:
-    """Start a long prefill, abort it by rid while it runs; returns the aborted answer."""
+def abort_mid_prefill(server: SGLangServer, num_tokens: int = 3000, in_prefill_tokens: int = 4 * CHUNK) -> dict:
+    """Start a long prefill, abort it by rid while it runs (once ``in_prefill_tokens`` of its KV
+    are in use: several chunks in the pipeline, most of the prompt still to come); returns the
+    aborted answer."""
     ids = make_prompts((num_tokens,), seed=3)[0]
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(answer=generate(server, ids, 50, rid="vpp-abort-me")))
     thread.start()
-    time.sleep(wait_s)
+    deadline = time.monotonic() + 60
+    while used_tokens(server) < in_prefill_tokens and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.01)
+    assert thread.is_alive(), f"the {num_tokens}-token request ended before it was aborted: {result.get('answer')}"
     request = urllib.request.Request(
         server.url + "/abort_request", data=json.dumps({"rid": "vpp-abort-me"}).encode(),
         headers={"Content-Type": "application/json"},
