@@ -283,6 +283,15 @@ def run_launched(
     check_can_launch()
     work_dir = spec.work_dir or Path(tempfile.mkdtemp(prefix="sglang-vpp-bench-serve-"))
     work_dir.mkdir(parents=True, exist_ok=True)
+    from sglang_vpp.serving.termination import stop_signals_as_exit
+
+    with stop_signals_as_exit():  # a SIGTERM stops the servers too, through the finally blocks
+        return _launch(spec, modes, work_dir, repeats, warm_up, run_once, on_event, on_wait, deployment)
+
+
+def _launch(spec: LaunchSpec, modes: list[str], work_dir: Path, repeats: int, warm_up: Callable[[str], int],
+            run_once: Callable[[str, int], Any], on_event: Callable[[str], None],
+            on_wait: Callable[[str, float, str], None] | None, deployment: Any) -> list[LaunchedRun]:
     if not spec.pd:
         return _run_modes(spec, modes, work_dir, None, repeats, warm_up, run_once, on_event, on_wait)
     if deployment is not None:
