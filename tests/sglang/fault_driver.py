@@ -33,9 +33,9 @@ STOP_BOUND_EXTRA_S = 10.0
 """A stopped (SIGSTOP) rank: gone within --vpp-comm-timeout plus this."""
 STOP_COMM_TIMEOUT_S = 5.0
 """``--vpp-comm-timeout`` of a server that a SIGSTOP case ends (kill -9 is seen at once with any
-timeout). Safe for the tests that use such a server before: the stock loop's watchdog fires only
-when a rank is stopped, dead or idle with its peers, and a VPP wait of one micro-batch on a tiny
-model stays far below it."""
+timeout). The tests that use such a server first stay clear of it: the stock loop's watchdog fires
+only when a rank is stopped, dead or gone, or no rank used CPU in the window, and a VPP wait (one
+micro-batch of a tiny model, or the 1 s idle heartbeat) lasts far less."""
 STOP_BOUND_S = STOP_COMM_TIMEOUT_S + STOP_BOUND_EXTRA_S
 
 
