@@ -3,8 +3,10 @@
 A ``FaultRun`` owns one healthy server that the fault will end, a background client request that
 puts the pipeline in the wanted phase, and the bookkeeping the assertions need (when the signal
 went out, when the launcher was gone, every process seen). ``assert_fault_ends_the_server`` is the
-one check every fault case makes (test_faults.py on servers of its own; kill -9 cases also on the
-last use of a shared server in test_guard_and_load.py and test_server_generate.py).
+one check every fault case makes: test_faults.py on a server of its own, every other case on the
+last use of a shared server (kill -9 in test_guard_and_load.py and test_server_generate.py, SIGSTOP
+in test_server_generate.py and tests/sglang_vpp/test_vpp_server.py, whose servers for it start
+with ``STOP_COMM_TIMEOUT_S``).
 """
 
 from __future__ import annotations
@@ -22,12 +24,19 @@ from typing import Any
 
 import psutil
 
-__all__ = ["KILL_BOUND_S", "STOP_BOUND_EXTRA_S", "FaultRun", "assert_fault_ends_the_server", "rank_pids"]
+__all__ = ["KILL_BOUND_S", "STOP_BOUND_EXTRA_S", "STOP_BOUND_S", "STOP_COMM_TIMEOUT_S", "FaultRun",
+           "assert_fault_ends_the_server", "rank_pids"]
 
 KILL_BOUND_S = 15.0
 """kill -9 of a rank is seen at once (its sockets close): the whole server is gone within this."""
 STOP_BOUND_EXTRA_S = 10.0
 """A stopped (SIGSTOP) rank: gone within --vpp-comm-timeout plus this."""
+STOP_COMM_TIMEOUT_S = 5.0
+"""``--vpp-comm-timeout`` of a server that a SIGSTOP case ends (kill -9 is seen at once with any
+timeout). The tests that use such a server first stay clear of it: the stock loop's watchdog fires
+only when a rank is stopped, dead or gone, or no rank used CPU in the window, and a VPP wait (one
+micro-batch of a tiny model, or the 1 s idle heartbeat) lasts far less."""
+STOP_BOUND_S = STOP_COMM_TIMEOUT_S + STOP_BOUND_EXTRA_S
 
 
 def rank_pids(launcher_pid: int) -> dict[int, int]:

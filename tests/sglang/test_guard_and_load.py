@@ -1,4 +1,4 @@
-"""Bad inputs get a 400 and the server keeps serving; 64 mixed requests under load all end.
+"""Bad inputs get a 400 and the server keeps serving; 32 mixed requests under load all end.
 
 One pp 2 server per mode (vpp-pack, stock cpp with the plugin loaded), shared by every test of
 that mode (module-scoped fixture: pytest groups the tests per server).
@@ -12,7 +12,7 @@ that mode (module-scoped fixture: pytest groups the tests per server).
   (under vpp-pack one of them is packed into the short one's drain window; the test checks it).
 - KV pool exhausted in decode: six long prompts need more KV than the pool holds; every request
   is served in full (retracted and resumed, none aborted) with the same greedy ids under both.
-- Load: 64 requests (prompt 20-600 tokens) with 16 in flight, every 4th streamed, every 8th
+- Load: 32 requests (prompt 20-600 tokens) with 16 in flight, every 4th streamed, every 8th
   aborted through /abort_request; every request ends (answered or aborted, none hangs), the KV
   pool returns to idle, and a fixed greedy batch afterwards gives the same ids under vpp-pack
   as under cpp.
@@ -170,7 +170,8 @@ def test_chat_without_content_is_answered(server):
     _assert_still_serving(server)
 
 
-NUM_LOAD_REQUESTS = 64
+NUM_LOAD_REQUESTS = 32
+"""Twice ``NUM_IN_FLIGHT``: new requests keep arriving while others end; every 8th is aborted."""
 NUM_IN_FLIGHT = 16
 SAMPLE_PROMPTS = [[(13 * i + 7 * k) % 11000 + 2 for k in range(length)] for i, length in enumerate((30, 170, 333))]
 _samples: dict[str, list[list[int]]] = {}

@@ -3,9 +3,10 @@
 Each case starts one server (shared by the tests of that case through the module-scoped,
 parametrised ``server`` fixture, so pytest groups the tests per server and the pool never holds
 two). Prompts of 300 tokens with chunks of 64 (cpp) or a base chunk of 128 (dcpp) run through
-several prefill chunks; decode continues for 12 tokens. The pp 2 cpp server ends with a fault:
-kill -9 of rank 1 while idle takes it down fast and is named (test_faults.py's check, on a server
-that is no longer needed instead of a new one).
+several prefill chunks; decode continues for 12 tokens. The two pp 2 servers end with a fault
+(test_faults.py's check, on a server that is no longer needed instead of a new one): kill -9 of
+cpp's rank 1 while idle, and SIGSTOP of dcpp's rank 0 in prefill (the dcpp server starts with the
+SIGSTOP cases' ``--vpp-comm-timeout``); each takes the server down fast and is named.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
+from fault_driver import KILL_BOUND_S, STOP_BOUND_S, STOP_COMM_TIMEOUT_S, assert_fault_ends_the_server
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, get_json, post_json
 
 from sglang_vpp.models.tiny_hf import load_transformers_model
@@ -36,6 +37,7 @@ CASES = {
     # here often enough (a rejection came about one start in two on 2 vCPUs: 0.5**8 < 0.5 %) that
     # a fallback is a failure of the mode, not of the host.
     "pp2-dcpp": dict(pp_size=2, pp_mode="dcpp", chunked_prefill_size=128,
+                     extra_args=("--vpp-comm-timeout", str(STOP_COMM_TIMEOUT_S)),
                      extra_env=(("SGLANG_VPP_DCPP_PROFILE_ATTEMPTS", "8"),)),
     "pp1": dict(pp_size=1, pp_mode=None, chunked_prefill_size=64),
 }
@@ -150,7 +152,17 @@ def test_mode_reached_the_server(server):
         assert " PP1]" in log, "no log line from pipeline rank 1"
 
 
-# Only the pp 2 cpp server, after its other tests (pp 1 goes on to test_bench_serve.py).
-@pytest.mark.parametrize("server", ["pp2-cpp"], indirect=True, ids=["pp2-cpp"])
-def test_killed_idle_rank1_ends_the_server_and_is_named(server):
-    assert_fault_ends_the_server(server, "cpp-kill-rank1-idle", signal.SIGKILL, 1, "idle", KILL_BOUND_S)
+FAULTS = {
+    "pp2-cpp": ("cpp-kill-rank1-idle", signal.SIGKILL, 1, "idle", KILL_BOUND_S),
+    "pp2-dcpp": ("dcpp-sigstop-rank0-prefill", signal.SIGSTOP, 0, "prefill", STOP_BOUND_S),
+}
+"""Case -> the fault that ends its server, the module's last test of it (pp 1 goes on to
+test_bench_serve.py): (name, signal, pp rank, phase, bound)."""
+
+
+def test_fault_ends_the_server_and_is_named(server, request):
+    fault = FAULTS.get(request.node.callspec.params["server"])
+    if fault is None:
+        pytest.skip("this server goes on to test_bench_serve.py")
+    name, sig, rank, phase, bound = fault
+    assert_fault_ends_the_server(server, name, sig, rank, phase, bound)

@@ -9,15 +9,20 @@ alignment) that differ from the body size.
 Oracle: transformers' greedy ``generate`` and prompt logprobs (tokens equal, logprobs within
 1e-4). --pp-size 4 and DeepSeek-V2: test_vpp_models.py; MoE/MLA at TP2 x PP2 and over two
 nodes against stock cpp: test_vpp_deploy_matrix.py.
+The vpp-pack server starts with the SIGSTOP cases' ``--vpp-comm-timeout`` and ends with one
+(tests/sglang/test_faults.py's check, on a server no longer needed instead of a new one): SIGSTOP
+of rank 1 in decode takes it down fast and is named.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from fault_driver import STOP_BOUND_S, STOP_COMM_TIMEOUT_S, assert_fault_ends_the_server
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig, post_json
 from vpp_checks import (
     CHUNK,
@@ -56,9 +61,11 @@ def reference(tiny_model) -> Reference:
 @pytest.fixture(scope="module", params=MODES, ids=MODES)
 def server(request, server_pool, tiny_model, tmp_path_factory):
     trace_dir = tmp_path_factory.mktemp(f"trace-{request.param}")
+    stop_case = ("--vpp-comm-timeout", str(STOP_COMM_TIMEOUT_S)) if request.param == "vpp-pack" else ()
     config = ServerConfig(
         model_dir=str(tiny_model(QWEN2_8L)), pp_size=2, pp_mode=request.param,
-        chunked_prefill_size=TAPER_CHUNK if request.param == "vpp-taper" else CHUNK, extra_args=("--vpp-trace", str(trace_dir)),
+        chunked_prefill_size=TAPER_CHUNK if request.param == "vpp-taper" else CHUNK,
+        extra_args=("--vpp-trace", str(trace_dir), *stop_case),
     )
     server = server_pool.get(config, timeout=300)
     server.trace_dir = Path(trace_dir)
@@ -227,3 +234,11 @@ def test_a_decoding_burst_uses_stock_pps_count_of_decode_micro_batches(server, r
           f"{NUM_NEW_TOKENS - 1} decode steps; {len(holds)} holds in the trace")  # pytest -rP
     replay = CliRunner().invoke(app, ["check", "--trace", str(server.trace_dir)])
     assert replay.exit_code == 0 and "the server followed the controller" in replay.output, replay.output
+
+
+def test_stopped_rank1_in_decode_ends_the_server_and_is_named(server):
+    """Each server's last test; on vpp-pack, whose server starts with the SIGSTOP cases' comm
+    timeout, it ends the server."""
+    if server.config.pp_mode != "vpp-pack":
+        pytest.skip("the vpp-pack server starts with the SIGSTOP cases' comm timeout")
+    assert_fault_ends_the_server(server, "vpp-pack-sigstop-rank1-decode", signal.SIGSTOP, 1, "decode", STOP_BOUND_S)
