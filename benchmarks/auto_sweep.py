@@ -13,6 +13,9 @@ cell is one run (no spread to report).
     python benchmarks/auto_sweep.py                          # the full grid, table to stdout
     python benchmarks/auto_sweep.py --markdown docs/auto-chunk.md --json out.json
     python benchmarks/auto_sweep.py --models deepseek-v3.1 --pp 2 --workloads long-64k
+    python benchmarks/auto_sweep.py --fold fused              # the VPP runs on the fused fold
+
+``--fold`` sets the fold of the VPP runs (cpp and dcpp have none; docs/method.md, "The fused fold").
 """
 
 from __future__ import annotations
@@ -65,20 +68,22 @@ def _metrics(row) -> dict:
             "idle_by_cause_s": {c: s.idle_by_cause.get(c, 0.0) for c in IDLE_CAUSES}}
 
 
-def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, vpp_mode: str = VPP_MODE) -> dict:
+def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, vpp_mode: str = VPP_MODE,
+             fold: str = "split") -> dict:
     model = load_model(model_name)
     cost = AnalyticCostModel(model, load_hardware(hardware))
     work = _workload(workload_name)
     sim = SimConfig(record_timeline=False)
-    rows = simulate_matrix(work, cost, model.num_layers, f"cpp,dcpp,{vpp_mode}", list(CHUNKS), num_ranks, sim=sim)
-    rows += simulate_matrix(work, cost, model.num_layers, vpp_mode, ["auto"], num_ranks, sim=sim)
+    rows = simulate_matrix(work, cost, model.num_layers, f"cpp,dcpp,{vpp_mode}", list(CHUNKS), num_ranks, sim=sim,
+                           fold=fold)
+    rows += simulate_matrix(work, cost, model.num_layers, vpp_mode, ["auto"], num_ranks, sim=sim, fold=fold)
     runs = [_metrics(r) for r in rows if r.result.sim.ok]
     base = [r for r in runs if r["mode"] in ("cpp", "dcpp")]
     vpp = [r for r in runs if r["mode"] == vpp_mode and r["chunk"] != "auto"]
     auto = next(r for r in runs if r["chunk"] == "auto")
     compare = None
     if workload_name.startswith("short") and vpp_mode != BARRIER_MODE:
-        row = simulate_matrix(work, cost, model.num_layers, BARRIER_MODE, ["auto"], num_ranks, sim=sim)[0]
+        row = simulate_matrix(work, cost, model.num_layers, BARRIER_MODE, ["auto"], num_ranks, sim=sim, fold=fold)[0]
         compare = _metrics(row) if row.result.sim.ok else None
     best = {
         "base_ttft": min(base, key=lambda r: r["ttft_s"]),
@@ -86,7 +91,7 @@ def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str,
         "vpp_ttft": min(vpp, key=lambda r: r["ttft_s"]),
         "vpp_tput": max(vpp, key=lambda r: r["throughput_tok_s"]),
     }
-    return {"model": model_name, "pp": num_ranks, "workload": workload_name, "auto": auto, "best": best,
+    return {"model": model_name, "pp": num_ranks, "workload": workload_name, "fold": fold, "auto": auto, "best": best,
             "runs": runs, "compare": compare, "deadlocks": sum(not r.result.sim.ok for r in rows)}
 
 
@@ -168,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pp", default=",".join(map(str, RANKS)))
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--vpp-mode", default=VPP_MODE, help="the fold-back mode auto sizes (default %(default)s)")
+    parser.add_argument("--fold", default="split", choices=("split", "fused"),
+                        help="fold of the VPP runs: split (the method's) or fused (default %(default)s)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path, help="write the tables into this file between the markers")
     args = parser.parse_args(argv)
@@ -177,24 +184,26 @@ def main(argv: list[str] | None = None) -> int:
         for pp in (int(p) for p in args.pp.split(",")):
             for workload in args.workloads.split(","):
                 t0 = time.perf_counter()
-                cells.append(run_cell(model, args.hardware, pp, workload, args.vpp_mode))
+                cells.append(run_cell(model, args.hardware, pp, workload, args.vpp_mode, args.fold))
                 print(f"{model} P={pp} {workload}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     seconds = time.perf_counter() - started
     out = f"{table(cells)}\n\nIdle by cause, short cells and cells auto loses:\n\n{idle_table(idle_cells(cells))}"
     print(out)
     print(f"\n{len(cells)} cells in {seconds:.0f} s", file=sys.stderr)
     if args.json:
-        args.json.write_text(json.dumps({"hardware": args.hardware, "chunks": CHUNKS, "cells": cells}, indent=1))
+        args.json.write_text(json.dumps({"hardware": args.hardware, "fold": args.fold, "chunks": CHUNKS,
+                                         "cells": cells}, indent=1))
     if args.markdown:
-        _write_markdown(args.markdown, cells, args.hardware, seconds)
+        _write_markdown(args.markdown, cells, args.hardware, seconds, args.fold)
     return 0
 
 
 BEGIN, END = "<!-- auto_sweep:begin -->", "<!-- auto_sweep:end -->"
 
 
-def _write_markdown(path: Path, cells: list[dict], hardware: str, seconds: float) -> None:
-    body = (f"{BEGIN}\nGenerated by `python benchmarks/auto_sweep.py --markdown {path}` ({hardware}, "
+def _write_markdown(path: Path, cells: list[dict], hardware: str, seconds: float, fold: str = "split") -> None:
+    flag = " --fold fused" if fold == "fused" else ""
+    body = (f"{BEGIN}\nGenerated by `python benchmarks/auto_sweep.py --markdown {path}{flag}` ({hardware}, "
             f"{len(cells)} cells, {seconds:.0f} s on the 2-core dev machine). Swept sizes: "
             f"{', '.join(f'{c // 1024}k' for c in CHUNKS)}. Positive % = auto worse.\n\n{table(cells)}\n\n"
             f"Short cells and every cell where auto is behind cpp/dcpp, per run: mean TTFT, throughput and "
