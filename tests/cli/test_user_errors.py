@@ -133,6 +133,13 @@ CASES = [
      "the longest file request of 16385 tokens at --chunk-size 1 is 16385 chunks"),
     # zigzag: were the chunk count not checked first, the unknown mode would be the error.
     (_BENCH + ["--seq-len", "16385", "--chunk-size", "1", "--modes", "cpp,zigzag"], "is 16385 chunks"),
+    # A workload within the per-request limit but past the per-run one (at 8-token chunks the
+    # default mixed workload is 1.4M chunks: minutes per mode with no output).
+    (["simulate", "--workload", "mixed", "--chunk-size", "8", "--modes", "cpp"],
+     "the mixed workload (500 requests, 11529308 tokens) at --chunk-size 8 is 1441375 chunks, more than "
+     "the limit of 131072 per run; raise --chunk-size to 89 or more"),
+    (_BENCH + ["--requests", "2049", "--seq-len", "64", "--chunk-size", "1", "--modes", "cpp"],
+     "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1 is 131136 chunks"),
     (["layout", "--pp", "2", "--layers", "8", "--mode", "foo"], "expected one of contiguous, cpp, dcpp,"),
     (["layout", "--pp", "0", "--layers", "8"], "--pp must be >= 1"),
     # --fold: the value, and what a fused fold changes (2P-1 stages; only vpp modes have a fold).

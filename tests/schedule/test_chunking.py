@@ -111,3 +111,20 @@ def test_chunk_count_limit_refuses_one_past_it_and_leaves_every_legitimate_cut()
     # auto's smallest candidate on a 1M prompt, and the benchmarks' finest cut (1M at 1K).
     check_chunk_count(1 << 20, min(CANDIDATES))
     check_chunk_count(1 << 20, 1024)
+
+
+def test_run_chunk_count_limit_counts_every_request_and_names_the_smallest_size_that_fits():
+    from sglang_vpp.schedule import MAX_CHUNKS_PER_RUN, check_run_chunk_count
+
+    check_run_chunk_count([64] * MAX_CHUNKS_PER_RUN, 64)  # one chunk each: exactly at the limit
+    with pytest.raises(ChunkingError, match=rf"is {MAX_CHUNKS_PER_RUN + 1} chunks, more than the limit of "
+                                            rf"{MAX_CHUNKS_PER_RUN} per run at any size; send at most"):
+        check_run_chunk_count([64] * MAX_CHUNKS_PER_RUN + [1], 64)
+    with pytest.raises(ChunkingError, match=r"raise chunk size to 128 or more"):
+        check_run_chunk_count([128] * (MAX_CHUNKS_PER_RUN // 2 + 1), 64)
+    # Rounding up per request: 3-token requests at size 2 are two chunks each, so the size named
+    # must cut every request into one chunk, not total / limit.
+    lengths = [3] * MAX_CHUNKS_PER_RUN
+    with pytest.raises(ChunkingError, match=r"raise chunk size to 3 or more"):
+        check_run_chunk_count(lengths, 2)
+    check_run_chunk_count(lengths, 3)

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..schedule import check_chunk_count, parse_policies
+from ..schedule import check_chunk_count, check_run_chunk_count, parse_policies
 from ..verdict import Verdict, make_verdict
 from .equal_cost import EQUAL_COST_LABEL, MeasuredRunCosts, SharedCostModel, equal_cost_replay
 from .launcher import LaunchResult, PoolSpec, RankPool, check_spec
@@ -258,6 +258,8 @@ def check_config(config: BenchConfig) -> None:
 
     if not config.auto_chunk:  # auto's sizes cut no request into too many chunks
         check_chunk_count(config.seq_len, config.chunk_size, "--chunk-size", "a --seq-len request")
+        check_run_chunk_count([config.seq_len] * config.num_requests, config.chunk_size, "--chunk-size",
+                              "the --requests x --seq-len load")
     resolve_model(config.model, config.seed, config.num_layers)
     for policy in parse_policies(",".join(config.modes)):
         check_spec(config.run_spec(str(policy.name)))

@@ -34,6 +34,8 @@ __all__ = [
     "parse_size",
     "MAX_CHUNKS_PER_REQUEST",
     "check_chunk_count",
+    "MAX_CHUNKS_PER_RUN",
+    "check_run_chunk_count",
 ]
 
 MAX_CHUNKS_PER_REQUEST = 16384
@@ -42,6 +44,13 @@ Planning time and memory grow with the chunk count, and 1M chunks of one token t
 a gigabyte before the first line of output; the largest legitimate cut is far below (``auto``'s
 smallest candidate cuts 1M tokens into 4096 chunks; the test suite's largest request is about
 2000 chunks). ``DynamicChunker`` may cut up to four times as many, down to its floor."""
+
+MAX_CHUNKS_PER_RUN = 131072
+"""The most chunks of the chunk size a whole workload may be cut into. The simulator plans about
+4,000 chunks a second per mode on the 2-core development machine (cpp; vpp-stream about half
+that), so this bounds one mode's run to about a minute; the default mixed workload (500 requests,
+11.5M tokens) stays under it down to 88-token chunks, and at 8-token chunks (1.4M chunks) it
+would run for minutes per mode with no output."""
 
 
 
@@ -274,6 +283,30 @@ def check_chunk_count(length: int, chunk_size: int, size_name: str = "chunk size
             f"{length_name} of {length} tokens at {size_name} {chunk_size} is {count} chunks, more than the "
             f"limit of {MAX_CHUNKS_PER_REQUEST} per request; raise {size_name} to {smallest} or more"
         )
+
+
+def check_run_chunk_count(lengths: Sequence[int], chunk_size: int, size_name: str = "chunk size",
+                          workload_name: str = "the workload") -> None:
+    """Refuse cutting requests of ``lengths`` tokens into more than ``MAX_CHUNKS_PER_RUN`` chunks of
+    ``chunk_size`` in all (the fewest any chunker cuts; ``check_chunk_count`` bounds each one)."""
+    def chunks(size: int) -> int:
+        return sum(-(-length // size) for length in lengths)
+
+    count = chunks(chunk_size)
+    if count <= MAX_CHUNKS_PER_RUN:
+        return
+    what = f"{workload_name} ({len(lengths)} requests, {sum(lengths)} tokens) at {size_name} {chunk_size} is {count} chunks"
+    if len(lengths) > MAX_CHUNKS_PER_RUN:  # one chunk per request is already too many
+        raise ChunkingError(f"{what}, more than the limit of {MAX_CHUNKS_PER_RUN} per run at any size; "
+                            f"send at most {MAX_CHUNKS_PER_RUN} requests")
+    # The smallest size that fits: the count falls as the size grows and is one per request at
+    # the longest length, so a bisection between the two finds it.
+    low, high = chunk_size, max(lengths)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if chunks(middle) <= MAX_CHUNKS_PER_RUN else (middle, high)
+    raise ChunkingError(f"{what}, more than the limit of {MAX_CHUNKS_PER_RUN} per run; raise {size_name} "
+                        f"to {high} or more, or send fewer requests")
 
 
 _SUFFIXES = {"": 1, "k": 1024, "m": 1024 * 1024}
