@@ -14,6 +14,7 @@ cell is one run (no spread to report).
     python benchmarks/auto_sweep.py --markdown docs/auto-chunk.md --json out.json
     python benchmarks/auto_sweep.py --models deepseek-v3.1 --pp 2 --workloads long-64k
     python benchmarks/auto_sweep.py --fold fused              # the VPP runs on the fused fold
+    python benchmarks/auto_sweep.py --fold both               # both folds, the fold table
 
 ``--fold`` sets the fold of the VPP runs (cpp and dcpp have none; docs/method.md, "The fused fold").
 """
@@ -131,6 +132,30 @@ def table(cells: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def fold_table(split: list[dict], fused: list[dict]) -> str:
+    """The same cells with the split and the fused fold: auto's TTFT and throughput, each against
+    the best of cpp and dcpp (which have no fold: the same runs both ways), and the change the
+    fused fold makes to auto and to the VPP mode's best swept size ("-" = fused better in TTFT,
+    "+" = fused better in throughput, as a change of the value)."""
+    head = ("| model | P | workload | TTFT auto split / fused s | change | vs cpp/dcpp split / fused | "
+            "best swept VPP TTFT change | tok/s auto split / fused | change | vs cpp/dcpp split / fused | "
+            "best swept VPP tok/s change |")
+    lines = [head, "|" + "---|" * 11]
+    for a, b in zip(split, fused):
+        assert (a["model"], a["pp"], a["workload"]) == (b["model"], b["pp"], b["workload"]), (a, b)
+        ta, tb = a["auto"]["ttft_s"], b["auto"]["ttft_s"]
+        pa, pb = a["auto"]["throughput_tok_s"], b["auto"]["throughput_tok_s"]
+        base_t, base_p = a["best"]["base_ttft"]["ttft_s"], a["best"]["base_tput"]["throughput_tok_s"]
+        vt = 100.0 * (b["best"]["vpp_ttft"]["ttft_s"] / a["best"]["vpp_ttft"]["ttft_s"] - 1)
+        vp = 100.0 * (b["best"]["vpp_tput"]["throughput_tok_s"] / a["best"]["vpp_tput"]["throughput_tok_s"] - 1)
+        lines.append(
+            f"| {a['model']} | {a['pp']} | {a['workload']} | {ta:.3f} / {tb:.3f} | {100.0 * (tb / ta - 1):+.1f}% | "
+            f"{_pct_worse_ttft(ta, base_t):+.1f}% / {_pct_worse_ttft(tb, base_t):+.1f}% | {vt:+.1f}% | "
+            f"{pa:.0f} / {pb:.0f} | {100.0 * (pb / pa - 1):+.1f}% | "
+            f"{_pct_worse_tput(pa, base_p):+.1f}% / {_pct_worse_tput(pb, base_p):+.1f}% | {vp:+.1f}% |")
+    return "\n".join(lines)
+
+
 def behind_base(cell: dict) -> bool:
     """auto is worse than the best of cpp and dcpp in TTFT or throughput."""
     a, b = cell["auto"], cell["best"]
@@ -173,20 +198,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pp", default=",".join(map(str, RANKS)))
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--vpp-mode", default=VPP_MODE, help="the fold-back mode auto sizes (default %(default)s)")
-    parser.add_argument("--fold", default="split", choices=("split", "fused"),
-                        help="fold of the VPP runs: split (the method's) or fused (default %(default)s)")
+    parser.add_argument("--fold", default="split", choices=("split", "fused", "both"),
+                        help="fold of the VPP runs: split (the method's), fused, or both: each cell with "
+                        "either fold and the fold table comparing them (default %(default)s)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path, help="write the tables into this file between the markers")
     args = parser.parse_args(argv)
-    cells = []
+    if args.fold == "both" and args.markdown:
+        parser.error("--markdown writes one fold's tables into docs/auto-chunk.md; with --fold both the fold "
+                     "table goes to stdout (docs/method.md, \"The fused fold\")")
+    folds = ("split", "fused") if args.fold == "both" else (args.fold,)
+    runs: dict[str, list[dict]] = {fold: [] for fold in folds}
     started = time.perf_counter()
     for model in args.models.split(","):
         for pp in (int(p) for p in args.pp.split(",")):
             for workload in args.workloads.split(","):
-                t0 = time.perf_counter()
-                cells.append(run_cell(model, args.hardware, pp, workload, args.vpp_mode, args.fold))
-                print(f"{model} P={pp} {workload}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+                for fold in folds:
+                    t0 = time.perf_counter()
+                    runs[fold].append(run_cell(model, args.hardware, pp, workload, args.vpp_mode, fold))
+                    print(f"{model} P={pp} {workload} {fold}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     seconds = time.perf_counter() - started
+    if args.fold == "both":
+        print(f"{fold_table(runs['split'], runs['fused'])}\n\n{len(runs['split'])} cells, both folds, in "
+              f"{seconds:.0f} s", file=sys.stderr)
+        print(fold_table(runs["split"], runs["fused"]))
+        if args.json:
+            args.json.write_text(json.dumps({"hardware": args.hardware, "chunks": CHUNKS, "cells": runs}, indent=1))
+        return 0
+    cells = runs[args.fold]
     out = f"{table(cells)}\n\nIdle by cause, short cells and cells auto loses:\n\n{idle_table(idle_cells(cells))}"
     print(out)
     print(f"\n{len(cells)} cells in {seconds:.0f} s", file=sys.stderr)

@@ -89,11 +89,12 @@ FOLD_HELP = ("Fold of the vpp modes: split (the method's: the last rank runs its
 
 def parse_fold_option(text: str) -> str:
     """A ``--fold`` value, checked before any work starts."""
-    from ..schedule import Fold
+    from ..schedule import LayoutError, parse_fold
 
-    if text not in tuple(Fold):
-        raise CliInputError(f"--fold must be split or fused, got {text!r}")
-    return text
+    try:
+        return str(parse_fold(text))
+    except LayoutError:
+        raise CliInputError(f"--fold must be split or fused, got {text!r}") from None
 
 
 def parse_size_option(text: str | int | None, flag: str) -> int | None:

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..schedule import get_policy
 from .errors import RankFailedError, RunConfigError, RunTimeoutError
 from .models import resolve_model
 from .records import RankReport
