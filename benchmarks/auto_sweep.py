@@ -13,6 +13,10 @@ cell is one run (no spread to report).
     python benchmarks/auto_sweep.py                          # the full grid, table to stdout
     python benchmarks/auto_sweep.py --markdown docs/auto-chunk.md --json out.json
     python benchmarks/auto_sweep.py --models deepseek-v3.1 --pp 2 --workloads long-64k
+    python benchmarks/auto_sweep.py --fold fused              # the VPP runs on the fused fold
+    python benchmarks/auto_sweep.py --fold both               # both folds, the fold table
+
+``--fold`` sets the fold of the VPP runs (cpp and dcpp have none; docs/method.md, "The fused fold").
 """
 
 from __future__ import annotations
@@ -65,20 +69,22 @@ def _metrics(row) -> dict:
             "idle_by_cause_s": {c: s.idle_by_cause.get(c, 0.0) for c in IDLE_CAUSES}}
 
 
-def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, vpp_mode: str = VPP_MODE) -> dict:
+def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, vpp_mode: str = VPP_MODE,
+             fold: str = "split") -> dict:
     model = load_model(model_name)
     cost = AnalyticCostModel(model, load_hardware(hardware))
     work = _workload(workload_name)
     sim = SimConfig(record_timeline=False)
-    rows = simulate_matrix(work, cost, model.num_layers, f"cpp,dcpp,{vpp_mode}", list(CHUNKS), num_ranks, sim=sim)
-    rows += simulate_matrix(work, cost, model.num_layers, vpp_mode, ["auto"], num_ranks, sim=sim)
+    rows = simulate_matrix(work, cost, model.num_layers, f"cpp,dcpp,{vpp_mode}", list(CHUNKS), num_ranks, sim=sim,
+                           fold=fold)
+    rows += simulate_matrix(work, cost, model.num_layers, vpp_mode, ["auto"], num_ranks, sim=sim, fold=fold)
     runs = [_metrics(r) for r in rows if r.result.sim.ok]
     base = [r for r in runs if r["mode"] in ("cpp", "dcpp")]
     vpp = [r for r in runs if r["mode"] == vpp_mode and r["chunk"] != "auto"]
     auto = next(r for r in runs if r["chunk"] == "auto")
     compare = None
     if workload_name.startswith("short") and vpp_mode != BARRIER_MODE:
-        row = simulate_matrix(work, cost, model.num_layers, BARRIER_MODE, ["auto"], num_ranks, sim=sim)[0]
+        row = simulate_matrix(work, cost, model.num_layers, BARRIER_MODE, ["auto"], num_ranks, sim=sim, fold=fold)[0]
         compare = _metrics(row) if row.result.sim.ok else None
     best = {
         "base_ttft": min(base, key=lambda r: r["ttft_s"]),
@@ -86,7 +92,7 @@ def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str,
         "vpp_ttft": min(vpp, key=lambda r: r["ttft_s"]),
         "vpp_tput": max(vpp, key=lambda r: r["throughput_tok_s"]),
     }
-    return {"model": model_name, "pp": num_ranks, "workload": workload_name, "auto": auto, "best": best,
+    return {"model": model_name, "pp": num_ranks, "workload": workload_name, "fold": fold, "auto": auto, "best": best,
             "runs": runs, "compare": compare, "deadlocks": sum(not r.result.sim.ok for r in rows)}
 
 
@@ -123,6 +129,30 @@ def table(cells: list[dict]) -> str:
             f"({b['base_tput']['mode']} {_size(b['base_tput'])}) | "
             f"{_pct_worse_tput(a['throughput_tok_s'], b['vpp_tput']['throughput_tok_s']):+.1f}% "
             f"({_size(b['vpp_tput'])}) |")
+    return "\n".join(lines)
+
+
+def fold_table(split: list[dict], fused: list[dict]) -> str:
+    """The same cells with the split and the fused fold: auto's TTFT and throughput, each against
+    the best of cpp and dcpp (which have no fold: the same runs both ways), and the change the
+    fused fold makes to auto and to the VPP mode's best swept size ("-" = fused better in TTFT,
+    "+" = fused better in throughput, as a change of the value)."""
+    head = ("| model | P | workload | TTFT auto split / fused s | change | vs cpp/dcpp split / fused | "
+            "best swept VPP TTFT change | tok/s auto split / fused | change | vs cpp/dcpp split / fused | "
+            "best swept VPP tok/s change |")
+    lines = [head, "|" + "---|" * 11]
+    for a, b in zip(split, fused):
+        assert (a["model"], a["pp"], a["workload"]) == (b["model"], b["pp"], b["workload"]), (a, b)
+        ta, tb = a["auto"]["ttft_s"], b["auto"]["ttft_s"]
+        pa, pb = a["auto"]["throughput_tok_s"], b["auto"]["throughput_tok_s"]
+        base_t, base_p = a["best"]["base_ttft"]["ttft_s"], a["best"]["base_tput"]["throughput_tok_s"]
+        vt = 100.0 * (b["best"]["vpp_ttft"]["ttft_s"] / a["best"]["vpp_ttft"]["ttft_s"] - 1)
+        vp = 100.0 * (b["best"]["vpp_tput"]["throughput_tok_s"] / a["best"]["vpp_tput"]["throughput_tok_s"] - 1)
+        lines.append(
+            f"| {a['model']} | {a['pp']} | {a['workload']} | {ta:.3f} / {tb:.3f} | {100.0 * (tb / ta - 1):+.1f}% | "
+            f"{_pct_worse_ttft(ta, base_t):+.1f}% / {_pct_worse_ttft(tb, base_t):+.1f}% | {vt:+.1f}% | "
+            f"{pa:.0f} / {pb:.0f} | {100.0 * (pb / pa - 1):+.1f}% | "
+            f"{_pct_worse_tput(pa, base_p):+.1f}% / {_pct_worse_tput(pb, base_p):+.1f}% | {vp:+.1f}% |")
     return "\n".join(lines)
 
 
@@ -168,33 +198,51 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pp", default=",".join(map(str, RANKS)))
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--vpp-mode", default=VPP_MODE, help="the fold-back mode auto sizes (default %(default)s)")
+    parser.add_argument("--fold", default="split", choices=("split", "fused", "both"),
+                        help="fold of the VPP runs: split (the method's), fused, or both: each cell with "
+                        "either fold and the fold table comparing them (default %(default)s)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path, help="write the tables into this file between the markers")
     args = parser.parse_args(argv)
-    cells = []
+    if args.fold == "both" and args.markdown:
+        parser.error("--markdown writes one fold's tables into docs/auto-chunk.md; with --fold both the fold "
+                     "table goes to stdout (docs/method.md, \"The fused fold\")")
+    folds = ("split", "fused") if args.fold == "both" else (args.fold,)
+    runs: dict[str, list[dict]] = {fold: [] for fold in folds}
     started = time.perf_counter()
     for model in args.models.split(","):
         for pp in (int(p) for p in args.pp.split(",")):
             for workload in args.workloads.split(","):
-                t0 = time.perf_counter()
-                cells.append(run_cell(model, args.hardware, pp, workload, args.vpp_mode))
-                print(f"{model} P={pp} {workload}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+                for fold in folds:
+                    t0 = time.perf_counter()
+                    runs[fold].append(run_cell(model, args.hardware, pp, workload, args.vpp_mode, fold))
+                    print(f"{model} P={pp} {workload} {fold}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     seconds = time.perf_counter() - started
+    if args.fold == "both":
+        print(f"{fold_table(runs['split'], runs['fused'])}\n\n{len(runs['split'])} cells, both folds, in "
+              f"{seconds:.0f} s", file=sys.stderr)
+        print(fold_table(runs["split"], runs["fused"]))
+        if args.json:
+            args.json.write_text(json.dumps({"hardware": args.hardware, "chunks": CHUNKS, "cells": runs}, indent=1))
+        return 0
+    cells = runs[args.fold]
     out = f"{table(cells)}\n\nIdle by cause, short cells and cells auto loses:\n\n{idle_table(idle_cells(cells))}"
     print(out)
     print(f"\n{len(cells)} cells in {seconds:.0f} s", file=sys.stderr)
     if args.json:
-        args.json.write_text(json.dumps({"hardware": args.hardware, "chunks": CHUNKS, "cells": cells}, indent=1))
+        args.json.write_text(json.dumps({"hardware": args.hardware, "fold": args.fold, "chunks": CHUNKS,
+                                         "cells": cells}, indent=1))
     if args.markdown:
-        _write_markdown(args.markdown, cells, args.hardware, seconds)
+        _write_markdown(args.markdown, cells, args.hardware, seconds, args.fold)
     return 0
 
 
 BEGIN, END = "<!-- auto_sweep:begin -->", "<!-- auto_sweep:end -->"
 
 
-def _write_markdown(path: Path, cells: list[dict], hardware: str, seconds: float) -> None:
-    body = (f"{BEGIN}\nGenerated by `python benchmarks/auto_sweep.py --markdown {path}` ({hardware}, "
+def _write_markdown(path: Path, cells: list[dict], hardware: str, seconds: float, fold: str = "split") -> None:
+    flag = " --fold fused" if fold == "fused" else ""
+    body = (f"{BEGIN}\nGenerated by `python benchmarks/auto_sweep.py --markdown {path}{flag}` ({hardware}, "
             f"{len(cells)} cells, {seconds:.0f} s on the 2-core dev machine). Swept sizes: "
             f"{', '.join(f'{c // 1024}k' for c in CHUNKS)}. Positive % = auto worse.\n\n{table(cells)}\n\n"
             f"Short cells and every cell where auto is behind cpp/dcpp, per run: mean TTFT, throughput and "

@@ -29,7 +29,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from sglang_vpp.schedule import StageCostModel
+from sglang_vpp.schedule import Fold, StageCostModel
 from sglang_vpp.sim.decode import estimate_decode
 from sglang_vpp.trace_records import RECORDS_GLOB, rank_of_records_file
 
@@ -44,18 +44,22 @@ class PerForwardCost(StageCostModel):
         return self.fixed + stage.num_layers * self.per_layer
 
 
-def predict(stock: tuple[str, dict], fold: tuple[str, dict], num_layers: int, running: int) -> dict:
-    """Both modes' ITL from ``estimate_decode`` with the cost fitted to their traces (module doc)."""
+def predict(stock: tuple[str, dict], fold: tuple[str, dict], num_layers: int, running: int,
+            fold_kind: Fold = Fold.SPLIT) -> dict:
+    """Both modes' ITL from ``estimate_decode`` with the cost fitted to their traces (module doc).
+    ``fold_kind``: the fold-back server's fold; a fused fold's last rank runs stages of L/P layers,
+    so only the other ranks' forwards fit the L/2P equation."""
     (stock_mode, stock_ranks), (fold_mode, fold_ranks) = stock, fold
     pp = len(stock_ranks)
     t_stock = max(r.get("ms_per_decode_forward", 0.0) for r in stock_ranks.values()) / 1000
-    t_fold = max(r.get("ms_per_decode_forward", 0.0) for r in fold_ranks.values()) / 1000
+    two_stage_ranks = [r for rank, r in fold_ranks.items() if fold_kind is Fold.SPLIT or rank != pp - 1]
+    t_fold = max(r.get("ms_per_decode_forward", 0.0) for r in two_stage_ranks) / 1000
     # t_stock = f + (L/P) c and t_fold = f + (L/2P) c.
     per_layer = (t_stock - t_fold) / (num_layers / (2 * pp))
     fixed = t_fold - num_layers / (2 * pp) * per_layer
     cost = PerForwardCost(max(fixed, 0.0), max(per_layer, 0.0))
     a = estimate_decode(stock_mode, pp, num_layers, cost, running, 0)
-    b = estimate_decode(fold_mode, pp, num_layers, cost, running, 0)
+    b = estimate_decode(fold_mode, pp, num_layers, cost, running, 0, fold=fold_kind)
     return {"fixed_ms": 1000 * cost.fixed, "per_layer_ms": 1000 * cost.per_layer,
             f"{stock_mode}_itl_ms": 1000 * a.itl_s, f"{fold_mode}_itl_ms": 1000 * b.itl_s,
             "difference_ms": 1000 * (b.itl_s - a.itl_s), "bound": b.bound}
@@ -106,13 +110,24 @@ def rank_summary(records: list[dict], last_stage: int | None) -> dict:
     return out
 
 
-def trace_summary(trace_dir: Path) -> dict[int, dict]:
+def _load_ranks(trace_dir: Path) -> dict[int, dict]:
     files = sorted(trace_dir.glob(RECORDS_GLOB))
     if not files:
         raise ValueError(f"no {RECORDS_GLOB} in {str(trace_dir)!r}; pass a directory a server wrote with --vpp-trace")
-    ranks = {rank_of_records_file(path): json.loads(path.read_text()) for path in files}
-    fold_back = bool(ranks[0].get("controller"))
-    last_stage = 2 * len(ranks) - 1 if fold_back else None
+    return {rank_of_records_file(path): json.loads(path.read_text()) for path in files}
+
+
+def trace_fold(trace_dir: Path) -> Fold:
+    """The fold a fold-back server ran (split for stock PP, which records no controller)."""
+    controller = _load_ranks(trace_dir)[0].get("controller") or {}
+    return Fold(controller.get("fold", Fold.SPLIT))
+
+
+def trace_summary(trace_dir: Path) -> dict[int, dict]:
+    ranks = _load_ranks(trace_dir)
+    # Rank 0 of a fold-back pipeline runs the first and the last stage (2P-1, or 2P-2 under a
+    # fused fold): the last is the highest it recorded.
+    last_stage = max((r["stage"] for r in ranks[0].get("records") or []), default=None) if ranks[0].get("controller") else None
     return {rank: rank_summary(data.get("records") or [], last_stage if rank == 0 else None)
             for rank, data in sorted(ranks.items())}
 
@@ -130,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--predict {args.predict!r}: expected STOCK_MODE=DIR,FOLD_MODE=DIR", file=sys.stderr)
             return 2
         (m1, d1), (m2, d2) = pairs
-        numbers = predict((m1, trace_summary(Path(d1))), (m2, trace_summary(Path(d2))), args.layers, args.running)
+        numbers = predict((m1, trace_summary(Path(d1))), (m2, trace_summary(Path(d2))), args.layers, args.running,
+                          trace_fold(Path(d2)))
         for key, value in numbers.items():
             print(f"{key:28} {value:.3g}" if isinstance(value, float) else f"{key:28} {value}")
     for trace_dir in args.trace_dirs:

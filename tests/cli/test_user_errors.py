@@ -142,6 +142,18 @@ CASES = [
      "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1 is 131136 chunks"),
     (["layout", "--pp", "2", "--layers", "8", "--mode", "foo"], "expected one of contiguous, cpp, dcpp,"),
     (["layout", "--pp", "0", "--layers", "8"], "--pp must be >= 1"),
+    # --fold: the value, and what a fused fold changes (2P-1 stages; only vpp modes have a fold).
+    (["layout", "--pp", "2", "--layers", "8", "--fold", "merged"], "--fold must be split or fused, got 'merged'"),
+    (["layout", "--pp", "2", "--layers", "8", "--mode", "cpp", "--fold", "fused"], "has no fold"),
+    (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--fold", "x"],
+     "--fold must be split or fused"),
+    (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--layers", "8",
+      "--fold", "fused", "--split", "2,2,2,2"], "has 4 entries; the foldback layout (fused fold) with pp=2 has 3"),
+    (["check", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--fold", "x"],
+     "--fold must be split or fused"),
+    (["simulate", "--modes", "vpp", "--fold", "x"], "--fold must be split or fused"),
+    (_BENCH + ["--fold", "x"], "--fold must be split or fused"),
+    (_BENCH + ["--modes", "vpp", "--fold", "fused", "--split", "2,2,2,2"], "(fused fold) with pp=2 has 3 stages"),
 ]
 
 

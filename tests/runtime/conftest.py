@@ -21,6 +21,12 @@ def pool2():
 
 
 @pytest.fixture(scope="module")
+def pool3():
+    with RankPool(PoolSpec(3, timeouts=TEST_TIMEOUTS)) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
 def pool4():
     with RankPool(PoolSpec(4, timeouts=TEST_TIMEOUTS)) as pool:
         yield pool

@@ -83,3 +83,20 @@ def test_bench_runs_every_mode(tmp_path):
     samples = read_samples(tmp_path / "costs.vpp-pack.json")
     assert {s.kind for s in samples} == {"compute", "transfer"}
     assert all(s.num_layers == 2 for s in samples if s.kind == "compute")
+
+
+def test_bench_fused_fold_equals_reference(tmp_path):
+    """``bench --fold fused``: the vpp modes run on the fused fold (2P-1 stages) and still equal
+    the single-process reference; cpp has no fold and runs as always."""
+    out = tmp_path / "bench.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "sglang_vpp.cli.app", "bench", "--pp", "3", "--modes", "cpp,vpp,vpp-stream",
+         "--fold", "fused", "--seq-len", "256", "--chunk-size", "64", "--requests", "2", "--repeat", "1",
+         "--quiet", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert completed.returncode == 0, completed.stderr
+    assert "fused fold" in completed.stderr
+    data = json.loads(out.read_text())
+    assert data["config"]["fold"] == "fused"
+    assert [r["mode"] for r in data["results"]] == ["cpp", "vpp", "vpp-stream"]
+    assert all(r["max_abs_diff"] == 0.0 for r in data["results"])

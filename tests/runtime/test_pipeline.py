@@ -49,6 +49,20 @@ def test_vpp_stream_equals_reference(pool2, pool4, matches_reference, ranks):
     assert matches_reference(result) == 0.0
 
 
+@pytest.mark.parametrize("mode", ["vpp", "vpp-async", "vpp-stream"])
+def test_fused_fold_equals_reference_on_two_ranks(pool2, matches_reference, mode):
+    # The fold rank runs stages P-1 and P as one forward (schedule/layout.py, [Note: fused fold]).
+    result = pool2.run(_spec(mode, 2, [192, 96, 64], 32, fold="fused"))
+    assert [s.num_layers for s in run_layout(result.spec, 8).stages] == [2, 4, 2]
+    assert matches_reference(result) == 0.0
+
+
+def test_fused_fold_equals_reference_on_three_ranks(pool3, matches_reference):
+    result = pool3.run(_spec("vpp-pack", 3, [200, 90], 40, num_layers=6, fold="fused"))
+    assert run_layout(result.spec, 6).num_stages == 5
+    assert matches_reference(result) == 0.0
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_vpp_taper_equals_reference(pool2, pool4, matches_reference, ranks):
     # Chunk 128 tapers to 64-token first and last chunks: ramped chunking. Exact against the

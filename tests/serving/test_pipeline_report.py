@@ -56,6 +56,18 @@ def test_foldback_replay_respects_stage_order_and_rank_order():
     assert ranks[0].idle_s == 2.0 and ranks[1].idle_s == 2.0
 
 
+def test_records_of_a_fused_fold_replay_on_the_fused_layout():
+    # P=2, fused fold: s0 (r0) -> s1 (r1, one forward for both layer ranges) -> s2 (r0).
+    recs = [_rec(0, 0, 0, 0, 1.0), _rec(1, 1, 0, 1, 2.0), _rec(0, 2, 0, 3, 1.0)]
+    schedule, _ = records_schedule(recs, 2)
+    assert str(schedule.layout.fold) == "fused" and schedule.layout.num_stages == 3
+    ranks = replay_window(recs, 2).ranks
+    assert ranks[0].makespan_s == 4.0 and ranks[1].busy_s == 2.0
+    # The split fold's records still read as split.
+    split = [_rec(0, 0, 0, 0, 1.0), _rec(1, 1, 0, 1, 1.0), _rec(1, 2, 0, 2, 1.0), _rec(0, 3, 0, 3, 1.0)]
+    assert str(records_schedule(split, 2)[0].layout.fold) == "split"
+
+
 def test_a_stage_consumed_out_of_its_send_order_keeps_each_computes_own_dependency():
     # Rank 1 runs mb 1 before mb 0: each waits only for its own input (the server's inbox takes
     # messages by key), though the engine pairs a link's operations in order.

@@ -49,6 +49,13 @@ CASES = [
      2, "does not support --speculative-algorithm"),
     ("auto-chunk-stock", ["--pp-size", "2", "--chunked-prefill-size", "auto"], 2, "auto is sized by the VPP controller"),
     ("auto-chunk-vpp", ["--pp-mode", "vpp-pack", "--pp-size", "2", "--chunked-prefill-size", "auto"], 0, None),
+    ("fold-fused", ["--pp-mode", "vpp-pack", "--pp-size", "2", "--chunked-prefill-size", "64", "--vpp-fold", "fused",
+                    "--vpp-layer-split", "1,2,1"], 0, None),
+    ("fold-fused-split-length", ["--pp-mode", "vpp", "--pp-size", "2", "--vpp-fold", "fused",
+                                 "--vpp-layer-split", "1,1,1,1"],
+     2, "has 4 entries but --pp-size 2 has 3 virtual stages (2 per rank, 1 on the last with --vpp-fold fused)"),
+    ("fold-without-vpp", ["--pp-size", "2", "--vpp-fold", "fused"], 2, "--vpp-fold fused only applies to"),
+    ("fold-unknown", ["--pp-mode", "vpp", "--pp-size", "2", "--vpp-fold", "zig"], 2, "--vpp-fold: unknown fold 'zig'"),
     ("unknown-mode", ["--pp-mode", "zigzag"], 2, "invalid choice: 'zigzag' (choose from cpp, dcpp, vpp, vpp-async, vpp-pack, vpp-taper, vpp-stream)"),
 ]  # fmt: skip
 
@@ -72,7 +79,8 @@ _SCRIPT = textwrap.dedent(
             out.update(pp_mode=str(options_of(child).pp_mode),
                        enable_dynamic_chunking=child.enable_dynamic_chunking,
                        chunked_prefill_size=child.chunked_prefill_size,
-                       auto_chunk=options_of(child).vpp_auto_chunk)
+                       auto_chunk=options_of(child).vpp_auto_chunk,
+                       fold=str(options_of(child).vpp_fold))
         except SystemExit as exc:
             out["status"] = exc.code
         out["stderr"] = err.getvalue()
@@ -146,10 +154,15 @@ def test_vpp_never_runs_silently_as_stock(parsed):
     assert result["status"] == 0 and result["pp_mode"] == "vpp-pack"
 
 
+def test_fold_reaches_the_scheduler(parsed):
+    assert parsed["fold-fused"]["fold"] == "fused"
+    assert parsed["vpp-valid"]["fold"] == "split"  # the method's fold unless asked
+
+
 def test_launch_server_help_lists_the_flags(runs):
     done, _ = runs["help"]
     assert done.returncode == 0
-    for flag in ("--pp-mode {cpp,dcpp,vpp,vpp-async,vpp-pack,vpp-taper,vpp-stream}", "--vpp-layer-split", "--vpp-trace"):
+    for flag in ("--pp-mode {cpp,dcpp,vpp,vpp-async,vpp-pack,vpp-taper,vpp-stream}", "--vpp-layer-split", "--vpp-fold", "--vpp-trace"):
         assert flag in done.stdout
 
 

@@ -37,7 +37,8 @@ def replan(workload: ServerWorkload, monkeypatch) -> tuple[list[DecisionRecorder
         pp = layout.num_ranks
         # The simulator: plans and executes the streams on its own clock.
         sim_run = run_mode(workload.mode, Workload("server", tuple(RequestSpec(n) for n in workload.lengths)), cost,
-                           RunConfig(pp, workload.chunk_size, workload.stage_layers, max_in_flight=workload.inputs.get("max_in_flight")),
+                           RunConfig(pp, workload.chunk_size, workload.stage_layers, max_in_flight=workload.inputs.get("max_in_flight"),
+                                     fold=layout.fold),
                            layout.num_layers, keep_schedule=True)
         positions = {chunk.key: i for i, chunk in enumerate(sim_run.schedule.chunks)}
         sim_order = [[] for _ in range(pp)]
@@ -47,7 +48,7 @@ def replan(workload: ServerWorkload, monkeypatch) -> tuple[list[DecisionRecorder
         # The reference runtime: rank 0's control feed, as it plans while running (every request here).
         spec = RunSpec(model="tiny", mode=workload.mode, num_ranks=pp, chunk_size=workload.chunk_size,
                        requests=tuple(RequestArrival(n) for n in workload.lengths), split=workload.stage_layers,
-                       planner_cost=cost)
+                       planner_cost=cost, fold=str(layout.fold))
         planner = make_planner(spec, layout)
         feed = CoordinatorFeed(planner, [(n, 0.0) for n in workload.lengths], [], epoch=time.perf_counter(),
                                lookahead=spec.lookahead)

@@ -3,7 +3,8 @@ DeepSeek-V2 (MLA without q_lora_rank) against stock ``--pp-mode cpp``.
 
 ``--pp-size 4``: a 9-layer tiny DeepSeek-V3 (MLA with q_lora_rank, MoE with a dense first layer
 and a shared expert, yarn rope) on 4 gloo processes, 8 virtual stages: the default split (2, then
-seven of 1) and, under vpp-async, ``--vpp-layer-split 1,1,2,1,1,1,1,1``. Oracle: transformers'
+seven of 1) and, under vpp-async, ``--vpp-layer-split 1,1,2,1,1,1,1,1``; vpp-pack runs with
+``--vpp-fold fused`` (7 stages: the last rank runs its two as one). Oracle: transformers'
 greedy tokens and prompt logprobs (within 1e-4) on prompts longer than the chunk, concurrently;
 each server's recorded decisions must replay through the schedule core's controller
 (``check --trace --reproduce``; every VPP case below too).
@@ -49,7 +50,7 @@ LLAMA_7L = TinyModelSpec("llama-tiny", num_layers=7, overrides=_WELL_CONDITIONED
 CASES = {
     "deepseek-v3-9l-pp4-vpp": (DEEPSEEK_V3_9L, 4, "vpp", ()),
     "deepseek-v3-9l-pp4-vpp-async": (DEEPSEEK_V3_9L, 4, "vpp-async", ("--vpp-layer-split", "1,1,2,1,1,1,1,1")),
-    "deepseek-v3-9l-pp4-vpp-pack": (DEEPSEEK_V3_9L, 4, "vpp-pack", ()),
+    "deepseek-v3-9l-pp4-vpp-pack-fused": (DEEPSEEK_V3_9L, 4, "vpp-pack", ("--vpp-fold", "fused")),
     "deepseek-v2-pp2-cpp": (DEEPSEEK_V2, 2, "cpp", ()),
     "deepseek-v2-pp2-vpp": (DEEPSEEK_V2, 2, "vpp", ("--vpp-layer-split", "1,2,1,1")),
     "llama-7l-pp2-vpp-async": (LLAMA_7L, 2, "vpp-async", ()),

@@ -31,6 +31,30 @@ def test_layout_ownership_is_foldback():
         VppState(config=VppConfig(mode="vpp", pp_size=2)).ensure_layout(3)
 
 
+def test_fused_fold_gives_the_last_rank_one_stage_and_check_trace_rebuilds_it():
+    from sglang_vpp.schedule import Fold
+    from sglang_vpp.serving.decision_replay import _build_controller, recorded_layout
+
+    with pytest.raises(VppConfigError, match=r"expected 3 \(one per virtual stage for --pp-size 2, --vpp-fold fused\)"):
+        VppConfig(mode="vpp-pack", pp_size=2, layer_split=(2, 2, 2, 2), fold=Fold.FUSED)
+    state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, fold=Fold.FUSED), rank=1)
+    state.ensure_layout(8)
+    # The method's even split with the fold's two stages as one: every rank keeps its layers.
+    assert state.owned_stages() == (1,) and state.owned_layers() == frozenset({2, 3, 4, 5})
+    state.rank = 0
+    assert state.owned_stages() == (0, 2) and state.owned_layers() == frozenset({0, 1, 6, 7})
+    controller = state.build_controller(64)
+    inputs = state.controller_inputs(controller)
+    assert inputs["fold"] == "fused" and inputs["stage_layers"] == [2, 4, 2]
+    assert recorded_layout(inputs) == state.layout
+    assert _build_controller(inputs, rank=0).layout == state.layout
+    split = VppState(config=VppConfig(mode="vpp-pack", pp_size=2), rank=0)
+    split.ensure_layout(8)
+    # A split fold records no fold, as traces written before the option did, and replays as split.
+    split_inputs = split.controller_inputs(split.build_controller(64))
+    assert "fold" not in split_inputs and recorded_layout(split_inputs).fold is Fold.SPLIT
+
+
 def test_comm_timeout_names_peer_group_and_fix():
     from sglang_vpp.comm import CommTimeoutError as CommLayerTimeout
     from sglang_vpp.sglang_plugin.vpp.event_loop import inbox_timeout

@@ -49,3 +49,28 @@ def test_prediction_fits_fixed_and_per_layer_cost_from_both_modes(causes, tmp_pa
     p = causes.predict(("cpp", stock), ("vpp-pack", fold), num_layers=8, running=8)
     assert (p["fixed_ms"], p["per_layer_ms"]) == pytest.approx((10, 10))
     assert (p["cpp_itl_ms"], p["vpp-pack_itl_ms"], p["difference_ms"]) == pytest.approx((100, 120, 20))
+
+
+def test_prediction_of_a_fused_fold_fits_on_the_two_stage_ranks(causes, tmp_path):
+    # P = 2, 8 layers, fused fold: rank 0 runs stages 0 and 2 (2 layers each, 30 ms), rank 1 one
+    # stage of 4 layers (50 ms, as cpp's). The fit must use rank 0's forwards only (fixed 10 ms,
+    # 10 ms per layer) and the estimate one forward per micro-batch on rank 1.
+    def trace(name, stages, forward_s, controller):
+        root = tmp_path / name
+        root.mkdir()
+        for rank in range(2):
+            records = [_record(rank, stage, seq, seq, seq + forward_s[rank]) for seq in range(3) for stage in stages[rank]]
+            (root / f"vpp_rank{rank}.records.json").write_text(json.dumps({"records": records, "controller": controller}))
+        return root
+
+    stock = trace("cpp", [[0], [1]], [0.05, 0.05], {})
+    fused = trace("vpp-pack", [[0, 2], [1]], [0.03, 0.05], {"mode": "vpp-pack", "fold": "fused"})
+    assert causes.trace_fold(fused) is causes.Fold.FUSED and causes.trace_fold(stock) is causes.Fold.SPLIT
+    summary = causes.trace_summary(fused)
+    assert summary[0]["forwards_per_micro_batch"] == 2 and summary[0]["trip_ms"] > 0  # last stage 2
+    p = causes.predict(("cpp", causes.trace_summary(stock)), ("vpp-pack", summary), num_layers=8, running=8,
+                       fold_kind=causes.trace_fold(fused))
+    assert (p["fixed_ms"], p["per_layer_ms"]) == pytest.approx((10, 10))
+    # Rank 0 still runs 2 x 30 ms per micro-batch, 2 micro-batches a round: it bounds the round
+    # (rank 1: 2 x 50 ms); the fused fold shortens the trip, not this round.
+    assert p["vpp-pack_itl_ms"] == pytest.approx(120)

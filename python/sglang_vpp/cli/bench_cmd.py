@@ -17,7 +17,7 @@ import typer
 
 from ..runtime.spec import BACKEND_FOR_DEVICE, DEFAULT_MODES
 from .common import at_least, check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option, positive, user_errors
-from .common import png_path
+from .common import FOLD_HELP, parse_fold_option, png_path
 
 TOLERANCE = 1e-5
 #: Above this many prompt tokens in total a CPU run takes long (attention grows with the square of
@@ -145,7 +145,8 @@ def bench(
     repeat: int = typer.Option(5, "--repeat", help="Runs per mode (>= 2 for a verdict: ranges over repeats; 5 keeps it stable on a shared host)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or npu."),
     seed: int = typer.Option(0, "--seed", help="Weights and prompt seed."),
-    split: str | None = typer.Option(None, "--split", help="Per-stage layer counts (P entries for cpp/dcpp, 2P for vpp modes)."),
+    split: str | None = typer.Option(None, "--split", help="Per-stage layer counts (P entries for cpp/dcpp, 2P for vpp modes, 2P-1 with --fold fused)."),
+    fold: str = typer.Option("split", "--fold", help=FOLD_HELP),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds any single communication wait may take."),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON ('-' for stdout)."),
     trace: Path | None = typer.Option(None, "--trace", help="Perfetto trace of each mode: measured and replayed."),
@@ -180,7 +181,7 @@ def bench(
         model=model, num_ranks=pp, seq_len=prompt_len,
         # auto: profile and cap at the prompt, the largest chunk a request can use
         chunk_size=min(prompt_len, max(CANDIDATES)) if auto else parse_size_option(chunk_size, "--chunk-size"),
-        auto_chunk=auto, batch_requests=batch_requests,
+        auto_chunk=auto, batch_requests=batch_requests, fold=parse_fold_option(fold),
         modes=tuple(m.strip() for m in modes.split(",") if m.strip()), num_requests=requests,
         arrival_interval_s=arrival_interval, repeat=repeat, device=device_kind, backend=backend, seed=seed,
         split=tuple(layer_split) if layer_split else None, timeouts=Timeouts(comm_s=timeout),
@@ -192,7 +193,8 @@ def bench(
         echo_wrapped(f"warning: {requests} x {config.seq_len} prompt tokens is a large CPU run (it may take "
                      "hours); try --seq-len 8k first", err=True)
     echo_wrapped(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk "
-                 f"{'auto' if auto else config.chunk_size}, {device_kind} / {backend or BACKEND_FOR_DEVICE[device_kind]}, repeat {repeat}",
+                 f"{'auto' if auto else config.chunk_size}, {device_kind} / {backend or BACKEND_FOR_DEVICE[device_kind]}, repeat {repeat}"
+                 + (", fused fold" if config.fold == "fused" else ""),
                  err=True)
     try:
         with _RichProgress(enabled=not quiet) as progress:

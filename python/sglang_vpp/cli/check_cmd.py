@@ -13,12 +13,12 @@ from typing import Optional
 
 import typer
 
-from .common import emit_json, given_flags, user_errors
+from .common import FOLD_HELP, emit_json, given_flags, user_errors
 from .schedule_cmd import plan_from_options
 
 # The flags that describe a plan to check; a trace holds the server's own plan.
 _PLAN_FLAGS = {"mode": "--mode", "pp": "--pp", "seq_len": "--seq-len", "chunk_size": "--chunk-size",
-               "requests": "--requests", "groups": "--groups", "layers": "--layers", "split": "--split"}
+               "requests": "--requests", "groups": "--groups", "layers": "--layers", "split": "--split", "fold": "--fold"}
 
 
 @user_errors
@@ -32,6 +32,7 @@ def check(
     groups: Optional[int] = typer.Option(None, "--groups", help="Override the mode's group count (1 or 2); 1 with vpp-async is the deadlock negative control."),
     layers: int = typer.Option(48, "--layers", help="Decoder layers to split among stages."),
     split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts."),
+    fold: str = typer.Option("split", "--fold", help=FOLD_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Replay the decisions of a VPP server's --vpp-trace DIR through the controller instead."),
     reproduce: bool = typer.Option(False, "--reproduce", help="With --trace: also predict the server from its measured timings and compare every rank's records."),
@@ -56,7 +57,8 @@ def check(
         raise ValueError(f"--groups must be 1 or 2, got {groups}")
     from ..schedule import check_deadlock, find_issues
 
-    plan = plan_from_options(mode, pp, seq_len, chunk_size, requests, layers, None if split is None else split, groups)
+    plan = plan_from_options(mode, pp, seq_len, chunk_size, requests, layers, None if split is None else split, groups,
+                             fold=fold)
     issues = find_issues(plan)
     report = check_deadlock(plan)
     ok = not issues and not report.deadlock

@@ -13,11 +13,13 @@ import typer
 
 __all__ = [
     "CliInputError",
+    "FOLD_HELP",
     "at_least",
     "check_output_path",
     "echo_wrapped",
     "emit_json",
     "given_flags",
+    "parse_fold_option",
     "parse_int_list",
     "parse_size_option",
     "png_path",
@@ -77,6 +79,22 @@ def parse_int_list(text: str | None, what: str) -> list[int] | None:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise ValueError(f"{what} must be comma-separated integers like 3,3,3,3, got {text!r}") from None
+
+
+FOLD_HELP = ("Fold of the vpp modes: split (the method's: the last rank runs its two stages as two "
+             "forwards) or fused (one forward over both: 2P-1 stages, so --split takes 2P-1 counts). "
+             "cpp and dcpp have no fold and ignore it.")
+"""The help of every command's ``--fold`` (docs/cli.md)."""
+
+
+def parse_fold_option(text: str) -> str:
+    """A ``--fold`` value, checked before any work starts."""
+    from ..schedule import LayoutError, parse_fold
+
+    try:
+        return str(parse_fold(text))
+    except LayoutError:
+        raise CliInputError(f"--fold must be split or fused, got {text!r}") from None
 
 
 def parse_size_option(text: str | int | None, flag: str) -> int | None:

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from .common import at_least, emit_json, parse_int_list, user_errors
+from .common import FOLD_HELP, at_least, emit_json, parse_fold_option, parse_int_list, user_errors
 
 
 @user_errors
@@ -15,6 +15,7 @@ def layout(
     layers: int = typer.Option(..., "--layers", help="Number of decoder layers L."),
     mode: str = typer.Option("vpp", "--mode", help="cpp (contiguous, P stages) or vpp (fold-back, 2P stages); any mode name works."),
     split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts, e.g. 3,3,3,3."),
+    fold: str = typer.Option("split", "--fold", help=FOLD_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Print the stage -> rank -> layers layout (layers as half-open ranges)."""
@@ -22,11 +23,13 @@ def layout(
 
     at_least(pp, 1, "--pp")
     at_least(layers, 1, "--layers")
-    result = build_layout(pp, layers, mode, parse_int_list(split, "--split"))
+    result = build_layout(pp, layers, mode, parse_int_list(split, "--split"), parse_fold_option(fold))
     if as_json:
         emit_json(result.to_dict())
         return
-    typer.echo(f"{result.kind} layout: {result.num_ranks} ranks, {result.num_layers} layers, {result.num_stages} stages")
+    fused = ", fused fold" if str(result.fold) == "fused" else ""
+    typer.echo(f"{result.kind} layout{fused}: {result.num_ranks} ranks, {result.num_layers} layers, "
+               f"{result.num_stages} stages")
     typer.echo(f"{'stage':>5} {'rank':>4}  layers")
     for stage in result.stages:
         typer.echo(f"{stage.stage_index:>5} {stage.rank:>4}  [{stage.layer_start}, {stage.layer_end})  ({stage.num_layers})")

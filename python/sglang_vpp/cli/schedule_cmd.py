@@ -6,14 +6,15 @@ from typing import Optional
 
 import typer
 
-from .common import at_least, emit_json, parse_int_list, parse_size_option, user_errors
+from .common import FOLD_HELP, at_least, emit_json, parse_fold_option, parse_int_list, parse_size_option, user_errors
 
 
 def plan_from_options(mode: str, pp: int, seq_len: str, chunk_size: str, requests: int,
-                      layers: int, split: Optional[str], groups: Optional[int] = None, cost=None):
+                      layers: int, split: Optional[str], groups: Optional[int] = None, cost=None,
+                      fold: str = "split"):
     """Build the schedule the schedule/check commands print (shared by both). ``cost``: the
     controller's estimate (None: the schedule core's default), for tests that compare commands
-    on one cost model."""
+    on one cost model. ``fold``: a vpp mode's fold (``--fold``)."""
     from ..schedule import RequestSpec, build_schedule, check_chunk_count
 
     for value, flag in ((pp, "--pp"), (requests, "--requests"), (layers, "--layers")):
@@ -23,7 +24,7 @@ def plan_from_options(mode: str, pp: int, seq_len: str, chunk_size: str, request
     check_chunk_count(length, size, "--chunk-size", "a --seq-len request")
     return build_schedule(
         mode, pp, layers, [RequestSpec(length) for _ in range(requests)], size,
-        split=parse_int_list(split, "--split"), cost=cost, num_groups=groups,
+        split=parse_int_list(split, "--split"), cost=cost, num_groups=groups, fold=parse_fold_option(fold),
     )
 
 
@@ -36,6 +37,7 @@ def schedule(
     requests: int = typer.Option(1, "--requests", help="Number of requests of --seq-len tokens, queued in order."),
     layers: int = typer.Option(48, "--layers", help="Decoder layers to split among stages."),
     split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts."),
+    fold: str = typer.Option("split", "--fold", help=FOLD_HELP),
     fmt: str = typer.Option("text", "--format", help="text or json."),
 ) -> None:
     """Print each rank's ordered actions (text: 3F1.0 = stage 3 computes request 1 chunk 0)."""
@@ -43,7 +45,7 @@ def schedule(
 
     if fmt not in ("text", "json"):
         raise ValueError(f"--format must be text or json, got {fmt!r}")
-    plan = plan_from_options(mode, pp, seq_len, chunk_size, requests, layers, split)
+    plan = plan_from_options(mode, pp, seq_len, chunk_size, requests, layers, split, fold=fold)
     if fmt == "json":
         emit_json(schedule_to_json(plan))
     else:

@@ -9,8 +9,8 @@ from typing import Optional
 import typer
 
 from ..schedule.policies.spec import Policy
-from .common import (check_output_path, echo_wrapped, emit_json, given_flags, parse_int_list, parse_size_option,
-                     png_path, user_errors)
+from .common import (FOLD_HELP, check_output_path, echo_wrapped, emit_json, given_flags, parse_fold_option,
+                     parse_int_list, parse_size_option, png_path, user_errors)
 
 DEFAULT_LONG_SEQ_LEN = "128k"
 """The long workload's prompt length when --seq-len is not given (docs/cli.md)."""
@@ -87,7 +87,8 @@ def simulate(
     file: Optional[Path] = typer.Option(None, "--file", help="JSONL of {\"length\", \"arrival\"} for --workload file."),
     seed: int = typer.Option(0, "--seed", help="Seed of the mixed workload."),
     sweep_chunk: Optional[str] = typer.Option(None, "--sweep-chunk", help="Chunk sizes to sweep (8k,16k,24k,32k; auto allowed); * marks each mode's best."),
-    split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts (P or 2P entries by layout)."),
+    split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts (P or 2P entries by layout; 2P-1 with --fold fused)."),
+    fold: str = typer.Option("split", "--fold", help=FOLD_HELP),
     balance: str = typer.Option("even", "--balance", help="Layer split: even, or auto (the planner picks one for the cost model's tau curve)."),
     costs: Optional[Path] = typer.Option(None, "--costs", help="Fitted or table cost JSON from measured samples instead of the analytic model."),
     jitter: float = typer.Option(0.0, "--jitter", help="What-if: relative spread of every stage's time (0.03 = 3%), drawn per stage and chunk; the controller still decides with the cost model."),
@@ -107,6 +108,7 @@ def simulate(
     from ..sim.workloads import build_workload
 
     plot = png_path(plot)
+    parse_fold_option(fold)
     if workload == "long" and seq_len is None:
         seq_len = DEFAULT_LONG_SEQ_LEN
     for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot")):
@@ -142,7 +144,8 @@ def simulate(
     rows = []
     for length, work in runs:
         rows += simulate_matrix(work, cost, model_spec.num_layers, modes, chunk_sizes, pp, layer_split,
-                                sim_config, seq_len=length, balance=balance, jitter=jitter, jitter_seed=jitter_seed)
+                                sim_config, seq_len=length, balance=balance, jitter=jitter, jitter_seed=jitter_seed,
+                                fold=fold)
     # With --json - the JSON owns stdout; the human-readable table goes to stderr.
     to_stderr = json_out is not None and str(json_out) == "-"
     # Measured costs replace the hardware: the title says whose they are, not the preset's.
@@ -150,7 +153,7 @@ def simulate(
     where = (f"on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')})" if costs is None else
              f"({model_spec.num_layers} layers) on the measured costs in {costs}"
              + (f" (measured on {measured_on})" if measured_on else ""))
-    title = (f"{model_spec.name} {where}, pp={pp}, "
+    title = (f"{model_spec.name} {where}, pp={pp}, " + ("fused fold, " if fold == "fused" else "") +
              f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""))
     echo_wrapped(title, err=to_stderr)
     typer.echo(format_table(rows, mark_best=bool(sweep_chunk)), err=to_stderr)
@@ -163,7 +166,7 @@ def simulate(
                 bounds[key] = min(bounds.get(key, float("inf")), row.result.lower_bound_s)
         emit_json({
             "config": {"model": model_spec.name, "hardware": hardware_spec.name, "pp": pp, "tp": getattr(cost, "tp", None),
-                       "workload": workload, "chunk_sizes": chunk_sizes, "modes": modes, "balance": balance,
+                       "workload": workload, "chunk_sizes": chunk_sizes, "modes": modes, "balance": balance, "fold": fold,
                        "cost_model": type(cost).__name__, "jitter": jitter, "jitter_seed": jitter_seed},
             "results": [row.to_dict() for row in rows],
             "run_lower_bound_s": bounds,

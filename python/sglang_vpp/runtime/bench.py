@@ -96,13 +96,16 @@ class BenchConfig:
     the largest it may pick); ``RunSpec.auto_chunk``."""
     batch_requests: bool = True
     """``--batch-requests/--no-batch-requests``: ``RunSpec.batch_requests``."""
+    fold: str = "split"
+    """``--fold``: ``RunSpec.fold``."""
 
     def run_spec(self, mode: str, planner_cost: Any = None) -> RunSpec:
         requests = tuple(RequestArrival(self.seq_len, i * self.arrival_interval_s) for i in range(self.num_requests))
         return RunSpec(model=self.model, mode=mode, num_ranks=self.num_ranks, requests=requests,
                        chunk_size=self.chunk_size, seed=self.seed, num_layers=self.num_layers, split=self.split,
                        device=self.device, backend=self.backend, timeouts=self.timeouts, fault=self.fault,
-                       planner_cost=planner_cost, auto_chunk=self.auto_chunk, batch_requests=self.batch_requests)
+                       planner_cost=planner_cost, auto_chunk=self.auto_chunk, batch_requests=self.batch_requests,
+                       fold=self.fold)
 
     def to_dict(self) -> dict:
         data = asdict(self)

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..schedule import build_layout, get_policy
 from .errors import RankFailedError, RunConfigError, RunTimeoutError
 from .models import resolve_model
 from .records import RankReport
@@ -81,9 +80,8 @@ def check_spec(spec: RunSpec) -> None:
     spec.check()
     source = resolve_model(spec.model, spec.seed, spec.num_layers)
     layers = source.config.num_hidden_layers
-    policy = get_policy(spec.mode)
     try:
-        layout = build_layout(spec.num_ranks, layers, policy.layout_kind, spec.split)
+        layout = spec.layout(layers)
     except ValueError as error:
         raise RunConfigError(f"model {spec.model} ({layers} layers), mode {spec.mode}: {error}") from None
     from .control import make_planner

@@ -104,7 +104,7 @@ def _run_one(rank: int, run_id: int, spec: Any, comm: Any, pool_dir: Path, contr
     import torch
     import torch.distributed as dist
 
-    from ..schedule import build_layout, get_policy
+    from ..schedule import get_policy
     from .control import CoordinatorFeed, FollowerFeed, make_planner
     from .executor import RankExecutor
     from .models import materialize, resolve_model
@@ -113,7 +113,7 @@ def _run_one(rank: int, run_id: int, spec: Any, comm: Any, pool_dir: Path, contr
 
     policy = get_policy(spec.mode)
     source = resolve_model(spec.model, spec.seed, spec.num_layers)
-    layout = build_layout(spec.num_ranks, source.config.num_hidden_layers, policy.layout_kind, spec.split)
+    layout = spec.layout(source.config.num_hidden_layers)
     model = materialize(source, [layout.stages[s] for s in layout.stages_of(rank)], layout.num_stages)
     if spec.device is not Device.CPU:
         model = model.to(_device(spec.device, rank))

@@ -28,7 +28,6 @@ from ..schedule import (
     Layout,
     RequestSpec,
     Schedule,
-    build_layout,
     get_policy,
     validate_schedule,
 )
@@ -66,7 +65,7 @@ class ReplayResult:
 
 
 def run_layout(spec: RunSpec, num_layers: int) -> Layout:
-    return build_layout(spec.num_ranks, num_layers, get_policy(spec.mode).layout_kind, spec.split)
+    return spec.layout(num_layers)
 
 
 def executed_schedule(spec: RunSpec, layout: Layout, reports: Sequence[RankReport]) -> Schedule:

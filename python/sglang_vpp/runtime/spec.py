@@ -134,10 +134,19 @@ class RunSpec:
     auto_chunk: bool = False
     """Cut each request at the size the controller's ``auto`` chunker picks for it
     (``schedule/auto_size.py``) from the planner's cost estimate."""
+    fold: str = "split"
+    """A fold-back mode's fold: ``split`` or ``fused`` (``schedule/layout.py``, [Note: fused fold])."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", Device(self.device))
         object.__setattr__(self, "requests", tuple(self.requests))
+
+    def layout(self, num_layers: int):
+        """The layout every rank and the bench build for a model of ``num_layers`` layers
+        (LayoutError when it does not fit)."""
+        from ..schedule import policy_layout
+
+        return policy_layout(self.mode, self.num_ranks, num_layers, self.split, self.fold)
 
     @property
     def backend_name(self) -> str:
@@ -164,6 +173,12 @@ class RunSpec:
             raise RunConfigError("a run needs at least one request (--requests >= 1)")
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
             raise RunConfigError(f"--chunk-size must be an integer >= 1, got {self.chunk_size!r}")
+        from ..schedule import LayoutError, parse_fold
+
+        try:
+            parse_fold(self.fold)
+        except LayoutError as error:
+            raise RunConfigError(f"--fold: {error}") from None
         if self.lookahead < 1:
             raise RunConfigError(f"lookahead must be >= 1, got {self.lookahead}")
         if self.fault is not None and not 0 <= self.fault.rank < self.num_ranks:

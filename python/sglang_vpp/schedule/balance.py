@@ -21,9 +21,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from .cost import StageCostModel
-from .errors import LayoutError
+from .factory import policy_layout
 from .ir import RequestSpec
-from .layout import even_split
+from .layout import Fold
 from .policies import PolicySpec
 from .schedule import build_schedule
 
@@ -33,25 +33,28 @@ BALANCE_MODES = ("even", "auto")
 
 
 def estimated_makespan(policy: PolicySpec, num_ranks: int, num_layers: int, requests: Sequence[RequestSpec],
-                       chunk_size: int, cost: StageCostModel, split: Sequence[int]) -> float:
-    """End of the last compute on the planner's estimated clock for this split."""
-    schedule = build_schedule(policy, num_ranks, num_layers, list(requests), chunk_size, list(split), cost)
+                       chunk_size: int, cost: StageCostModel, split: Sequence[int] | None,
+                       fold: Fold | str = Fold.SPLIT) -> float:
+    """End of the last compute on the planner's estimated clock for this split (None: even)."""
+    schedule = build_schedule(policy, num_ranks, num_layers, list(requests), chunk_size,
+                              None if split is None else list(split), cost, fold=fold)
     return max((entry.end for entry in schedule.estimated_timeline), default=0.0)
 
 
 def balance_split(policy: PolicySpec, num_ranks: int, num_layers: int, requests: Sequence[RequestSpec],
-                  chunk_size: int, cost: StageCostModel, max_moves: int = 64) -> tuple[int, ...]:
+                  chunk_size: int, cost: StageCostModel, max_moves: int = 64,
+                  fold: Fold | str = Fold.SPLIT) -> tuple[int, ...]:
     """Per-stage layer counts that shorten the estimated makespan (see the module docstring).
 
     Starts from the even split; each round tries every one-layer move between adjacent stages
     and applies the best one that helps by more than 0.01 %; stops when none does or after
     ``max_moves`` moves.
     """
-    num_stages = 2 * num_ranks if str(policy.layout_kind) == "foldback" else num_ranks
-    if num_layers < num_stages:
-        raise LayoutError(f"{num_layers} layers cannot fill {num_stages} stages; use a smaller pp size")
-    split = even_split(num_layers, num_stages)
-    best = estimated_makespan(policy, num_ranks, num_layers, requests, chunk_size, cost, split)
+    # The layout says how many stages there are (and refuses too few layers).
+    layout = policy_layout(policy, num_ranks, num_layers, None, fold)
+    num_stages = layout.num_stages
+    split = [stage.num_layers for stage in layout.stages]
+    best = estimated_makespan(policy, num_ranks, num_layers, requests, chunk_size, cost, split, fold)
     for _ in range(max_moves):
         candidates = []
         for i in range(num_stages - 1):
@@ -61,7 +64,7 @@ def balance_split(policy: PolicySpec, num_ranks: int, num_layers: int, requests:
                     moved[source] -= 1
                     moved[target] += 1
                     candidates.append(moved)
-        scored = [(estimated_makespan(policy, num_ranks, num_layers, requests, chunk_size, cost, c), c)
+        scored = [(estimated_makespan(policy, num_ranks, num_layers, requests, chunk_size, cost, c, fold), c)
                   for c in candidates]
         value, choice = min(scored, key=lambda item: item[0])
         if value >= best * (1 - 1e-4):

@@ -40,7 +40,7 @@ Rules (the meaning of each mode, also in docs/method.md):
   the window's budget, at most ``limits.pack_cap`` (2P-1, the slots SGLang reserves for them) per
   window. The budget, fixed when the window opens, follows the balanced steady state of method
   section 3.2: the draining group's last micro-batch C_n spends the estimated time of stages
-  1 .. 2P-2 away from rank 0, and during it rank 0 still owes the last stage of the group's
+  1 .. 2P-2 (1 .. 2P-3 with a fused fold, the same layers) away from rank 0, and during it rank 0 still owes the last stage of the group's
   in-flight micro-batches C_{n-2P+3} .. C_{n-1} (rank 0 pairs stage 0 of C_n with the last stage
   of C_{n-2P+2}). For P = 2 and tau_k = (k+1) t this is the method's (N + 1) t.
 - Batching (``token_budget``, SGLang's chunked-prefill size): a prefill micro-batch that ends its
@@ -135,8 +135,10 @@ class ControllerLimits:
 
 def default_in_flight_limit(layout: Layout, policy: PolicySpec | None = None) -> int:
     """P for the contiguous layout (SGLang's micro-batch count); 2P-1 for fold-back (rank r pairs
-    chunk k+d with chunk k-d, d = P-1-r, so 2P-1 chunks overlap in steady state); twice that for
-    a ``policy`` with ``deep_window``."""
+    chunk k+d with chunk k-d, d = P-1-r, so 2P-1 chunks overlap in steady state), with either
+    fold: fusing the fold rank's two stages changes neither the pairing on the other ranks nor
+    any rank's work per micro-batch ([Note: fused fold]); twice that for a ``policy`` with
+    ``deep_window``."""
     p = layout.num_ranks
     full = p if layout.kind is LayoutKind.CONTIGUOUS else 2 * p - 1
     return 2 * full if policy is not None and policy.deep_window else full
@@ -446,7 +448,9 @@ class Controller:
             return None
         last_stage = self.layout.num_stages - 1
         middle = sum(self._stage_cost(stage, last.mb) for stage in range(1, last_stage))
-        paired_with_rank0 = 2 * self.layout.num_ranks - 2
+        # Rank 0 pairs stage 0 of C_n with the last stage of C_{n-W+1}, W the fold-back window
+        # (2P-1, fused fold or not: [Note: fused fold]).
+        paired_with_rank0 = default_in_flight_limit(self.layout) - 1
         owed = sum(self._stage_cost(last_stage, e.mb) for _, e in members[-paired_with_rank0:-1])
         return _Window(group, middle - owed)
 

@@ -14,6 +14,7 @@ and its cost profile, and ``choose_cost`` picks the estimate (``CostChoice``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from .chunking import Chunker, DynamicChunker, FixedChunker, TaperedChunker
 from .controller import Controller, default_in_flight_limit
@@ -22,17 +23,30 @@ from .cpu_cost import cpu_serving_cost
 from .errors import CostModelError, PolicyError
 from .fitted_cost import FittedCostModel
 from .ir import ChunkSpec
-from .layout import Layout
+from .layout import Fold, Layout, LayoutKind, build_layout, parse_fold
 from .policies import PolicySpec, dcpp, get_policy, vpp_taper
 
 __all__ = ["ControllerConfig", "CostChoice", "build_controller", "choose_cost", "controller_config",
-           "default_chunker", "read_cost_profile", "tapered_chunker"]
+           "default_chunker", "policy_layout", "read_cost_profile", "tapered_chunker"]
+
+
+def policy_layout(policy: str | PolicySpec, num_ranks: int, num_layers: int, split: Sequence[int] | None = None,
+                  fold: Fold | str = Fold.SPLIT) -> Layout:
+    """The layout ``policy`` runs on: its layout kind, ``split`` layer counts per stage, and for a
+    fold-back mode ``fold`` (``layout.py``, [Note: fused fold]). A contiguous mode has no fold and
+    ignores it, so one ``--fold`` serves a matrix of modes. LayoutError for a bad value."""
+    spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
+    fold = parse_fold(fold)
+    return build_layout(num_ranks, num_layers, spec.layout_kind, split,
+                        fold if spec.layout_kind is LayoutKind.FOLDBACK else Fold.SPLIT)
 
 
 def tapered_chunker(chunk_size: int, layout: Layout) -> TaperedChunker:
     """vpp-taper's chunker: chunks of at most ``chunk_size`` planned for ``layout``'s depth
-    (``policies/vpp_taper.py``); also the tapered cut ``auto`` weighs (``auto_size.py``)."""
-    return TaperedChunker(chunk_size, vpp_taper.TAPER_RATIO, vpp_taper.CHUNKS_PER_STAGE * layout.num_stages,
+    (``policies/vpp_taper.py``); also the tapered cut ``auto`` weighs (``auto_size.py``). The
+    depth is the method's stage count, whatever the fold: a fused fold keeps the 2P-1 window
+    the cut fills ([Note: fused fold])."""
+    return TaperedChunker(chunk_size, vpp_taper.TAPER_RATIO, vpp_taper.CHUNKS_PER_STAGE * layout.method_stages,
                           vpp_taper.MIN_BODY_TOKENS)
 
 

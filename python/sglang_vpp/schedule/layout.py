@@ -6,6 +6,9 @@ Two kinds:
 - ``foldback`` (VPP): ``2P`` virtual stages; rank ``r`` holds stages ``r`` and ``2P-1-r`` so a
   chunk travels down the ranks and back up (the V). See [Note: fold point has no comm].
 
+A fold-back layout has a ``fold``: ``split`` (the method's, above) or ``fused`` (see
+[Note: fused fold]).
+
 Layers are split among stages evenly (the remainder goes to the earliest stages, deterministically)
 or by an explicit list of per-stage layer counts (the knob for uneven splits, e.g. to make room for
 embedding and lm_head, which both land on rank 0 with the fold-back layout).
@@ -15,6 +18,18 @@ With the fold-back layout, stages ``P-1`` and ``P`` both live on the last rank `
 goes from one to the other without any communication. Lowering and the validator rely on
 ``Layout.rank_of`` to decide when a hand-off needs a send/recv pair, so the fold needs no special
 case anywhere else.
+
+[Note: fused fold]
+Since the two stages at the fold hold contiguous layers and hand off without communication,
+the fused fold runs them as ONE stage: ``2P-1`` stages, stage ``P-1`` (layers of the method's
+``s_{P-1}`` and ``s_P``) on rank ``P-1``, stage ``s`` > ``P-1`` on rank ``2P-2-s``. The fold rank
+then runs one forward per micro-batch instead of two, saving a forward's host time (launch,
+scheduling, messages) per micro-batch there and one host gap on every micro-batch's trip.
+Every other rank still holds two stages, so the pairing that sizes the in-flight window
+(rank r pairs chunk k+d with chunk k-d) and the work per rank are unchanged: the windows stay
+at the method's ``2P-1``. Layer counts (``split``) are per stage, so ``2P-1`` of them; the
+default is the method's even split over ``2P`` stages with the fold's two counts added, so
+every rank holds the layers it holds with the split fold.
 """
 
 from __future__ import annotations
@@ -25,12 +40,21 @@ from typing import Sequence
 
 from .errors import LayoutError
 
-__all__ = ["LayoutKind", "StageSpec", "Layout", "build_layout", "even_split"]
+__all__ = ["Fold", "LayoutKind", "StageSpec", "Layout", "build_layout", "even_split", "parse_fold"]
 
 
 class LayoutKind(StrEnum):
     CONTIGUOUS = "contiguous"
     FOLDBACK = "foldback"
+
+
+class Fold(StrEnum):
+    """How a fold-back layout treats the two stages at the fold ([Note: fused fold])."""
+
+    SPLIT = "split"
+    """Two stages on the fold rank, one forward each (the method's)."""
+    FUSED = "fused"
+    """One stage over both layer ranges: one forward per micro-batch on the fold rank."""
 
 
 _KIND_ALIASES = {
@@ -72,10 +96,19 @@ class Layout:
     num_ranks: int
     num_layers: int
     stages: tuple[StageSpec, ...]
+    fold: Fold = Fold.SPLIT
+    """``fused``: the fold rank's two stages are one ([Note: fused fold]); always ``split`` for
+    the contiguous layout, which has no fold."""
 
     @property
     def num_stages(self) -> int:
         return len(self.stages)
+
+    @property
+    def method_stages(self) -> int:
+        """Stages of this kind's layout in the method (2P fold-back, P contiguous), whatever the
+        fold: the depth the method's counts (the taper's chunks per stage) are stated for."""
+        return _method_stage_count(self.kind, self.num_ranks)
 
     @property
     def last_stage(self) -> int:
@@ -89,7 +122,8 @@ class Layout:
         return tuple(s.stage_index for s in self.stages if s.rank == rank)
 
     def to_dict(self) -> dict:
-        return {
+        """JSON form; ``fold`` only when fused, so split layouts keep their form (absent: split)."""
+        out = {
             "kind": str(self.kind),
             "num_ranks": self.num_ranks,
             "num_layers": self.num_layers,
@@ -98,11 +132,15 @@ class Layout:
                 for s in self.stages
             ],
         }
+        if self.fold is Fold.FUSED:
+            out["fold"] = str(self.fold)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "Layout":
         split = [stage["layers"][1] - stage["layers"][0] for stage in data["stages"]]
-        return build_layout(data["num_ranks"], data["num_layers"], data["kind"], split)
+        return build_layout(data["num_ranks"], data["num_layers"], data["kind"], split,
+                            data.get("fold", Fold.SPLIT))
 
 
 def even_split(num_layers: int, num_stages: int) -> list[int]:
@@ -111,11 +149,26 @@ def even_split(num_layers: int, num_stages: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(num_stages)]
 
 
-def _stage_ranks(kind: LayoutKind, num_ranks: int) -> list[int]:
+def _method_stage_count(kind: LayoutKind, num_ranks: int) -> int:
+    return 2 * num_ranks if kind is LayoutKind.FOLDBACK else num_ranks
+
+
+def _stage_ranks(kind: LayoutKind, num_ranks: int, fold: Fold) -> list[int]:
     if kind is LayoutKind.CONTIGUOUS:
         return list(range(num_ranks))
-    # Rank r holds s_r and s_{2P-1-r}: down the ranks, then back up.
-    return list(range(num_ranks)) + list(reversed(range(num_ranks)))
+    # Rank r holds s_r and s_{2P-1-r}: down the ranks, then back up; fused, the way back up
+    # starts on rank P-2 since the fold rank's two stages are one.
+    back = num_ranks - 1 if fold is Fold.FUSED else num_ranks
+    return list(range(num_ranks)) + list(reversed(range(back)))
+
+
+def parse_fold(fold: Fold | str) -> Fold:
+    """``fold`` as a ``Fold``; LayoutError naming the choices for anything else."""
+    try:
+        return Fold(fold)
+    except ValueError:
+        raise LayoutError(f"unknown fold {fold!r}; expected split (the method's) or fused "
+                          "(the fold rank runs its two stages as one)") from None
 
 
 def build_layout(
@@ -123,8 +176,11 @@ def build_layout(
     num_layers: int,
     kind: LayoutKind | str = LayoutKind.CONTIGUOUS,
     split: Sequence[int] | None = None,
+    fold: Fold | str = Fold.SPLIT,
 ) -> Layout:
-    """Build a layout; raise ``LayoutError`` naming the bad value and the fix."""
+    """Build a layout; raise ``LayoutError`` naming the bad value and the fix. ``fold``: for the
+    fold-back layout only ([Note: fused fold])."""
+    fold = parse_fold(fold)
     if isinstance(kind, str) and not isinstance(kind, LayoutKind):
         if kind not in _KIND_ALIASES:
             raise LayoutError(
@@ -138,20 +194,32 @@ def build_layout(
             f"the fold-back (vpp) layout needs at least 2 ranks, got pp={num_ranks}; "
             "use --pp 2 or more, or a contiguous mode (cpp)"
         )
-    num_stages = num_ranks if kind is LayoutKind.CONTIGUOUS else 2 * num_ranks
-    if not isinstance(num_layers, int) or num_layers < num_stages:
+    if kind is LayoutKind.CONTIGUOUS and fold is Fold.FUSED:
+        raise LayoutError("a fused fold needs the fold-back (vpp) layout; the contiguous layout (cpp, dcpp) "
+                          "has no fold: use --fold split or a vpp mode")
+    stage_ranks = _stage_ranks(kind, num_ranks, fold)
+    num_stages = len(stage_ranks)
+    # A fused layout's default split is the method's, so it needs the method's 2P layers.
+    least = num_stages if split is not None else _method_stage_count(kind, num_ranks)
+    if not isinstance(num_layers, int) or num_layers < least:
         raise LayoutError(
-            f"{num_layers!r} layers cannot fill {num_stages} stages ({kind} layout, pp={num_ranks}): "
-            f"every stage needs at least one layer; use a model with >= {num_stages} layers "
+            f"{num_layers!r} layers cannot fill {least} stages ({kind} layout, pp={num_ranks}): "
+            f"every stage needs at least one layer; use a model with >= {least} layers "
             "or a smaller pp size"
         )
-    if split is None:
+    if split is None and fold is Fold.FUSED:
+        # The method's even split with the fold's two stages merged: the fold rank keeps its
+        # share of the layers (an even split over 2P-1 stages would halve it).
+        counts = even_split(num_layers, 2 * num_ranks)
+        counts[num_ranks - 1:num_ranks + 1] = [counts[num_ranks - 1] + counts[num_ranks]]
+    elif split is None:
         counts = even_split(num_layers, num_stages)
     else:
         counts = list(split)
         if len(counts) != num_stages:
+            fused = " (fused fold)" if fold is Fold.FUSED else ""
             raise LayoutError(
-                f"layer split {counts} has {len(counts)} entries; the {kind} layout with "
+                f"layer split {counts} has {len(counts)} entries; the {kind} layout{fused} with "
                 f"pp={num_ranks} has {num_stages} stages: give one count per stage"
             )
         bad = [c for c in counts if not isinstance(c, int) or c < 0]
@@ -167,7 +235,7 @@ def build_layout(
             )
     stages = []
     start = 0
-    for index, (rank, count) in enumerate(zip(_stage_ranks(kind, num_ranks), counts)):
+    for index, (rank, count) in enumerate(zip(stage_ranks, counts)):
         stages.append(StageSpec(index, rank, start, start + count))
         start += count
-    return Layout(kind, num_ranks, num_layers, tuple(stages))
+    return Layout(kind, num_ranks, num_layers, tuple(stages), fold)

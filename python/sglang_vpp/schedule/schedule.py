@@ -12,9 +12,9 @@ from typing import Sequence
 from .chunking import Chunker
 from .controller import hand_off_groups
 from .cost import StageCostModel
-from .factory import controller_config
+from .factory import controller_config, policy_layout
 from .ir import Action, ChunkSpec, RequestSpec
-from .layout import Layout, build_layout
+from .layout import Fold, Layout
 from .planner import Planner, TimelineEntry
 from .policies import CommSemantics, Policy, PolicySpec, get_policy
 
@@ -73,12 +73,14 @@ def build_schedule(
     num_groups: int | None = None,
     max_in_flight: int | None = None,
     batching: bool = False,
+    fold: Fold | str = Fold.SPLIT,
 ) -> Schedule:
     """Plan ``requests`` (lengths or ``RequestSpec``) end to end for one policy. ``batching``
     off by default: one request per forward, the reference runtime's ``--no-batch-requests``
-    (``factory.controller_config``); the runtime's default batches, as ``batching=True`` plans."""
+    (``factory.controller_config``); the runtime's default batches, as ``batching=True`` plans.
+    ``fold``: a fold-back mode's fold (``factory.policy_layout``)."""
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
-    layout = build_layout(num_ranks, num_layers, spec.layout_kind, split)
+    layout = policy_layout(spec, num_ranks, num_layers, split, fold)
     specs = [r if isinstance(r, RequestSpec) else RequestSpec(int(r)) for r in requests]
     config = controller_config(spec, layout, chunk_size, cost, max((r.length for r in specs), default=1),
                                batching=batching, max_in_flight=max_in_flight, num_groups=num_groups,

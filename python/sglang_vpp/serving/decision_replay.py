@@ -44,6 +44,7 @@ from typing import Sequence
 from ..schedule import (
     Admission,
     Controller,
+    Fold,
     FixedChunker,
     Layout,
     MicroBatch,
@@ -157,11 +158,17 @@ def replay_trace(trace_dir: str | Path) -> ReplayResult:
                         divergence)
 
 
+def recorded_layout(inputs: dict) -> Layout:
+    """The layout a server ran, from its recorded controller inputs (``fold`` absent: split)."""
+    stage_layers = [int(n) for n in inputs["stage_layers"]]
+    return build_layout(int(inputs["pp_size"]), sum(stage_layers), get_policy(inputs["mode"]).layout_kind,
+                        stage_layers, inputs.get("fold", Fold.SPLIT))
+
+
 def _build_controller(inputs: dict, rank: int) -> Controller:
     try:
         policy = get_policy(inputs["mode"])
-        stage_layers = [int(n) for n in inputs["stage_layers"]]
-        layout = build_layout(int(inputs["pp_size"]), sum(stage_layers), policy.layout_kind, stage_layers)
+        layout = recorded_layout(inputs)
         # Admission and order never read the chunker; traces written before chunk sizes were
         # recorded replay with any. An ``auto`` server records its cap instead.
         cap = inputs.get("auto_chunk_cap")
@@ -328,9 +335,7 @@ class ServerWorkload:
         return tuple(int(n) for n in self.inputs["stage_layers"])
 
     def layout(self) -> Layout:
-        policy = get_policy(self.mode)
-        return build_layout(int(self.inputs["pp_size"]), sum(self.stage_layers), policy.layout_kind,
-                            list(self.stage_layers))
+        return recorded_layout(self.inputs)
 
     def cost_model(self) -> StageCostModel:
         return _cost_model(self.inputs["cost"])

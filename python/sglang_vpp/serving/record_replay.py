@@ -46,6 +46,7 @@ from ..schedule import (
     RequestSpec,
     Schedule,
     StageCostModel,
+    Fold,
     StageSpec,
     build_layout,
     compute,
@@ -102,12 +103,15 @@ def _positions(window: Sequence[dict]) -> dict[int, tuple[int, int]]:
 
 
 def _window_layout(window: Sequence[dict], num_ranks: int) -> Layout:
-    """Contiguous when every stage index is a rank, else fold-back; one layer per stage (the
-    records' own costs need no layer count)."""
+    """Contiguous when every stage index is a rank, else fold-back, fused when a stage past the
+    fold ran on the rank the fused fold gives it (``2P-2-s``, the split fold's being ``2P-1-s``);
+    one layer per stage (the records' own costs need no layer count)."""
     num_stages = max((r["stage"] for r in window), default=0) + 1
     if num_stages <= num_ranks:
         return build_layout(num_ranks, num_ranks, LayoutKind.CONTIGUOUS)
-    return build_layout(num_ranks, 2 * num_ranks, LayoutKind.FOLDBACK)
+    fused = any(r["rank"] == 2 * num_ranks - 2 - r["stage"] for r in window if r["stage"] >= num_ranks)
+    fold = Fold.FUSED if fused else Fold.SPLIT
+    return build_layout(num_ranks, 2 * num_ranks, LayoutKind.FOLDBACK, fold=fold)
 
 
 def records_schedule(window: Sequence[dict], num_ranks: int,

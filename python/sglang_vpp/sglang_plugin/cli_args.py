@@ -70,7 +70,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PLUGIN_FLAGS = ("--pp-mode", "--vpp-layer-split", "--vpp-trace", "--vpp-comm-timeout", "--vpp-cost-profile")
+PLUGIN_FLAGS = ("--pp-mode", "--vpp-layer-split", "--vpp-fold", "--vpp-trace", "--vpp-comm-timeout",
+                "--vpp-cost-profile")
 """Every flag the plugin adds (a server started with one needs the plugin loaded)."""
 
 
@@ -161,6 +162,15 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
         metavar="N0,N1,...",
         help="Layers per virtual stage s0..s(2P-1) for vpp modes (rank r holds s_r and "
         "s_(2P-1-r)); must add up to the model's layer count. Default: as even as possible.",
+    )
+    group.add_argument(
+        "--vpp-fold",
+        type=str,  # parsed in check_namespace, so a typo gets the one-line error too
+        default=None,
+        metavar="{split,fused}",
+        help="vpp modes: split (default) runs the last rank's two virtual stages s_(P-1) and s_P as "
+        "two forwards, as the method does; fused runs them as one forward over both layer ranges "
+        "(one host overhead less per micro-batch there). --vpp-layer-split then takes 2P-1 counts.",
     )
     group.add_argument(
         "--vpp-trace",

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_vpp.comm.config import SERVED_COMM_TIMEOUT_S
-from sglang_vpp.schedule import FOLDBACK_MODES, Policy
+from sglang_vpp.schedule import FOLDBACK_MODES, Fold, LayoutError, Policy, parse_fold
 from sglang_vpp.sglang_plugin.errors import PpModeError
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "is_vpp_mode",
     "options_of",
     "parse_layer_split",
+    "parse_vpp_fold",
     "resolve_comm_timeout",
 ]
 
@@ -99,9 +100,13 @@ class PipelineOptions:
     """A fitted cost model file for the VPP controller's estimates (``--vpp-cost-profile``)."""
     vpp_auto_chunk: bool = False
     """``--chunked-prefill-size auto``: SGLang gets a cap, the controller sizes each chunk."""
+    vpp_fold: Fold = Fold.SPLIT
+    """``--vpp-fold``: ``fused`` runs the fold rank's two virtual stages as one forward
+    (``schedule/layout.py``, [Note: fused fold])."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pp_mode", PpMode(self.pp_mode))
+        object.__setattr__(self, "vpp_fold", parse_vpp_fold(self.vpp_fold))
         if self.vpp_layer_split is not None:
             object.__setattr__(self, "vpp_layer_split", tuple(int(n) for n in self.vpp_layer_split))
 
@@ -119,7 +124,16 @@ class PipelineOptions:
             vpp_comm_timeout=resolve_comm_timeout(getattr(namespace, "vpp_comm_timeout", None)),
             vpp_cost_profile=getattr(namespace, "vpp_cost_profile", None),
             vpp_auto_chunk=bool(getattr(namespace, "vpp_auto_chunk", False)),
+            vpp_fold=parse_vpp_fold(getattr(namespace, "vpp_fold", None) or Fold.SPLIT),
         )
+
+
+def parse_vpp_fold(text: str | Fold) -> Fold:
+    """``--vpp-fold`` as a ``Fold``; PpModeError naming the choices otherwise."""
+    try:
+        return parse_fold(text)
+    except LayoutError as exc:
+        raise PpModeError(f"--vpp-fold: {exc}") from None
 
 
 def parse_layer_split(text: str | tuple[int, ...] | None) -> tuple[int, ...] | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from sglang_vpp.schedule import Fold
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.options import PipelineOptions, PpMode, is_vpp_mode
 
@@ -177,14 +178,17 @@ def _check_vpp_compatible_features(args: Any, mode: str) -> None:
 
 
 def _check_layer_split(args: Any, options: PipelineOptions, pp_size: int) -> None:
-    num_stages = 2 * pp_size
+    num_stages = 2 * pp_size  # the method's: an even split needs this many layers, fused or not
+    fused = options.vpp_fold is Fold.FUSED
+    num_counts = num_stages - 1 if fused else num_stages
     num_layers = model_num_layers(_get(args, "model_path"), bool(_get(args, "trust_remote_code")))
     split = options.vpp_layer_split
-    if split is not None and len(split) != num_stages:
+    if split is not None and len(split) != num_counts:
+        per_rank = "2 per rank, 1 on the last with --vpp-fold fused" if fused else "2 per rank"
         raise PpModeError(
             f"--vpp-layer-split {','.join(map(str, split))} has {len(split)} entries but "
-            f"--pp-size {pp_size} has {num_stages} virtual stages (2 per rank); give "
-            f"{num_stages} layer counts"
+            f"--pp-size {pp_size} has {num_counts} virtual stages ({per_rank}); give "
+            f"{num_counts} layer counts"
         )
     if num_layers is None:
         return  # not readable here (remote model): vpp.install checks it at start-up
@@ -207,6 +211,11 @@ def validate_pipeline_args(args: Any, options: PipelineOptions) -> None:
     chunked = _get(args, "chunked_prefill_size")
     chunked_disabled = chunked is not None and int(chunked) <= 0
 
+    if not is_vpp_mode(mode) and options.vpp_fold is not Fold.SPLIT:
+        raise PpModeError(
+            f"--vpp-fold {options.vpp_fold} only applies to --pp-mode vpp, vpp-async, vpp-pack, vpp-taper or "
+            f"vpp-stream (got --pp-mode {mode}); drop --vpp-fold or choose a vpp mode"
+        )
     if not is_vpp_mode(mode) and options.vpp_layer_split is not None:
         raise PpModeError(
             f"--vpp-layer-split only applies to --pp-mode vpp, vpp-async, vpp-pack, vpp-taper or "

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..schedule import ChunkSpec, StageCostModel, build_controller, build_layout, controller_config, get_policy
+from ..schedule import ChunkSpec, Fold, StageCostModel, build_controller, controller_config, get_policy, policy_layout
 from .cost.base import stage_time
 
 __all__ = ["DecodeEstimate", "estimate_decode", "decode_micro_batch"]
@@ -47,7 +47,7 @@ class DecodeEstimate:
     requests_per_micro_batch: int
     """Of the fullest slot."""
     forwards_per_round: int
-    """Forwards each rank runs while every running request gains one token."""
+    """Forwards the rank with the most stages runs while every running request gains one token."""
     rank_round_s: float
     """The busiest rank's compute per round."""
     trip_s: float
@@ -66,15 +66,16 @@ def decode_micro_batch(num_requests: int, context: int) -> ChunkSpec:
 
 
 def estimate_decode(mode: str, num_ranks: int, num_layers: int, cost: StageCostModel, running: int,
-                    context: int, all_slots: bool = False) -> DecodeEstimate:
+                    context: int, all_slots: bool = False, fold: Fold | str = Fold.SPLIT) -> DecodeEstimate:
     """The steady state of ``running`` decoding requests with ``context`` tokens each (module doc);
-    ``all_slots``: spread over every slot of the mode instead of its decode slots."""
+    ``all_slots``: spread over every slot of the mode instead of its decode slots; ``fold``: a
+    fold-back mode's fold (a fused fold runs one forward per micro-batch on rank P-1)."""
     if running < 1:
         raise ValueError(f"running requests must be >= 1, got {running}")
     if context < 0:
         raise ValueError(f"context must be >= 0 tokens, got {context}")
     spec = get_policy(mode)
-    layout = build_layout(num_ranks, num_layers, spec.layout_kind)
+    layout = policy_layout(spec, num_ranks, num_layers, None, fold)
     # The slots a server opens for this mode (its controller's limits; the chunk size plays no part).
     controller = build_controller(controller_config(spec, layout, 1, cost, 1))
     limits = controller.limits
@@ -89,5 +90,5 @@ def estimate_decode(mode: str, num_ranks: int, num_layers: int, cost: StageCostM
     rank_round = slots * max(per_rank)
     in_flight = min(limits.in_flight, slots)  # decode is never packed
     itl = max(rank_round, slots / in_flight * trip)
-    forwards = slots * len(layout.stages) // num_ranks
+    forwards = slots * max(len(layout.stages_of(rank)) for rank in range(num_ranks))
     return DecodeEstimate(str(spec.name), slots, per_slot, forwards, rank_round, trip, itl)

@@ -22,10 +22,11 @@ from ..schedule import (
     Planner,
     RequestSpec,
     Schedule,
+    Fold,
     StageCostModel,
-    build_layout,
     controller_config,
     get_policy,
+    policy_layout,
     schedule_from_planner,
     validate_schedule,
 )
@@ -66,6 +67,8 @@ class RunConfig:
     auto_chunk: bool = False
     """Let the controller's ``auto`` chunker pick the chunk size and batch budget per situation
     (``schedule/auto_size.py``): at each send, from the planner's state then (``LiveSituation``)."""
+    fold: Fold = Fold.SPLIT
+    """A fold-back mode's fold (``schedule/layout.py``, [Note: fused fold]); contiguous modes ignore it."""
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1:
@@ -130,8 +133,8 @@ def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: R
     """Plan ``workload`` for ``mode`` on the engine (see module doc): the controller decides with
     ``cost``, at the times ``durations`` gives (default: ``stage_durations(cost, config)``)."""
     spec = get_policy(mode)
-    layout = build_layout(config.num_ranks, num_layers, spec.layout_kind,
-                          list(config.split) if config.split else None)
+    layout = policy_layout(spec, config.num_ranks, num_layers, list(config.split) if config.split else None,
+                           config.fold)
     pending = list(workload.requests)
     concurrency = workload.concurrency if workload.concurrency is not None else len(pending)
     first, pending = pending[:concurrency], pending[concurrency:]

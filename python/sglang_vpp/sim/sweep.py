@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..schedule.auto_size import AUTO, CANDIDATES, is_auto
-from ..schedule import BALANCE_MODES, RequestSpec, StageCostModel, balance_split, parse_policies
+from ..schedule import BALANCE_MODES, Fold, RequestSpec, StageCostModel, balance_split, parse_fold, parse_policies
 from .errors import SimError
 from .config import SimConfig
 from .idle import IDLE_CAUSES
@@ -37,12 +37,13 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
                     chunk_sizes: Sequence[int | str], num_ranks: int, split: Sequence[int] | None = None,
                     sim: SimConfig | None = None, seq_len: int | None = None,
                     keep_schedules: bool = False, balance: str = "even",
-                    batch_requests: bool = True, jitter: float = 0.0, jitter_seed: int = 0) -> list[SweepRow]:
+                    batch_requests: bool = True, jitter: float = 0.0, jitter_seed: int = 0,
+                    fold: Fold | str = Fold.SPLIT) -> list[SweepRow]:
     """Every mode at every chunk size on one workload (the planner's estimate is ``cost``).
 
     ``balance="auto"``: each (mode, chunk size) runs on the layer split ``balance_split``
     chooses for this cost model from the workload's first requests (up to 8).
-    ``batch_requests``, ``jitter``, ``jitter_seed``: see ``RunConfig``. A chunk size ``"auto"``
+    ``batch_requests``, ``jitter``, ``jitter_seed``, ``fold``: see ``RunConfig``. A chunk size ``"auto"``
     runs the controller's ``auto`` chunker (``RunConfig.auto_chunk``) with every candidate allowed.
     """
     if balance not in BALANCE_MODES:
@@ -50,6 +51,7 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
     if balance == "auto" and split:
         raise SimError("--balance auto chooses the layer split itself; drop --split or use --balance even")
     specs = parse_policies(modes if isinstance(modes, str) else ",".join(modes))
+    fold = parse_fold(fold)
     probe = [RequestSpec(r.length) for r in workload.requests[:8]]
     rows = []
     for entry in chunk_sizes:
@@ -58,9 +60,9 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
         for spec in specs:
             chosen = tuple(split) if split else None
             if balance == "auto":
-                chosen = balance_split(spec, num_ranks, num_layers, probe, chunk_size, cost)
+                chosen = balance_split(spec, num_ranks, num_layers, probe, chunk_size, cost, fold=fold)
             config = RunConfig(num_ranks, chunk_size, chosen, batch_requests=batch_requests, jitter=jitter,
-                               jitter_seed=jitter_seed, sim=sim or SimConfig(), auto_chunk=auto)
+                               jitter_seed=jitter_seed, sim=sim or SimConfig(), auto_chunk=auto, fold=fold)
             rows.append(SweepRow(workload.name, seq_len,
                                  run_mode(str(spec.name), workload, cost, config, num_layers, keep_schedules)))
     return rows

@@ -34,6 +34,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sglang_vpp.schedule import Fold
+
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
 from .state import VPP_MODES, VppConfig, VppState, get_state, load_cost_profile, set_state
 
@@ -51,12 +53,12 @@ __all__ = [
 _P = "sglang.srt."
 
 
-def _options(server_args: Any) -> tuple[str, tuple[int, ...] | None, str | None, float | None, str | None, bool]:
+def _options(server_args: Any) -> tuple[str, tuple[int, ...] | None, str | None, float | None, str | None, bool, Fold]:
     from sglang_vpp.sglang_plugin.options import options_of
 
     options = options_of(server_args)
     return (str(options.pp_mode), options.vpp_layer_split, options.vpp_trace, options.vpp_comm_timeout,
-            options.vpp_cost_profile, options.vpp_auto_chunk)
+            options.vpp_cost_profile, options.vpp_auto_chunk, options.vpp_fold)
 
 
 def _refuse_unsupported(server_args: Any, mode: str) -> None:
@@ -83,7 +85,8 @@ def _refuse_missing_hook_targets(mode: str) -> None:
 def check_args(args: Any, options: Any) -> None:
     """Launcher-side checks before anything loads (called by the plugin's validation)."""
     mode = str(options.pp_mode)
-    VppConfig(mode=mode, pp_size=int(getattr(args, "pp_size", 1)), layer_split=options.vpp_layer_split)
+    VppConfig(mode=mode, pp_size=int(getattr(args, "pp_size", 1)), layer_split=options.vpp_layer_split,
+              fold=options.vpp_fold)
     _refuse_unsupported(args, mode)
     _refuse_missing_hook_targets(mode)
     if options.vpp_cost_profile:
@@ -103,13 +106,13 @@ def install(server_args: Any) -> None:
     from .retraction import RETRACT_DECODE, around_retract_decode
     from .stage_runner import around_forward_batch_init_new
 
-    mode, split, trace, timeout, cost_profile, auto_chunk = _options(server_args)
+    mode, split, trace, timeout, cost_profile, auto_chunk, fold = _options(server_args)
     if mode not in VPP_MODES:
         raise VppConfigError(f"install() called for --pp-mode {mode}; expected one of {VPP_MODES}")
     _refuse_unsupported(server_args, mode)
     _refuse_missing_hook_targets(mode)
     config = VppConfig.from_env(mode, int(server_args.pp_size), split)
-    overrides = {"comm_timeout_s": float(timeout)}  # options.resolve_comm_timeout: flag > env > default
+    overrides = {"comm_timeout_s": float(timeout), "fold": fold}  # timeout: flag > env > default
     if trace:
         overrides["trace_dir"] = trace
     if cost_profile:

@@ -1,7 +1,8 @@
 """The VPP scheduler loop: fold-back pipeline over SGLang's replicated schedulers.
 
 Replaces ``event_loop_pp`` for ``--pp-mode vpp | vpp-async | vpp-pack | vpp-taper | vpp-stream`` (routed from
-``_dispatch_event_loop_once``). Rank r runs virtual stages r and 2P-1-r.
+``_dispatch_event_loop_once``). Rank r runs virtual stages r and 2P-1-r; with ``--vpp-fold fused`` the
+last rank runs its two as one stage (one forward; ``schedule/layout.py``, [Note: fused fold]).
 
 Data flow of one micro-batch (P = 2):
 
@@ -424,7 +425,8 @@ class LeaderLoop(_LoopBase):
 
 
 class FollowerLoop(_LoopBase):
-    """Ranks 1..P-1: replay rank 0's decisions, run two virtual stages per micro-batch."""
+    """Ranks 1..P-1: replay rank 0's decisions, run two virtual stages per micro-batch (the last
+    rank one, under a fused fold)."""
 
     def __init__(self, scheduler: Any, state: VppState) -> None:
         super().__init__(scheduler, state)
@@ -448,8 +450,8 @@ class FollowerLoop(_LoopBase):
                 ready.append((self.down_stage, self.fwd_items[0].seq))
             if not ready:
                 continue
-            stage, _seq = self._pick(ready)
-            if stage == self.up_stage:
+            # By queue, not by stage: the last rank's one stage under a fused fold is both.
+            if ready_bwd and self._pick(ready) == ready[0]:
                 self._on_backward(self.bwd_items.popleft())
             else:
                 self._on_forward(self.fwd_items.popleft())
@@ -481,9 +483,11 @@ class FollowerLoop(_LoopBase):
         result = self._compute(job, self.down_stage, message.tensors)
         tensors = result.pp_hidden_states_proxy_tensors.tensors
         if self.is_fold:  # [Note: fold point has no comm]
-            result = self._compute(job, self.up_stage, tensors)
-            up = result.pp_hidden_states_proxy_tensors.tensors
-            self.bwd_out.send(Message(kind="hidden", seq=job.seq, stage=self.up_stage, tensors=up), blocking=self.blocking)
+            if self.up_stage != self.down_stage:  # a fused fold ran both layer ranges in one forward
+                result = self._compute(job, self.up_stage, tensors)
+                tensors = result.pp_hidden_states_proxy_tensors.tensors
+            self.bwd_out.send(Message(kind="hidden", seq=job.seq, stage=self.up_stage, tensors=tensors),
+                              blocking=self.blocking)
             return
         self.jobs[job.seq] = job
         forward = Message(kind="step", seq=job.seq, stage=self.down_stage, events=message.events, tensors=tensors)

@@ -24,6 +24,7 @@ from sglang_vpp.trace_records import cost_record
 from sglang_vpp.schedule import (
     FOLDBACK_MODES,
     Controller,
+    Fold,
     LayoutError,
     Layout,
     PolicySpec,
@@ -62,9 +63,11 @@ class VppConfig:
     mode: str
     """One of ``VPP_MODES``."""
     pp_size: int
-    """Physical pipeline ranks P; the layout has 2P virtual stages."""
+    """Physical pipeline ranks P; the layout has 2P virtual stages (2P-1 with a fused fold)."""
     layer_split: tuple[int, ...] | None = None
-    """Per-virtual-stage layer counts (2P values), or None for an even split."""
+    """Per-virtual-stage layer counts (one per stage of the layout), or None for an even split."""
+    fold: Fold = Fold.SPLIT
+    """``--vpp-fold``: ``fused`` runs the last rank's two stages as one ([Note: fused fold])."""
     comm_timeout_s: float = DEFAULT_COMM_TIMEOUT_S
     """Longest wait for a peer's message before ``CommTimeoutError``."""
     heartbeat_s: float = 1.0
@@ -89,10 +92,12 @@ class VppConfig:
             raise VppConfigError(
                 f"--pp-mode {self.mode} needs --pp-size >= 2, got {self.pp_size}; use --pp-size 2 or more"
             )
-        if self.layer_split is not None and len(self.layer_split) != 2 * self.pp_size:
+        num_stages = 2 * self.pp_size - (1 if self.fold is Fold.FUSED else 0)
+        if self.layer_split is not None and len(self.layer_split) != num_stages:
+            fused = f", --vpp-fold {self.fold}" if self.fold is Fold.FUSED else ""
             raise VppConfigError(
-                f"--vpp-layer-split has {len(self.layer_split)} values, expected {2 * self.pp_size} "
-                f"(one per virtual stage for --pp-size {self.pp_size})"
+                f"--vpp-layer-split has {len(self.layer_split)} values, expected {num_stages} "
+                f"(one per virtual stage for --pp-size {self.pp_size}{fused})"
             )
 
     @property
@@ -140,6 +145,7 @@ class VppState:
                 self.layout = build_layout(
                     self.config.pp_size, num_layers, "foldback",
                     list(self.config.layer_split) if self.config.layer_split else None,
+                    self.config.fold,
                 )
             except LayoutError as exc:
                 raise VppConfigError(f"--pp-mode {self.config.mode}: {exc}") from exc
@@ -196,6 +202,8 @@ class VppState:
             "cost": cost_record(controller.cost),
             "decodes": controller.decodes,
         }
+        if self.layout.fold is Fold.FUSED:  # absent: split, as in traces written before the option
+            inputs["fold"] = str(self.layout.fold)
         if isinstance(controller.chunker, AutoChunker):
             inputs["auto_chunk_cap"] = max(controller.chunker.sizer.candidates)
             inputs["auto_taper"] = controller.chunker.sizer.taper_for is not None
