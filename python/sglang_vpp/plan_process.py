@@ -30,11 +30,15 @@ from typing import Any, Protocol, Sequence
 from sglang_vpp.parent_death import die_with_parent
 from sglang_vpp.schedule.auto_size import AutoChoice, AutoSizer
 
-__all__ = ["AutoPlanner", "PlannerDiedError", "ProcessPlanner", "ThreadPlanner", "planner_for"]
+__all__ = ["PLANNER_NICENESS", "AutoPlanner", "PlannerDiedError", "ProcessPlanner", "ThreadPlanner", "planner_for"]
 
 logger = logging.getLogger(__name__)
 
 START_METHOD = "spawn"
+
+PLANNER_NICENESS = 10
+"""Added to the child's nice value: where the loop and the child share a CPU (no spare core), the
+loop that feeds every rank runs first and the plan, whose size only applies later, waits."""
 
 
 class PlannerDiedError(RuntimeError):
@@ -69,9 +73,10 @@ _CHILD_SIZER: AutoSizer | None = None
 """The child's sizer, from ``_start_child``."""
 
 
-def _start_child(sizer_bytes: bytes) -> None:
+def _start_child(sizer_bytes: bytes, niceness: int) -> None:
     global _CHILD_SIZER
     die_with_parent()
+    os.nice(niceness)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the process group; the parent decides
     _CHILD_SIZER = pickle.loads(sizer_bytes)
 
@@ -86,11 +91,12 @@ class ProcessPlanner:
 
     kind = "process"
 
-    def __init__(self, sizer_bytes: bytes) -> None:
-        """``sizer_bytes``: the pickled ``AutoSizer`` (``planner_for`` checks that it pickles)."""
+    def __init__(self, sizer_bytes: bytes, niceness: int = PLANNER_NICENESS) -> None:
+        """``sizer_bytes``: the pickled ``AutoSizer`` (``planner_for`` checks that it pickles);
+        ``niceness``: added to the child's nice value (``PLANNER_NICENESS``)."""
         context = multiprocessing.get_context(START_METHOD)
         self._pool = ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_start_child,
-                                         initargs=(sizer_bytes,))
+                                         initargs=(sizer_bytes, niceness))
         # Starts the child now, from the calling (loop) thread, whose exit is the one
         # PR_SET_PDEATHSIG watches; the pid names the child in errors and lets close end it.
         self._pid: Future = self._pool.submit(os.getpid)

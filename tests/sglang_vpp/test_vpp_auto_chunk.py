@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sglang_vpp.cli.app import app
-from sglang_vpp.plan_process import ProcessPlanner, ThreadPlanner, planner_for
+from sglang_vpp.plan_process import PLANNER_NICENESS, ProcessPlanner, ThreadPlanner, planner_for
 from sglang_vpp.schedule import split_request
 from sglang_vpp.schedule.auto_size import AutoChunker
 from sglang_vpp.schedule.auto_size import SERVER_CAP
@@ -407,6 +407,8 @@ def test_closing_ends_the_planner_process_even_mid_plan(monkeypatch):
     leader.situation.before_schedule(events)
     planner = leader.situation.planner
     pid = _pid_of(planner)
+    # Below the loop's priority, so a loop that shares its CPU with the plan runs first.
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + PLANNER_NICENESS)
     leader.scheduler.waiting_queue.extend(_request(4096 + 97 * i, f"n{i}") for i in range(32))
     leader.situation.before_schedule(events)  # a plan of 33 prompts is running in the child
     started = time.monotonic()
