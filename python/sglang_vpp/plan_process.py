@@ -56,8 +56,6 @@ class AutoPlanner(Protocol):
 class ThreadPlanner:
     """Plans with ``controller.auto_plan`` on one worker thread (shares the interpreter lock)."""
 
-    kind = "thread"
-
     def __init__(self, controller: Any) -> None:
         self.controller = controller
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vpp-auto-plan")
@@ -88,8 +86,6 @@ def _plan_in_child(lengths: tuple[int, ...]) -> AutoChoice:
 
 class ProcessPlanner:
     """Plans with a copy of ``sizer`` in one child process (module docstring)."""
-
-    kind = "process"
 
     def __init__(self, sizer_bytes: bytes, niceness: int = PLANNER_NICENESS) -> None:
         """``sizer_bytes``: the pickled ``AutoSizer`` (``planner_for`` checks that it pickles);
