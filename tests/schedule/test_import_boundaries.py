@@ -11,7 +11,7 @@ from pathlib import Path
 import sglang_vpp
 
 PACKAGE = Path(sglang_vpp.__file__).parent
-NO_SIM = ["sglang_plugin", "schedule", "comm", "trace_records.py", "parent_death.py"]
+NO_SIM = ["sglang_plugin", "schedule", "comm", "trace_records.py", "parent_death.py", "plan_process.py"]
 
 
 def _imported_modules(path: Path) -> list[str]:

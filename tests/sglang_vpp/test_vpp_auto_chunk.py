@@ -6,12 +6,18 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
 
 from sglang_vpp.cli.app import app
+from sglang_vpp.plan_process import PLANNER_NICENESS, ProcessPlanner, ThreadPlanner, planner_for
 from sglang_vpp.schedule import split_request
 from sglang_vpp.schedule.auto_size import AutoChunker
 from sglang_vpp.schedule.auto_size import SERVER_CAP
@@ -196,7 +202,18 @@ def _request(length: int, rid: str = "r") -> SimpleNamespace:
     return SimpleNamespace(rid=rid, prefix_len=0, origin_input_ids=[1] * length, output_ids=[])
 
 
-def _ranks(monkeypatch, waiting: list, decodes: bool = False) -> list:
+_OPEN: list = []
+"""Situation reporters the test made; each is closed after it (no planner process outlives a test)."""
+
+
+@pytest.fixture(autouse=True)
+def _close_planners():
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def _ranks(monkeypatch, waiting: list, decodes: bool = False, make_planner=planner_for) -> list:
     """Rank 0 and rank 1 of an auto server (SGLang's cap; by default the prefill server of a
     prefill-decode split), each its scheduler replica, controller, situation reporter and
     decision log."""
@@ -209,7 +226,9 @@ def _ranks(monkeypatch, waiting: list, decodes: bool = False) -> list:
         controller.chunker.on_choice = functools.partial(acct.decision, CHUNK)
         scheduler = _Scheduler(chunked_prefill_size=SERVER_CAP, max_prefill_tokens=SERVER_CAP, chunked_req=None,
                                dynamic_chunk_sizer=None, waiting_queue=list(waiting))
-        situation = chunk_sizing.AutoSituation(scheduler, controller, functools.partial(acct.decision, RESIZE))
+        situation = chunk_sizing.AutoSituation(scheduler, controller, functools.partial(acct.decision, RESIZE),
+                                               make_planner)
+        _OPEN.append(situation)
         ranks.append(SimpleNamespace(state=state, controller=controller, scheduler=scheduler, acct=acct,
                                      situation=situation))
     monkeypatch.setattr(chunk_sizing, "_sizer", None)
@@ -259,7 +278,8 @@ def test_a_burst_of_short_prompts_is_batched_at_the_size_the_controller_chose(mo
     leader.situation.before_schedule(events)  # requests only left the situation: the answer holds
     assert len(events) == 1
     leader.scheduler.waiting_queue.append(_request(900, "late"))
-    leader.situation.before_schedule(events)  # one arrived: planned off the loop
+    leader.situation.before_schedule(events)  # one arrived: planned off the loop, in a process
+    assert isinstance(leader.situation.planner, ProcessPlanner) and follower.situation.planner is None
     planned = leader.situation.told
     assert planned[-1] == 900 and len(events) == 1
     leader.situation.wait(timeout_s=60)
@@ -276,7 +296,7 @@ def test_a_later_situation_is_planned_off_the_loop_one_at_a_time(monkeypatch):
     what its scheduler holds then for the other ranks to check."""
     import threading
 
-    leader, follower = _ranks(monkeypatch, [_request(300, f"r{i}") for i in range(8)])
+    leader, follower = _ranks(monkeypatch, [_request(300, f"r{i}") for i in range(8)], make_planner=ThreadPlanner)
     events: list = []
     leader.situation.before_schedule(events)
     follower.situation.replay(events[0], rank=1)
@@ -311,6 +331,128 @@ def test_a_later_situation_is_planned_off_the_loop_one_at_a_time(monkeypatch):
     assert follower.controller.auto_size == leader.controller.auto_size == events[-1][2]
     resizes = [[d for d in rank.acct.decisions if d["kind"] == RESIZE] for rank in (leader, follower)]
     assert len(resizes[0]) == 3 and resizes[0] == resizes[1]
+
+
+def _pid_of(planner: ProcessPlanner, timeout_s: float = 60.0) -> int:
+    planner._pid.result(timeout=timeout_s)
+    assert planner.pid is not None
+    return planner.pid
+
+
+def _gone(pid: int) -> bool:
+    """The process is reaped (a zombie would still answer signal 0)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_the_planner_process_answers_as_the_loop_would(monkeypatch):
+    """Several situations planned in the child: each answer equals the plan of an equal sizer in
+    this process."""
+    leader, follower = _ranks(monkeypatch, [_request(300, f"r{i}") for i in range(4)])
+    twin = vpp_state.VppState(config=VppConfig(mode="vpp-pack", pp_size=2, auto_chunk=True, on_cpu=True), rank=0)
+    twin.ensure_layout(8)
+    in_loop = twin.build_controller(SERVER_CAP, decodes=False).chunker.sizer  # plans here, in this process
+    events: list = []
+    leader.situation.before_schedule(events)
+    for length in (5000, 700, 12000):
+        for rank in (leader, follower):
+            rank.scheduler.waiting_queue.append(_request(length, f"n{length}"))
+        leader.situation.before_schedule(events)
+        leader.situation.wait(timeout_s=120)
+        leader.situation.before_schedule(events)
+    assert isinstance(leader.situation.planner, ProcessPlanner)
+    assert len(events) == 4
+    for _, lengths, size, tapered, _ in events:
+        choice = in_loop.choose(lengths)
+        assert (size, tapered) == (choice.chunk_size, choice.tapered)
+    assert leader.situation.planner.submit(events[-1][1]).result(timeout=120) == in_loop.choose(events[-1][1])
+
+
+def test_a_plan_that_raises_in_the_child_raises_in_the_loop(monkeypatch):
+    from sglang_vpp.schedule.errors import ChunkingError
+
+    leader, _ = _ranks(monkeypatch, [_request(300)])
+    events: list = []
+    leader.situation.before_schedule(events)
+    leader.scheduler.waiting_queue.append(SimpleNamespace(rid="empty", prefix_len=0, origin_input_ids=[], output_ids=[]))
+    leader.situation.before_schedule(events)
+    leader.situation.wait(timeout_s=120)
+    with pytest.raises(ChunkingError, match="auto needs prompt lengths >= 1 token, got \\[300, 0\\]"):
+        leader.situation.before_schedule(events)
+
+
+def test_a_killed_planner_process_is_a_clear_error_not_a_hang(monkeypatch):
+    from sglang_vpp.plan_process import PlannerDiedError
+
+    leader, _ = _ranks(monkeypatch, [_request(300)])
+    events: list = []
+    leader.situation.before_schedule(events)
+    pid = _pid_of(leader.situation.planner)
+    os.kill(pid, signal.SIGKILL)
+    leader.scheduler.waiting_queue.append(_request(9000, "late"))
+    leader.situation.before_schedule(events)
+    leader.situation.wait(timeout_s=60)
+    assert leader.situation._planning is not None and leader.situation._planning[1].done()  # bounded
+    with pytest.raises(PlannerDiedError, match=f"auto planner process \\(pid {pid}\\) died while planning the "
+                                               "chunk size for 2 prompts"):
+        leader.situation.before_schedule(events)
+
+
+def test_closing_ends_the_planner_process_even_mid_plan(monkeypatch):
+    leader, _ = _ranks(monkeypatch, [_request(300)])
+    events: list = []
+    leader.situation.before_schedule(events)
+    planner = leader.situation.planner
+    pid = _pid_of(planner)
+    # Below the loop's priority, so a loop that shares its CPU with the plan runs first.
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + PLANNER_NICENESS)
+    leader.scheduler.waiting_queue.extend(_request(4096 + 97 * i, f"n{i}") for i in range(32))
+    leader.situation.before_schedule(events)  # a plan of 33 prompts is running in the child
+    started = time.monotonic()
+    leader.situation.close()
+    assert time.monotonic() - started < 30 and _gone(pid) and leader.situation.planner is None
+    leader.situation.close()  # twice is harmless
+
+
+def test_the_leader_loop_closes_the_planner_when_it_ends():
+    """``LeaderLoop.run`` closes the situation reporter whether the loop exits or fails."""
+    from sglang_vpp.sglang_plugin.vpp.event_loop import LeaderLoop
+
+    closed = []
+    auto = SimpleNamespace(close=lambda: closed.append(True))
+
+    def fails():
+        raise RuntimeError("a rank failed")
+
+    with pytest.raises(RuntimeError, match="a rank failed"):
+        LeaderLoop.run(SimpleNamespace(_run=fails, replica=SimpleNamespace(auto=auto)))
+    LeaderLoop.run(SimpleNamespace(_run=lambda: None, replica=SimpleNamespace(auto=auto)))
+    assert closed == [True, True]
+
+
+def test_a_sizer_that_does_not_pickle_plans_on_a_thread_and_says_why(monkeypatch, caplog):
+    [leader, _] = _ranks(monkeypatch, [_request(300)])
+    sizer = leader.controller.chunker.sizer
+    mode_chunkers = sizer.chunker_for
+    monkeypatch.setattr(sizer, "chunker_for", lambda size, length: mode_chunkers(size, length))
+    with caplog.at_level("WARNING"):
+        planner = planner_for(leader.controller)
+    try:
+        assert isinstance(planner, ThreadPlanner)
+        assert "planning on a worker thread" in caplog.text and "pickle" in caplog.text
+        assert planner.submit((300, 900)).result(timeout=120).chunk_size == sizer.choose((300, 900)).chunk_size
+    finally:
+        planner.close()
+
+
+def test_the_planner_module_imports_neither_torch_nor_sglang():
+    """What the child process imports (besides the parent's ``__main__``)."""
+    code = ("import sys, sglang_vpp.plan_process; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang', 'numpy')]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_a_server_that_also_decodes_batches_new_requests_at_its_cap(monkeypatch):

@@ -155,7 +155,8 @@ class AutoSizer:
         """Answers by situation, at most ``CHOICE_CACHE``; a situation planned again is
         answered alike (a plan is a pure function of the situation). Not locked: ``choose``
         runs on one thread at a time (a server plans in its loop only until its first answer,
-        then only on its one planning worker: ``vpp/chunk_sizing.AutoSituation``)."""
+        then only in its planner process, on a copy of this sizer that keeps its own answers:
+        ``plan_process.ProcessPlanner``)."""
 
     def planned(self, lengths: Sequence[int]) -> tuple[int, ...]:
         """The part of a situation that is planned: its first ``window`` prompt lengths."""
@@ -380,6 +381,30 @@ class AutoChunker:
         return cut
 
 
+@dataclass(frozen=True)
+class ModeChunkers:
+    """``default_chunker``'s chunker for the mode at a size: the ``chunker_for`` of ``auto_chunker``.
+    A module-level value, not a closure, so a sizer pickles whole (a server plans in a child
+    process: ``sglang_vpp/plan_process.py``)."""
+
+    policy: PolicySpec
+    layout: Layout
+    cost: StageCostModel
+
+    def __call__(self, size: int, max_length: int) -> Chunker:
+        return default_chunker(self.policy, size, self.layout, self.cost, max_length)
+
+
+@dataclass(frozen=True)
+class TaperedChunkers:
+    """vpp-taper's cut at a size: the ``taper_for`` of ``auto_chunker`` (pickles, as above)."""
+
+    layout: Layout
+
+    def __call__(self, size: int, max_length: int) -> Chunker:
+        return tapered_chunker(size, self.layout)
+
+
 def auto_chunker(policy: PolicySpec, layout: Layout, cost: StageCostModel, cap: int | None = None, *,
                  max_in_flight: int | None = None, chunker_for: ChunkerFactory | None = None,
                  batch: bool = True, taper: bool = True) -> AutoChunker:
@@ -387,14 +412,11 @@ def auto_chunker(policy: PolicySpec, layout: Layout, cost: StageCostModel, cap: 
     largest forward); ``chunker_for`` defaults to ``default_chunker``'s chunker for the mode, and
     then, with ``taper``, a fold-back mode with fixed chunks also weighs vpp-taper's cut
     (``tapered_chunker``)."""
-    taper_for = None
+    taper_for: ChunkerFactory | None = None
     if chunker_for is None:
-        def chunker_for(size: int, max_length: int) -> Chunker:
-            return default_chunker(policy, size, layout, cost, max_length)
-
+        chunker_for = ModeChunkers(policy, layout, cost)
         if taper and layout.kind is LayoutKind.FOLDBACK and not policy.tapered_chunks and not policy.dynamic_chunks:
-            def taper_for(size: int, max_length: int) -> Chunker:
-                return tapered_chunker(size, layout)
+            taper_for = TaperedChunkers(layout)
     sizer = AutoSizer(policy, layout, cost, chunker_for, max_in_flight=max_in_flight,
                       candidates=candidates_up_to(cap), batch=batch, taper_for=taper_for)
     return AutoChunker(sizer)

@@ -16,7 +16,7 @@ function of (prefix, remaining), so every rank cuts the same chunks.
 
 With ``--chunked-prefill-size auto`` the size also depends on the situation: before SGLang forms
 a batch, rank 0 gives the controller's ``auto`` sizer the prompt lengths waiting and in flight
-(``AutoSituation``: the first in the loop, later ones on a worker thread), and the size chosen
+(``AutoSituation``: the first in the loop, later ones in a planner process), and the size chosen
 becomes the chunk size of the requests and, on a server that only prefills, the budget of a
 batch that starts with a new request (the hook above lowers SGLang's budget to
 ``Controller.new_batch_budget``, which keeps the cap where the server also decodes). The size
@@ -27,11 +27,12 @@ holds what rank 0's held (``seen``).
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from itertools import islice
 from typing import Any, Callable
 
+from sglang_vpp.plan_process import AutoPlanner, planner_for
 from sglang_vpp.schedule import Controller, TaperedChunker
 
 from .errors import SchedulerDivergenceError
@@ -107,13 +108,17 @@ class AutoSituation:
     A plan takes from a tenth of a second to seconds (docs/auto-chunk.md, "Server"), and rank 0's
     loop feeds every rank: planning there would hold the whole pipeline at every arrival. So
     only the first situation is planned in the loop (nothing was sized yet); every later one is
-    planned on a worker thread, one at a time, while the loop goes on with the size in force,
-    and its answer is applied before the first batch formed after it is ready. Planning is pure
-    Python and reads nothing the loop writes (``AutoSizer.choose``: the situation, the estimate,
-    its own cache)."""
+    planned off it, one at a time, while the loop goes on with the size in force, and its answer
+    is applied before the first batch formed after it is ready. Planning is pure Python, so off
+    the loop means in a child process (``plan_process.ProcessPlanner``, started with the first
+    plan): a thread would hold the interpreter lock against the loop. The child holds a copy of
+    the sizer, with the answers it held then, and keeps the answers of what it plans (a plan is
+    a pure function of the situation, so every copy answers a situation alike)."""
 
-    def __init__(self, scheduler: Any, controller: Controller, record: Callable[..., None]) -> None:
-        """``record``: writes a ``resize`` trace record (``lengths``, ``size``, ``tapered``)."""
+    def __init__(self, scheduler: Any, controller: Controller, record: Callable[..., None],
+                 make_planner: Callable[[Controller], AutoPlanner] = planner_for) -> None:
+        """``record``: writes a ``resize`` trace record (``lengths``, ``size``, ``tapered``);
+        ``make_planner``: what plans off the loop (tests pass a ``ThreadPlanner``)."""
         self.scheduler = scheduler
         self.controller = controller
         self.record = record
@@ -121,8 +126,10 @@ class AutoSituation:
         """Rank 0's last situation given to the planner (``before_schedule``); the other ranks
         keep none."""
         self._planning: tuple[tuple[int, ...], Future] | None = None
-        """Rank 0: the situation being planned on the worker, and its answer to come."""
-        self._worker: ThreadPoolExecutor | None = None
+        """Rank 0: the situation being planned off the loop, and its answer to come."""
+        self.make_planner = make_planner
+        self.planner: AutoPlanner | None = None
+        """Rank 0's, from its first situation on; the other ranks start none."""
 
     def before_schedule(self, events: list) -> None:
         """Rank 0, before SGLang forms a batch: apply a finished plan, and give the planner the
@@ -139,19 +146,26 @@ class AutoSituation:
                         choice.tapered, lengths, events)
         if not lengths or lengths == self.told[len(self.told) - len(lengths):]:
             return
+        if self.planner is None:  # started now, so a planner process starts while the loop plans
+            self.planner = self.make_planner(self.controller)
         if self.controller.auto_size is None:  # nothing sized yet: this batch waits for its plan
             self.told = lengths
             self._apply(lengths, self.controller.resize(lengths), self.controller.auto_tapered, lengths, events)
         elif self._planning is None:
             self.told = lengths
-            if self._worker is None:
-                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vpp-auto-plan")
-            self._planning = (lengths, self._worker.submit(self.controller.auto_plan, lengths))
+            self._planning = (lengths, self.planner.submit(lengths))
 
     def wait(self, timeout_s: float | None = None) -> None:
-        """Block until the plan on the worker, if any, has its answer (tests, shutdown)."""
+        """Block until the plan off the loop, if any, has its answer, at most ``timeout_s`` (tests)."""
         if self._planning is not None:
             wait_futures([self._planning[1]], timeout=timeout_s)
+
+    def close(self) -> None:
+        """The scheduler exits: stop the planner, leaving no process behind."""
+        self._planning = None
+        if self.planner is not None:
+            self.planner.close()
+            self.planner = None
 
     def _apply(self, planned: tuple[int, ...], size: int, tapered: bool, seen: tuple[int, ...],
                events: list) -> None:

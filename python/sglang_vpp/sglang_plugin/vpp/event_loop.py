@@ -22,7 +22,7 @@ use) decides everything else:
   ``Controller.pick``'s choice first;
 - chunk size: SGLang's chunk-size hook asks ``Controller.next_chunk_size`` (``chunk_sizing.ControllerChunkSizer``);
   with ``auto``, rank 0 first gives the controller's sizer the prompt lengths waiting and in
-  flight (``chunk_sizing.AutoSituation``; after the first, planned on a worker thread and applied
+  flight (``chunk_sizing.AutoSituation``; after the first, planned in a child process and applied
   when ready), which also sets the budget of a batch of new requests;
 - communication: each link is a ``Controller.hand_off`` (group, peer, semantics). ``BLOCKING``
   (vpp) waits for each send to complete; ``ASYNC`` posts sends. Every mode moves its messages over
@@ -274,6 +274,13 @@ class LeaderLoop(_LoopBase):
         self.last_fwd_send = time.monotonic()
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:  # exiting or failing, the auto planner's process goes with the loop
+            if self.replica.auto is not None:
+                self.replica.auto.close()
+
+    def _run(self) -> None:
         s = self.s
         while not s.gracefully_exit:
             if self._step():
