@@ -123,6 +123,24 @@ def test_launch_tags_read_the_server_arguments():
     assert (tags["pp_mode"], tags["pp_size"], tags["tp_size"], tags["chunked_prefill_size"]) == ("vpp-pack", 2, 2, 64)
     assert tags["layer_split"] == [2, 2, 2, 2] and tags["device"] == "cpu"
     assert launch_tags("cpp", 2, 64, "cpu", ())["layer_split"] is None
+    assert launch_tags("cpp", 2, 64, "cpu", ())["fold"] == "split"
+    assert launch_tags("vpp-pack", 2, 64, "cpu", ("--vpp-fold=fused",))["fold"] == "fused"
+
+
+def test_report_layouts_follow_the_servers_fold(tmp_path):
+    """The equal-cost report re-times each mode's records on the layout its server ran: a fused
+    fold's records put stage 2 on rank 0 at pp 2, which the split layout would refuse."""
+    from types import SimpleNamespace
+
+    from sglang_vpp.cli.bench_serve_report import _layouts
+    from sglang_vpp.schedule import Fold
+
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 8}')
+    spec = SimpleNamespace(model_dir=str(tmp_path), pp_size=2, server_args=("--vpp-fold", "fused"))
+    layouts = _layouts(["cpp", "vpp-pack"], spec)
+    assert layouts["vpp-pack"].fold is Fold.FUSED and layouts["vpp-pack"].num_stages == 3
+    assert layouts["cpp"].num_stages == 2  # no fold to fuse
+    assert _layouts(["vpp-pack"], SimpleNamespace(model_dir=str(tmp_path), pp_size=2, server_args=()))["vpp-pack"].fold is Fold.SPLIT
 
 
 @pytest.mark.slow  # one bench_serving pass: a fresh Python that imports SGLang (about 10 s)

@@ -43,7 +43,7 @@ def _url_tags(run: dict[str, Any]) -> dict[str, Any]:
     split = info.get("vpp_layer_split")
     return {"pp_mode": info.get("pp_mode"), "pp_size": info.get("pp_size"), "tp_size": info.get("tp_size"),
             "chunked_prefill_size": info.get("chunked_prefill_size"),
-            "layer_split": split if isinstance(split, list) else None,
+            "layer_split": split if isinstance(split, list) else None, "fold": info.get("vpp_fold") or "split",
             "sglang_version": info.get("version") or sglang_version(), "device": info.get("device")}
 
 
@@ -113,7 +113,7 @@ SERVED_METRIC = "each pass's median served TTFT (wall clock, shared host)"
 def _layouts(modes: list[str], spec) -> dict[str, Any] | None:
     """Each mode's layer layout (the shared cost model counts layers per stage); None when the
     model's layer count cannot be read here."""
-    from sglang_vpp.schedule import build_layout, get_policy
+    from sglang_vpp.schedule import policy_layout
     from sglang_vpp.serving.results import option_value
     from sglang_vpp.sglang_plugin.validate import model_num_layers
 
@@ -121,11 +121,11 @@ def _layouts(modes: list[str], spec) -> dict[str, Any] | None:
     if num_layers is None:
         return None
     split = option_value(spec.server_args, "--vpp-layer-split")
+    fold = option_value(spec.server_args, "--vpp-fold") or "split"
     layouts = {}
     for mode in modes:
-        kind = get_policy(mode).layout_kind
         own = [int(x) for x in split.split(",")] if split and mode.startswith("vpp") else None
-        layouts[mode] = build_layout(spec.pp_size, num_layers, kind, own)
+        layouts[mode] = policy_layout(mode, spec.pp_size, num_layers, own, fold)
     return layouts
 
 

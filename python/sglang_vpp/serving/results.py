@@ -46,6 +46,7 @@ def launch_tags(mode: str, pp_size: int, chunked_prefill_size: int, device: str,
     return {"pp_mode": mode, "pp_size": pp_size, "tp_size": int(option_value(server_args, "--tp-size", "--tp") or 1),
             "chunked_prefill_size": chunked_prefill_size,
             "layer_split": [int(x) for x in split.split(",")] if split else None,
+            "fold": option_value(server_args, "--vpp-fold") or "split",
             "sglang_version": sglang_version(), "device": device}
 
 
