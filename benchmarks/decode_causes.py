@@ -126,8 +126,13 @@ def trace_fold(trace_dir: Path) -> Fold:
 def trace_summary(trace_dir: Path) -> dict[int, dict]:
     ranks = _load_ranks(trace_dir)
     # Rank 0 of a fold-back pipeline runs the first and the last stage (2P-1, or 2P-2 under a
-    # fused fold): the last is the highest it recorded.
-    last_stage = max((r["stage"] for r in ranks[0].get("records") or []), default=None) if ranks[0].get("controller") else None
+    # fused fold): one per recorded stage's layer count; a trace without them, the highest stage
+    # rank 0 ran.
+    controller = ranks[0].get("controller") or {}
+    if "stage_layers" in controller:
+        last_stage = len(controller["stage_layers"]) - 1
+    else:
+        last_stage = max((r["stage"] for r in ranks[0].get("records") or []), default=None) if controller else None
     return {rank: rank_summary(data.get("records") or [], last_stage if rank == 0 else None)
             for rank, data in sorted(ranks.items())}
 

@@ -71,9 +71,11 @@ _CHILD_SIZER: AutoSizer | None = None
 """The child's sizer, from ``_start_child``."""
 
 
-def _start_child(sizer_bytes: bytes, niceness: int) -> None:
+def _start_child(sizer_bytes: bytes, niceness: int, parent_pid: int) -> None:
     global _CHILD_SIZER
     die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died while spawn imported its __main__, before the line above
+        os._exit(1)
     os.nice(niceness)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the process group; the parent decides
     _CHILD_SIZER = pickle.loads(sizer_bytes)
@@ -92,7 +94,7 @@ class ProcessPlanner:
         ``niceness``: added to the child's nice value (``PLANNER_NICENESS``)."""
         context = multiprocessing.get_context(START_METHOD)
         self._pool = ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_start_child,
-                                         initargs=(sizer_bytes, niceness))
+                                         initargs=(sizer_bytes, niceness, os.getpid()))
         # Starts the child now, from the calling (loop) thread, whose exit is the one
         # PR_SET_PDEATHSIG watches; the pid names the child in errors and lets close end it.
         self._pid: Future = self._pool.submit(os.getpid)
@@ -134,9 +136,9 @@ class ProcessPlanner:
         pid = self.pid
         who = f"the auto planner process (pid {pid})" if pid is not None else "the auto planner process"
         return PlannerDiedError(
-            f"{who} died while planning the chunk size for {len(lengths)} prompts ({error}); it was killed "
-            "or ran out of memory. The server cannot size chunks without it: check the system log for an "
-            "out-of-memory kill and restart the server."
+            f"{who} died while planning the chunk size for {len(lengths)} prompts ({error}); it was killed, "
+            "ran out of memory, or failed to start (its traceback, if any, is in the server log). The server "
+            "cannot size chunks without it: check the system log for an out-of-memory kill and restart the server."
         )
 
     def close(self) -> None:
@@ -145,11 +147,13 @@ class ProcessPlanner:
         if self._closed:
             return
         self._closed = True
-        pid = self.pid
-        if pid is not None:
+        # The pool's own record of its child, known from the first submit on: the pid the child
+        # reports comes only once it has started (importing the parent's __main__ first), and
+        # shutdown would wait for that start.
+        for process in list((getattr(self._pool, "_processes", None) or {}).values()):
             try:
-                os.kill(pid, signal.SIGKILL)  # our unreaped child: the pid cannot name another process
-            except ProcessLookupError:
+                process.kill()  # our unreaped child: the pid cannot name another process
+            except (ProcessLookupError, ValueError):  # gone already, or closed
                 pass
         self._pool.shutdown(wait=True, cancel_futures=True)
 

@@ -138,6 +138,8 @@ CASES = [
     (["simulate", "--workload", "mixed", "--chunk-size", "8", "--modes", "cpp"],
      "the mixed workload (500 requests, 11529308 tokens) at --chunk-size 8 is 1441375 chunks, more than "
      "the limit of 131072 per run; raise --chunk-size to 89 or more"),
+    (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "1", "--requests", "2049",
+      "--layers", "2"], "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1"),
     (_BENCH + ["--requests", "2049", "--seq-len", "64", "--chunk-size", "1", "--modes", "cpp"],
      "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1 is 131136 chunks"),
     (["layout", "--pp", "2", "--layers", "8", "--mode", "foo"], "expected one of contiguous, cpp, dcpp,"),

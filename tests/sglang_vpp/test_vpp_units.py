@@ -55,6 +55,28 @@ def test_fused_fold_gives_the_last_rank_one_stage_and_check_trace_rebuilds_it():
     assert "fold" not in split_inputs and recorded_layout(split_inputs).fold is Fold.SPLIT
 
 
+def test_install_builds_a_fused_config_that_takes_its_split(monkeypatch):
+    """``install`` (each scheduler) must check a fused server's 2P-1 layer counts against the fused
+    layout, as the launcher's checks did: a split fold would refuse them."""
+    from types import SimpleNamespace
+
+    import sglang_vpp.sglang_plugin.hook_targets as hook_targets
+    import sglang_vpp.sglang_plugin.vpp as vpp
+    from sglang_vpp.schedule import Fold
+    from sglang_vpp.sglang_plugin.options import PipelineOptions, attach
+
+    monkeypatch.setattr(hook_targets, "register_hook", lambda *args, **kwargs: None)  # patch nothing in SGLang
+    monkeypatch.setattr(vpp, "_refuse_unsupported", lambda *args: None)  # checked in test_plugin_cli
+    monkeypatch.setattr(vpp, "_refuse_missing_hook_targets", lambda *args: None)  # test_surface
+    installed = []
+    monkeypatch.setattr(vpp, "get_state", lambda: None)
+    monkeypatch.setattr(vpp, "set_state", installed.append)
+    args = SimpleNamespace(pp_size=2, chunked_prefill_size=64, device="cpu", disaggregation_mode="null")
+    attach(args, PipelineOptions(pp_mode="vpp-pack", vpp_layer_split=(2, 4, 2), vpp_fold=Fold.FUSED))
+    vpp.install(args)
+    assert installed and installed[0].config.fold is Fold.FUSED and installed[0].config.layer_split == (2, 4, 2)
+
+
 def test_comm_timeout_names_peer_group_and_fix():
     from sglang_vpp.comm import CommTimeoutError as CommLayerTimeout
     from sglang_vpp.sglang_plugin.vpp.event_loop import inbox_timeout

@@ -160,7 +160,7 @@ def assert_reproduce_controls_fail(trace_dir: Path, out_dir: Path) -> None:
     fails (when the trace holds such a pick)."""
     import shutil
 
-    from sglang_vpp.serving.decision_replay import load_trace
+    from sglang_vpp.serving.decision_replay import load_trace, recorded_layout
     from sglang_vpp.serving.reproduce import MeasuredTimings, reproduce_trace
 
     shutil.copytree(trace_dir, out_dir)
@@ -174,7 +174,7 @@ def assert_reproduce_controls_fail(trace_dir: Path, out_dir: Path) -> None:
     swapped = reproduce_trace(out_dir)
     assert not swapped.ok and swapped.difference.rank == 1, swapped
     ranks = load_trace(trace_dir)
-    last = 2 * len(ranks) - 1
+    last = recorded_layout(ranks[0]["controller"]).last_stage
     pick = next((d for d in ranks[0]["decisions"] if d["kind"] == "pick" and d["ready"][0][0] == last
                  and d["ready"][1][0] == 0), None)
     if pick is not None:

@@ -37,7 +37,7 @@ from .ir import (
     recv,
     send,
 )
-from .layout import Fold, Layout, LayoutKind, StageSpec, build_layout, even_split, parse_fold
+from .layout import Fold, Layout, LayoutKind, StageSpec, build_layout, even_split, parse_fold, stage_count
 from .factory import ControllerConfig, build_controller, controller_config, default_chunker, policy_layout
 from .planner import Planner, TimelineEntry
 from .policies import FOLDBACK_MODES, POLICIES, CommSemantics, Policy, PolicySpec, Priority, get_policy, parse_policies
@@ -51,7 +51,7 @@ __all__ = [
     "split_request", "MAX_CHUNKS_PER_REQUEST", "check_chunk_count", "MAX_CHUNKS_PER_RUN", "check_run_chunk_count", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
     "check_deadlock", "ChunkingError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
     "GROUP_BACKWARD", "GROUP_FORWARD", "GROUP_SINGLE", "Action", "ActionKind", "ChunkSpec",
-    "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout", "Fold", "parse_fold", "policy_layout",
+    "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout", "Fold", "parse_fold", "stage_count", "policy_layout",
     "even_split", "FOLDBACK_MODES", "Planner", "ControllerConfig", "build_controller", "controller_config",
     "TimelineEntry", "POLICIES", "CommSemantics", "Policy",
     "PolicySpec", "Priority", "get_policy", "parse_policies", "Schedule", "build_schedule",

@@ -49,7 +49,7 @@ MAX_CHUNKS_PER_RUN = 131072
 """The most chunks of the chunk size a whole workload may be cut into. The simulator plans about
 4,000 chunks a second per mode on the 2-core development machine (cpp; vpp-stream about half
 that), so this bounds one mode's run to about a minute; the default mixed workload (500 requests,
-11.5M tokens) stays under it down to 88-token chunks, and at 8-token chunks (1.4M chunks) it
+11.5M tokens) stays under it down to 89-token chunks, and at 8-token chunks (1.4M chunks) it
 would run for minutes per mode with no output."""
 
 

@@ -40,7 +40,7 @@ from typing import Sequence
 
 from .errors import LayoutError
 
-__all__ = ["Fold", "LayoutKind", "StageSpec", "Layout", "build_layout", "even_split", "parse_fold"]
+__all__ = ["Fold", "LayoutKind", "StageSpec", "Layout", "build_layout", "even_split", "parse_fold", "stage_count"]
 
 
 class LayoutKind(StrEnum):
@@ -151,6 +151,13 @@ def even_split(num_layers: int, num_stages: int) -> list[int]:
 
 def _method_stage_count(kind: LayoutKind, num_ranks: int) -> int:
     return 2 * num_ranks if kind is LayoutKind.FOLDBACK else num_ranks
+
+
+def stage_count(kind: LayoutKind | str, num_ranks: int, fold: Fold | str = Fold.SPLIT) -> int:
+    """Stages of a layout of ``kind`` over ``num_ranks`` ranks: P contiguous, 2P fold-back, 2P-1
+    with a fused fold. The number of layer counts a split gives."""
+    kind = _KIND_ALIASES[kind] if isinstance(kind, str) and not isinstance(kind, LayoutKind) else kind
+    return len(_stage_ranks(kind, num_ranks, parse_fold(fold)))
 
 
 def _stage_ranks(kind: LayoutKind, num_ranks: int, fold: Fold) -> list[int]:

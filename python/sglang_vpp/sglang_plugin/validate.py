@@ -19,7 +19,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sglang_vpp.schedule import Fold
+from sglang_vpp.schedule import Fold, stage_count
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.options import PipelineOptions, PpMode, is_vpp_mode
 
@@ -178,9 +178,9 @@ def _check_vpp_compatible_features(args: Any, mode: str) -> None:
 
 
 def _check_layer_split(args: Any, options: PipelineOptions, pp_size: int) -> None:
-    num_stages = 2 * pp_size  # the method's: an even split needs this many layers, fused or not
+    num_stages = stage_count("foldback", pp_size)  # the method's: an even split needs this many layers, fused or not
     fused = options.vpp_fold is Fold.FUSED
-    num_counts = num_stages - 1 if fused else num_stages
+    num_counts = stage_count("foldback", pp_size, options.vpp_fold)
     num_layers = model_num_layers(_get(args, "model_path"), bool(_get(args, "trust_remote_code")))
     split = options.vpp_layer_split
     if split is not None and len(split) != num_counts:

@@ -111,8 +111,8 @@ def install(server_args: Any) -> None:
         raise VppConfigError(f"install() called for --pp-mode {mode}; expected one of {VPP_MODES}")
     _refuse_unsupported(server_args, mode)
     _refuse_missing_hook_targets(mode)
-    config = VppConfig.from_env(mode, int(server_args.pp_size), split)
-    overrides = {"comm_timeout_s": float(timeout), "fold": fold}  # timeout: flag > env > default
+    config = VppConfig.from_env(mode, int(server_args.pp_size), split, fold)
+    overrides = {"comm_timeout_s": float(timeout)}  # options.resolve_comm_timeout: flag > env > default
     if trace:
         overrides["trace_dir"] = trace
     if cost_profile:

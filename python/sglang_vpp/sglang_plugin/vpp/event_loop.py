@@ -278,7 +278,10 @@ class LeaderLoop(_LoopBase):
             self._run()
         finally:  # exiting or failing, the auto planner's process goes with the loop
             if self.replica.auto is not None:
-                self.replica.auto.close()
+                try:
+                    self.replica.auto.close()
+                except Exception:  # never hide the loop's own error behind the planner's
+                    logger.exception("VPP rank 0: stopping the auto planner process failed")
 
     def _run(self) -> None:
         s = self.s

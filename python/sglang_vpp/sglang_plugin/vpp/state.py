@@ -25,6 +25,7 @@ from sglang_vpp.schedule import (
     FOLDBACK_MODES,
     Controller,
     Fold,
+    LayoutKind,
     LayoutError,
     Layout,
     PolicySpec,
@@ -33,6 +34,7 @@ from sglang_vpp.schedule import (
     build_layout,
     controller_config,
     get_policy,
+    stage_count,
 )
 from sglang_vpp.schedule.auto_size import AutoChunker
 from sglang_vpp.schedule.errors import CostModelError
@@ -92,7 +94,7 @@ class VppConfig:
             raise VppConfigError(
                 f"--pp-mode {self.mode} needs --pp-size >= 2, got {self.pp_size}; use --pp-size 2 or more"
             )
-        num_stages = 2 * self.pp_size - (1 if self.fold is Fold.FUSED else 0)
+        num_stages = stage_count(LayoutKind.FOLDBACK, self.pp_size, self.fold)
         if self.layer_split is not None and len(self.layer_split) != num_stages:
             fused = f", --vpp-fold {self.fold}" if self.fold is Fold.FUSED else ""
             raise VppConfigError(
@@ -105,7 +107,8 @@ class VppConfig:
         return get_policy(self.mode)
 
     @classmethod
-    def from_env(cls, mode: str, pp_size: int, layer_split: tuple[int, ...] | None) -> "VppConfig":
+    def from_env(cls, mode: str, pp_size: int, layer_split: tuple[int, ...] | None,
+                 fold: Fold = Fold.SPLIT) -> "VppConfig":
         """Knobs that are not server flags come from ``SGLANG_VPP_*`` environment variables."""
         trace_dir = os.environ.get("SGLANG_VPP_TRACE_DIR") or None
         max_in_flight = os.environ.get("SGLANG_VPP_MAX_IN_FLIGHT")
@@ -113,6 +116,7 @@ class VppConfig:
             mode=mode,
             pp_size=pp_size,
             layer_split=layer_split,
+            fold=fold,
             comm_timeout_s=resolve_comm_timeout(None),
             heartbeat_s=float(os.environ.get("SGLANG_VPP_HEARTBEAT_S", "1.0")),
             trace_dir=trace_dir,
