@@ -24,6 +24,8 @@ _REFERENCE = re.compile(r"(?<![\w./-])((?:docs|benchmarks|scripts|tests)/[\w./-]
 _INVOCATION = re.compile(r"sglang-vpp ([a-z][a-z-]*)((?:[^\n`|#\\]|\\\n|\\(?!\n))*)")
 _LAUNCH = re.compile(r"sglang\.launch_server((?:[^\n`|#\\]|\\\n|\\(?!\n))*)")
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][\w-]*)")
+_SERVER_ARG = re.compile(r"--server-arg[= ](--[a-z][\w-]*)")
+"""``bench-serve --server-arg=--flag``: a server's flag, not bench-serve's."""
 
 
 @pytest.mark.parametrize("page", POINTERS, ids=[p.name for p in POINTERS])
@@ -65,7 +67,10 @@ def test_every_flag_of_a_documented_command_line_exists(page):
         if command not in flags:
             wrong.append(f"sglang-vpp {command}: no such command")
             continue
-        wrong += [f"sglang-vpp {command} {flag}" for flag in _FLAG.findall(match.group(2)) if flag not in flags[command]]
+        server = _SERVER_ARG.findall(match.group(2))
+        wrong += [f"sglang-vpp {command} {flag}" for flag in _FLAG.findall(_SERVER_ARG.sub("--server-arg", match.group(2)))
+                  if flag not in flags[command]]
+        wrong += [f"launch_server {flag}" for flag in server if flag.startswith(("--vpp-", "--pp-mode")) and flag not in plugin]
     for match in _LAUNCH.finditer(text):
         wrong += [f"launch_server {flag}" for flag in _FLAG.findall(match.group(1))
                   if flag.startswith(("--vpp-", "--pp-mode")) and flag not in plugin]
