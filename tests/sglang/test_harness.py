@@ -59,8 +59,30 @@ _FAKE_BIND = textwrap.dedent(
 ).replace("{health}", _HEALTH)
 
 
+# Answers its first probes with their own request, as a probe that connected to itself reads.
+_FAKE_ECHO = textwrap.dedent(
+    """
+    import http.server, socket, sys
+    port = int(sys.argv[1])
+    {health}
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    raw.bind(("127.0.0.1", port))
+    raw.listen()
+    for _ in range(3):
+        conn, _ = raw.accept()
+        conn.sendall(conn.recv(4096))
+        conn.close()
+    raw.close()
+    http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+    """
+).replace("{health}", _HEALTH)
+
+
 class FakeConfig(ServerConfig):
     def command(self, port: int) -> list[str]:
+        if self.model_dir == "echo":
+            return [sys.executable, "-c", _FAKE_ECHO, str(port)]
         if self.model_dir == "bind":
             return [sys.executable, "-c", _FAKE_BIND, str(port)]
         if self.model_dir == "crash":
@@ -88,6 +110,21 @@ def test_start_failure_reports_the_log(tmp_path: Path):
     with pytest.raises(ServerStartError, match="exited with 3 during start-up(.|\\n)*boom: bad flag"):
         server.start(timeout=60)
     assert server.process is None
+
+
+def test_free_ports_lie_below_the_ephemeral_range():
+    low, _ = launcher_module.ephemeral_port_range()
+    ports = {free_port() for _ in range(20)}
+    assert all(launcher_module.PORT_FLOOR <= port < low for port in ports), ports
+    assert len(ports) > 1
+
+
+def test_an_answer_that_is_not_http_is_not_yet_healthy(tmp_path: Path):
+    server = SGLangServer(FakeConfig(model_dir="echo"), tmp_path / "echo.log").start(timeout=60)
+    try:
+        assert server.process.poll() is None
+    finally:
+        server.stop(grace=2)
 
 
 def test_a_port_taken_before_the_bind_is_retried_or_reported_at_once(tmp_path: Path, monkeypatch):

@@ -20,8 +20,10 @@ current one first.
 from __future__ import annotations
 
 import atexit
+import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -70,8 +72,41 @@ class _PortTaken(ServerStartError):
     """Another process bound the port between ``free_port()`` and the server's bind."""
 
 
+PORT_FLOOR = 20000
+"""Lowest port ``free_port`` offers: above the well-known and registered services' usual ports."""
+
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+_port_choice = random.Random()
+"""Its own generator: a test that seeds ``random`` must not make every run pick the same ports."""
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel gives a client socket as its own (Linux's default where unreadable)."""
+    try:
+        low, high = (int(part) for part in EPHEMERAL_RANGE_FILE.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
+    """A TCP port that was free a moment ago on 127.0.0.1, below the ephemeral range.
+
+    A port from the ephemeral range can be the source port the kernel gives our own health
+    probe; probing it before the server listens then connects the probe to itself (a TCP
+    self-connect), which reads its own request back as the answer and holds the port the server
+    is about to bind. Below the range no client socket can take the port."""
+    low, _ = ephemeral_port_range()
+    if low - PORT_FLOOR >= 1000:
+        for _ in range(64):
+            port = _port_choice.randrange(PORT_FLOOR, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -229,8 +264,8 @@ class SGLangServer:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
                     if response.status == 200:
                         return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
+            except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, OSError):
+                pass  # not listening yet, or not yet speaking HTTP
             time.sleep(HEALTH_POLL_S)
         raise ServerStartError(
             f"sglang server not healthy after the start-up timeout; log tail:\n{self.log_tail()}"

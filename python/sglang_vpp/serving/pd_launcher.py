@@ -26,6 +26,7 @@ Each server gets its own ``--nccl-port`` (two servers on one host would otherwis
 from __future__ import annotations
 
 import atexit
+import http.client
 import os
 import signal
 import subprocess
@@ -132,7 +133,8 @@ class RouterProcess:
                 post_json(self.url + "/generate", {"text": "hi", "sampling_params": {
                     "max_new_tokens": 1, "temperature": 0}}, timeout=60)
                 return self
-            except (RuntimeError, urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+            except (RuntimeError, urllib.error.URLError, http.client.HTTPException, ConnectionError,
+                    TimeoutError, OSError) as exc:
                 last = str(exc)[:300]  # 503 "No prefill workers available" until registered
                 if not served and isinstance(exc, RuntimeError) and "-> 503" not in last:
                     return self
