@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from sglang_vpp.runtime.metrics import measure_run
 from sglang_vpp.runtime.models import resolve_model
-from sglang_vpp.runtime.replay import cost_samples, replay_run, run_layout
+from sglang_vpp.runtime.replay import cost_samples, replay_run
 from sglang_vpp.runtime.spec import RequestArrival, RunSpec, Timeouts
 from sglang_vpp.schedule import validate_schedule
 
@@ -53,13 +53,13 @@ def test_vpp_stream_equals_reference(pool2, pool4, matches_reference, ranks):
 def test_fused_fold_equals_reference_on_two_ranks(pool2, matches_reference, mode):
     # The fold rank runs stages P-1 and P as one forward (schedule/layout.py, [Note: fused fold]).
     result = pool2.run(_spec(mode, 2, [192, 96, 64], 32, fold="fused"))
-    assert [s.num_layers for s in run_layout(result.spec, 8).stages] == [2, 4, 2]
+    assert [s.num_layers for s in result.spec.layout(8).stages] == [2, 4, 2]
     assert matches_reference(result) == 0.0
 
 
 def test_fused_fold_equals_reference_on_three_ranks(pool3, matches_reference):
     result = pool3.run(_spec("vpp-pack", 3, [200, 90], 40, num_layers=6, fold="fused"))
-    assert run_layout(result.spec, 6).num_stages == 5
+    assert result.spec.layout(6).num_stages == 5
     assert matches_reference(result) == 0.0
 
 
@@ -98,7 +98,7 @@ def test_request_arriving_while_another_runs(pool2, matches_reference, mode):
     assert head.arrivals_s == [0.0, 0.05]
     first = min(r.start_s for r in head.records if r.is_compute and r.request_index == 1)
     assert first >= 0.05, "request 1 ran before it arrived"
-    last_stage = run_layout(spec, 8).last_stage
+    last_stage = spec.layout(8).last_stage
     finish_0 = max(r.end_s for rep in result.reports for r in rep.records
                    if r.is_compute and r.request_index == 0 and r.stage_index == last_stage)
     assert first < finish_0, "request 1 waited for request 0 to leave the pipeline"
@@ -107,7 +107,7 @@ def test_request_arriving_while_another_runs(pool2, matches_reference, mode):
 def test_measurement_and_replay(pool2):
     spec = _spec("vpp-async", 2, [256, 128], 32)
     result = pool2.run(spec)
-    layout = run_layout(spec, 8)
+    layout = spec.layout(8)
     measured = measure_run(result.reports, layout.last_stage)
     for stats in measured.per_rank:  # the three parts tile the makespan
         assert stats.compute_s + stats.exposed_comm_s + stats.bubble_s == pytest.approx(measured.makespan_s)
@@ -142,6 +142,6 @@ def test_batched_short_requests_equal_reference(pool2, matches_reference, model,
     forwards = {(r.stage_index, r.request_index, r.chunk_index): r.num_tokens
                 for report in result.reports for r in report.records if r.is_compute}
     layers = resolve_model(model, 0, None).config.num_hidden_layers
-    samples = [s for s in cost_samples(run_layout(result.spec, layers), result.reports) if s.kind == "compute"]
+    samples = [s for s in cost_samples(result.spec.layout(layers), result.reports) if s.kind == "compute"]
     assert any(s.batch for s in samples)
     assert all(s.total_tokens == forwards[s.key] for s in samples)

@@ -128,3 +128,13 @@ def test_run_chunk_count_limit_counts_every_request_and_names_the_smallest_size_
     with pytest.raises(ChunkingError, match=r"raise chunk size to 3 or more"):
         check_run_chunk_count(lengths, 2)
     check_run_chunk_count(lengths, 3)
+
+
+def test_one_check_bounds_the_longest_request_and_the_run():
+    from sglang_vpp.schedule import MAX_CHUNKS_PER_REQUEST, MAX_CHUNKS_PER_RUN, check_chunk_counts
+
+    check_chunk_counts([64, MAX_CHUNKS_PER_REQUEST], 1)
+    with pytest.raises(ChunkingError, match="the longest one.*per request"):
+        check_chunk_counts([64, MAX_CHUNKS_PER_REQUEST + 1], 1, length_name="the longest one")
+    with pytest.raises(ChunkingError, match="the load.*per run"):
+        check_chunk_counts([64] * (MAX_CHUNKS_PER_RUN + 1), 64, workload_name="the load")

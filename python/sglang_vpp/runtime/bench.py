@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..schedule import check_chunk_count, check_run_chunk_count, parse_policies
+from ..schedule import check_chunk_counts, parse_policies
 from ..verdict import Verdict, make_verdict
 from .equal_cost import EQUAL_COST_LABEL, MeasuredRunCosts, SharedCostModel, equal_cost_replay
 from .launcher import LaunchResult, PoolSpec, RankPool, check_spec
@@ -40,7 +40,6 @@ from .replay import (
     REPLAY_LABEL,
     ReplayResult,
     replay_run,
-    run_layout,
     write_traces,
 )
 from .spec import DEFAULT_MODES, Device, FaultSpec, RequestArrival, RunSpec, Timeouts
@@ -257,9 +256,8 @@ def check_config(config: BenchConfig) -> None:
     from .spec import BACKEND_FOR_DEVICE
 
     if not config.auto_chunk:  # auto's sizes cut no request into too many chunks
-        check_chunk_count(config.seq_len, config.chunk_size, "--chunk-size", "a --seq-len request")
-        check_run_chunk_count([config.seq_len] * config.num_requests, config.chunk_size, "--chunk-size",
-                              "the --requests x --seq-len load")
+        check_chunk_counts([config.seq_len] * config.num_requests, config.chunk_size, "--chunk-size",
+                           "a --seq-len request", "the --requests x --seq-len load")
     resolve_model(config.model, config.seed, config.num_layers)
     for policy in parse_policies(",".join(config.modes)):
         check_spec(config.run_spec(str(policy.name)))
@@ -385,7 +383,7 @@ class _References:
 
 def _measure(mode: str, repeat: int, spec: RunSpec, launched: LaunchResult,
              reference: list[RequestOutput], num_layers: int) -> RunMeasurement:
-    layout = run_layout(spec, num_layers)
+    layout = spec.layout(num_layers)
     got = [RequestOutput(k, hidden, logits) for k, (hidden, logits) in launched.outputs.items()]
     diff = max_abs_diff(got, reference)
     measured = measure_run(launched.reports, layout.last_stage)

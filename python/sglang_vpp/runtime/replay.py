@@ -64,10 +64,6 @@ class ReplayResult:
     result: SimResult
 
 
-def run_layout(spec: RunSpec, num_layers: int) -> Layout:
-    return spec.layout(num_layers)
-
-
 def executed_schedule(spec: RunSpec, layout: Layout, reports: Sequence[RankReport]) -> Schedule:
     """The streams that ran, as a ``Schedule`` the simulator can execute."""
     policy = get_policy(spec.mode)

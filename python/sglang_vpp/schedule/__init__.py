@@ -15,6 +15,7 @@ from .chunking import (
     QuadraticCurve,
     TaperedChunker,
     check_chunk_count,
+    check_chunk_counts,
     MAX_CHUNKS_PER_RUN,
     check_run_chunk_count,
     fit_quadratic,
@@ -48,7 +49,7 @@ from .validate import ValidationIssue, find_issues, validate_schedule
 __all__ = [
     "Admission", "Controller", "ControllerLimits", "HandOff", "MicroBatch", "default_in_flight_limit",
     "BALANCE_MODES", "balance_split", "estimated_makespan", "Chunker", "DynamicChunker", "FixedChunker", "QuadraticCurve", "TaperedChunker", "fit_quadratic", "parse_size",
-    "split_request", "MAX_CHUNKS_PER_REQUEST", "check_chunk_count", "MAX_CHUNKS_PER_RUN", "check_run_chunk_count", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
+    "split_request", "MAX_CHUNKS_PER_REQUEST", "check_chunk_count", "check_chunk_counts", "MAX_CHUNKS_PER_RUN", "check_run_chunk_count", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
     "check_deadlock", "ChunkingError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
     "GROUP_BACKWARD", "GROUP_FORWARD", "GROUP_SINGLE", "Action", "ActionKind", "ChunkSpec",
     "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout", "Fold", "parse_fold", "stage_count", "policy_layout",

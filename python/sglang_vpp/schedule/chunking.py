@@ -34,6 +34,7 @@ __all__ = [
     "parse_size",
     "MAX_CHUNKS_PER_REQUEST",
     "check_chunk_count",
+    "check_chunk_counts",
     "MAX_CHUNKS_PER_RUN",
     "check_run_chunk_count",
 ]
@@ -283,6 +284,14 @@ def check_chunk_count(length: int, chunk_size: int, size_name: str = "chunk size
             f"{length_name} of {length} tokens at {size_name} {chunk_size} is {count} chunks, more than the "
             f"limit of {MAX_CHUNKS_PER_REQUEST} per request; raise {size_name} to {smallest} or more"
         )
+
+
+def check_chunk_counts(lengths: Sequence[int], chunk_size: int, size_name: str = "chunk size",
+                       length_name: str = "a request", workload_name: str = "the workload") -> None:
+    """Both limits for one load: the longest request (``check_chunk_count``) and the whole run
+    (``check_run_chunk_count``)."""
+    check_chunk_count(max(lengths), chunk_size, size_name, length_name)
+    check_run_chunk_count(lengths, chunk_size, size_name, workload_name)
 
 
 def check_run_chunk_count(lengths: Sequence[int], chunk_size: int, size_name: str = "chunk size",
