@@ -7,7 +7,7 @@ plan of a realistic situation runs:
 
 - ``none``: no plan, the loop alone (for ``--idle-s`` seconds);
 - ``thread``: the plan on a worker thread of the loop's process (``plan_process.ThreadPlanner``);
-- ``process``: the plan in a spawned child (``plan_process.ProcessPlanner``, started and warmed
+- ``process``: the plan in a child process (``plan_process.ProcessPlanner``, started and warmed
   before the first repeat, as a server starts it with its first situation), at the server's
   niceness (``PLANNER_NICENESS``: the loop runs first where the two share a CPU);
 - ``process, nice 0``: the same child at the loop's priority.

@@ -11,7 +11,8 @@ from pathlib import Path
 import sglang_vpp
 
 PACKAGE = Path(sglang_vpp.__file__).parent
-NO_SIM = ["sglang_plugin", "schedule", "comm", "trace_records.py", "parent_death.py", "plan_process.py"]
+NO_SIM = ["sglang_plugin", "schedule", "comm", "trace_records.py", "parent_death.py", "plan_process.py", "plan_child.py",
+          "plan_wire.py"]
 
 
 def _imported_modules(path: Path) -> list[str]:

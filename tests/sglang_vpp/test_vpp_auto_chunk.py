@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sglang_vpp.cli.app import app
-from sglang_vpp.plan_process import PLANNER_NICENESS, ProcessPlanner, ThreadPlanner, planner_for
+from sglang_vpp.plan_process import PLANNER_NICENESS, ProcessPlanner, ThreadPlanner, planner_for, sizer_bytes
 from sglang_vpp.schedule import split_request
 from sglang_vpp.schedule.auto_size import AutoChunker
 from sglang_vpp.schedule.auto_size import SERVER_CAP
@@ -334,8 +334,8 @@ def test_a_later_situation_is_planned_off_the_loop_one_at_a_time(monkeypatch):
 
 
 def _pid_of(planner: ProcessPlanner, timeout_s: float = 60.0) -> int:
-    planner._pid.result(timeout=timeout_s)
-    assert planner.pid is not None
+    """The child's pid, once it has loaded its sizer."""
+    planner.started.result(timeout=timeout_s)
     return planner.pid
 
 
@@ -448,11 +448,129 @@ def test_a_sizer_that_does_not_pickle_plans_on_a_thread_and_says_why(monkeypatch
         planner.close()
 
 
-def test_the_planner_module_imports_neither_torch_nor_sglang():
-    """What the child process imports (besides the parent's ``__main__``)."""
-    code = ("import sys, sglang_vpp.plan_process; "
+def test_the_planner_modules_import_neither_torch_nor_sglang():
+    """What the parent side imports in the scheduler process, and the child's own module."""
+    code = ("import sys, sglang_vpp.plan_process, sglang_vpp.plan_child; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang', 'numpy')]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+_PARENT_SCRIPT = """
+import heavy_marker  # stands in for SGLang's launcher module: the parent's __main__ imports it
+import json, sys
+import sglang
+from sglang_vpp.plan_process import ProcessPlanner, sizer_bytes
+from sglang_vpp.schedule.auto_size import SERVER_CAP
+from sglang_vpp.sglang_plugin.vpp.state import VppConfig, VppState
+
+if __name__ == "__main__":
+    state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, auto_chunk=True, on_cpu=True), rank=0)
+    state.ensure_layout(8)
+    sizer = state.build_controller(SERVER_CAP, decodes=False).chunker.sizer
+    planner = ProcessPlanner(sizer_bytes(sizer))
+    try:
+        modules, found = planner.modules().result(timeout=120)
+        chunk = planner.submit((300, 5000)).result(timeout=120).chunk_size
+    finally:
+        planner.close()
+    print(json.dumps({"modules": modules, "found": found, "chunk": chunk,
+                      "expected": sizer.choose((300, 5000)).chunk_size, "mine": sys.modules["sglang_vpp"].__file__}))
+"""
+
+
+def test_the_planner_process_imports_the_schedule_core_not_the_parents_main_nor_sglang(tmp_path):
+    """A parent run as a script that imports sglang and a marker module: the child has neither
+    (nor torch), found ``sglang_vpp`` where the parent did (this tree, by the parent's path), and
+    plans as the parent would."""
+    (tmp_path / "heavy_marker.py").write_text("")
+    script = tmp_path / "launcher.py"
+    script.write_text(_PARENT_SCRIPT)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert run.returncode == 0, run.stderr
+    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    modules = set(answer["modules"])
+    assert "sglang_vpp.schedule.auto_size" in modules and "sglang_vpp.plan_wire" in modules
+    banned = sorted(m for m in modules if m.split(".")[0] in ("heavy_marker", "sglang", "torch", "__mp_main__"))
+    assert not banned, banned
+    assert answer["found"] == answer["mine"]
+    assert answer["chunk"] == answer["expected"]
+
+
+def test_a_sizer_made_of_something_in_main_plans_on_a_thread(monkeypatch, caplog):
+    """The child's ``__main__`` is its own module, so a class of the parent's ``__main__`` would
+    not load there: refused when the sizer is pickled, which plain ``pickle`` would allow."""
+    import pickle
+
+    [leader, _] = _ranks(monkeypatch, [_request(300)])
+    sizer = leader.controller.chunker.sizer
+    in_main = type("InMain", (), {"__module__": "__main__"})
+    monkeypatch.setattr(sys.modules["__main__"], "InMain", in_main, raising=False)
+    monkeypatch.setattr(sizer, "note", in_main(), raising=False)
+    pickle.dumps(sizer)  # pickle alone accepts it
+    with caplog.at_level("WARNING"):
+        planner = planner_for(leader.controller)
+    try:
+        assert isinstance(planner, ThreadPlanner)
+        assert "InMain is defined in __main__, which the planner process does not import" in caplog.text
+    finally:
+        planner.close()
+
+
+def _dead(pid: int) -> bool:
+    """Gone or a zombie (its new parent may be slow to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_the_planner_process_dies_with_its_parent_even_mid_plan(tmp_path):
+    """The parent is killed while the child plans (so the child reads no end of its input):
+    the kernel ends the child too."""
+    (tmp_path / "slow_sizer.py").write_text(
+        "import time\nclass SlowSizer:\n    def choose(self, lengths):\n        time.sleep(300)\n")
+    script = ("import sys, time; sys.path[:0] = sys.argv[1:]; "
+              "from slow_sizer import SlowSizer; "
+              "from sglang_vpp.plan_process import ProcessPlanner, sizer_bytes; "
+              "p = ProcessPlanner(sizer_bytes(SlowSizer())); p.started.result(timeout=120); p.submit((1,)); "
+              "time.sleep(0.5); print(p.pid, flush=True); time.sleep(300)")
+    parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path), *sys.path], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert not _dead(child)
+    finally:
+        parent.kill()
+        parent.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while not _dead(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _dead(child)
+
+
+def test_a_planner_process_whose_parent_is_another_exits_at_once():
+    """Its parent died before the child asked to die with it (the child was adopted): it exits,
+    without waiting for input that will never come."""
+    child = subprocess.Popen([sys.executable, "-m", "sglang_vpp.plan_child", "1", "0"], stdin=subprocess.PIPE,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert child.wait(timeout=60) == 1
+    finally:
+        child.kill()
+        child.stdin.close()
+        child.wait(timeout=30)
+
+
+def test_closing_a_planner_that_is_still_starting_leaves_no_process():
+    planner = ProcessPlanner(sizer_bytes(None))
+    pid = planner.pid
+    answer = planner.submit((300,))
+    planner.close()
+    assert _gone(pid) and answer.done()
+    with pytest.raises(RuntimeError, match="the auto planner was closed"):
+        planner.submit((300,))
 
 
 def test_a_server_that_also_decodes_batches_new_requests_at_its_cap(monkeypatch):
