@@ -98,8 +98,11 @@ def test_move_on_hand_checked_cases(slot, ended, running, in_flight, expected):
     ((2, 4), {0: 3, 3: 1, 2: 1, 4: 2}, (), [(2, ((0, 3), (3, 1)), 3), (4, ((0, 3), (3, 2)), 3)]),
     # Counting the first join moves the second: slot 2's 3 requests make slot 3 the fuller.
     ((2, 4), {0: 3, 3: 1, 2: 3, 4: 2}, (), [(2, ((0, 3), (3, 1)), 3), (4, ((0, 3), (3, 4)), 0)]),
-    # A held slot whose requests all finished still leaves the hold (joining with none).
+    # A held slot whose requests all finished still leaves the hold (joining with none) ...
     ((1,), {0: 2}, (), [(1, ((0, 2), (3, 0)), 3)]),
+    # ... once a decode slot opens; an empty held slot waits like any other, and counts nothing.
+    ((1, 2), {0: 2, 1: 0, 2: 1}, (0, 3), []),
+    ((1, 2), {0: 2, 1: 0, 2: 1}, (0,), [(1, ((3, 0),), 3), (2, ((3, 0),), 3)]),
 ])
 def test_held_slots_join_the_first_decode_slot_that_opens(held, running, in_flight, expected):
     moves = PACK2.joins(held, running, in_flight)

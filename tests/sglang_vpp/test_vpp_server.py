@@ -31,6 +31,7 @@ from vpp_checks import (
     QWEN2_8L,
     Reference,
     abort_mid_prefill,
+    abort_on_first_token,
     all_admitted_left,
     assert_reproduce_controls_fail,
     check_answer,
@@ -150,7 +151,7 @@ def test_simulator_and_runtime_planner_order_equals_the_server(server, tmp_path,
     assert_planner_order_equals_the_server(server, 2, tmp_path, monkeypatch)
 
 
-def test_abort_mid_prefill_frees_kv_on_every_rank(server):
+def test_abort_mid_prefill_frees_kv_on_every_rank(server, reference):
     if server.config.pp_mode == "vpp-async":
         pytest.skip("abort is exercised on the blocking (vpp) and the packing (vpp-pack) loops")
     answer = abort_mid_prefill(server)
@@ -162,6 +163,58 @@ def test_abort_mid_prefill_frees_kv_on_every_rank(server):
     # Followers replay the same frees; SGLang's idle leak check (strict by default) ends the
     # server on any rank with leaked KV, so it must still be alive and answering.
     assert len(generate(server, make_prompts((100,), seed=5)[0], 2)["output_ids"]) == 2
+    assert server.process is not None and server.process.poll() is None
+    if server.config.pp_mode == "vpp":
+        _abort_while_held(server, reference)
+
+
+HELD_NEW_TOKENS = 16
+
+
+def _abort_while_held(server, reference) -> None:
+    """8 prompts of 300 tokens at once, 6 of them streamed and aborted by rid on their first
+    token, when they wait to decode: in a decode slot, or held (decode_slots.py). vpp's 3 slots
+    decode in 0 and 1, so with 3 micro-batches in flight a prefill that ends in slot 2 is held
+    until slot 0's result (vpp-pack's 6 slots hold only while packing over-admits). Whether an
+    abort lands within that one micro-batch is a race, so rounds until the trace counts a
+    request aborted while held (``num_aborted_while_held``; measured 0 to 2 of 6 per round, 4 of
+    5 rounds had one). The aborted end with an abort finish, the others' greedy ids equal
+    transformers' (stock cpp's), KV returns to 0 on every rank (a follower's leak check would end
+    the server) and the server still serves."""
+    leader_path = server.trace_dir / "vpp_rank0.records.json"
+    held_aborts, started = 0, time.monotonic()
+    for round_seed in range(5):
+        prompts = make_prompts((300,) * 8, seed=60 + round_seed)
+        rids = [f"held-{round_seed}-{'abort' if i % 4 else 'keep'}-{i}" for i in range(len(prompts))]
+
+        def run(i: int) -> dict:
+            if i % 4:
+                return abort_on_first_token(server, prompts[i], rids[i], 4 * HELD_NEW_TOKENS)
+            return generate(server, prompts[i], HELD_NEW_TOKENS, rid=rids[i])
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            answers = list(pool.map(run, range(len(prompts))))
+        for i, (ids, answer) in enumerate(zip(prompts, answers)):
+            if i % 4:
+                finish = answer["meta_info"]["finish_reason"]
+                assert finish["type"] == "abort", (rids[i], finish, server.log_tail(2000))
+                assert len(answer["output_ids"]) < 4 * HELD_NEW_TOKENS
+            else:
+                check_answer(answer, ids, reference(QWEN2_8L, ids, HELD_NEW_TOKENS), server)
+        # Written at the idle after the round: every request of it admitted, all left.
+        records = wait_for_json(leader_path, until=lambda d: all_admitted_left(d) and set(rids) <= {
+            rid for rec in d["decisions"] for rid in rec.get("requests", ())})
+        held_aborts = records["counters"]["num_aborted_while_held"]
+        if held_aborts:
+            break
+    print(f"vpp: {held_aborts} requests aborted while held, in {round_seed + 1} rounds, "
+          f"{time.monotonic() - started:.1f} s")  # pytest -rP
+    assert held_aborts > 0, "no request was aborted while held: the check would pass vacuously"
+    deadline = time.monotonic() + 30
+    while used_tokens(server) != 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert used_tokens(server) == 0
+    assert len(generate(server, make_prompts((100,), seed=6)[0], 2)["output_ids"]) == 2
     assert server.process is not None and server.process.poll() is None
 
 

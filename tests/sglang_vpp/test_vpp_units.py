@@ -282,6 +282,7 @@ class _FakeReq:
     def __init__(self, rid: str, finished: bool = False) -> None:
         self.rid, self._finished = rid, finished
         self.is_prefill_only = False
+        self.to_finish = None
 
     def finished(self) -> bool:
         return self._finished
@@ -367,3 +368,60 @@ def test_decode_regrouper_moves_ended_prefills_to_the_least_loaded_open_decode_s
     assert records[-1] == {"from_slot": 2, "running": [[0, 2]], "chosen": 0} and regroup.held == set()
     regroup.before_schedule(0)  # a decode slot keeps its own requests: nothing asked
     assert len(records) == 4 and regroup.num_moved == 2
+
+
+def test_a_held_slot_whose_requests_are_aborted_or_finished_is_released_at_the_next_opening():
+    """vpp-pack, P = 2 (decode slots 0 and 3). SGLang aborts a held request as a running one: it
+    sets ``to_finish`` and the request stays in its slot's running batch (where SGLang's abort
+    and idle checks read it) until a forward's result finishes it. Held, it has no forward: it
+    joins the first decode slot that opens and finishes with that slot's decode (counted as
+    aborted while held). A held batch emptied meanwhile (its requests finished and filtered)
+    still leaves the hold at the next opening, its flag cleared: no slot stays held."""
+    from types import SimpleNamespace
+
+    from sglang_vpp.schedule import LinearAttentionCost, build_controller, build_layout, controller_config
+    from sglang_vpp.sglang_plugin.vpp.decode_slots import DecodeRegrouper
+
+    layout = build_layout(2, 8, "foldback")
+    controller = build_controller(controller_config("vpp-pack", layout, 64, LinearAttentionCost(), 64))
+    s = SimpleNamespace(chunked_req=None, running_batch=None, last_mbs=[None] * 6,
+                        running_mbs=[_FakeBatch([_FakeReq("a")]), *(_FakeBatch() for _ in range(5))])
+    s.running_mbs[3] = _FakeBatch([_FakeReq("x")])
+    records = []
+    regroup = DecodeRegrouper(s, controller, lambda **fields: records.append(fields))
+    regroup.on_scheduled(0, s.running_mbs[0])
+    regroup.on_scheduled(3, s.running_mbs[3])           # both decode batches in flight
+
+    def end_prefill(slot: int, *reqs: _FakeReq) -> None:
+        s.last_mbs[slot] = _FakeBatch(reqs, extend=True)
+        regroup.on_scheduled(slot, s.last_mbs[slot])
+        regroup.on_result(slot)
+
+    d, e, f = _FakeReq("d"), _FakeReq("e"), _FakeReq("f")
+    end_prefill(2, d, e)
+    end_prefill(4, f)
+    assert regroup.held == {2, 4} and [r["chosen"] for r in records] == [None, None]
+    d.to_finish = e.to_finish = "abort"                  # Scheduler.abort_request on held requests
+    f._finished = True                                   # finished another way: SGLang filters it
+    s.running_mbs[4].filter_batch()
+    regroup.before_schedule(2)
+    regroup.before_schedule(4)
+    # No decode slot open: still held, still in running_mbs (SGLang's abort and idle checks see them).
+    assert regroup.held == {2, 4} and s.running_mbs[2].reqs == [d, e] and s.running_mbs[4].is_empty()
+    assert s.running_mbs[4].is_prefill_only and len(records) == 2
+    regroup.on_result(0)                                 # slot 0 opens: both held slots join it
+    assert regroup.held == set() and [r.rid for r in s.running_mbs[0].reqs] == ["a", "d", "e"]
+    assert records[-2:] == [{"from_slot": 2, "running": [[0, 1]], "chosen": 0},
+                            {"from_slot": 4, "running": [[0, 3]], "chosen": 0}]
+    assert not s.running_mbs[0].is_prefill_only       # slot 0 decodes them: the abort finishes there
+    assert not s.running_mbs[2].is_prefill_only and not s.running_mbs[4].is_prefill_only
+    assert regroup.num_aborted_while_held == 2
+    # Nothing in flight: a request held meanwhile is released at the very next turn of any slot.
+    regroup.on_scheduled(0, s.running_mbs[0])
+    regroup.on_scheduled(3, s.running_mbs[3])
+    end_prefill(5, _FakeReq("g"))
+    assert regroup.held == {5}
+    regroup.on_result(0)
+    regroup.on_result(3)
+    assert regroup.held == set() and regroup.in_flight == set()
+    assert regroup.num_aborted_while_held == 2           # g was not aborted

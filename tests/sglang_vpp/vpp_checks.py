@@ -106,14 +106,39 @@ def abort_mid_prefill(server: SGLangServer, num_tokens: int = 3000, in_prefill_t
     while used_tokens(server) < in_prefill_tokens and time.monotonic() < deadline and thread.is_alive():
         time.sleep(0.01)
     assert thread.is_alive(), f"the {num_tokens}-token request ended before it was aborted: {result.get('answer')}"
+    abort(server, "vpp-abort-me")
+    thread.join(timeout=300)
+    return result["answer"]
+
+
+def abort(server: SGLangServer, rid: str) -> None:
+    """SGLang's ``/abort_request`` for ``rid`` (every request whose rid starts with it)."""
     request = urllib.request.Request(
-        server.url + "/abort_request", data=json.dumps({"rid": "vpp-abort-me"}).encode(),
+        server.url + "/abort_request", data=json.dumps({"rid": rid}).encode(),
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=60) as response:
         assert response.status == 200
-    thread.join(timeout=300)
-    return result["answer"]
+
+
+def abort_on_first_token(server: SGLangServer, ids: list[int], rid: str, num_new: int) -> dict:
+    """Stream a request and abort it by rid as soon as its first token arrives (its prefill's
+    result was just processed: the request now waits to decode, in a decode slot or held);
+    returns the last streamed answer (its ``meta_info.finish_reason``)."""
+    payload = {"input_ids": ids, "rid": rid, "stream": True,
+               "sampling_params": {"temperature": 0, "max_new_tokens": num_new, "ignore_eos": True}}
+    request = urllib.request.Request(server.url + "/generate", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+    last: dict = {}
+    with urllib.request.urlopen(request, timeout=600) as response:
+        for line in response:
+            text = line.decode().strip()
+            if not text.startswith("data:") or text == "data: [DONE]":
+                continue
+            if not last:
+                abort(server, rid)
+            last = json.loads(text[len("data:"):])
+    return last
 
 
 def load_then_wait_for_decisions(server: SGLangServer, num_ranks: int) -> None:

@@ -20,6 +20,16 @@ slot the held slots ask ``Controller.decode_joins``; joining restores the flag t
 derives from the requests. A hold is recorded once per slot and again when more requests join
 it; every join is recorded.
 
+An abort (a client's ``/abort_request`` or disconnect) of a held request takes SGLang's path for
+a running request: ``Scheduler.abort_request`` finds it in ``running_mbs`` and sets its
+``to_finish``, which only a forward's result turns into the abort finish (its answer to the
+client, its KV freed). A held request has no forward of its own, so it stays held, joins the
+first decode slot that opens like any held request, and finishes with that slot's next decode:
+the abort is answered one hold (at most until the next decode result) later than a running
+request's. Held requests that finish otherwise leave an empty held batch; the slot still joins
+(with nothing) at the next opening, so no slot stays held. ``num_aborted_while_held`` counts
+the requests that joined carrying an abort (written as a rank 0 counter).
+
 Every rank replays the same "sched" and "result" events in the same order on equal schedulers,
 so every rank moves the same requests to the same slot. Requests always sit in one of
 SGLang's ``running_mbs`` / ``mbs``, which its abort and idle checks read.
@@ -47,6 +57,8 @@ class DecodeRegrouper:
         self.held: set[int] = set()
         """Prefill-only slots whose running requests wait for a decode slot (not decoding)."""
         self.num_moved = 0
+        self.num_aborted_while_held = 0
+        """Requests aborted while held (``to_finish`` set), counted when their slot joins."""
 
     def before_schedule(self, slot: int) -> None:
         self._ask(slot)
@@ -105,8 +117,12 @@ class DecodeRegrouper:
         """Move ``slot``'s running requests into decode slot ``target``."""
         s = self.s
         running = s.running_mbs[slot]
-        self.held.discard(slot)
-        if not running.is_empty():
+        if slot in self.held:
+            self.num_aborted_while_held += sum(req.to_finish is not None for req in running.reqs)
+            self.held.discard(slot)
+        if running.is_empty():
+            running.is_prefill_only = False  # a released slot's empty batch carries no hold
+        else:
             self._merge_into(target, running)
             s.running_mbs[slot] = type(running)(reqs=[], batch_is_full=False)
         into = s.running_mbs[target]

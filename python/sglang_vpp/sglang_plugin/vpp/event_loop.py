@@ -413,6 +413,8 @@ class LeaderLoop(_LoopBase):
         self._send_control()
         self.acct.counters["num_micro_batches"] = self.next_seq
         self.acct.counters["num_packed"] = self.controller.num_packed
+        if self.replica.regroup is not None:
+            self.acct.counters["num_aborted_while_held"] = self.replica.regroup.num_aborted_while_held
         self.acct.write()
 
     def _idle_poll(self) -> None:
