@@ -169,6 +169,7 @@ def test_abort_mid_prefill_frees_kv_on_every_rank(server, reference):
 
 
 HELD_NEW_TOKENS = 16
+HELD_ROUNDS = 8
 
 
 def _abort_while_held(server, reference) -> None:
@@ -178,12 +179,12 @@ def _abort_while_held(server, reference) -> None:
     until slot 0's result (vpp-pack's 6 slots hold only while packing over-admits). Whether an
     abort lands within that one micro-batch is a race, so rounds until the trace counts a
     request aborted while held (``num_aborted_while_held``; measured 0 to 2 of 6 per round, 4 of
-    5 rounds had one). The aborted end with an abort finish, the others' greedy ids equal
+    5 rounds had one; up to HELD_ROUNDS rounds). The aborted end with an abort finish, the others' greedy ids equal
     transformers' (stock cpp's), KV returns to 0 on every rank (a follower's leak check would end
     the server) and the server still serves."""
     leader_path = server.trace_dir / "vpp_rank0.records.json"
     held_aborts, started = 0, time.monotonic()
-    for round_seed in range(5):
+    for round_seed in range(HELD_ROUNDS):
         prompts = make_prompts((300,) * 8, seed=60 + round_seed)
         rids = [f"held-{round_seed}-{'abort' if i % 4 else 'keep'}-{i}" for i in range(len(prompts))]
 
