@@ -79,6 +79,24 @@ def test_concurrent_mixed_prompts_equal_transformers(server, reference):
         check_answer(answer, ids, reference(QWEN2_8L, ids), server)
 
 
+def test_prefix_cache_hits_equal_transformers(server, reference):
+    """The radix cache under VPP: a long prompt sent twice and two prompts sharing its prefix, at
+    once (a chunk's KV enters the tree when the next chunk is scheduled, before rank 0 has run
+    that chunk's last stage), then again once they are cached, and prompts of 1 and 2 tokens.
+    No prompt logprobs: SGLang does not reuse cached KV for the tokens it must return them for."""
+    base, *tails = make_prompts((6 * CHUNK + 5, 30, CHUNK + 11), seed=23)
+    prompts = [base, base, base + tails[0], base + tails[1], *make_prompts((1, 2), seed=24)]
+    cached = 0
+    for _ in range(2):
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            answers = list(pool.map(lambda ids: generate(server, ids, return_logprob=False), prompts))
+        for ids, answer in zip(prompts, answers):
+            expected = reference(QWEN2_8L, ids)["tokens"]
+            assert answer["output_ids"] == expected, (len(ids), answer["output_ids"], expected)
+            cached += answer["meta_info"]["cached_tokens"]
+    assert cached >= len(base), f"no prompt hit the radix cache ({cached} cached tokens)"
+
+
 def _waiting_behind_a_long_request(server, seed: int) -> None:
     long_ids, *waiting = make_prompts((12 * CHUNK, 2 * CHUNK, 4 * CHUNK), seed=seed)
     with ThreadPoolExecutor(1 + len(waiting)) as pool:
