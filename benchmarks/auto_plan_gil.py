@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import random
 import statistics
 import sys
@@ -36,7 +35,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
-from sglang_vpp.plan_process import PLANNER_NICENESS, ProcessPlanner, ThreadPlanner
+from sglang_vpp.plan_process import PLANNER_NICENESS, ProcessPlanner, ThreadPlanner, sizer_bytes
 from sglang_vpp.schedule import build_controller, build_layout, controller_config
 from sglang_vpp.schedule.auto_size import SERVER_CAP
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel
@@ -121,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     controller = server_controller()
     threads = ThreadPlanner(controller)
     planners = {"thread": threads,
-                f"process, nice {PLANNER_NICENESS}": ProcessPlanner(pickle.dumps(controller.chunker.sizer)),
-                "process, nice 0": ProcessPlanner(pickle.dumps(controller.chunker.sizer), niceness=0)}
+                f"process, nice {PLANNER_NICENESS}": ProcessPlanner(sizer_bytes(controller.chunker.sizer)),
+                "process, nice 0": ProcessPlanner(sizer_bytes(controller.chunker.sizer), niceness=0)}
     try:
         for planner in planners.values():  # started and imported, as a serving child is
             planner.submit((4096,) * 4).result(timeout=300)

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import statistics
 import time
 
 import sglang.launch_server  # noqa: F401  (what a server's __main__ imports)
 
 import sglang_vpp.plan_process as measured
-from sglang_vpp.plan_process import ProcessPlanner
+from sglang_vpp.plan_process import ProcessPlanner, sizer_bytes
 from sglang_vpp.schedule.auto_size import SERVER_CAP
 from sglang_vpp.sglang_plugin.vpp.state import VppConfig, VppState
 
@@ -36,10 +35,10 @@ def _rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def _one_start(sizer_bytes: bytes) -> tuple[float, float, float]:
+def _one_start(pickled: bytes) -> tuple[float, float, float]:
     """Seconds the constructor held the caller, seconds to the first answer, the child's MB then."""
     started = time.perf_counter()
-    planner = ProcessPlanner(sizer_bytes)
+    planner = ProcessPlanner(pickled)
     constructed = time.perf_counter() - started
     try:
         planner.submit((300, 5000)).result(timeout=300)
@@ -58,8 +57,8 @@ def main() -> None:
     args = parser.parse_args()
     state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, auto_chunk=True, on_cpu=True), rank=0)
     state.ensure_layout(8)
-    sizer_bytes = pickle.dumps(state.build_controller(SERVER_CAP, decodes=False).chunker.sizer)
-    runs = [_one_start(sizer_bytes) for _ in range(args.repeats)]
+    pickled = sizer_bytes(state.build_controller(SERVER_CAP, decodes=False).chunker.sizer)
+    runs = [_one_start(pickled) for _ in range(args.repeats)]
 
 
     print(f"planner: {measured.__file__}")

@@ -35,16 +35,19 @@ def _modules(sizer: Any, _: object) -> tuple[tuple[str, ...], str]:
 _HANDLERS: dict[str, Callable[[Any, Any], Any]] = {plan_wire.PLAN: _plan, plan_wire.MODULES: _modules}
 
 
-def _answer(sizer: Any, kind: str, payload: Any) -> tuple[str, Any, str]:
+def _answer(sizer: Any, kind: str, payload: Any) -> bytes:
+    """The pickled answer: the result, or the error it raised (its traceback as text)."""
     try:
-        return plan_wire.OK, _HANDLERS[kind](sizer, payload), ""
-    except Exception as error:  # the plan's own error, for the parent to raise where it waits
+        return pickle.dumps((plan_wire.OK, _HANDLERS[kind](sizer, payload), ""), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:  # the plan's own error (or a result that does not pickle), raised where the parent waits
         text = traceback.format_exc()
         try:
-            pickle.dumps(error)
+            sent = pickle.dumps((plan_wire.ERROR, error, text), protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.loads(sent)  # an exception whose constructor takes other arguments pickles but does not load
+            return sent
         except Exception:
-            error = RuntimeError(f"{type(error).__name__}: {error}")
-        return plan_wire.ERROR, error, text
+            stand_in = RuntimeError(f"{type(error).__name__}: {error}")
+            return pickle.dumps((plan_wire.ERROR, stand_in, text), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
@@ -56,7 +59,7 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
             kind, payload = plan_wire.receive(requests)
         except EOFError:  # the parent closed our stdin: nothing more to plan
             return
-        plan_wire.send(answers, _answer(sizer, kind, payload))
+        plan_wire.write_frame(answers, _answer(sizer, kind, payload))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,13 +97,18 @@ class ThreadPlanner:
         self._worker.shutdown(wait=False, cancel_futures=True)
 
 
+_MAIN_MODULES = frozenset({"__main__", "__mp_main__"})
+"""The parent's main module by either name (``multiprocessing`` children, as SGLang's scheduler
+processes are, load it as ``__mp_main__``); the child imports neither."""
+
+
 class _NoMainPickler(pickle.Pickler):
     """Pickles as ``pickle`` does, refusing what names ``__main__``: the child's ``__main__`` is
     ``plan_child``, not the parent's."""
 
     def reducer_override(self, obj: Any) -> Any:
         named = obj if isinstance(obj, (type, types.FunctionType)) else type(obj)
-        if getattr(named, "__module__", None) == "__main__":
+        if getattr(named, "__module__", None) in _MAIN_MODULES:
             raise pickle.PicklingError(f"{named.__qualname__} is defined in __main__, which the planner process "
                                        "does not import")
         return NotImplemented
@@ -134,6 +139,7 @@ class ProcessPlanner:
             [sys.executable, "-m", CHILD_MODULE, str(os.getpid()), str(niceness)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=_child_environment())
         self._closed = False
+        self._closing = threading.Lock()
         self._broken: BaseException | None = None
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self.started: Future = Future()
@@ -158,10 +164,11 @@ class ProcessPlanner:
         return self._ask(plan_wire.MODULES, None, "listing its modules")
 
     def _ask(self, kind: str, payload: Any, doing: str) -> Future:
-        if self._closed:
-            raise RuntimeError("the auto planner was closed; it plans nothing more")
         answer: Future = Future()
-        self._requests.put(((kind, payload), answer, doing))
+        with self._closing:  # no request queued behind close's end mark, where none would answer it
+            if self._closed:
+                raise RuntimeError("the auto planner was closed; it plans nothing more")
+            self._requests.put(((kind, payload), answer, doing))
         return answer
 
     def _talk(self, sizer: bytes) -> None:
@@ -181,11 +188,13 @@ class ProcessPlanner:
                     plan_wire.write_frame(self._process.stdin, sizer)
                 else:
                     plan_wire.send(self._process.stdin, request)
-                reply = plan_wire.receive(self._process.stdout)
+                frame = plan_wire.read_frame(self._process.stdout)
             except (OSError, EOFError, ValueError) as error:  # pipe closed: the child is gone (or closing)
                 self._broken = error
                 answer.set_exception(self._died(doing, error))
                 continue
+            try:
+                reply = pickle.loads(frame)
             except Exception as error:  # an answer that does not unpickle here; the pipe is still in step
                 answer.set_exception(error)
                 continue
@@ -211,9 +220,11 @@ class ProcessPlanner:
     def close(self) -> None:
         """End the child, a plan running or not (its answer would be dropped anyway), reap it,
         and stop the thread that talked to it."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            self._requests.put(None)
         try:
             self._process.kill()  # our unreaped child: the pid cannot name another process
         except ProcessLookupError:
@@ -223,7 +234,6 @@ class ProcessPlanner:
         except subprocess.TimeoutExpired:
             logger.warning("the auto planner process (pid %d) did not end within %.0f s of SIGKILL", self.pid,
                            CLOSE_TIMEOUT_S)
-        self._requests.put(None)
         self._talker.join(timeout=CLOSE_TIMEOUT_S)
         if self._talker.is_alive():  # still in a pipe call: closing the pipe under it would wait too
             logger.warning("the auto planner's pipe thread did not stop within %.0f s", CLOSE_TIMEOUT_S)

@@ -138,3 +138,5 @@ def test_one_check_bounds_the_longest_request_and_the_run():
         check_chunk_counts([64, MAX_CHUNKS_PER_REQUEST + 1], 1, length_name="the longest one")
     with pytest.raises(ChunkingError, match="the load.*per run"):
         check_chunk_counts([64] * (MAX_CHUNKS_PER_RUN + 1), 64, workload_name="the load")
+    with pytest.raises(ChunkingError, match="the load has no requests"):
+        check_chunk_counts([], 64, workload_name="the load")

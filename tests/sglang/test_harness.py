@@ -114,6 +114,8 @@ def test_start_failure_reports_the_log(tmp_path: Path):
 
 def test_free_ports_lie_below_the_ephemeral_range():
     low, _ = launcher_module.ephemeral_port_range()
+    if low - launcher_module.PORT_FLOOR < launcher_module.MIN_PORT_SPAN:
+        pytest.skip(f"the ephemeral range starts at {low}: free_port() falls back to a kernel-chosen port")
     ports = {free_port() for _ in range(20)}
     assert all(launcher_module.PORT_FLOOR <= port < low for port in ports), ports
     assert len(ports) > 1

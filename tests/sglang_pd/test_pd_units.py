@@ -130,6 +130,20 @@ def test_bootstrap_guard_refuses_unreachable_and_bad_values():
         closed_port = closed.getsockname()[1]  # bound, not listening: refused
         with pytest.raises(InputRejectedError, match=f"127.0.0.1:{closed_port} is unreachable"):
             check_bootstrap_address(_decode_manager(), _request("127.0.0.1", closed_port))
+    with socket.socket() as other:  # another service on the port: its answer is not HTTP
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        other_port = other.getsockname()[1]
+
+        def answer_once() -> None:
+            conn, _ = other.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"SSH-2.0-not-http\r\n")
+
+        threading.Thread(target=answer_once, daemon=True).start()
+        with pytest.raises(InputRejectedError, match=f"127.0.0.1:{other_port} is unreachable"):
+            check_bootstrap_address(_decode_manager(), _request("127.0.0.1", other_port))
     for port_value in (0, 70000, "8998"):
         with pytest.raises(InputRejectedError, match="bootstrap_port must be a TCP port"):
             check_bootstrap_address(_decode_manager(), _request("127.0.0.1", port_value))

@@ -14,6 +14,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from sglang_harness import SKIP_NO_SGLANG
 from typer.testing import CliRunner
 
 from sglang_vpp.cli.app import app
@@ -478,6 +479,7 @@ if __name__ == "__main__":
 """
 
 
+@SKIP_NO_SGLANG  # the parent imports it, as a server's does
 def test_the_planner_process_imports_the_schedule_core_not_the_parents_main_nor_sglang(tmp_path):
     """A parent run as a script that imports sglang and a marker module: the child has neither
     (nor torch), found ``sglang_vpp`` where the parent did (this tree, by the parent's path), and
@@ -553,7 +555,8 @@ def test_the_planner_process_dies_with_its_parent_even_mid_plan(tmp_path):
 def test_a_planner_process_whose_parent_is_another_exits_at_once():
     """Its parent died before the child asked to die with it (the child was adopted): it exits,
     without waiting for input that will never come."""
-    child = subprocess.Popen([sys.executable, "-m", "sglang_vpp.plan_child", "1", "0"], stdin=subprocess.PIPE,
+    # 0: no process's parent in its own pid namespace (1 would be pytest's own pid in a container).
+    child = subprocess.Popen([sys.executable, "-m", "sglang_vpp.plan_child", "0", "0"], stdin=subprocess.PIPE,
                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
         assert child.wait(timeout=60) == 1
@@ -680,3 +683,38 @@ def test_a_trace_without_resize_records_still_replays(monkeypatch, tmp_path):
     old = {r: [d for d in ds if d["kind"] not in (RESIZE, CHUNK)] for r, ds in decisions.items()}
     result = CliRunner().invoke(app, ["check", "--trace", _write_trace(tmp_path, inputs, old)])
     assert result.exit_code == 0, result.output
+
+
+class _NeedsTwoArguments(Exception):
+    def __init__(self, what: str, code: int) -> None:
+        super().__init__(f"{what} ({code})")
+
+
+class _AwkwardSizer:
+    def choose(self, lengths):
+        if lengths == (1,):
+            raise _NeedsTwoArguments("cannot plan", 7)
+        return lambda: None  # a result that does not pickle
+
+
+def test_the_planner_child_answers_an_error_that_would_not_load_with_a_stand_in():
+    """An exception whose constructor takes other arguments pickles but does not unpickle, and a
+    result may not pickle at all: the parent still gets an error naming what happened, in step."""
+    import pickle
+
+    from sglang_vpp import plan_wire
+    from sglang_vpp.plan_child import _answer
+
+    kind, error, text = pickle.loads(_answer(_AwkwardSizer(), plan_wire.PLAN, (1,)))
+    assert kind == plan_wire.ERROR and isinstance(error, RuntimeError)
+    assert "_NeedsTwoArguments: cannot plan (7)" in str(error) and "_NeedsTwoArguments" in text
+    kind, error, _ = pickle.loads(_answer(_AwkwardSizer(), plan_wire.PLAN, (2,)))
+    assert kind == plan_wire.ERROR and "pickle" in str(error).lower()
+
+
+def test_a_sizer_from_a_multiprocessing_main_is_refused_for_the_planner_process(monkeypatch):
+    import pickle
+
+    monkeypatch.setattr(_AwkwardSizer, "__module__", "__mp_main__")
+    with pytest.raises(pickle.PicklingError, match="defined in __main__"):
+        sizer_bytes(_AwkwardSizer())

@@ -202,7 +202,9 @@ def _abort_while_held(server, reference) -> None:
     transformers' (stock cpp's), KV returns to 0 on every rank (a follower's leak check would end
     the server) and the server still serves."""
     leader_path = server.trace_dir / "vpp_rank0.records.json"
-    held_aborts, started = 0, time.monotonic()
+    # The counter is the server's since it started: count only what these rounds add.
+    before = wait_for_json(leader_path)["counters"].get("num_aborted_while_held", 0) if leader_path.exists() else 0
+    held_aborts, per_round, started = 0, [], time.monotonic()
     for round_seed in range(HELD_ROUNDS):
         prompts = make_prompts((300,) * 8, seed=60 + round_seed)
         rids = [f"held-{round_seed}-{'abort' if i % 4 else 'keep'}-{i}" for i in range(len(prompts))]
@@ -224,12 +226,14 @@ def _abort_while_held(server, reference) -> None:
         # Written at the idle after the round: every request of it admitted, all left.
         records = wait_for_json(leader_path, until=lambda d: all_admitted_left(d) and set(rids) <= {
             rid for rec in d["decisions"] for rid in rec.get("requests", ())})
-        held_aborts = records["counters"]["num_aborted_while_held"]
+        held_aborts = records["counters"]["num_aborted_while_held"] - before
+        per_round.append(held_aborts)
         if held_aborts:
             break
     print(f"vpp: {held_aborts} requests aborted while held, in {round_seed + 1} rounds, "
           f"{time.monotonic() - started:.1f} s")  # pytest -rP
-    assert held_aborts > 0, "no request was aborted while held: the check would pass vacuously"
+    assert held_aborts > 0, (f"no request was aborted while held in {HELD_ROUNDS} rounds (held aborts so far, "
+                             f"per round: {per_round}): a timing race, the check would pass vacuously")
     deadline = time.monotonic() + 30
     while used_tokens(server) != 0 and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -290,6 +290,8 @@ def check_chunk_counts(lengths: Sequence[int], chunk_size: int, size_name: str =
                        length_name: str = "a request", workload_name: str = "the workload") -> None:
     """Both limits for one load: the longest request (``check_chunk_count``) and the whole run
     (``check_run_chunk_count``)."""
+    if not lengths:
+        raise ChunkingError(f"{workload_name} has no requests")
     check_chunk_count(max(lengths), chunk_size, size_name, length_name)
     check_run_chunk_count(lengths, chunk_size, size_name, workload_name)
 

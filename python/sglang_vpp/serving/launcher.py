@@ -75,6 +75,9 @@ class _PortTaken(ServerStartError):
 PORT_FLOOR = 20000
 """Lowest port ``free_port`` offers: above the well-known and registered services' usual ports."""
 
+MIN_PORT_SPAN = 1000
+"""Fewer ports than this between ``PORT_FLOOR`` and the ephemeral range: the kernel picks instead."""
+
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 _port_choice = random.Random()
@@ -98,7 +101,7 @@ def free_port() -> int:
     self-connect), which reads its own request back as the answer and holds the port the server
     is about to bind. Below the range no client socket can take the port."""
     low, _ = ephemeral_port_range()
-    if low - PORT_FLOOR >= 1000:
+    if low - PORT_FLOOR >= MIN_PORT_SPAN:
         for _ in range(64):
             port = _port_choice.randrange(PORT_FLOOR, low)
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -264,7 +267,7 @@ class SGLangServer:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
                     if response.status == 200:
                         return
-            except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, OSError):
+            except (OSError, http.client.HTTPException):  # URLError, refused and timed out are OSErrors
                 pass  # not listening yet, or not yet speaking HTTP
             time.sleep(HEALTH_POLL_S)
         raise ServerStartError(

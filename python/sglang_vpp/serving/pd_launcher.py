@@ -113,7 +113,8 @@ class RouterProcess:
         """Start, then wait until a one-token request through the router succeeds (``served``)
         or is answered by the servers at all (a pair that refuses every request)."""
         self.port = self.port or free_port()
-        self.metrics_port = self.metrics_port or free_port()
+        while not self.metrics_port or self.metrics_port == self.port:
+            self.metrics_port = free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child, closed below
         self.process = subprocess.Popen(

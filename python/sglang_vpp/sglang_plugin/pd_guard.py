@@ -17,6 +17,7 @@ every non-decode server are left alone.
 
 from __future__ import annotations
 
+import http.client
 import urllib.request
 from typing import Any
 
@@ -56,7 +57,8 @@ def check_bootstrap_address(manager: Any, obj: Any) -> None:
         direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with direct.open(f"http://{shown}:{port}/health", timeout=CONNECT_TIMEOUT_S) as response:
             answered = response.status == 200
-    except (OSError, ValueError) as exc:  # URLError, timeouts, HTTP errors, a malformed host
+    # URLError, timeouts, HTTP errors, a malformed host, an answer that is not HTTP
+    except (OSError, ValueError, http.client.HTTPException) as exc:
         answered, why = False, str(exc)
     else:
         why = "" if answered else f"HTTP {response.status}"

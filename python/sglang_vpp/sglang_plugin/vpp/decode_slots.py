@@ -20,15 +20,10 @@ slot the held slots ask ``Controller.decode_joins``; joining restores the flag t
 derives from the requests. A hold is recorded once per slot and again when more requests join
 it; every join is recorded.
 
-An abort (a client's ``/abort_request`` or disconnect) of a held request takes SGLang's path for
-a running request: ``Scheduler.abort_request`` finds it in ``running_mbs`` and sets its
-``to_finish``, which only a forward's result turns into the abort finish (its answer to the
-client, its KV freed). A held request has no forward of its own, so it stays held, joins the
-first decode slot that opens like any held request, and finishes with that slot's next decode:
-the abort is answered one hold (at most until the next decode result) later than a running
-request's. Held requests that finish otherwise leave an empty held batch; the slot still joins
-(with nothing) at the next opening, so no slot stays held. ``num_aborted_while_held`` counts
-the requests that joined carrying an abort (written as a rank 0 counter).
+A held request that is aborted finishes at its slot's first decode after it joins, as SGLang
+finishes an aborted running request at its next forward; a held slot whose requests all
+finished joins with none (docs/sglang-vpp.md, "Decode micro-batches", says what the client
+sees). ``num_aborted_while_held`` counts the requests that joined carrying an abort.
 
 Every rank replays the same "sched" and "result" events in the same order on equal schedulers,
 so every rank moves the same requests to the same slot. Requests always sit in one of
