@@ -4,8 +4,14 @@ from sglang_vpp.schedule import (
     ChunkingError,
     DynamicChunker,
     FixedChunker,
+    FlatCurveError,
+    FlatCurveFallback,
+    LinearAttentionCost,
     QuadraticCurve,
+    default_chunker,
     fit_quadratic,
+    get_policy,
+    policy_layout,
     parse_size,
     split_request,
 )
@@ -140,3 +146,25 @@ def test_one_check_bounds_the_longest_request_and_the_run():
         check_chunk_counts([64] * (MAX_CHUNKS_PER_RUN + 1), 64, workload_name="the load")
     with pytest.raises(ChunkingError, match="the load has no requests"):
         check_chunk_counts([], 64, workload_name="the load")
+
+
+def test_fit_treats_a_linear_curve_as_flat_whatever_the_rounding_sign():
+    # A linear latency fits a = +-1e-22: the sign is rounding, so both signs are flat.
+    for longest in (320, 1000, 4096, 65536):
+        lengths = list(range(longest // 64, longest + 1, longest // 64))
+        with pytest.raises(FlatCurveError, match="super-linearly"):
+            fit_quadratic(lengths, [2e-6 * n + 1e-3 for n in lengths])
+    # A small but real square term is kept.
+    lengths = list(range(64, 4097, 64))
+    assert fit_quadratic(lengths, [1e-16 * n * n + 2e-6 * n for n in lengths]).a > 0
+
+
+def test_dcpp_with_a_flat_estimate_runs_fixed_chunks_and_says_why():
+    layout = policy_layout("dcpp", 2, 4)
+    dcpp = get_policy("dcpp")
+    flat = default_chunker(dcpp, 48, layout, LinearAttentionCost(attention_per_pair=0.0), 320)
+    assert isinstance(flat, FlatCurveFallback)
+    assert [flat.next_chunk_size(p, 1000) for p in (0, 100, 272)] == [48, 48, 48]
+    assert "dcpp ran fixed 48-token chunks (cpp in effect)" in flat.reason
+    curved = default_chunker(dcpp, 48, layout, LinearAttentionCost(), 320)
+    assert isinstance(curved, DynamicChunker)

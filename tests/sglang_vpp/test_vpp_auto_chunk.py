@@ -349,6 +349,32 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def test_a_stuck_planner_is_stopped_and_a_fresh_one_plans(monkeypatch, caplog):
+    """A planner child that gives no answer (here stopped by a signal) is killed once its plan
+    has run past the bound; the size in force stays, and a fresh child plans the situation."""
+    leader, _ = _ranks(monkeypatch, [_request(300, f"r{i}") for i in range(8)])
+    events: list = []
+    leader.situation.before_schedule(events)
+    first, stuck = events[0][2], leader.situation.planner
+    stuck_pid = _pid_of(stuck)
+    os.kill(stuck_pid, signal.SIGSTOP)
+    leader.scheduler.waiting_queue.append(_request(6000, "long"))
+    leader.situation.before_schedule(events)  # submitted to the stopped child
+    leader.situation.wait(timeout_s=0.5)
+    assert len(events) == 1
+    leader.situation.plan_timeout_s = 0.0
+    with caplog.at_level("ERROR"):
+        leader.situation.before_schedule(events)
+    assert "gave no answer" in caplog.text and f"process {stuck_pid}" in caplog.text
+    assert _gone(stuck_pid)
+    fresh = leader.situation.planner
+    assert isinstance(fresh, ProcessPlanner) and fresh is not stuck and leader.controller.auto_size == first
+    leader.situation.plan_timeout_s = chunk_sizing.PLAN_TIMEOUT_S
+    leader.situation.wait(timeout_s=60)
+    leader.situation.before_schedule(events)
+    assert len(events) == 2 and events[1][1] == (300,) * 8 + (6000,)
+
+
 def test_the_planner_process_answers_as_the_loop_would(monkeypatch):
     """Several situations planned in the child: each answer equals the plan of an equal sizer in
     this process."""

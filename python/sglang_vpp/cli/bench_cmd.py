@@ -205,6 +205,8 @@ def bench(
     json_to_stdout = json_out is not None and str(json_out) == "-"
     typer.echo(format_table(report), err=json_to_stdout)
     typer.echo(_NOTES, err=json_to_stdout)
+    for note in report.notes:
+        echo_wrapped(f"note: {note}", err=json_to_stdout)
     for verdict in report.verdicts():
         typer.echo("\n".join(verdict.lines()), err=json_to_stdout)
     for path in write_outputs(report, json_out, trace, plot, costs):

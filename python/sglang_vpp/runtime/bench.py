@@ -27,9 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..schedule import check_chunk_counts, parse_policies
+from ..schedule import FlatCurveFallback, check_chunk_counts, parse_policies
 from ..verdict import Verdict, make_verdict
 from .equal_cost import EQUAL_COST_LABEL, MeasuredRunCosts, SharedCostModel, equal_cost_replay
+from .control import make_planner
 from .launcher import LaunchResult, PoolSpec, RankPool, check_spec
 from .metrics import MeasuredRun, measure_run
 from .models import resolve_model
@@ -186,6 +187,8 @@ class BenchReport:
     reference_cpu_s: float
     shared_costs: list[SharedCostModel] = field(default_factory=list)
     """One per repeat: fitted on the other repeats (``_replay_on_equal_costs``)."""
+    notes: list[str] = field(default_factory=list)
+    """Modes that ran otherwise than asked, and why (``_fallback_notes``)."""
 
     def verdicts(self) -> list[Verdict]:
         """Equal-cost makespan and TTFT (paired per repeat), every mode vs cpp and dcpp."""
@@ -200,6 +203,7 @@ class BenchReport:
             "results": [m.to_dict() for m in self.modes],
             "equal_cost_models": [model.to_dict() for model in self.shared_costs],
             "verdicts": [v.to_dict() for v in self.verdicts()],
+            "notes": self.notes,
         }
 
     def timelines(self) -> dict[str, Any]:
@@ -306,6 +310,7 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> Ben
     specs = {mode: config.run_spec(mode, planner_cost) for mode in modes}
     for spec in specs.values():
         check_spec(spec)
+    notes = _fallback_notes(list(specs.values()), source.config.num_hidden_layers)
     progress.phase(f"starting {config.num_ranks} rank processes")
     runs: list[RunMeasurement] = []
     references = _References(source, config, progress)
@@ -321,7 +326,17 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> Ben
     progress.phase("equal-cost replay")
     shared = _replay_on_equal_costs(config, runs)
     summaries = [_summarise(mode, [r for r in runs if r.mode == mode]) for mode in modes]
-    return BenchReport(config, summaries, runs, references.cpu_s, shared)
+    return BenchReport(config, summaries, runs, references.cpu_s, shared, notes)
+
+
+def _fallback_notes(specs: Sequence[RunSpec], num_layers: int) -> list[str]:
+    """What ran otherwise than asked: a dcpp whose profiled latency curve is flat runs fixed chunks."""
+    notes = []
+    for spec in specs:
+        chunker = make_planner(spec, spec.layout(num_layers)).config.chunker
+        if isinstance(chunker, FlatCurveFallback):
+            notes.append(chunker.reason)
+    return notes
 
 
 def _replay_on_equal_costs(config: BenchConfig, runs: list[RunMeasurement]) -> list[SharedCostModel]:

@@ -12,6 +12,7 @@ from .chunking import (
     Chunker,
     DynamicChunker,
     FixedChunker,
+    FlatCurveFallback,
     QuadraticCurve,
     TaperedChunker,
     check_chunk_count,
@@ -25,7 +26,7 @@ from .chunking import (
 from .controller import Admission, Controller, ControllerLimits, HandOff, MicroBatch, default_in_flight_limit
 from .cost import LinearAttentionCost, StageCostModel, attention_work
 from .deadlock import DeadlockReport, check_deadlock
-from .errors import ChunkingError, LayoutError, ParseError, PolicyError, ScheduleError
+from .errors import ChunkingError, FlatCurveError, LayoutError, ParseError, PolicyError, ScheduleError
 from .ir import (
     GROUP_BACKWARD,
     GROUP_FORWARD,
@@ -48,9 +49,9 @@ from .validate import ValidationIssue, find_issues, validate_schedule
 
 __all__ = [
     "Admission", "Controller", "ControllerLimits", "HandOff", "MicroBatch", "default_in_flight_limit",
-    "BALANCE_MODES", "balance_split", "estimated_makespan", "Chunker", "DynamicChunker", "FixedChunker", "QuadraticCurve", "TaperedChunker", "fit_quadratic", "parse_size",
+    "BALANCE_MODES", "balance_split", "estimated_makespan", "Chunker", "DynamicChunker", "FixedChunker", "FlatCurveFallback", "QuadraticCurve", "TaperedChunker", "fit_quadratic", "parse_size",
     "split_request", "MAX_CHUNKS_PER_REQUEST", "check_chunk_count", "check_chunk_counts", "MAX_CHUNKS_PER_RUN", "check_run_chunk_count", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
-    "check_deadlock", "ChunkingError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
+    "check_deadlock", "ChunkingError", "FlatCurveError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
     "GROUP_BACKWARD", "GROUP_FORWARD", "GROUP_SINGLE", "Action", "ActionKind", "ChunkSpec",
     "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout", "Fold", "parse_fold", "stage_count", "policy_layout",
     "even_split", "FOLDBACK_MODES", "Planner", "ControllerConfig", "build_controller", "controller_config",

@@ -4,7 +4,8 @@ A chunker answers one question, ``next_chunk_size(prefix_len, remaining)``, so t
 serves an offline plan (``split_request``) and an online loop that chunks a request one step at a
 time while other requests run.
 
-- ``FixedChunker``: a constant chunk size (CPP and every VPP mode).
+- ``FixedChunker``: a constant chunk size (CPP and every VPP mode); ``FlatCurveFallback`` is one
+  that stands in for DCPP when the latency fit has nothing to balance.
 - ``TaperedChunker``: fixed chunks with short geometric ramps at both ends of a request (the
   ``vpp-taper`` mode): a small first chunk shortens the pipeline fill, and halving chunks at the
   tail shorten the drain, which is what a deep fold-back pipeline loses most to.
@@ -21,11 +22,12 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from .errors import ChunkingError
+from .errors import ChunkingError, FlatCurveError
 
 __all__ = [
     "Chunker",
     "FixedChunker",
+    "FlatCurveFallback",
     "TaperedChunker",
     "QuadraticCurve",
     "DynamicChunker",
@@ -69,6 +71,15 @@ class FixedChunker:
 
     def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
         return min(self.chunk_size, remaining)
+
+
+@dataclass(frozen=True, slots=True)
+class FlatCurveFallback(FixedChunker):
+    """Fixed chunks where DCPP was asked for and its latency fit came out flat
+    (``FlatCurveError``), as SGLang serves then; ``reason`` is the fit's message, for the
+    executor to tell its user that this run is CPP in effect."""
+
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +148,11 @@ class TaperedChunker:
         return min(size, remaining)
 
 
+FLAT_CURVE_SHARE = 1e-9
+"""A fit whose square term is below this share of its linear term at the longest fitted length
+is flat (``FlatCurveError``): far above double rounding (1e-16), far below any attention cost."""
+
+
 @dataclass(frozen=True, slots=True)
 class QuadraticCurve:
     """Prefill latency of a whole ``l``-token prompt: ``f(l) = a l^2 + b l + c``."""
@@ -152,8 +168,10 @@ class QuadraticCurve:
 def fit_quadratic(lengths: Sequence[float], latencies: Sequence[float]) -> QuadraticCurve:
     """Least-squares fit of ``f(l) = a l^2 + b l + c`` (normal equations, no numpy needed).
 
-    Raises ``ChunkingError`` when the fit is not usable for dynamic chunking (``a <= 0``), as
-    SGLang's profiler does; a negative linear term is clamped to zero.
+    Raises ``FlatCurveError`` when the fit is not usable for dynamic chunking (``a <= 0``, or
+    negligible: ``FLAT_CURVE_SHARE``), as
+    SGLang's profiler refuses it, and ``ChunkingError`` when there is too little to fit; a
+    negative linear term is clamped to zero.
     """
     if len(lengths) != len(latencies) or len(set(lengths)) < 3:
         raise ChunkingError(
@@ -168,10 +186,13 @@ def fit_quadratic(lengths: Sequence[float], latencies: Sequence[float]) -> Quadr
     matrix = [[sums[i + j] for j in range(3)] for i in range(3)]
     c0, c1, c2 = _solve3(matrix, rhs)
     a, b, c = c2 / scale**2, c1 / scale, c0
-    if not a > 0:
-        raise ChunkingError(
-            f"fitted quadratic coefficient a={a:.3e} is not positive: latency does not grow "
-            "super-linearly with length, so dynamic chunking has nothing to balance; use fixed chunks"
+    # A curve linear to within rounding fits a = +-1e-16 relative: its sign is noise, so "grows
+    # super-linearly" means the square term matters at the longest length, not merely a > 0.
+    if not a * scale > FLAT_CURVE_SHARE * max(b, 0.0):
+        raise FlatCurveError(
+            f"fitted quadratic coefficient a={a:.3e} is not positive (or negligible against the linear "
+            f"term b={b:.3e} at {scale:g} tokens): latency does not grow "
+            "super-linearly with length, so dynamic chunking has nothing to balance"
         )
     return QuadraticCurve(a, max(b, 0.0), c)
 

@@ -7,7 +7,7 @@ invariants use ``assert`` instead.
 
 from __future__ import annotations
 
-__all__ = ["ScheduleError", "LayoutError", "ChunkingError", "PolicyError", "ParseError", "CostModelError"]
+__all__ = ["ScheduleError", "LayoutError", "ChunkingError", "FlatCurveError", "PolicyError", "ParseError", "CostModelError"]
 
 
 class ScheduleError(ValueError):
@@ -20,6 +20,11 @@ class LayoutError(ValueError):
 
 class ChunkingError(ValueError):
     """Chunking parameters are invalid (chunk size, dynamic-chunking curve)."""
+
+
+class FlatCurveError(ChunkingError):
+    """A fitted prefill latency curve that does not grow super-linearly (``a <= 0``): dynamic
+    chunking has nothing to balance. SGLang serves fixed chunks when its start-up fit fails so."""
 
 
 class PolicyError(ValueError):

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .chunking import Chunker, DynamicChunker, FixedChunker, TaperedChunker
+from .chunking import Chunker, DynamicChunker, FixedChunker, FlatCurveFallback, TaperedChunker
 from .controller import Controller, default_in_flight_limit
 from .cost import LinearAttentionCost, StageCostModel
 from .cpu_cost import cpu_serving_cost
-from .errors import CostModelError, PolicyError
+from .errors import CostModelError, FlatCurveError, PolicyError
 from .fitted_cost import FittedCostModel
 from .ir import ChunkSpec
 from .layout import Fold, Layout, LayoutKind, build_layout, parse_fold
@@ -54,7 +54,9 @@ def default_chunker(policy: PolicySpec, chunk_size: int, layout: Layout, cost: S
                     max_length: int) -> Chunker:
     """Fixed chunks; for vpp-taper chunks planned for the pipeline depth; for dcpp a curve fitted
     on the cost estimate of stage 0 up to ``max_length`` tokens (as SGLang profiles prefill
-    latency on PP rank 0 at start-up), smoothed by ``policies.dcpp.SMOOTH_FACTOR``."""
+    latency on PP rank 0 at start-up), smoothed by ``policies.dcpp.SMOOTH_FACTOR``. A fit that
+    does not grow super-linearly gives fixed chunks (``FlatCurveFallback``), as SGLang serves when
+    its fit fails, not an error: the executor reports the fallback's reason."""
     if policy.tapered_chunks:
         return tapered_chunker(chunk_size, layout)
     if not policy.dynamic_chunks:
@@ -65,8 +67,12 @@ def default_chunker(policy: PolicySpec, chunk_size: int, layout: Layout, cost: S
     def latency(length: int) -> float:
         return estimate.stage_cost(stage, ChunkSpec(0, 0, 0, length))
 
-    return DynamicChunker.from_latency_fn(latency, chunk_size, max(max_length, 2 * chunk_size),
-                                          smooth_factor=dcpp.SMOOTH_FACTOR)
+    try:
+        return DynamicChunker.from_latency_fn(latency, chunk_size, max(max_length, 2 * chunk_size),
+                                              smooth_factor=dcpp.SMOOTH_FACTOR)
+    except FlatCurveError as flat:
+        # A measured estimate of a tiny model can be linear in length to within timing noise.
+        return FlatCurveFallback(chunk_size, f"dcpp ran fixed {chunk_size}-token chunks (cpp in effect): {flat}")
 
 
 @dataclass(frozen=True, slots=True)

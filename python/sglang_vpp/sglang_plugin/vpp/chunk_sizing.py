@@ -27,6 +27,8 @@ holds what rank 0's held (``seen``).
 
 from __future__ import annotations
 
+import logging
+import time
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from itertools import islice
@@ -36,6 +38,13 @@ from sglang_vpp.plan_process import AutoPlanner, planner_for
 from sglang_vpp.schedule import Controller, TaperedChunker
 
 from .errors import SchedulerDivergenceError
+
+logger = logging.getLogger(__name__)
+
+PLAN_TIMEOUT_S = 300.0
+"""The longest rank 0 lets a plan off the loop run before it stops the planner: plans take 0.1-2 s
+(docs/auto-chunk.md, "Server"), so one this late is stuck (a stopped or wedged child), and a size
+that never comes would leave every later situation unplanned."""
 
 __all__ = ["ControllerChunkSizer", "install_chunk_sizer", "around_add_one_req", "taper_note", "ADD_ONE_REQ",
            "AUTO_EVENT", "AutoSituation", "situation"]
@@ -116,10 +125,15 @@ class AutoSituation:
     a pure function of the situation, so every copy answers a situation alike)."""
 
     def __init__(self, scheduler: Any, controller: Controller, record: Callable[..., None],
-                 make_planner: Callable[[Controller], AutoPlanner] = planner_for) -> None:
+                 make_planner: Callable[[Controller], AutoPlanner] = planner_for,
+                 plan_timeout_s: float = PLAN_TIMEOUT_S, clock: Callable[[], float] = time.monotonic) -> None:
         """``record``: writes a ``resize`` trace record (``lengths``, ``size``, ``tapered``);
-        ``make_planner``: what plans off the loop (tests pass a ``ThreadPlanner``)."""
+        ``make_planner``: what plans off the loop (tests pass a ``ThreadPlanner``);
+        ``plan_timeout_s``: how long a plan off the loop may take (``PLAN_TIMEOUT_S``)."""
         self.scheduler = scheduler
+        self.plan_timeout_s = plan_timeout_s
+        self._clock = clock
+        self._planning_since = 0.0
         self.controller = controller
         self.record = record
         self.told: tuple[int, ...] = ()
@@ -144,6 +158,8 @@ class AutoSituation:
             choice = answer.result()  # a planning error surfaces here, in the loop
             self._apply(planned, self.controller.adopt_size(planned, choice.chunk_size, choice.tapered),
                         choice.tapered, lengths, events)
+        elif self._planning is not None and self._clock() - self._planning_since > self.plan_timeout_s:
+            self._stop_stuck_planner()
         if not lengths or lengths == self.told[len(self.told) - len(lengths):]:
             return
         if self.planner is None:  # started now, so a planner process starts while the loop plans
@@ -153,7 +169,23 @@ class AutoSituation:
             self._apply(lengths, self.controller.resize(lengths), self.controller.auto_tapered, lengths, events)
         elif self._planning is None:
             self.told = lengths
+            self._planning_since = self._clock()
             self._planning = (lengths, self.planner.submit(lengths))
+
+    def _stop_stuck_planner(self) -> None:
+        """A plan that has run past ``plan_timeout_s``: stop the planner and keep the size in
+        force; the situation in force is planned again by a fresh planner (``told`` forgotten)."""
+        assert self._planning is not None and self.planner is not None
+        planned = self._planning[0]
+        logger.error(
+            "sglang-vpp auto: the planner (%s) gave no answer in %.0f s for a situation of %d prompts "
+            "(plans take seconds at most); it is stopped, chunks stay at %s tokens, and a fresh planner "
+            "plans the situation in force", _planner_name(self.planner), self.plan_timeout_s, len(planned),
+            self.controller.auto_size)
+        self._planning = None
+        self.told = ()
+        self.planner.close()
+        self.planner = None
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until the plan off the loop, if any, has its answer, at most ``timeout_s`` (tests)."""
@@ -185,6 +217,11 @@ class AutoSituation:
             )
         self.controller.adopt_size(lengths, size, tapered)
         self.record(lengths=list(lengths), size=size, tapered=tapered)
+
+
+def _planner_name(planner: AutoPlanner) -> str:
+    pid = getattr(planner, "pid", None)
+    return f"process {pid}" if pid is not None else type(planner).__name__
 
 
 def around_add_one_req(original: Callable[..., Any], adder: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
