@@ -33,9 +33,11 @@ __all__ = [
     "SGLangServer",
     "ServerStartError",
     "all_admitted_left",
+    "assert_kv_idle",
     "close_idle_pools",
     "free_port",
     "get_json",
+    "kv_tokens_in_use",
     "post_json",
     "wait_for_json",
 ]
@@ -46,6 +48,25 @@ SKIP_NO_SGLANG = pytest.mark.skipif(
     not SGLANG_INSTALLED,
     reason="SGLang is not installed: run scripts/install_sglang_cpu.sh (CI does)",
 )
+
+
+def kv_tokens_in_use(server: SGLangServer) -> int:
+    """KV tokens held on every data-parallel rank of ``server`` (SGLang's ``/v1/loads``)."""
+    return sum(int(load["num_used_tokens"]) for load in get_json(server.url + "/v1/loads?include=core")["loads"])
+
+
+def assert_kv_idle(*servers: SGLangServer, bound_s: float = 60.0, what: str = "") -> None:
+    """KV back to 0 on every one of ``servers`` within ``bound_s``; else fail naming what is held
+    where. KV is freed moments after a request's answer, so a check right after it polls."""
+    deadline = time.monotonic() + bound_s
+    named = {server.log_path.stem: server for server in servers}
+    while True:
+        used = {name: kv_tokens_in_use(server) for name, server in named.items()}
+        if not any(used.values()):
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}KV tokens still in use {bound_s:.0f} s after the last request: {used}")
+        time.sleep(0.2)
 
 
 POOLS: list[ServerPool] = []

@@ -35,7 +35,8 @@ from typing import Any
 
 import pytest
 from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
-from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, post_json, wait_for_json
+from sglang_harness import (SKIP_NO_SGLANG, ServerConfig, SGLangServer, assert_kv_idle, kv_tokens_in_use, post_json,
+                            wait_for_json)
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG]
 
@@ -199,12 +200,6 @@ def _load_request(server: SGLangServer, index: int, prompt: list[int]) -> str:
     return "answered"
 
 
-def _kv_tokens_in_use(server: SGLangServer) -> int:
-    with urllib.request.urlopen(server.url + "/v1/loads?include=core", timeout=30) as response:
-        loads = json.loads(response.read())["loads"]
-    return sum(int(load["num_used_tokens"]) for load in loads)
-
-
 def test_load_all_end_kv_idle_and_greedy_equal_to_cpp(server, request):
     _require_both_modes(request)
     rng = random.Random(7)
@@ -212,10 +207,7 @@ def test_load_all_end_kv_idle_and_greedy_equal_to_cpp(server, request):
     with ThreadPoolExecutor(NUM_IN_FLIGHT) as pool:
         outcomes = list(pool.map(lambda item: _load_request(server, *item), enumerate(prompts)))
     assert outcomes.count("answered") >= NUM_LOAD_REQUESTS - NUM_LOAD_REQUESTS // 8, outcomes
-    deadline = time.monotonic() + 60
-    while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _kv_tokens_in_use(server) == 0
+    assert_kv_idle(server)
     out = post_json(
         server.url + "/generate",
         {"input_ids": SAMPLE_PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}},
@@ -275,7 +267,7 @@ def test_abort_and_disconnect_mid_prefill_while_packing(server):
             # SGLang runs queued prefill before decode, so the short prompt's answer would come
             # only after the second's whole prefill: watch KV instead.
             deadline = time.monotonic() + 120
-            while _kv_tokens_in_use(server) < lengths[0] + 2 * CHUNK and time.monotonic() < deadline:
+            while kv_tokens_in_use(server) < lengths[0] + 2 * CHUNK and time.monotonic() < deadline:
                 time.sleep(0.01)
             _post(server.url + "/abort_request", {"rid": rids[1]})
         finally:
@@ -285,10 +277,7 @@ def test_abort_and_disconnect_mid_prefill_while_packing(server):
         status, body = kept_reply.result(timeout=300)
         assert status == 200 and len(json.loads(body)["output_ids"]) == 4, body[:1000]
         gone.result(timeout=300)
-    deadline = time.monotonic() + 60
-    while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _kv_tokens_in_use(server) == 0
+    assert_kv_idle(server)
     _assert_still_serving(server)
     if server.trace_dir is not None:  # vpp-pack: a queued request entered the drain window
         _assert_packed_one_of(server.trace_dir / "vpp_rank0.records.json", rids)
@@ -330,10 +319,7 @@ def test_kv_pool_exhausted_in_decode_every_request_is_served_and_equal_to_cpp(se
         assert status == 200, f"{status} {body[:1000]}"
     outputs = [json.loads(body)["output_ids"] for _, body in replies]
     assert all(len(ids) == 120 for ids in outputs)
-    deadline = time.monotonic() + 60
-    while _kv_tokens_in_use(server) != 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _kv_tokens_in_use(server) == 0
+    assert_kv_idle(server)
     # The load reached retraction. VPP decodes in stock PP's count of slots (the controller's
     # decode slots), so whether a slot is left with one request depends on the order of the
     # retractions; the hook's own case is unit-tested (test_vpp_units.py).

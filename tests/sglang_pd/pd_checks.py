@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from conftest import CHUNK, PROMPT_LENGTHS
-from sglang_harness import ServerConfig, get_json, post_json
+from sglang_harness import ServerConfig, assert_kv_idle, post_json
 
 from sglang_vpp.serving.launcher import free_port
 from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config
@@ -45,22 +45,6 @@ def four_prompts(url: str, prompts: list[list[int]]) -> list[list[int]]:
         time.sleep(LATE_DELAY_S)
         late = pool.submit(generate, url, prompts[-1])
         return [future.result() for future in early + [late]]
-
-
-def kv_in_use(server) -> int:
-    return sum(int(load["num_used_tokens"]) for load in get_json(server.url + "/v1/loads")["loads"])
-
-
-def assert_kv_idle(*servers, bound_s: float = 60.0, what: str = "") -> None:
-    """KV back to 0 on every one of ``servers`` within ``bound_s``; else fail naming what is held where."""
-    deadline = time.monotonic() + bound_s
-    named = {server.log_path.stem: server for server in servers}
-    while time.monotonic() < deadline:
-        used = {name: kv_in_use(server) for name, server in named.items()}
-        if not any(used.values()):
-            return
-        time.sleep(0.2)  # /v1/loads answers at once; KV is freed moments after the answer
-    raise AssertionError(f"{what}KV tokens still in use {bound_s:.0f} s after the last request: {used}")
 
 
 def check(deployment: PdDeployment, label: str, got: list[list[int]], want: list[list[int]]) -> None:

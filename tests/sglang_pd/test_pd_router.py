@@ -31,8 +31,8 @@ import pytest
 from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
 from vpp_checks import QWEN2_8L, Reference, make_prompts
 from conftest import CHUNK, PREFILL_MODES, PROMPT_LENGTHS, PROMPT_SEED, SERVED
-from pd_checks import NUM_NEW, assert_kv_idle, four_prompts, generate, kv_in_use
-from sglang_harness import SKIP_NO_SGLANG, ServerConfig
+from pd_checks import NUM_NEW, four_prompts, generate
+from sglang_harness import SKIP_NO_SGLANG, ServerConfig, assert_kv_idle, kv_tokens_in_use
 
 from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config
 from sglang_vpp.serving.launcher import free_port
@@ -273,7 +273,7 @@ def test_decode_killed_mid_transfer_the_prefill_frees_the_kv_and_keeps_serving(r
     os.killpg(deployment.decode.process.pid, signal.SIGKILL)
     seconds = _assert_client_error(client, "decode killed", deployment, KV_FREE_BOUND_S)
     began = time.monotonic()
-    while (used := kv_in_use(deployment.prefill)) and time.monotonic() < began + KV_FREE_BOUND_S:
+    while (used := kv_tokens_in_use(deployment.prefill)) and time.monotonic() < began + KV_FREE_BOUND_S:
         time.sleep(0.2)
     assert used == 0, f"the prefill server still holds {used} KV tokens {KV_FREE_BOUND_S:.0f} s after the decode died"
     freed = time.monotonic() - began

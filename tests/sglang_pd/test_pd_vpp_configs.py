@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 
 import pytest
-from sglang_harness import SKIP_NO_SGLANG, ServerConfig
+from sglang_harness import SKIP_NO_SGLANG, ServerConfig, assert_kv_idle
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
 from vpp_checks import QWEN2_8L, Reference, make_prompts  # noqa: E402
 from conftest import PROMPT_LENGTHS, PROMPT_SEED, SERVED, pd_decode_config  # noqa: E402
-from pd_checks import NUM_NEW, assert_kv_idle, check, four_prompts, generate, prefill_of, serve  # noqa: E402
+from pd_checks import NUM_NEW, check, four_prompts, generate, prefill_of, serve  # noqa: E402
 
 from sglang_vpp.models.tiny_hf import TinyModelSpec  # noqa: E402
 from sglang_vpp.serving.pd_launcher import PdDeployment  # noqa: E402

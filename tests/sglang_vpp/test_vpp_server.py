@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from fault_driver import STOP_BOUND_S, STOP_COMM_TIMEOUT_S, assert_fault_ends_the_server
-from sglang_harness import SKIP_NO_SGLANG, ServerConfig, post_json
+from sglang_harness import SKIP_NO_SGLANG, ServerConfig, assert_kv_idle, post_json
 from vpp_checks import (
     CHUNK,
     MIXED_LENGTHS,
@@ -40,7 +40,6 @@ from vpp_checks import (
     load_then_wait_for_decisions,
     make_prompts,
     tamper_one_admission,
-    used_tokens,
     wait_for_json,
 )
 from order_checks import assert_planner_order_equals_the_server
@@ -175,10 +174,7 @@ def test_abort_mid_prefill_frees_kv_on_every_rank(server, reference):
         pytest.skip("abort is exercised on the blocking (vpp) and the packing (vpp-pack) loops")
     answer = abort_mid_prefill(server)
     assert answer["meta_info"]["finish_reason"]["type"] == "abort"
-    deadline = time.monotonic() + 30
-    while used_tokens(server) != 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert used_tokens(server) == 0
+    assert_kv_idle(server, bound_s=30)
     # Followers replay the same frees; SGLang's idle leak check (strict by default) ends the
     # server on any rank with leaked KV, so it must still be alive and answering.
     assert len(generate(server, make_prompts((100,), seed=5)[0], 2)["output_ids"]) == 2
@@ -234,10 +230,7 @@ def _abort_while_held(server, reference) -> None:
           f"{time.monotonic() - started:.1f} s")  # pytest -rP
     assert held_aborts > 0, (f"no request was aborted while held in {HELD_ROUNDS} rounds (held aborts so far, "
                              f"per round: {per_round}): a timing race, the check would pass vacuously")
-    deadline = time.monotonic() + 30
-    while used_tokens(server) != 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert used_tokens(server) == 0
+    assert_kv_idle(server, bound_s=30)
     assert len(generate(server, make_prompts((100,), seed=6)[0], 2)["output_ids"]) == 2
     assert server.process is not None and server.process.poll() is None
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from sglang_harness import SGLangServer, all_admitted_left, get_json, post_json, wait_for_json  # noqa: F401 (re-exported)
+from sglang_harness import SGLangServer, all_admitted_left, get_json, kv_tokens_in_use, post_json, wait_for_json  # noqa: F401 (re-exported)
 from sglang_vpp.models.tiny_hf import TinyModelSpec, load_transformers_model
 
 CHUNK = 64
@@ -90,10 +90,6 @@ def check_answer(answer: dict, ids: list[int], ref: dict, server: SGLangServer) 
         assert max(diffs) < LOGPROB_TOLERANCE, f"prompt of {len(ids)}: max |logprob diff| {max(diffs):.3g}"
 
 
-def used_tokens(server: SGLangServer) -> int:
-    return sum(int(load["num_used_tokens"]) for load in get_json(server.url + "/v1/loads")["loads"])
-
-
 def abort_mid_prefill(server: SGLangServer, num_tokens: int = 3000, in_prefill_tokens: int = 4 * CHUNK) -> dict:
     """Start a long prefill, abort it by rid while it runs (once ``in_prefill_tokens`` of its KV
     are in use: several chunks in the pipeline, most of the prompt still to come); returns the
@@ -103,7 +99,7 @@ def abort_mid_prefill(server: SGLangServer, num_tokens: int = 3000, in_prefill_t
     thread = threading.Thread(target=lambda: result.update(answer=generate(server, ids, 50, rid="vpp-abort-me")))
     thread.start()
     deadline = time.monotonic() + 60
-    while used_tokens(server) < in_prefill_tokens and time.monotonic() < deadline and thread.is_alive():
+    while kv_tokens_in_use(server) < in_prefill_tokens and time.monotonic() < deadline and thread.is_alive():
         time.sleep(0.01)
     assert thread.is_alive(), f"the {num_tokens}-token request ended before it was aborted: {result.get('answer')}"
     abort(server, "vpp-abort-me")
@@ -151,7 +147,7 @@ def load_then_wait_for_decisions(server: SGLangServer, num_ranks: int) -> None:
     thread = threading.Thread(target=lambda: result.update(answer=generate(server, long_ids, 2, rid="replay-long")))
     thread.start()
     deadline = time.monotonic() + 60
-    while used_tokens(server) == 0 and time.monotonic() < deadline:  # the long prefill has started
+    while kv_tokens_in_use(server) == 0 and time.monotonic() < deadline:  # the long prefill has started
         time.sleep(0.01)
     generate(server, short_ids, 2, rid="replay-short")
     thread.join(timeout=300)
