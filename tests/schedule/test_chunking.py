@@ -154,6 +154,8 @@ def test_fit_treats_a_linear_curve_as_flat_whatever_the_rounding_sign():
         lengths = list(range(longest // 64, longest + 1, longest // 64))
         with pytest.raises(FlatCurveError, match="super-linearly"):
             fit_quadratic(lengths, [2e-6 * n + 1e-3 for n in lengths])
+        with pytest.raises(FlatCurveError, match="super-linearly"):  # a constant: a profile of no growth
+            fit_quadratic(lengths, [1.2e-3 for _ in lengths])
     # A small but real square term is kept.
     lengths = list(range(64, 4097, 64))
     assert fit_quadratic(lengths, [1e-16 * n * n + 2e-6 * n for n in lengths]).a > 0

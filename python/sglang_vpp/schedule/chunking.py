@@ -149,8 +149,9 @@ class TaperedChunker:
 
 
 FLAT_CURVE_SHARE = 1e-9
-"""A fit whose square term is below this share of its linear term at the longest fitted length
-is flat (``FlatCurveError``): far above double rounding (1e-16), far below any attention cost."""
+"""A fit whose square term is below this share of the rest of the latency (linear and constant
+terms) at the longest fitted length is flat (``FlatCurveError``): far above double rounding
+(1e-16), far below any attention cost."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,12 +187,13 @@ def fit_quadratic(lengths: Sequence[float], latencies: Sequence[float]) -> Quadr
     matrix = [[sums[i + j] for j in range(3)] for i in range(3)]
     c0, c1, c2 = _solve3(matrix, rhs)
     a, b, c = c2 / scale**2, c1 / scale, c0
-    # A curve linear to within rounding fits a = +-1e-16 relative: its sign is noise, so "grows
-    # super-linearly" means the square term matters at the longest length, not merely a > 0.
-    if not a * scale > FLAT_CURVE_SHARE * max(b, 0.0):
+    # A curve linear (or constant) to within rounding fits a = +-1e-16 of the latencies: its
+    # sign is noise, so "grows super-linearly" means the square term matters at the longest
+    # length against the rest of the latency there, not merely a > 0.
+    if not a * scale * scale > FLAT_CURVE_SHARE * (abs(b) * scale + abs(c)):
         raise FlatCurveError(
-            f"fitted quadratic coefficient a={a:.3e} is not positive (or negligible against the linear "
-            f"term b={b:.3e} at {scale:g} tokens): latency does not grow "
+            f"fitted quadratic coefficient a={a:.3e} is not positive, or negligible against b={b:.3e}, "
+            f"c={c:.3e} at {scale:g} tokens: latency does not grow "
             "super-linearly with length, so dynamic chunking has nothing to balance"
         )
     return QuadraticCurve(a, max(b, 0.0), c)
