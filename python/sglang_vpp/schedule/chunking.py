@@ -170,9 +170,8 @@ def fit_quadratic(lengths: Sequence[float], latencies: Sequence[float]) -> Quadr
     """Least-squares fit of ``f(l) = a l^2 + b l + c`` (normal equations, no numpy needed).
 
     Raises ``FlatCurveError`` when the fit is not usable for dynamic chunking (``a <= 0``, or
-    negligible: ``FLAT_CURVE_SHARE``), as
-    SGLang's profiler refuses it, and ``ChunkingError`` when there is too little to fit; a
-    negative linear term is clamped to zero.
+    negligible: ``FLAT_CURVE_SHARE``), as SGLang's profiler refuses it, and ``ChunkingError``
+    when there is too little to fit; a negative linear term is clamped to zero.
     """
     if len(lengths) != len(latencies) or len(set(lengths)) < 3:
         raise ChunkingError(

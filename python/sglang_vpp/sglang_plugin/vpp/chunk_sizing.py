@@ -126,13 +126,12 @@ class AutoSituation:
 
     def __init__(self, scheduler: Any, controller: Controller, record: Callable[..., None],
                  make_planner: Callable[[Controller], AutoPlanner] = planner_for,
-                 plan_timeout_s: float = PLAN_TIMEOUT_S, clock: Callable[[], float] = time.monotonic) -> None:
+                 plan_timeout_s: float = PLAN_TIMEOUT_S) -> None:
         """``record``: writes a ``resize`` trace record (``lengths``, ``size``, ``tapered``);
         ``make_planner``: what plans off the loop (tests pass a ``ThreadPlanner``);
         ``plan_timeout_s``: how long a plan off the loop may take (``PLAN_TIMEOUT_S``)."""
         self.scheduler = scheduler
         self.plan_timeout_s = plan_timeout_s
-        self._clock = clock
         self._planning_since = 0.0
         self.controller = controller
         self.record = record
@@ -158,7 +157,7 @@ class AutoSituation:
             choice = answer.result()  # a planning error surfaces here, in the loop
             self._apply(planned, self.controller.adopt_size(planned, choice.chunk_size, choice.tapered),
                         choice.tapered, lengths, events)
-        elif self._planning is not None and self._clock() - self._planning_since > self.plan_timeout_s:
+        elif self._planning is not None and time.monotonic() - self._planning_since > self.plan_timeout_s:
             self._stop_stuck_planner()
         if not lengths or lengths == self.told[len(self.told) - len(lengths):]:
             return
@@ -169,7 +168,7 @@ class AutoSituation:
             self._apply(lengths, self.controller.resize(lengths), self.controller.auto_tapered, lengths, events)
         elif self._planning is None:
             self.told = lengths
-            self._planning_since = self._clock()
+            self._planning_since = time.monotonic()
             self._planning = (lengths, self.planner.submit(lengths))
 
     def _stop_stuck_planner(self) -> None:
