@@ -183,9 +183,9 @@ def test_bootstrap_guard_refuses_a_prefill_server_of_another_page_size():
         def log_message(self, *args):
             pass
 
-    def manager(page_size):
+    def manager(page_size, device="cuda"):
         return types.SimpleNamespace(server_args=types.SimpleNamespace(disaggregation_mode="decode",
-                                                                       page_size=page_size))
+                                                                       page_size=page_size, device=device))
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Bootstrap)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -195,8 +195,10 @@ def test_bootstrap_guard_refuses_a_prefill_server_of_another_page_size():
         answer["status"] = 200
         with pytest.raises(InputRejectedError, match="runs --page-size 16 but this decode server runs --page-size 1"):
             check_bootstrap_address(manager(1), _request("127.0.0.1", port))
-        check_bootstrap_address(manager(16), _request("127.0.0.1", port))
+        with pytest.raises(InputRejectedError, match="runs --page-size 16 but this decode server runs --page-size 1"):
+            check_bootstrap_address(manager(None, "cpu"), _request("127.0.0.1", port))  # unset on CPU: 1
         check_bootstrap_address(manager(None), _request("127.0.0.1", port))  # unknown here: SGLang decides
+        check_bootstrap_address(manager(16), _request("127.0.0.1", port))
     finally:
         server.shutdown()
         server.server_close()

@@ -65,7 +65,17 @@ def check_bootstrap_address(manager: Any, obj: Any) -> None:
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     if (host, port) not in _reachable:
         _check_reachable(direct, host, port, shown)
-    _check_page_size(direct, getattr(server_args, "page_size", None), host, port, shown)
+    _check_page_size(direct, _decode_page_size(server_args), host, port, shown)
+
+
+def _decode_page_size(server_args: Any) -> int | None:
+    """This server's page size: ``--page-size`` when given; unset, SGLang resolves it in the
+    scheduler (an attention backend may pick its own on GPU/NPU), but on ``--device cpu`` it stays
+    SGLang's default, 1. None when it cannot be known here (then SGLang's own check decides)."""
+    page_size = getattr(server_args, "page_size", None)
+    if page_size is not None:
+        return int(page_size)
+    return 1 if getattr(server_args, "device", None) == "cpu" else None
 
 
 def _check_reachable(direct: urllib.request.OpenerDirector, host: str, port: int, shown: str) -> None:
