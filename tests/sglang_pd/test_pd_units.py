@@ -153,6 +153,58 @@ def test_bootstrap_guard_refuses_unreachable_and_bad_values():
 
 
 @SKIP_NO_SGLANG
+def test_bootstrap_guard_refuses_a_prefill_server_of_another_page_size():
+    """SGLang's own page-size check raises in the decode scheduler and ends the decode server
+    (seen with a --page-size 16 VPP prefill behind a page-size-1 decode): the guard answers 400
+    instead. A bootstrap server still registering (503) is asked again on the next request."""
+    import http.server
+    import json
+    import threading
+    import types
+
+    from sglang_vpp.sglang_plugin.errors import InputRejectedError
+    from sglang_vpp.sglang_plugin.pd_guard import ROUTE_QUERY, check_bootstrap_address
+
+    answer = {"status": 503, "page_size": 16}
+
+    class Bootstrap(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            if self.path == "/health":
+                self.send_response(200)
+                self.end_headers()
+            elif self.path == ROUTE_QUERY:
+                self.send_response(answer["status"])
+                self.end_headers()
+                self.wfile.write(json.dumps({"page_size": answer["page_size"], "pp_size": 2}).encode())
+            else:
+                self.send_response(404)
+                self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    def manager(page_size, device="cuda"):
+        return types.SimpleNamespace(server_args=types.SimpleNamespace(disaggregation_mode="decode",
+                                                                       page_size=page_size, device=device))
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Bootstrap)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        check_bootstrap_address(manager(1), _request("127.0.0.1", port))  # registering: not judged yet
+        answer["status"] = 200
+        with pytest.raises(InputRejectedError, match="runs --page-size 16 but this decode server runs --page-size 1"):
+            check_bootstrap_address(manager(1), _request("127.0.0.1", port))
+        with pytest.raises(InputRejectedError, match="runs --page-size 16 but this decode server runs --page-size 1"):
+            check_bootstrap_address(manager(None, "cpu"), _request("127.0.0.1", port))  # unset on CPU: 1
+        check_bootstrap_address(manager(None), _request("127.0.0.1", port))  # unknown here: SGLang decides
+        check_bootstrap_address(manager(16), _request("127.0.0.1", port))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@SKIP_NO_SGLANG
 def test_bootstrap_guard_leaves_other_requests_alone():
     from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address
 
