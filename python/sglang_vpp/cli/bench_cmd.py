@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from ..runtime.spec import BACKEND_FOR_DEVICE, DEFAULT_MODES
-from .common import at_least, check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option, positive, user_errors
+from .common import at_least, check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option, timeout_option, user_errors
 from .common import FOLD_HELP, parse_fold_option, png_path
 
 TOLERANCE = 1e-5
@@ -164,7 +164,7 @@ def bench(
         device_kind = Device(device)
     except ValueError:
         raise ValueError(f"--device must be cpu, cuda or npu, got {device!r}") from None
-    positive(timeout, "--timeout")
+    timeout_option(timeout, "--timeout")
     at_least(pp, 2, "--pp")
     at_least(requests, 1, "--requests")
     at_least(repeat, 1, "--repeat")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -14,6 +15,7 @@ import typer
 __all__ = [
     "CliInputError",
     "FOLD_HELP",
+    "MAX_TIMEOUT_S",
     "at_least",
     "check_output_path",
     "echo_wrapped",
@@ -24,6 +26,7 @@ __all__ = [
     "parse_size_option",
     "png_path",
     "positive",
+    "timeout_option",
     "user_errors",
 ]
 
@@ -110,9 +113,23 @@ def parse_size_option(text: str | int | None, flag: str) -> int | None:
 
 
 def at_least(value: float | int | None, minimum: float | int, flag: str) -> None:
-    """Reject ``value < minimum`` (None: the flag was not given)."""
+    """Reject ``value < minimum``, NaN and infinity (None: the flag was not given)."""
     if value is not None and not value >= minimum:
         raise CliInputError(f"{flag} must be >= {minimum}, got {value}")
+    if value is not None and not math.isfinite(value):
+        raise CliInputError(f"{flag} must be a finite number, got {value}")
+
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""The longest timeout any command takes (a week): the waits it bounds count in milliseconds in
+C ints, and ``inf`` or 1e300 s failed there with a traceback."""
+
+
+def timeout_option(value: float, flag: str) -> None:
+    """Reject a timeout that is not > 0 or longer than ``MAX_TIMEOUT_S``."""
+    positive(value, flag)
+    if not value <= MAX_TIMEOUT_S:
+        raise CliInputError(f"{flag} must be at most {MAX_TIMEOUT_S:g} s (a week), got {value}")
 
 
 def positive(value: float | None, flag: str) -> None:
