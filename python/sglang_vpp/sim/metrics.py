@@ -68,9 +68,17 @@ def lower_bound(schedule: Schedule, cost: StageCostModel, result: SimResult | No
     return best
 
 
+ROUNDING = 1e-9
+"""A relative difference below this is float rounding of sums taken in another order."""
+
+
 def gap_to_bound(makespan: float, bound: float) -> float:
-    """How far above the bound a run finished, as a fraction (0.05 = 5 % slower than the bound)."""
-    return makespan / bound - 1.0 if bound > 0 else 0.0
+    """How far above the bound a run finished, as a fraction (0.05 = 5 % slower than the bound).
+    A run that meets its bound is 0, not the float rounding of the two sums (printed -0.0 %)."""
+    if bound <= 0:
+        return 0.0
+    gap = makespan / bound - 1.0
+    return 0.0 if abs(gap) < ROUNDING else gap
 
 
 def steady_state_window(result: SimResult) -> tuple[float, float]:
