@@ -19,6 +19,7 @@ a bound and makes it tighter.)
 from __future__ import annotations
 
 from ..schedule import Schedule, StageCostModel
+from .idle import ROUNDING
 from .result import SimResult
 
 __all__ = ["lower_bound", "gap_to_bound", "steady_state_window", "steady_state_idle"]
@@ -66,10 +67,6 @@ def lower_bound(schedule: Schedule, cost: StageCostModel, result: SimResult | No
             drain += cost.transfer_cost(layout.stages[mine[-1]], last)
         best = max(best, release + fill + work + drain)
     return best
-
-
-ROUNDING = 1e-9
-"""A relative difference below this is float rounding of sums taken in another order."""
 
 
 def gap_to_bound(makespan: float, bound: float) -> float:
