@@ -163,6 +163,7 @@ CASES = [
     (["doctor", "--timeout", "1e300"], "--timeout must be at most 604800 s"),
     (["doctor", "--backend", "gloo@double"], "only device backends (nccl, hccl) have a test double"),
     (_URL + ["--timeout", "inf"], "--timeout must be at most 604800 s"),
+    (["simulate", "--sweep-chunk", ""], "--sweep-chunk needs at least one size"),
     (["simulate", "--model", "/nonexistent.json"], "model preset file '/nonexistent.json' does not exist"),
     (["simulate", "--hardware", "LIST.json"], "holds list, not a JSON object"),
     (["simulate", "--model", "FOLDER.json"], "cannot be read (Is a directory)"),
