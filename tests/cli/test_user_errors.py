@@ -164,6 +164,12 @@ CASES = [
     (["doctor", "--backend", "gloo@double"], "only device backends (nccl, hccl) have a test double"),
     (_URL + ["--timeout", "inf"], "--timeout must be at most 604800 s"),
     (["simulate", "--sweep-chunk", ""], "--sweep-chunk needs at least one size"),
+    # '-' is stdout for --json only: a trace, plot or cost file was written to a file named '-'.
+    (["simulate", "--seq-len", "8k", "--trace", "-"], "--trace '-': only --json writes to stdout"),
+    (["simulate", "--seq-len", "8k", "--plot", "-"], "--plot '-': only --json writes to stdout"),
+    (_BENCH + ["--costs", "-"], "--costs '-': only --json writes to stdout"),
+    (_BENCH + ["--trace", "-"], "--trace '-': only --json writes to stdout"),
+    (_URL + ["--output-file", "-"], "--output-file '-': only --json writes to stdout"),
     (["simulate", "--model", "/nonexistent.json"], "model preset file '/nonexistent.json' does not exist"),
     (["simulate", "--hardware", "LIST.json"], "holds list, not a JSON object"),
     (["simulate", "--model", "FOLDER.json"], "cannot be read (Is a directory)"),

@@ -171,7 +171,7 @@ def bench(
     at_least(arrival_interval, 0, "--arrival-interval")
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
     for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot"), (costs, "--costs")):
-        check_output_path(path, flag)
+        check_output_path(path, flag, stdout=flag == "--json")
     layer_split = parse_int_list(split, "--split")
     from ..schedule.auto_size import CANDIDATES, is_auto
 

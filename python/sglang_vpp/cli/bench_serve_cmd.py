@@ -166,7 +166,7 @@ def bench_serve(
     timeout_option(startup_timeout, "--startup-timeout")
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
     for path, flag in ((json_out, "--json"), (output_file, "--output-file"), (plot, "--plot")):
-        check_output_path(path, flag)
+        check_output_path(path, flag, stdout=flag == "--json")
     from ..schedule.auto_size import AUTO, is_auto
 
     auto_chunk = is_auto(chunked_prefill_size)

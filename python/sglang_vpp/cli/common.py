@@ -138,13 +138,18 @@ def positive(value: float | None, flag: str) -> None:
         raise CliInputError(f"{flag} must be > 0, got {value}")
 
 
-def check_output_path(path: Path | None, flag: str) -> None:
-    """Fail before the work if an output file could not be written afterwards ('-' is stdout).
+def check_output_path(path: Path | None, flag: str, stdout: bool = False) -> None:
+    """Fail before the work if an output file could not be written afterwards; '-' is stdout
+    where ``stdout`` (``--json -``), else refused (a trace, plot or cost file is not text to print).
 
     The file is created (with any missing folders) and removed again: permission bits say
     nothing for root, nor for /proc or a read-only mount, where only a real write tells."""
-    if path is None or str(path) == "-":
+    if path is None:
         return
+    if str(path) == "-":
+        if stdout:
+            return
+        raise CliInputError(f"{flag} '-': only --json writes to stdout; give a file name")
     if path.is_dir():
         raise CliInputError(f"{flag} {str(path)!r} is a directory; give a file name inside it")
     parent = path.parent
@@ -171,8 +176,8 @@ def check_output_path(path: Path | None, flag: str) -> None:
 
 
 def png_path(path: Path | None) -> Path | None:
-    """A ``--plot`` path as matplotlib writes it: ``out`` becomes ``out.png`` (a directory stays
-    as given, for ``check_output_path`` to refuse, rather than become a file next to it)."""
-    if path is None or path.suffix or path.is_dir():
+    """A ``--plot`` path as matplotlib writes it: ``out`` becomes ``out.png`` (a directory or
+    ``-`` stays as given, for ``check_output_path`` to refuse, rather than become a file)."""
+    if path is None or path.suffix or path.is_dir() or str(path) == "-":
         return path
     return path.with_name(path.name + ".png")

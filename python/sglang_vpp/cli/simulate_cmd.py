@@ -112,7 +112,7 @@ def simulate(
     if workload == "long" and seq_len is None:
         seq_len = DEFAULT_LONG_SEQ_LEN
     for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot")):
-        check_output_path(path, flag)
+        check_output_path(path, flag, stdout=flag == "--json")
     model_spec = load_model(model)
     hardware_spec = load_hardware(hardware)
     cost = _cost_model(model_spec, hardware_spec, tp, costs)
