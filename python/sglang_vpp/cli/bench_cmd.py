@@ -16,7 +16,8 @@ from pathlib import Path
 import typer
 
 from ..runtime.spec import BACKEND_FOR_DEVICE, DEFAULT_MODES
-from .common import at_least, check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option, timeout_option, user_errors
+from .common import (at_least, check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option,
+                     timeout_option, user_errors)
 from .common import FOLD_HELP, parse_fold_option, png_path
 
 TOLERANCE = 1e-5
