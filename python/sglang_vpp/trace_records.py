@@ -140,6 +140,8 @@ def cost_record(cost: StageCostModel) -> dict:
 
 def cost_from_record(record: dict) -> StageCostModel:
     """Inverse of ``cost_record``; CostModelError for an unknown kind."""
+    if not isinstance(record, dict):
+        raise CostModelError(f"the trace's cost model is {record!r}; expected an object with a \"kind\"")
     if record.get("kind") == "fitted":
         return FittedCostModel.from_json(record["model"])
     if record.get("kind") != "linear-attention":

@@ -3,6 +3,7 @@ tests/sglang_vpp)."""
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from sglang_vpp.cli.app import app
@@ -96,3 +97,15 @@ def test_plan_flags_with_defaults_next_to_trace_are_refused_too(tmp_path):
         assert result.exit_code == 2, (flags, result.output)
         assert f"drop {flags[0]}" in result.output
         assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("leader,controller,message", [
+    (LEADER, {**CONTROLLER, "cost": None}, "the trace's cost model is None"),
+    ([{"kind": "pick", "ready": [], "chosen": [3, 0]}], CONTROLLER, "a pick needs at least one ready item"),
+    ([{"kind": "chunk", "prefix": 0, "remaining": -100, "size": 0}], CONTROLLER, "remaining must be >= 1"),
+    (3, CONTROLLER, "'decisions' is not a list"),
+], ids=["no cost model", "pick of nothing", "negative chunk", "decisions not a list"])
+def test_a_malformed_record_is_one_error_exit_2(tmp_path, leader, controller, message):
+    result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path, leader, controller)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output

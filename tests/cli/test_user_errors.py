@@ -156,6 +156,23 @@ CASES = [
     (["simulate", "--modes", "vpp", "--fold", "x"], "--fold must be split or fused"),
     (_BENCH + ["--fold", "x"], "--fold must be split or fused"),
     (_BENCH + ["--modes", "vpp", "--fold", "fused", "--split", "2,2,2,2"], "(fused fold) with pp=2 has 3 stages"),
+    # Values that once passed the checks and failed in the rank processes or in C with a traceback.
+    (_BENCH + ["--arrival-interval", "inf"], "--arrival-interval must be a finite number, got inf"),
+    (_BENCH + ["--timeout", "inf"], "--timeout must be at most 604800 s (a week), got inf"),
+    (_BENCH + ["--backend", "gloo@double"], "only device backends (nccl, hccl) have a test double"),
+    (["doctor", "--timeout", "1e300"], "--timeout must be at most 604800 s"),
+    (["doctor", "--backend", "gloo@double"], "only device backends (nccl, hccl) have a test double"),
+    (_URL + ["--timeout", "inf"], "--timeout must be at most 604800 s"),
+    (["simulate", "--sweep-chunk", ""], "--sweep-chunk needs at least one size"),
+    # '-' is stdout for --json only: a trace, plot or cost file was written to a file named '-'.
+    (["simulate", "--seq-len", "8k", "--trace", "-"], "--trace '-': only --json writes to stdout"),
+    (["simulate", "--seq-len", "8k", "--plot", "-"], "--plot '-': only --json writes to stdout"),
+    (_BENCH + ["--costs", "-"], "--costs '-': only --json writes to stdout"),
+    (_BENCH + ["--trace", "-"], "--trace '-': only --json writes to stdout"),
+    (_URL + ["--output-file", "-"], "--output-file '-': only --json writes to stdout"),
+    (["simulate", "--model", "/nonexistent.json"], "model preset file '/nonexistent.json' does not exist"),
+    (["simulate", "--hardware", "LIST.json"], "holds list, not a JSON object"),
+    (["simulate", "--model", "FOLDER.json"], "cannot be read (Is a directory)"),
 ]
 
 
@@ -178,9 +195,11 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
              "BAD_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 1}}\n',
              "BAD_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 1]]}\n',
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n',
-             "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n'}
+             "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n', "LIST.json": "[]\n"}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
+    (tmp_path / "FOLDER.json").mkdir()
+    files["FOLDER.json"] = ""
     args = [str(tmp_path / a) if a in files else a for a in args]
     _assert_one_line_error(CliRunner().invoke(app, args), fragment)
 

@@ -47,6 +47,8 @@ def test_specs_and_unknown_names() -> None:
         assert name in str(info.value)
     with pytest.raises(CommConfigError, match="only device backends"):
         registry.make_backend("gloo@double")
+    with pytest.raises(CommConfigError, match="only device backends"):  # before any rank starts
+        registry.parse_backend_spec("gloo@double")
     with pytest.raises(CommConfigError, match="takes no options"):
         registry.make_backend("gloo", hccl_buffer_size_mb=3)
 

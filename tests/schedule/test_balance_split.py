@@ -47,3 +47,9 @@ def test_uniform_cost_keeps_the_even_split():
 def test_too_few_layers_is_a_user_error():
     with pytest.raises(LayoutError):
         balance_split(get_policy("vpp"), 4, 6, REQUESTS, 4096, PerLayer(lambda end: 1.0))
+
+
+@pytest.mark.parametrize("mode,layers", [("vpp", 4), ("cpp", 2), ("vpp-pack", 4)])
+def test_one_layer_per_stage_is_the_only_split(mode, layers):
+    """simulate --balance auto on a 4-layer model at pp 2 printed "min() arg is an empty sequence"."""
+    assert balance_split(get_policy(mode), 2, layers, REQUESTS, 4096, PerLayer(lambda end: 1.0)) == (1,) * layers

@@ -170,3 +170,14 @@ def test_dcpp_with_a_flat_estimate_runs_fixed_chunks_and_says_why():
     assert "dcpp ran fixed 48-token chunks (cpp in effect)" in flat.reason
     curved = default_chunker(dcpp, 48, layout, LinearAttentionCost(), 320)
     assert isinstance(curved, DynamicChunker)
+
+
+def test_dcpp_on_one_token_chunks_of_a_one_token_prompt_fits_its_curve():
+    """The fit range was max(prompt, 2 x chunk) = 2 tokens: two lengths, and schedule, check,
+    simulate and bench --mode dcpp --seq-len 1 --chunk-size 1 failed with the fitter's error."""
+    from sglang_vpp.schedule import RequestSpec, build_schedule
+
+    chunker = DynamicChunker.from_latency_fn(lambda n: n * n + n, 1, 2)
+    assert chunker.curve.a > 0
+    plan = build_schedule("dcpp", 2, 4, [RequestSpec(1)], 1)
+    assert [c.num_tokens for c in plan.chunks] == [1]

@@ -69,8 +69,11 @@ def test_fused_fold_bad_values():
         build_layout(2, 8, "vpp", fold="merged")
     with pytest.raises(LayoutError, match="contiguous layout .* has no fold"):
         build_layout(2, 8, "cpp", fold="fused")
-    with pytest.raises(LayoutError, match="cannot fill 4 stages"):
+    with pytest.raises(LayoutError, match="cannot fill 4 stages") as refused:
         build_layout(2, 3, "vpp", fold="fused")  # the default split is the method's 2P stages
+    # A fused layout has 3 stages: the error says why 4, and that a split of 3 counts fits.
+    assert "fused fold" in str(refused.value) and "a split of 3 counts needs only 3 layers" in str(refused.value)
+    assert build_layout(2, 3, "vpp", [1, 1, 1], fold="fused").num_stages == 3
 
 
 def test_policy_layout_applies_the_fold_to_foldback_modes_only():

@@ -161,3 +161,48 @@ def test_a_hand_edited_records_file_is_one_error_exit_2(tmp_path, edit):
     path.write_text(json.dumps(data))
     out = CliRunner().invoke(app, ["check", "--trace", str(trace), "--reproduce"])
     assert out.exit_code == 2 and "unreadable timing records" in out.output, out.output
+
+
+def _shift_first_poll(data: dict) -> None:
+    data["records"][0]["poll_s"] -= 1.0  # a poll a second before the message that woke it
+
+
+@pytest.mark.parametrize("rank,edit,message", [
+    (1, _shift_first_poll, "out of order"),
+    (0, lambda d: d[BUILDS][0].update(t_s=float("nan")), "builds[0].t_s is nan, not a finite time"),
+    (0, lambda d: d["records"][1].update(poll_s=None), "records[1] has no poll_s"),
+    (0, lambda d: d["records"][0].update(stage=99), "records[0].stage is 99, not one of the 4 stages"),
+    (1, lambda d: d["records"][0].pop("end_s"), "records[0].end_s is missing"),
+    (0, lambda d: d.update(schema="2"), "schema '2' is not a version number"),
+], ids=["poll before its wake", "NaN build time", "no poll", "no such stage", "no end", "schema not a number"])
+def test_timings_the_engine_cannot_run_are_one_error_exit_2_not_a_hang(tmp_path, rank, edit, message):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import sglang_vpp
+
+    trace, _ = _synthetic(tmp_path)
+    path = records_file(trace, rank)
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    # A subprocess with a timeout: these traces once stalled the engine's clock for ever.
+    out = subprocess.run([sys.executable, "-m", "sglang_vpp.cli.app", "check", "--trace", str(trace), "--reproduce"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [str(Path(sglang_vpp.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])})
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_compute_the_server_ran_at_another_stage_is_a_difference(tmp_path):
+    trace, _ = _synthetic(tmp_path)
+    path = records_file(trace, 0)
+    data = json.loads(path.read_text())
+    data["records"][0]["stage"] = 3  # rank 0 holds stages 0 and 3; the engine runs 0F0 first
+    path.write_text(json.dumps(data))
+    result = reproduce_trace(trace)
+    assert not result.ok and result.difference.describe().startswith(
+        "rank 0, compute record 0: engine expected 0F0, server recorded 3F0"), result.difference.describe()

@@ -57,3 +57,36 @@ def test_user_preset_file(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(PresetError, match="unknown fields"):
         load_hardware(str(path))
+
+
+def _shipped(kind: str, name: str) -> dict:
+    return json.loads((resources.files("sglang_vpp.sim") / "presets" / kind / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("loader,kind,name,field,value,message", [
+    (load_model, "models", "qwen3-tiny", "num_layers", 2.5, "num_layers is 2.5, not a whole number >= 0"),
+    (load_model, "models", "qwen3-tiny", "num_layers", "x", "num_layers is 'x', not a whole number >= 0"),
+    (load_hardware, "hardware", "cpu", "pp_latency_s", -1, "pp_latency_s is -1, not a finite number >= 0"),
+    (load_hardware, "hardware", "cpu", "layer_overhead_s", -1e-3, "layer_overhead_s is -0.001, not a finite"),
+    (load_hardware, "hardware", "cpu", "tp_size", True, "tp_size is True, not a whole number"),
+])
+def test_a_user_preset_field_of_the_wrong_kind_or_sign_is_refused(tmp_path, loader, kind, name, field, value, message):
+    """A negative latency or overhead once ran, printing negative times; a fractional layer count
+    ran a layout of 2.5 layers."""
+    data = _shipped(kind, name)
+    data[field] = value
+    path = tmp_path / "preset.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PresetError, match=message.replace(".", r"\.")):
+        loader(str(path))
+
+
+def test_a_preset_path_that_is_missing_a_folder_or_not_an_object_is_refused(tmp_path):
+    with pytest.raises(PresetError, match="does not exist"):
+        load_model(str(tmp_path / "missing.json"))
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(PresetError, match="cannot be read"):
+        load_model(str(tmp_path / "folder.json"))
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(PresetError, match="holds list, not a JSON object"):
+        load_hardware(str(tmp_path / "list.json"))

@@ -72,3 +72,12 @@ def test_sim_package_does_not_import_torch():
             "sglang_vpp.sim.calibration, sglang_vpp.sim.sweep; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_a_run_that_meets_its_bound_has_no_negative_gap():
+    """vpp-taper at 512k / 8k met its bound within float rounding and printed gap -0.0%."""
+    from sglang_vpp.sim.metrics import gap_to_bound
+
+    assert gap_to_bound(326.0399482703137, 326.03994827031374) == 0.0
+    assert gap_to_bound(105.0, 100.0) == pytest.approx(0.05)
+    assert f"{100 * gap_to_bound(326.0399482703137, 326.03994827031374):.1f}%" == "0.0%"

@@ -16,7 +16,8 @@ from pathlib import Path
 import typer
 
 from ..runtime.spec import BACKEND_FOR_DEVICE, DEFAULT_MODES
-from .common import at_least, check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option, positive, user_errors
+from .common import (at_least, check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option,
+                     timeout_option, user_errors)
 from .common import FOLD_HELP, parse_fold_option, png_path
 
 TOLERANCE = 1e-5
@@ -164,14 +165,14 @@ def bench(
         device_kind = Device(device)
     except ValueError:
         raise ValueError(f"--device must be cpu, cuda or npu, got {device!r}") from None
-    positive(timeout, "--timeout")
+    timeout_option(timeout, "--timeout")
     at_least(pp, 2, "--pp")
     at_least(requests, 1, "--requests")
     at_least(repeat, 1, "--repeat")
     at_least(arrival_interval, 0, "--arrival-interval")
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
     for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot"), (costs, "--costs")):
-        check_output_path(path, flag)
+        check_output_path(path, flag, stdout=flag == "--json")
     layer_split = parse_int_list(split, "--split")
     from ..schedule.auto_size import CANDIDATES, is_auto
 

@@ -36,7 +36,7 @@ from sglang_vpp.serving.bench_serving import (
 
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
-from .common import at_least, check_output_path, parse_size_option, positive, user_errors
+from .common import at_least, check_output_path, parse_size_option, positive, timeout_option, user_errors
 from .common import given_flags, png_path
 
 __all__ = ["BenchServeError", "bench_serve"]
@@ -162,11 +162,11 @@ def bench_serve(
     at_least(repeats, 1, "--repeats")
     at_least(pp_size, 1, "--pp-size")
     positive(request_rate, "--request-rate")
-    positive(timeout, "--timeout")
-    positive(startup_timeout, "--startup-timeout")
+    timeout_option(timeout, "--timeout")
+    timeout_option(startup_timeout, "--startup-timeout")
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
     for path, flag in ((json_out, "--json"), (output_file, "--output-file"), (plot, "--plot")):
-        check_output_path(path, flag)
+        check_output_path(path, flag, stdout=flag == "--json")
     from ..schedule.auto_size import AUTO, is_auto
 
     auto_chunk = is_auto(chunked_prefill_size)

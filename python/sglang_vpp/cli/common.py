@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -14,6 +15,7 @@ import typer
 __all__ = [
     "CliInputError",
     "FOLD_HELP",
+    "MAX_TIMEOUT_S",
     "at_least",
     "check_output_path",
     "echo_wrapped",
@@ -24,6 +26,7 @@ __all__ = [
     "parse_size_option",
     "png_path",
     "positive",
+    "timeout_option",
     "user_errors",
 ]
 
@@ -110,9 +113,23 @@ def parse_size_option(text: str | int | None, flag: str) -> int | None:
 
 
 def at_least(value: float | int | None, minimum: float | int, flag: str) -> None:
-    """Reject ``value < minimum`` (None: the flag was not given)."""
+    """Reject ``value < minimum``, NaN and infinity (None: the flag was not given)."""
     if value is not None and not value >= minimum:
         raise CliInputError(f"{flag} must be >= {minimum}, got {value}")
+    if value is not None and not math.isfinite(value):
+        raise CliInputError(f"{flag} must be a finite number, got {value}")
+
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""The longest timeout any command takes (a week): the waits it bounds count in milliseconds in
+C ints, and ``inf`` or 1e300 s failed there with a traceback."""
+
+
+def timeout_option(value: float, flag: str) -> None:
+    """Reject a timeout that is not > 0 or longer than ``MAX_TIMEOUT_S``."""
+    positive(value, flag)
+    if not value <= MAX_TIMEOUT_S:
+        raise CliInputError(f"{flag} must be at most {MAX_TIMEOUT_S:g} s (a week), got {value}")
 
 
 def positive(value: float | None, flag: str) -> None:
@@ -121,13 +138,18 @@ def positive(value: float | None, flag: str) -> None:
         raise CliInputError(f"{flag} must be > 0, got {value}")
 
 
-def check_output_path(path: Path | None, flag: str) -> None:
-    """Fail before the work if an output file could not be written afterwards ('-' is stdout).
+def check_output_path(path: Path | None, flag: str, stdout: bool = False) -> None:
+    """Fail before the work if an output file could not be written afterwards; '-' is stdout
+    where ``stdout`` (``--json -``), else refused (a trace, plot or cost file is not text to print).
 
     The file is created (with any missing folders) and removed again: permission bits say
     nothing for root, nor for /proc or a read-only mount, where only a real write tells."""
-    if path is None or str(path) == "-":
+    if path is None:
         return
+    if str(path) == "-":
+        if stdout:
+            return
+        raise CliInputError(f"{flag} '-': only --json writes to stdout; give a file name")
     if path.is_dir():
         raise CliInputError(f"{flag} {str(path)!r} is a directory; give a file name inside it")
     parent = path.parent
@@ -154,8 +176,8 @@ def check_output_path(path: Path | None, flag: str) -> None:
 
 
 def png_path(path: Path | None) -> Path | None:
-    """A ``--plot`` path as matplotlib writes it: ``out`` becomes ``out.png`` (a directory stays
-    as given, for ``check_output_path`` to refuse, rather than become a file next to it)."""
-    if path is None or path.suffix or path.is_dir():
+    """A ``--plot`` path as matplotlib writes it: ``out`` becomes ``out.png`` (a directory or
+    ``-`` stays as given, for ``check_output_path`` to refuse, rather than become a file)."""
+    if path is None or path.suffix or path.is_dir() or str(path) == "-":
         return path
     return path.with_name(path.name + ".png")

@@ -20,7 +20,7 @@ import sys
 
 import typer
 
-from .common import echo_wrapped, positive, user_errors
+from .common import echo_wrapped, timeout_option, user_errors
 
 
 def _rows(statuses: list) -> list[dict]:
@@ -68,7 +68,7 @@ def doctor(
     """List communication backends and devices (versions, why unavailable), then self-test one."""
     if sglang:
         raise typer.Exit(_sglang_surface(as_json))
-    positive(timeout, "--timeout")
+    timeout_option(timeout, "--timeout")
     import torch
 
     from ..comm.launcher import run_ranks

@@ -112,13 +112,15 @@ def simulate(
     if workload == "long" and seq_len is None:
         seq_len = DEFAULT_LONG_SEQ_LEN
     for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot")):
-        check_output_path(path, flag)
+        check_output_path(path, flag, stdout=flag == "--json")
     model_spec = load_model(model)
     hardware_spec = load_hardware(hardware)
     cost = _cost_model(model_spec, hardware_spec, tp, costs)
     _warn_other_depth(cost, costs, model_spec)
     lengths = _sizes(seq_len, "--seq-len") if seq_len else None
-    chunk_sizes = _sizes(sweep_chunk, "--sweep-chunk", True) if sweep_chunk else _sizes(chunk_size, "--chunk-size", True)
+    # An empty --sweep-chunk is refused, not read as absent.
+    chunk_sizes = (_sizes(sweep_chunk, "--sweep-chunk", True) if sweep_chunk is not None
+                   else _sizes(chunk_size, "--chunk-size", True))
     layer_split = parse_int_list(split, "--split")
     sim_config = SimConfig(record_timeline=bool(trace or plot))
     # None when not given: a workload that draws nothing refuses an explicit --seed.

@@ -71,13 +71,24 @@ def backend_names() -> list[str]:
 
 
 def parse_backend_spec(spec: str) -> tuple[str, bool]:
-    """``"hccl@double"`` -> ``("hccl", True)``; validates the name."""
+    """``"hccl@double"`` -> ``("hccl", True)``; validates the name, and that a double is asked
+    of a device backend."""
     if not isinstance(spec, str) or not spec:
         raise CommConfigError(f"backend spec must be a non-empty string, got {spec!r}. Fix: e.g. 'gloo'.")
     double = spec.endswith(DOUBLE_SUFFIX)
     name = spec[: -len(DOUBLE_SUFFIX)] if double else spec
     if name not in backend_names():
         raise UnknownBackendError(spec, backend_names())
+    if double:
+        from .device import DeviceBackend
+
+        try:
+            cls = load_backend_class(name)
+        except BackendUnavailableError:
+            return name, double  # building it says why (make_backend)
+        if not issubclass(cls, DeviceBackend):
+            raise CommConfigError(f"{spec!r}: only device backends (nccl, hccl) have a test double, "
+                                  f"{name} is not one. Fix: use plain {name!r}.")
     return name, double
 
 
@@ -144,15 +155,10 @@ def probe_backends() -> list[BackendStatus]:
 
 def make_backend(spec: str, **options: Any) -> CommBackend:
     """Instantiate the backend named by ``spec`` (see module docstring) with ``options``."""
-    name, double = parse_backend_spec(spec)
+    name, double = parse_backend_spec(spec)  # refuses a double of a backend that is not a device's
     cls = load_backend_class(name)
     if not double:
         return cls(**options)
-    from .device import DeviceBackend
-
-    if not issubclass(cls, DeviceBackend):
-        raise CommConfigError(f"{spec!r}: only device backends (nccl, hccl) have a test double, "
-                              f"{name} is not one. Fix: use plain {name!r}.")
     from .testing.device_double import DoubleDeviceApi
 
     return cls(api=DoubleDeviceApi(flavour=name), **options)

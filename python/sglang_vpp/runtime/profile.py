@@ -29,10 +29,20 @@ from .models.weights import init_random_
 __all__ = ["profile_layer", "profiled_cost_model"]
 
 
+FIT_POINTS = 3
+"""The fit has three coefficients: it needs at least three (chunk, prefix) points."""
+
+
 def _points(chunk_size: int, max_length: int) -> list[tuple[int, int]]:
     sizes = sorted({max(1, chunk_size // 4), max(1, chunk_size // 2), chunk_size})
     prefixes = sorted({0, max_length // 4, max_length // 2, max(0, max_length - chunk_size)})
-    return [(c, p) for p in prefixes for c in sizes]
+    points = [(c, p) for p in prefixes for c in sizes]
+    # A one- or two-token prompt gives fewer: time a few larger chunks too (the fit's curve, not the run).
+    larger = chunk_size
+    while len(points) < FIT_POINTS:
+        larger += 1
+        points.append((larger, 0))
+    return points
 
 
 @torch.inference_mode()

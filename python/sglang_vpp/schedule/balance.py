@@ -64,6 +64,8 @@ def balance_split(policy: PolicySpec, num_ranks: int, num_layers: int, requests:
                     moved[source] -= 1
                     moved[target] += 1
                     candidates.append(moved)
+        if not candidates:  # one layer per stage: the only split there is
+            break
         scored = [(estimated_makespan(policy, num_ranks, num_layers, requests, chunk_size, cost, c, fold), c)
                   for c in candidates]
         value, choice = min(scored, key=lambda item: item[0])

@@ -251,8 +251,10 @@ class DynamicChunker:
         num_samples: int = 128,
         **kwargs,
     ) -> "DynamicChunker":
-        """Fit the curve on ``num_samples`` prompt lengths up to ``max_length``, like SGLang's
+        """Fit the curve on ``num_samples`` prompt lengths up to ``max_length`` (at least the
+        three a quadratic needs, e.g. for 1-token chunks of a 1-token prompt), like SGLang's
         start-up profiler (which times that many synthetic prefills)."""
+        max_length = max(max_length, 3)
         step = max(1, max_length // num_samples)
         lengths = list(range(step, max_length + 1, step))
         return cls(fit_quadratic(lengths, [latency(n) for n in lengths]), base_chunk_size, **kwargs)

@@ -209,8 +209,11 @@ def build_layout(
     # A fused layout's default split is the method's, so it needs the method's 2P layers.
     least = num_stages if split is not None else _method_stage_count(kind, num_ranks)
     if not isinstance(num_layers, int) or num_layers < least:
+        fused = (f", fused fold: its default split is the method's over {least} stages, merged into "
+                 f"{num_stages}; a split of {num_stages} counts needs only {num_stages} layers"
+                 if least > num_stages else "")
         raise LayoutError(
-            f"{num_layers!r} layers cannot fill {least} stages ({kind} layout, pp={num_ranks}): "
+            f"{num_layers!r} layers cannot fill {least} stages ({kind} layout, pp={num_ranks}{fused}): "
             f"every stage needs at least one layer; use a model with >= {least} layers "
             "or a smaller pp size"
         )

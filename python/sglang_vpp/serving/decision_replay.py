@@ -122,6 +122,8 @@ def load_trace(trace_dir: str | Path) -> dict[int, dict]:
             raise TraceError(f"{path} is not a readable records file ({exc}); re-run the server with --vpp-trace") from None
         if not isinstance(data, dict):
             raise TraceError(f"{path} holds no records object; re-run the server with --vpp-trace")
+        if not isinstance(data.get("decisions") or [], list):
+            raise TraceError(f"{path}: 'decisions' is not a list; re-run the server with --vpp-trace")
         ranks[rank] = data
     if not ranks:
         raise TraceError(f"no vpp_rank*.records.json in {str(root)!r}; start the server with --vpp-trace {root}")
@@ -215,8 +217,8 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
                 if controller.chunker is None:
                     raise TraceError(f"rank {rank}, decision {index}: a chunk-size record in a trace without "
                                      "auto_chunk_cap in its controller inputs")
-                expected_size = controller.next_chunk_size(int(record["prefix"]), int(record["remaining"]))
-                if expected_size != int(record["size"]):
+                expected_size = controller.next_chunk_size(_count(record, "prefix", 0), _count(record, "remaining", 1))
+                if expected_size != _count(record, "size", 1):
                     return Divergence(rank, index, None, f"a chunk of {expected_size} tokens after prefix "
                                       f"{record['prefix']}", f"{record['size']} tokens")
             elif kind == RESIZE:
@@ -229,6 +231,8 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
                     return divergence
             elif kind == "pick":
                 ready = [(int(stage), int(seq)) for stage, seq in record["ready"]]
+                if not ready:
+                    raise ValueError("a pick needs at least one ready item")
                 expected_item = controller.pick(rank, ready)
                 observed_item = tuple(int(x) for x in record["chosen"])
                 if observed_item != expected_item:
@@ -241,6 +245,14 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
                 raise
             raise TraceError(f"rank {rank}, decision {index}: unreadable record {record!r} ({exc!r})") from None
     return None
+
+
+def _count(record: dict, key: str, least: int) -> int:
+    """A token count of a decision record; ValueError (an unreadable record) below ``least``."""
+    value = int(record[key])
+    if value < least:
+        raise ValueError(f"{key} must be >= {least}, got {value}")
+    return value
 
 
 def _over_budget(controller: Controller, rank: int, index: int, mb: MicroBatch) -> Divergence | None:

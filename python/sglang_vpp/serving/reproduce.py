@@ -64,7 +64,7 @@ from ..trace_records import (
 from .decision_replay import TraceError, _build_controller, load_trace
 
 __all__ = ["Build", "Timings", "MeasuredTimings", "ModelTimings", "Difference", "ReproduceResult", "ServerModel",
-           "reproduce_trace", "builds_from_trace"]
+           "reproduce_trace", "builds_from_trace", "check_timing_records"]
 
 EPS = 1e-9
 """Seconds: recomputed times carry float rounding (far below a nanosecond); real events on the
@@ -182,26 +182,35 @@ class MeasuredTimings:
         arrived = self._arrivals.get((stage, seq))
         return math.inf if arrived is None else arrived - self._ends[(stage, seq)]
 
-    def _first_poll(self, record: dict) -> float:
-        return record["idle_s"] if record["idle_s"] is not None else record["poll_s"]
+    def _poll(self, rank: int, index: int) -> float:
+        """The poll that chose compute ``index`` (None only for the fold point's second stage,
+        which runs without one)."""
+        poll = self._records[rank][index]["poll_s"]
+        if poll is None:
+            raise TraceError(f"rank {rank}: records[{index}] has no poll_s, but its compute followed a poll; "
+                             "re-record the trace with --vpp-trace")
+        return poll
+
+    def _first_poll(self, rank: int, index: int) -> float:
+        idle = self._records[rank][index]["idle_s"]
+        return idle if idle is not None else self._poll(rank, index)
 
     def tail_s(self, rank: int, index: int) -> float:
         records = self._records[rank]
         before = records[index - 1]["end_s"] if index else 0.0
-        return self._first_poll(records[index]) - before
+        return self._first_poll(rank, index) - before
 
     def wake_s(self, rank: int, index: int) -> float:
         record = self._records[rank][index]
         if record["woke_s"] is None:  # no wait, or rank 0 woke by itself to build
             return 0.0
-        return record["poll_s"] - max(self._first_poll(record), record["woke_s"])
+        return self._poll(rank, index) - max(self._first_poll(rank, index), record["woke_s"])
 
     def check_s(self, rank: int, index: int) -> float:
         return self.wake_s(rank, index)
 
     def lead_s(self, rank: int, index: int) -> float:
-        record = self._records[rank][index]
-        return record["start_s"] - record["poll_s"]
+        return self._records[rank][index]["start_s"] - self._poll(rank, index)
 
     def chain_s(self, rank: int, index: int) -> float:
         records = self._records[rank]
@@ -279,6 +288,8 @@ class ServerModel:
         """Rank 0's builds as the engine made them (``trace_records`` build records)."""
         self._events: list[tuple] = []
         self._order = itertools.count()
+        self._now = -math.inf
+        """The time of the event being handled: the engine's clock, which never runs back."""
         # Rank 0's loop state (event_loop.LeaderLoop).
         self._next_build = 0
         self._held: Build | None = None
@@ -294,6 +305,7 @@ class ServerModel:
         try:
             while self._events:
                 time, _, _, kind, *args = heapq.heappop(self._events)
+                self._now = time
                 if kind == "arrive":
                     self._arrive(time, *args)
                 elif kind == "check":
@@ -306,6 +318,11 @@ class ServerModel:
         return None
 
     def _push(self, time: float, priority: int, kind: str, *args) -> None:
+        if time < self._now - EPS:  # a poll before the event that caused it would repeat forever
+            rank = args[0]
+            raise TraceError(f"the trace's timings put an event of rank {rank} {self._now - time:.6f} s before the "
+                             "one that causes it: a record's times are out of order; re-record the trace with "
+                             "--vpp-trace")
         # Arrivals first at equal times: a message that arrived at a poll's time is seen.
         heapq.heappush(self._events, (time, priority, next(self._order), kind, *args))
 
@@ -438,12 +455,7 @@ class ServerModel:
         index = state.index
         if index >= self.timings.count(state.rank):
             raise _Stop(Difference(state.rank, "compute", index, f"{stage}F{seq}", "nothing (its records end)"))
-        end = start + self.timings.compute_s(state.rank, stage, seq)
-        idle, woke = state.pending_wait if poll is not None else (None, None)
-        state.pending_wait = (None, None)
-        state.computes.append({"stage": stage, "seq": seq, "start_s": start, "end_s": end, "poll_s": poll,
-                               "idle_s": idle, "woke_s": woke})
-        if self.expected is not None:
+        if self.expected is not None:  # before the duration: a compute the server never ran has none
             recorded = self.expected[state.rank][0]
             if index >= len(recorded):
                 raise _Stop(Difference(state.rank, "compute", index, f"{stage}F{seq}", "nothing (its records end)"))
@@ -451,6 +463,11 @@ class ServerModel:
             if (observed["stage"], observed["seq"]) != (stage, seq):
                 raise _Stop(Difference(state.rank, "compute", index, f"{stage}F{seq}",
                                        f"{observed['stage']}F{observed['seq']}"))
+        end = start + self.timings.compute_s(state.rank, stage, seq)
+        idle, woke = state.pending_wait if poll is not None else (None, None)
+        state.pending_wait = (None, None)
+        state.computes.append({"stage": stage, "seq": seq, "start_s": start, "end_s": end, "poll_s": poll,
+                               "idle_s": idle, "woke_s": woke})
         state.index += 1
         return end
 
@@ -513,15 +530,62 @@ def builds_from_trace(leader: dict) -> list[Build]:
     return builds
 
 
+_COUNT, _TIME, _TIME_OR_NONE = "a whole number", "a finite time", "a finite time or null"
+_TIMING_FIELDS = {
+    "records": {"stage": _COUNT, "seq": _COUNT, "start_s": _TIME, "end_s": _TIME, "poll_s": _TIME_OR_NONE,
+                "idle_s": _TIME_OR_NONE, "woke_s": _TIME_OR_NONE},
+    ARRIVALS: {"stage": _COUNT, "seq": _COUNT, "t_s": _TIME},
+    BUILDS: {"seq": _COUNT, "slot": _COUNT, "t_s": _TIME},
+}
+"""The fields the engine reads from each timing list (builds: rank 0's only), and what each holds."""
+
+
+def check_timing_records(ranks: dict[int, dict]) -> None:
+    """Every timing the engine reads is a finite number, each stage one of the layout's; else
+    ``TraceError`` naming the entry: a missing or NaN time would stall the engine's clock."""
+    num_stages = _build_controller(ranks[0]["controller"], 0).layout.num_stages
+    for rank, data in ranks.items():
+        if not _holds(data.get(CLOCK_ORIGIN), _TIME):
+            raise TraceError(f"rank {rank}: {CLOCK_ORIGIN} is {data.get(CLOCK_ORIGIN)!r}, not {_TIME}")
+        for name, fields in _TIMING_FIELDS.items():
+            entries = data.get(name, []) if name != BUILDS or rank == 0 else []
+            if not isinstance(entries, list):
+                raise TraceError(f"rank {rank}: {name!r} is not a list")
+            for index, entry in enumerate(entries):
+                bad = ([f"{name}[{index}] is not an object"] if not isinstance(entry, dict) else
+                       [f"{name}[{index}].{key} is {repr(entry[key]) if key in entry else 'missing'}, not {kind}"
+                        for key, kind in fields.items() if not _holds(entry.get(key, ...), kind)])
+                if not bad and "stage" in fields and not 0 <= entry["stage"] < num_stages:
+                    bad = [f"{name}[{index}].stage is {entry['stage']}, not one of the {num_stages} stages"]
+                if bad:
+                    raise TraceError(f"rank {rank}: {bad[0]}; re-record the trace with --vpp-trace")
+
+
+def _holds(value: object, kind: str) -> bool:
+    if value is None:
+        return kind == _TIME_OR_NONE
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) and value >= 0 if kind == _COUNT else math.isfinite(value)
+
+
 def reproduce_trace(trace_dir: str | Path, timings: Timings | None = None) -> ReproduceResult:
     """Predict a traced VPP server from its measured timings (or ``timings``) and compare."""
     ranks = load_trace(trace_dir)
-    old = [rank for rank, data in ranks.items() if data.get(SCHEMA, 1) < SCHEMA_VERSION]
+    schemas = {rank: data.get(SCHEMA, 1) for rank, data in ranks.items()}
+    for rank, schema in schemas.items():
+        if isinstance(schema, bool) or not isinstance(schema, int):
+            raise TraceError(f"{str(trace_dir)!r}: rank {rank}'s schema {schema!r} is not a version number")
+    old = [rank for rank, schema in schemas.items() if schema < SCHEMA_VERSION]
     if old:
         raise TraceError(f"{str(trace_dir)!r}: ranks {old} were traced before arrivals and poll times were "
                          f"recorded (schema {SCHEMA_VERSION}); check --trace replays them, --reproduce needs a "
                          "trace from this version's --vpp-trace")
     # Chunk cuts, auto sizes and decode-slot joins do not depend on timing; the replay run first checks them.
+    try:
+        check_timing_records(ranks)
+    except TraceError as exc:
+        raise TraceError(f"{str(trace_dir)!r}: unreadable timing records: {exc}") from None
     try:
         expected = {rank: (data["records"], [d for d in data.get("decisions") or []
                                              if d["kind"] not in (CHUNK, DECODE, RESIZE)])

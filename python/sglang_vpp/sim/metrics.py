@@ -19,6 +19,7 @@ a bound and makes it tighter.)
 from __future__ import annotations
 
 from ..schedule import Schedule, StageCostModel
+from .idle import ROUNDING
 from .result import SimResult
 
 __all__ = ["lower_bound", "gap_to_bound", "steady_state_window", "steady_state_idle"]
@@ -69,8 +70,12 @@ def lower_bound(schedule: Schedule, cost: StageCostModel, result: SimResult | No
 
 
 def gap_to_bound(makespan: float, bound: float) -> float:
-    """How far above the bound a run finished, as a fraction (0.05 = 5 % slower than the bound)."""
-    return makespan / bound - 1.0 if bound > 0 else 0.0
+    """How far above the bound a run finished, as a fraction (0.05 = 5 % slower than the bound).
+    A run that meets its bound is 0, not the float rounding of the two sums (printed -0.0 %)."""
+    if bound <= 0:
+        return 0.0
+    gap = makespan / bound - 1.0
+    return 0.0 if abs(gap) < ROUNDING else gap
 
 
 def steady_state_window(result: SimResult) -> tuple[float, float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from importlib import resources
 from pathlib import Path
 
@@ -42,7 +43,15 @@ def read_preset(kind: str, name: str) -> tuple[dict, dict, str]:
     if name in _names(kind):
         text = (resources.files("sglang_vpp.sim") / "presets" / kind / f"{name}.json").read_text()
     elif name.endswith(".json") and Path(name).exists():
-        text = Path(name).read_text()
+        try:
+            text = Path(name).read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            reason = getattr(error, "strerror", None) or error
+            raise PresetError(f"{_what(kind)} preset {name!r} cannot be read ({reason}); give a .json file "
+                              f"like a shipped preset ({', '.join(_names(kind))})") from None
+    elif name.endswith(".json"):
+        raise PresetError(f"{_what(kind)} preset file {name!r} does not exist; give a shipped preset "
+                          f"({', '.join(_names(kind))}) or the path to a .json file of the same shape")
     else:
         raise PresetError(f"unknown {_what(kind)} preset {name!r}; valid: {', '.join(_names(kind))} "
                           f"(or a path to a .json file of the same shape)")
@@ -50,6 +59,9 @@ def read_preset(kind: str, name: str) -> tuple[dict, dict, str]:
         raw = json.loads(text)
     except json.JSONDecodeError as error:
         raise PresetError(f"{_what(kind)} preset {name!r} is not valid JSON: {error}") from None
+    if not isinstance(raw, dict):
+        raise PresetError(f"{_what(kind)} preset {name!r} holds {type(raw).__name__}, not a JSON object of "
+                          f"fields like a shipped preset ({', '.join(_names(kind))})")
     values, sources = {}, {}
     for key, entry in raw.items():
         if key.startswith("_"):
@@ -60,6 +72,19 @@ def read_preset(kind: str, name: str) -> tuple[dict, dict, str]:
         else:
             values[key] = entry
     return values, sources, str(raw.get("_comment", ""))
+
+
+_KIND_TEXT = {"int": "a whole number >= 0", "float": "a finite number >= 0", "str": "a string"}
+"""What a preset field of each annotated type must hold: every count, rate, time and share of a
+model or hardware is non-negative (each spec checks its own tighter ranges)."""
+
+
+def _fits(value: object, annotation: str) -> bool:
+    if annotation == "str":
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return False
+    return isinstance(value, int) if annotation == "int" else annotation == "float"
 
 
 def _build(cls, kind: str, name: str):
@@ -74,6 +99,11 @@ def _build(cls, kind: str, name: str):
     if missing:
         raise PresetError(f"{_what(kind)} preset {name!r}: missing fields {', '.join(missing)}; copy a shipped preset "
                           f"({', '.join(_names(kind))}) and edit it")
+    for spec_field in dataclasses.fields(cls):
+        value = values.get(spec_field.name)
+        if spec_field.name in values and not _fits(value, spec_field.type):
+            raise PresetError(f"{_what(kind)} preset {name!r}: {spec_field.name} is {value!r}, not "
+                              f"{_KIND_TEXT[spec_field.type]}")
     extra = {"calibration_note": note} if cls is HardwareSpec else {}
     try:
         return cls(sources=sources, **values, **extra)
