@@ -147,6 +147,7 @@ SURFACE: tuple[SurfaceName, ...] = (
       ("self", "mgr", "bootstrap_addr", "bootstrap_room")),
     N(_S + "disaggregation.mooncake.conn.MooncakeKVSender.supports_host_tensor_indices", W, CPD),
     N(_ARGS + "disaggregation_mode", R, PD),
+    N(_ARGS + "page_size", R, PD),
     N(_ARGS + "disaggregation_decode_retraction_backup", W, PD),
     N(_ARGS + "disable_overlap_schedule", W, PD),
     N(_S + "disaggregation.utils.FAKE_BOOTSTRAP_HOST", R, PD),
