@@ -30,7 +30,7 @@ from typing import Any
 from ..schedule import FlatCurveFallback, check_chunk_counts, parse_policies
 from ..verdict import Verdict, make_verdict
 from .equal_cost import EQUAL_COST_LABEL, MeasuredRunCosts, SharedCostModel, equal_cost_replay
-from .control import make_planner
+from .control import run_controller_config
 from .launcher import LaunchResult, PoolSpec, RankPool, check_spec
 from .metrics import MeasuredRun, measure_run
 from .models import resolve_model
@@ -333,7 +333,7 @@ def _fallback_notes(specs: Sequence[RunSpec], num_layers: int) -> list[str]:
     """What ran otherwise than asked: a dcpp whose profiled latency curve is flat runs fixed chunks."""
     notes = []
     for spec in specs:
-        chunker = make_planner(spec, spec.layout(num_layers)).config.chunker
+        chunker = run_controller_config(spec, spec.layout(num_layers)).chunker
         if isinstance(chunker, FlatCurveFallback):
             notes.append(chunker.reason)
     return notes

@@ -38,6 +38,7 @@ from typing import Any
 from ..schedule import (
     Action,
     ChunkSpec,
+    ControllerConfig,
     Layout,
     Planner,
     RequestSpec,
@@ -48,7 +49,7 @@ from ..schedule.auto_size import LiveSituation
 from .spec import RunSpec
 
 __all__ = ["Advance", "CoordinatorFeed", "End", "FollowerFeed", "Heartbeat", "PlanFeed", "Sent", "StaticFeed", "Submit",
-           "make_planner"]
+           "make_planner", "run_controller_config"]
 
 _HEARTBEAT_S = 1.0
 
@@ -88,12 +89,17 @@ class Heartbeat:
 Op = Submit | Sent | Advance | End | Heartbeat
 
 
-def make_planner(spec: RunSpec, layout: Layout) -> Planner:
-    """The planner every rank builds identically from the spec."""
+def run_controller_config(spec: RunSpec, layout: Layout) -> ControllerConfig:
+    """The controller configuration every rank builds identically from the spec."""
     # With ``batch_requests`` whole short requests share a forward up to the chunk size, as
     # SGLang's prefill adder fills a batch (the model runs attention per request).
-    return Planner(controller_config(spec.mode, layout, spec.chunk_size, spec.planner_cost,  # type: ignore[arg-type]
-                                     spec.max_length, batching=spec.batch_requests, auto_chunk=spec.auto_chunk))
+    return controller_config(spec.mode, layout, spec.chunk_size, spec.planner_cost,  # type: ignore[arg-type]
+                             spec.max_length, batching=spec.batch_requests, auto_chunk=spec.auto_chunk)
+
+
+def make_planner(spec: RunSpec, layout: Layout) -> Planner:
+    """The planner every rank builds identically from the spec."""
+    return Planner(run_controller_config(spec, layout))
 
 
 class PlanFeed(ABC):

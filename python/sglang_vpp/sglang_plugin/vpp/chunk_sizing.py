@@ -132,14 +132,14 @@ class AutoSituation:
         ``plan_timeout_s``: how long a plan off the loop may take (``PLAN_TIMEOUT_S``)."""
         self.scheduler = scheduler
         self.plan_timeout_s = plan_timeout_s
-        self._planning_since = 0.0
         self.controller = controller
         self.record = record
         self.told: tuple[int, ...] = ()
         """Rank 0's last situation given to the planner (``before_schedule``); the other ranks
         keep none."""
-        self._planning: tuple[tuple[int, ...], Future] | None = None
-        """Rank 0: the situation being planned off the loop, and its answer to come."""
+        self._planning: tuple[tuple[int, ...], Future, float] | None = None
+        """Rank 0: the situation being planned off the loop, its answer to come, and when it was
+        given (``time.monotonic``)."""
         self.make_planner = make_planner
         self.planner: AutoPlanner | None = None
         """Rank 0's, from its first situation on; the other ranks start none."""
@@ -153,11 +153,11 @@ class AutoSituation:
         tapered, seen)``: the situation planned and what rank 0's scheduler holds now."""
         lengths = situation(self.scheduler, self.controller.auto_window)
         if self._planning is not None and self._planning[1].done():
-            (planned, answer), self._planning = self._planning, None
+            (planned, answer, _), self._planning = self._planning, None
             choice = answer.result()  # a planning error surfaces here, in the loop
             self._apply(planned, self.controller.adopt_size(planned, choice.chunk_size, choice.tapered),
                         choice.tapered, lengths, events)
-        elif self._planning is not None and time.monotonic() - self._planning_since > self.plan_timeout_s:
+        elif self._planning is not None and time.monotonic() - self._planning[2] > self.plan_timeout_s:
             self._stop_stuck_planner()
         if not lengths or lengths == self.told[len(self.told) - len(lengths):]:
             return
@@ -168,8 +168,7 @@ class AutoSituation:
             self._apply(lengths, self.controller.resize(lengths), self.controller.auto_tapered, lengths, events)
         elif self._planning is None:
             self.told = lengths
-            self._planning_since = time.monotonic()
-            self._planning = (lengths, self.planner.submit(lengths))
+            self._planning = (lengths, self.planner.submit(lengths), time.monotonic())
 
     def _stop_stuck_planner(self) -> None:
         """A plan that has run past ``plan_timeout_s``: stop the planner and keep the size in
