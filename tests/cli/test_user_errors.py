@@ -131,17 +131,34 @@ CASES = [
     (["simulate", "--seq-len", "16385", "--sweep-chunk", "2,1", "--modes", "cpp"], "raise --sweep-chunk to 2"),
     (["simulate", "--workload", "file", "--file", "LONG_REQ", "--chunk-size", "1", "--modes", "cpp"],
      "the longest file request of 16385 tokens at --chunk-size 1 is 16385 chunks"),
-    # zigzag: were the chunk count not checked first, the unknown mode would be the error.
-    (_BENCH + ["--seq-len", "16385", "--chunk-size", "1", "--modes", "cpp,zigzag"], "is 16385 chunks"),
+    # --device npu: were the chunk count not checked first, the missing torch_npu would be the error.
+    (_BENCH + ["--seq-len", "16385", "--chunk-size", "1", "--modes", "cpp", "--device", "npu"], "is 16385 chunks"),
     # A workload within the per-request limit but past the per-run one (at 8-token chunks the
     # default mixed workload is 1.4M chunks: minutes per mode with no output).
     (["simulate", "--workload", "mixed", "--chunk-size", "8", "--modes", "cpp"],
-     "the mixed workload (500 requests, 11529308 tokens) at --chunk-size 8 is 1441375 chunks, more than "
-     "the limit of 131072 per run; raise --chunk-size to 89 or more"),
-    (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "1", "--requests", "2049",
-      "--layers", "2"], "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1"),
-    (_BENCH + ["--requests", "2049", "--seq-len", "64", "--chunk-size", "1", "--modes", "cpp"],
-     "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1 is 131136 chunks"),
+     "the mixed workload (500 requests, 11529308 tokens) at --chunk-size 8 is 1441375 chunks on 2 stages: "
+     "2882750 units of planning work (chunks x stages), more than the limit of 524288 per run; raise "
+     "--chunk-size to 45 or more, send fewer requests or plan fewer stages (a smaller pp)"),
+    (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "1", "--requests", "2049",
+      "--layers", "4"], "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1 is "
+     "131136 chunks on 4 stages: 524544 units"),
+    (_BENCH + ["--requests", "2049", "--seq-len", "64", "--chunk-size", "1", "--modes", "cpp,vpp"],
+     "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1 is 131136 chunks on 4 stages"),
+    # Deep plans of few chunks per stage: the work is chunks x stages (x ranks/24 past 24 ranks), so
+    # 16384 chunks on 256 stages planned for minutes with no output. The later error each case also
+    # has (a --split of one entry, a --jitter past 1, a missing torch_npu) is the one a command
+    # that did not weigh the stages would give.
+    (["check", "--mode", "vpp", "--pp", "128", "--layers", "256", "--seq-len", "512k", "--chunk-size", "32",
+      "--split", "1"],
+     "the --requests x --seq-len load (1 requests, 524288 tokens) at --chunk-size 32 is 16384 chunks on 256 "
+     "stages of 128 ranks: 22369621 units of planning work (chunks x stages x ranks/24), more than the limit "
+     "of 524288 per run; raise --chunk-size to 1366 or more or plan fewer stages (a smaller pp)"),
+    (["schedule", "--mode", "cpp", "--pp", "128", "--layers", "256", "--seq-len", "512k", "--chunk-size", "32",
+      "--split", "1"], "is 16384 chunks on 128 stages of 128 ranks"),
+    (["simulate", "--pp", "30", "--seq-len", "1m", "--chunk-size", "64", "--modes", "cpp,vpp", "--jitter", "2"],
+     "the long workload (1 requests, 1048576 tokens) at --chunk-size 64 is 16384 chunks on 60 stages of 30 ranks"),
+    (_BENCH + ["--seq-len", "128k", "--pp", "64", "--chunk-size", "64", "--modes", "vpp", "--device", "npu"],
+     "is 2048 chunks on 128 stages of 64 ranks: 699050 units"),
     (["layout", "--pp", "2", "--layers", "8", "--mode", "foo"], "expected one of contiguous, cpp, dcpp,"),
     (["layout", "--pp", "0", "--layers", "8"], "--pp must be >= 1"),
     # --fold: the value, and what a fused fold changes (2P-1 stages; only vpp modes have a fold).

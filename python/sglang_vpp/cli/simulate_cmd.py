@@ -132,14 +132,16 @@ def simulate(
         built = build_workload(workload, lengths=lengths, num_requests=requests, concurrency=concurrency,
                                seed=given_seed, path=str(file) if file else None)
         runs = [(lengths[0] if lengths and workload == "short" else None, built)]
-    from ..schedule import check_chunk_counts
+    from ..schedule import check_chunk_counts, plan_stages
 
+    stages = plan_stages(modes, pp, fold)
     size_flag = "--sweep-chunk" if sweep_chunk else "--chunk-size"
     longest = "a --seq-len request" if workload in ("long", "short") else f"the longest {workload} request"
     for _, work in runs:
         for size in chunk_sizes:
             if not isinstance(size, str):  # auto picks among sizes that cut no request that finely
-                check_chunk_counts([r.length for r in work.requests], size, size_flag, longest, f"the {workload} workload")
+                check_chunk_counts([r.length for r in work.requests], size, stages, pp, size_flag, longest,
+                                   f"the {workload} workload")
     if not 0.0 <= jitter <= 1.0:
         raise ValueError(f"--jitter must lie in [0, 1] (a relative spread: 0.03 = 3%), got {jitter}")
     rows = []

@@ -157,7 +157,11 @@ def stage_count(kind: LayoutKind | str, num_ranks: int, fold: Fold | str = Fold.
     """Stages of a layout of ``kind`` over ``num_ranks`` ranks: P contiguous, 2P fold-back, 2P-1
     with a fused fold. The number of layer counts a split gives."""
     kind = _KIND_ALIASES[kind] if isinstance(kind, str) and not isinstance(kind, LayoutKind) else kind
-    return len(_stage_ranks(kind, num_ranks, parse_fold(fold)))
+    if kind is LayoutKind.CONTIGUOUS:
+        return num_ranks
+    # As _stage_ranks lays them out, counted without listing them (a plan's size is checked on
+    # this before any work, whatever --pp says).
+    return 2 * num_ranks - (1 if parse_fold(fold) is Fold.FUSED else 0)
 
 
 def _stage_ranks(kind: LayoutKind, num_ranks: int, fold: Fold) -> list[int]:
