@@ -28,6 +28,10 @@ CASES = [
     (_URL + ["--vocab-size", "0"], "--vocab-size"),
     (_URL + ["--timeout", "0"], "--timeout"),
     (_URL + ["--json", "/dev/null/out.json"], "--json"),
+    # A blank server name: the tables and the JSON named the server by its URL, or by nothing.
+    (_URL + ["--label", ""], "--label '' is empty; give the server a name"),
+    (_URL + ["--label", "  "], "--label '  ' is empty"),
+    (["bench-serve", "--url", "=http://127.0.0.1:1", "--no-progress"], "has an empty name before '='"),
     (["bench-serve", "--url", "http://127.0.0.1:abc", "--no-progress"], "port"),
     (["bench-serve", "--url", "http://127.0.0.1:99999", "--no-progress"], "port"),
     (["bench-serve", "--launch", "nonsense", "--no-progress"], "nonsense"),

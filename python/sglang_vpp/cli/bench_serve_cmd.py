@@ -59,11 +59,17 @@ def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
     """``--url`` values as (label, url); ``name=http://...`` names a server, else its URL does."""
     if label is not None and len(urls) > 1:
         raise BenchServeError("--label names a single server; with several --url use name=http://... instead")
+    # A blank name would title the server's rows and JSON with nothing.
+    if label is not None and not label.strip():
+        raise BenchServeError(f"--label {label!r} is empty; give the server a name, e.g. --label vpp-pack")
     targets = []
     for raw in urls:
         name, sep, url = raw.partition("=")
         if not sep or "://" in name:
             name, url = (label or raw), raw
+        elif not name.strip():
+            raise BenchServeError(f"--url {raw!r} has an empty name before '='; write name=http://..., e.g. "
+                                  "vpp-pack=http://127.0.0.1:30000, or the bare URL")
         targets.append((name, url))
     names = [name for name, _ in targets]
     if len(set(names)) != len(names):
