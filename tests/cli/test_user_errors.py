@@ -6,6 +6,8 @@ what makes the test fast (an unreachable --url proves no request was sent first)
 
 from __future__ import annotations
 
+import json
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -199,6 +201,9 @@ CASES = [
     (["simulate", "--model", "/nonexistent.json"], "model preset file '/nonexistent.json' does not exist"),
     (["simulate", "--hardware", "LIST.json"], "holds list, not a JSON object"),
     (["simulate", "--model", "FOLDER.json"], "cannot be read (Is a directory)"),
+    # --jitter 2 is refused after the presets are read: the error a preset left unchecked gives.
+    (["simulate", "--hardware", "NO_HOP.json", "--jitter", "2"],
+     "NO_HOP.json': pp_tensors is 0, not a whole number in [1, 16]"),
 ]
 
 
@@ -224,6 +229,9 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
              "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n', "LIST.json": "[]\n"}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
+    hardware = json.loads((resources.files("sglang_vpp.sim") / "presets" / "hardware" / "cpu.json").read_text())
+    files["NO_HOP.json"] = json.dumps({**hardware, "pp_tensors": 0})
+    (tmp_path / "NO_HOP.json").write_text(files["NO_HOP.json"])
     (tmp_path / "FOLDER.json").mkdir()
     files["FOLDER.json"] = ""
     args = [str(tmp_path / a) if a in files else a for a in args]
