@@ -181,9 +181,11 @@ CASES = [
     (_BENCH + ["--modes", "vpp", "--fold", "fused", "--split", "2,2,2,2"], "(fused fold) with pp=2 has 3 stages"),
     # Values that once passed the checks and failed in the rank processes or in C with a traceback.
     (_BENCH + ["--arrival-interval", "inf"], "--arrival-interval must be a finite number, got inf"),
-    # A finite interval past a week: the run waited for the second request in real time, for ever.
-    (_BENCH + ["--arrival-interval", "1e300"], "--arrival-interval must be at most 604800 s with --requests 1"),
-    (_BENCH + ["--requests", "3", "--arrival-interval", "302401"],
+    # A finite interval past a week: the run waited for the second request in real time, for ever
+    # (--device npu: without this check, the missing torch_npu would be the error).
+    (_BENCH + ["--arrival-interval", "1e300", "--device", "npu"],
+     "--arrival-interval must be at most 604800 s with --requests 1"),
+    (_BENCH + ["--requests", "3", "--arrival-interval", "302401", "--device", "npu"],
      "--arrival-interval must be at most 302400 s with --requests 3 (the last arrival within 604800 s, a week "
      "of real time), got 302401"),
     (_BENCH + ["--timeout", "inf"], "--timeout must be at most 604800 s (a week), got inf"),
