@@ -18,7 +18,7 @@ import typer
 from ..runtime.spec import BACKEND_FOR_DEVICE, DEFAULT_MODES
 from .common import (at_least, check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
-from .common import FOLD_HELP, MAX_TIMEOUT_S, CliInputError, parse_fold_option, png_path
+from .common import FOLD_HELP, MAX_TIMEOUT_S, CliInputError, not_blank, parse_fold_option, png_path
 
 TOLERANCE = 1e-5
 #: Above this many prompt tokens in total a CPU run takes long (attention grows with the square of
@@ -176,6 +176,8 @@ def bench(
     except ValueError:
         raise ValueError(f"--device must be cpu, cuda or npu, got {device!r}") from None
     timeout_option(timeout, "--timeout")
+    not_blank(model, "--model", "give a preset (tiny-qwen3, ...) or a local Hugging Face model directory")
+    not_blank(backend, "--backend", "give gloo, nccl or hccl, or drop --backend for --device's")
     at_least(pp, 2, "--pp")
     at_least(requests, 1, "--requests")
     at_least(repeat, 1, "--repeat")

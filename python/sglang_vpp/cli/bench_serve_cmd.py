@@ -36,7 +36,7 @@ from sglang_vpp.serving.bench_serving import (
 
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
-from .common import at_least, check_output_path, parse_size_option, positive, timeout_option, user_errors
+from .common import at_least, check_output_path, not_blank, parse_size_option, positive, timeout_option, user_errors
 from .common import given_flags, png_path
 
 __all__ = ["BenchServeError", "bench_serve"]
@@ -75,6 +75,18 @@ def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
     if len(set(names)) != len(names):
         raise BenchServeError(f"--url labels must be distinct, got {names}")
     return targets
+
+
+def _check_work_dir(work_dir: Path | None) -> None:
+    """A --work-dir that could not become a directory fails here, not after the servers ran."""
+    if work_dir is None:
+        return
+    existing = work_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is a file" if existing == work_dir else f"is inside {str(existing)!r}, a file"
+        raise BenchServeError(f"--work-dir {str(work_dir)!r} {where}; give a directory (made if missing)")
 
 
 def _file_records(file: Path | None, request_rate: float, sizes: dict[str, int | None],
@@ -168,11 +180,23 @@ def bench_serve(
     at_least(repeats, 1, "--repeats")
     at_least(pp_size, 1, "--pp-size")
     positive(request_rate, "--request-rate")
+    not_blank(model_path, "--model-path", "give a local model directory or a Hugging Face repo id, or drop "
+              "--model-path for the tiny default")
+    not_blank(device, "--device", "give SGLang's device (cpu, cuda, npu, ...), or drop --device for cpu")
+    not_blank(tokenizer, "--tokenizer", "give a tokenizer name or directory, or drop --tokenizer for the "
+              "model's")
+    not_blank(dataset_name, "--dataset-name", "give a bench_serving dataset (random, sharegpt, ...), or drop it "
+              "for the workload's random-ids")
+    for flag, values, example in (("--server-arg", server_arg, "--max-total-tokens"),
+                                  ("--bench-arg", bench_arg, "--disable-stream")):
+        for value in values or ():
+            not_blank(value, flag, f"give one argument per {flag}, e.g. {flag}={example}")
     timeout_option(timeout, "--timeout")
     timeout_option(startup_timeout, "--startup-timeout")
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
     for path, flag in ((json_out, "--json"), (output_file, "--output-file"), (plot, "--plot")):
         check_output_path(path, flag, stdout=flag == "--json")
+    _check_work_dir(work_dir)
     from ..schedule.auto_size import AUTO, is_auto
 
     auto_chunk = is_auto(chunked_prefill_size)

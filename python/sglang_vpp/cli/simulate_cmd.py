@@ -125,6 +125,10 @@ def simulate(
     sim_config = SimConfig(record_timeline=bool(trace or plot))
     # None when not given: a workload that draws nothing refuses an explicit --seed.
     given_seed = seed if given_flags(ctx, {"seed": "--seed"}) else None
+    from ..schedule import check_request_count, plan_stages
+
+    if requests is not None:  # checked before the workload lists them
+        check_request_count(requests, plan_stages(modes, pp, fold), pp, "--requests")
     if workload == "long" and lengths:
         runs = [(n, build_workload("long", lengths=[n], num_requests=requests, concurrency=concurrency,
                                    seed=given_seed, path=str(file) if file else None)) for n in lengths]
@@ -132,7 +136,7 @@ def simulate(
         built = build_workload(workload, lengths=lengths, num_requests=requests, concurrency=concurrency,
                                seed=given_seed, path=str(file) if file else None)
         runs = [(lengths[0] if lengths and workload == "short" else None, built)]
-    from ..schedule import check_chunk_counts, plan_stages
+    from ..schedule import check_chunk_counts
 
     stages = plan_stages(modes, pp, fold)
     size_flag = "--sweep-chunk" if sweep_chunk else "--chunk-size"

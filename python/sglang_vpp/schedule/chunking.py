@@ -40,6 +40,7 @@ __all__ = [
     "MAX_PLAN_WORK",
     "RANKS_PER_EVENT",
     "check_plan_work",
+    "check_request_count",
     "plan_work",
 ]
 
@@ -338,6 +339,26 @@ def check_chunk_counts(lengths: Sequence[int], chunk_size: int, num_stages: int,
     check_plan_work(lengths, chunk_size, num_stages, num_ranks, size_name, workload_name)
 
 
+def check_request_count(num_requests: int, num_stages: int, num_ranks: int, count_name: str = "requests") -> None:
+    """Refuse ``num_requests`` requests that exceed ``MAX_PLAN_WORK`` at one chunk each, before a
+    caller builds their list: a count typed with extra digits would otherwise take minutes and
+    gigabytes just to be listed and summed. ``count_name`` names the count (e.g. a flag)."""
+    if plan_work(num_requests, num_stages, num_ranks) <= MAX_PLAN_WORK:
+        return
+    most = 1
+    while plan_work(most * 2, num_stages, num_ranks) <= MAX_PLAN_WORK:
+        most *= 2
+    low, high = most, most * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if plan_work(middle, num_stages, num_ranks) <= MAX_PLAN_WORK else (low, middle)
+    fits = (f"send at most {low} requests or plan fewer stages (a smaller pp)"
+            if plan_work(1, num_stages, num_ranks) <= MAX_PLAN_WORK else "plan fewer stages (a smaller pp)")
+    raise ChunkingError(f"{count_name} {num_requests} is at least {num_requests} chunks on {num_stages} stages, "
+                        f"more than the limit of {MAX_PLAN_WORK} units of planning work per run at any chunk "
+                        f"size; {fits}")
+
+
 def check_plan_work(lengths: Sequence[int], chunk_size: int, num_stages: int, num_ranks: int,
                     size_name: str = "chunk size", workload_name: str = "the workload") -> None:
     """Refuse a plan of requests of ``lengths`` tokens cut into chunks of ``chunk_size`` (the fewest
@@ -384,7 +405,7 @@ def parse_size(text: str | int) -> int:
         number = raw[: len(raw) - len(suffix)]
         try:
             value = int(float(number) * _SUFFIXES[suffix]) if number else -1
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: inf
             value = -1
         if value < 0 or (number and float(number) * _SUFFIXES[suffix] != value):
             raise ChunkingError(f"cannot read size {text!r}; expected e.g. 512, 16k or 1m")
