@@ -242,6 +242,14 @@ CASES = [
     (["bench-serve", "--launch", "cpp", "--no-progress", "--device", "", "--port", "70000"], "--device '' is empty"),
     (_URL + ["--work-dir", "NOT_JSON"], "is a file; give a directory (made if missing)"),
     (["bench-serve", "--url", "http://[::1", "--no-progress"], "--url 'http://[::1' is not a URL (Invalid IPv6 URL)"),
+    # A pass that would only be cut off by --timeout, and seeds numpy (bench_serving) or torch
+    # (bench's reference) refuse after the work started.
+    (_URL + ["--request-rate", "1e-300"], "--request-rate 1e-300 sends 16 requests over about 1.6e+301 s, past "
+     "--timeout 600 s for one pass; raise --request-rate or --timeout"),
+    (_URL + ["--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
+    (["bench-serve", "--launch", "cpp", "--no-progress", "--seed", "4294967295", "--port", "70000"],
+     "--seed must be in 0..4294966295 (it adds up to 1000 for repeats and warm-up)"),
+    (_BENCH + ["--seed", "4294967296", "--device", "npu"], "--seed must be in 0..4294967295, got 4294967296"),
     (["simulate", "--hardware", "LIST.json"], "holds list, not a JSON object"),
     (["simulate", "--model", "FOLDER.json"], "cannot be read (Is a directory)"),
     # --jitter 2 is refused after the presets are read: the error a preset left unchecked gives.

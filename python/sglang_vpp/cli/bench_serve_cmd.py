@@ -36,7 +36,8 @@ from sglang_vpp.serving.bench_serving import (
 
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
-from .common import at_least, check_output_path, not_blank, parse_size_option, positive, timeout_option, user_errors
+from .common import at_least, check_output_path, not_blank, seed_option, parse_size_option, positive, timeout_option, user_errors
+from .bench_serve_report import WARMUP_SEED_OFFSET
 from .common import given_flags, png_path
 
 __all__ = ["BenchServeError", "bench_serve"]
@@ -178,6 +179,7 @@ def bench_serve(
     at_least(concurrency, 1, "--concurrency")
     at_least(warmup, 0, "--warmup")
     at_least(repeats, 1, "--repeats")
+    seed_option(seed, offset=0 if launch is None else max(repeats - 1, WARMUP_SEED_OFFSET))
     at_least(pp_size, 1, "--pp-size")
     positive(request_rate, "--request-rate")
     not_blank(model_path, "--model-path", "give a local model directory or a Hugging Face repo id, or drop "
@@ -234,6 +236,12 @@ def bench_serve(
         tokenizer=tokenizer, flush_cache=flush_cache, timeout=timeout, extra_args=tuple(bench_arg or ()),
         progress=progress and fmt != "json",
     )  # fmt: skip
+    # Poisson arrivals at this rate take about N / rate seconds: a pass past --timeout would only
+    # be cut off, after the whole wait.
+    if math.isfinite(request_rate) and plan.num_requests / request_rate > timeout:
+        raise BenchServeError(f"--request-rate {request_rate:g} sends {plan.num_requests} requests over about "
+                              f"{plan.num_requests / request_rate:g} s, past --timeout {timeout:g} s for one pass; "
+                              "raise --request-rate or --timeout")
     modes = None
     if launch is not None:
         from .bench_serve_launch import check_can_launch, parse_modes

@@ -21,7 +21,7 @@ from .common import emit_json
 
 __all__ = ["bench_launched", "finish", "run_entry"]
 
-_WARMUP_SEED_OFFSET = 1000
+WARMUP_SEED_OFFSET = 1000
 """Warm-up prompts use seed + this, so no measured prompt is already in the prefix cache."""
 
 
@@ -206,7 +206,7 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
         if plan.warmup <= 0:
             return 0
         out, log = jsonl(_current[0])
-        run_pass(plan, url, out.with_name(out.stem + "-warmup.jsonl"), log, seed_offset=_WARMUP_SEED_OFFSET,
+        run_pass(plan, url, out.with_name(out.stem + "-warmup.jsonl"), log, seed_offset=WARMUP_SEED_OFFSET,
                  num_requests=plan.warmup, warmup=0, paced=False)  # fmt: skip
         return plan.warmup
 

@@ -23,6 +23,7 @@ __all__ = [
     "given_flags",
     "layers_option",
     "not_blank",
+    "seed_option",
     "parse_fold_option",
     "parse_int_list",
     "parse_size_option",
@@ -130,6 +131,20 @@ def at_least(value: float | int | None, minimum: float | int, flag: str) -> None
         raise CliInputError(f"{flag} must be >= {minimum}, got {value}")
     if value is not None and not math.isfinite(value):
         raise CliInputError(f"{flag} must be a finite number, got {value}")
+
+
+MAX_SEED = 2**32 - 1
+"""The largest seed numpy takes (bench_serving seeds it with ``--seed``); the reference runtime's
+torch generators take far larger, but one range serves both commands."""
+
+
+def seed_option(value: int, flag: str = "--seed", offset: int = 0) -> None:
+    """A seed in ``0..MAX_SEED`` once the command adds up to ``offset`` to it (bench-serve's
+    repeats and warm-up): outside it the seeded library fails only after the work started."""
+    most = MAX_SEED - offset
+    if not 0 <= value <= most:
+        added = f" (it adds up to {offset} for repeats and warm-up)" if offset else ""
+        raise CliInputError(f"{flag} must be in 0..{most}{added}, got {value}")
 
 
 def not_blank(value: str | None, flag: str, hint: str) -> None:
