@@ -84,6 +84,11 @@ CASES = [
     (["simulate", "--costs", "/nonexistent.json"], "does not exist"),
     (["simulate", "--costs", "BAD_FIT"], "is a malformed sglang-vpp.fitted-cost file (KeyError: 'b')"),
     (["simulate", "--costs", "BAD_TABLE"], "is a malformed sglang-vpp.table-cost file"),
+    # A NaN coefficient ran into a traceback, a negative measured time into negative TTFTs.
+    (["simulate", "--costs", "NAN_FIT", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.fitted-cost file (ValueError: coefficient d is nan, not a finite number)"),
+    (["simulate", "--costs", "NEG_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.table-cost file (ValueError: a time of -1.0 s, not a finite number >= 0)"),
     (["simulate", "--seq-len", "8k", "--json", "/dev/null/out.json"], "--json"),
     (["simulate", "--seq-len", "8k", "--plot", "/dev/null/gantt.png"], "--plot"),
     (["simulate", "--seq-len", "8k", "--trace", "/dev/null/trace.json"], "--trace"),
@@ -276,6 +281,8 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
     files = {"NOT_JSON": "not json at all\n", "NO_FORMAT": '{"stages": {}}\n', "PARTIAL.json": '{"name": "x"}\n',
              "BAD_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 1}}\n',
              "BAD_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 1]]}\n',
+             "NAN_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 0, "b": 1e-6, "d": NaN}}\n',
+             "NEG_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, -1]]}\n',
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n',
              "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n', "LIST.json": "[]\n"}
     for name, text in files.items():
