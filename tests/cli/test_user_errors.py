@@ -96,6 +96,11 @@ CASES = [
     # Only mixed draws with --seed: given explicitly (even at its default 0) elsewhere it is refused.
     (["simulate", "--seed", "0"], "the long workload does not read --seed"),
     (["simulate", "--seq-len", "8k", "--jitter", "0.03", "--seed", "1"], "drop --seed (--jitter's draws are seeded by --jitter-seed)"),
+    # A flag another one replaces ran as if not given.
+    (["simulate", "--seq-len", "8k", "--modes", "cpp", "--chunk-size", "4k", "--sweep-chunk", "2k,8k", "--jitter", "2"],
+     "--sweep-chunk replaces --chunk-size; give the sizes to sweep in --sweep-chunk and drop --chunk-size"),
+    (["simulate", "--seq-len", "8k", "--modes", "cpp", "--jitter-seed", "3"],
+     "--jitter-seed seeds --jitter's draws, and without --jitter there are none"),
     (["simulate", "--workload", "short", "--seq-len", "4k", "--seed", "7"], "the short workload does not read --seed"),
     (["simulate", "--workload", "file", "--file", "REQS", "--seed", "7"], "the file workload does not read --seed"),
     (["simulate", "--workload", "short", "--seq-len", "4k,8k"], "takes one --seq-len"),

@@ -118,6 +118,9 @@ def simulate(
     cost = _cost_model(model_spec, hardware_spec, tp, costs)
     _warn_other_depth(cost, costs, model_spec)
     lengths = _sizes(seq_len, "--seq-len") if seq_len else None
+    if sweep_chunk is not None and given_flags(ctx, {"chunk_size": "--chunk-size"}):
+        raise ValueError("--sweep-chunk replaces --chunk-size; give the sizes to sweep in --sweep-chunk and drop "
+                         "--chunk-size")
     # An empty --sweep-chunk is refused, not read as absent.
     chunk_sizes = (_sizes(sweep_chunk, "--sweep-chunk", True) if sweep_chunk is not None
                    else _sizes(chunk_size, "--chunk-size", True))
@@ -148,6 +151,9 @@ def simulate(
                                    f"the {workload} workload")
     if not 0.0 <= jitter <= 1.0:
         raise ValueError(f"--jitter must lie in [0, 1] (a relative spread: 0.03 = 3%), got {jitter}")
+    if jitter == 0 and given_flags(ctx, {"jitter_seed": "--jitter-seed"}):
+        raise ValueError("--jitter-seed seeds --jitter's draws, and without --jitter there are none; give "
+                         "--jitter (e.g. 0.03) or drop --jitter-seed")
     rows = []
     for length, work in runs:
         rows += simulate_matrix(work, cost, model_spec.num_layers, modes, chunk_sizes, pp, layer_split,
