@@ -30,7 +30,7 @@ CASES = [
     (_URL + ["--vocab-size", "0"], "--vocab-size"),
     (_URL + ["--timeout", "0"], "--timeout"),
     (_URL + ["--json", "/dev/null/out.json"], "--json"),
-    # A blank server name: the tables and the JSON named the server by its URL, or by nothing.
+    # A blank server name would title the tables and the JSON with the URL, or with nothing.
     (_URL + ["--label", ""], "--label '' is empty; give the server a name"),
     (_URL + ["--label", "  "], "--label '  ' is empty"),
     (["bench-serve", "--url", "=http://127.0.0.1:1", "--no-progress"], "has an empty name before '='"),
@@ -84,7 +84,7 @@ CASES = [
     (["simulate", "--costs", "/nonexistent.json"], "does not exist"),
     (["simulate", "--costs", "BAD_FIT"], "is a malformed sglang-vpp.fitted-cost file (KeyError: 'b')"),
     (["simulate", "--costs", "BAD_TABLE"], "is a malformed sglang-vpp.table-cost file"),
-    # A NaN coefficient ran into a traceback, a negative measured time into negative TTFTs.
+    # Unchecked, a NaN coefficient ends in a traceback and a negative measured time in negative TTFTs.
     (["simulate", "--costs", "NAN_FIT", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "is a malformed sglang-vpp.fitted-cost file (ValueError: coefficient d is nan, not a finite number)"),
     (["simulate", "--costs", "NEG_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
@@ -96,7 +96,7 @@ CASES = [
     # Only mixed draws with --seed: given explicitly (even at its default 0) elsewhere it is refused.
     (["simulate", "--seed", "0"], "the long workload does not read --seed"),
     (["simulate", "--seq-len", "8k", "--jitter", "0.03", "--seed", "1"], "drop --seed (--jitter's draws are seeded by --jitter-seed)"),
-    # A flag another one replaces ran as if not given.
+    # A flag another one replaces would run as if not given.
     (["simulate", "--seq-len", "8k", "--modes", "cpp", "--chunk-size", "4k", "--sweep-chunk", "2k,8k", "--jitter", "2"],
      "--sweep-chunk replaces --chunk-size; give the sizes to sweep in --sweep-chunk and drop --chunk-size"),
     (["simulate", "--seq-len", "8k", "--modes", "cpp", "--jitter-seed", "3"],
@@ -161,7 +161,7 @@ CASES = [
     (_BENCH + ["--requests", "2049", "--seq-len", "64", "--chunk-size", "1", "--modes", "cpp,vpp"],
      "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1 is 131136 chunks on 4 stages"),
     # Deep plans of few chunks per stage: the work is chunks x stages (x ranks/24 past 24 ranks), so
-    # 16384 chunks on 256 stages planned for minutes with no output. The later error each case also
+    # 16384 chunks on 256 stages would plan for minutes with no output. The later error each case also
     # has (a --split of one entry, a --jitter past 1, a missing torch_npu) is the one a command
     # that did not weigh the stages would give.
     (["check", "--mode", "vpp", "--pp", "128", "--layers", "256", "--seq-len", "512k", "--chunk-size", "32",
@@ -191,7 +191,7 @@ CASES = [
     (_BENCH + ["--modes", "vpp", "--fold", "fused", "--split", "2,2,2,2"], "(fused fold) with pp=2 has 3 stages"),
     # Values that once passed the checks and failed in the rank processes or in C with a traceback.
     (_BENCH + ["--arrival-interval", "inf"], "--arrival-interval must be a finite number, got inf"),
-    # A finite interval past a week: the run waited for the second request in real time, for ever
+    # A finite interval past a week: the run would wait for the second request in real time
     # (--device npu: without this check, the missing torch_npu would be the error).
     (_BENCH + ["--arrival-interval", "1e300", "--device", "npu"],
      "--arrival-interval must be at most 604800 s with --requests 1"),
@@ -211,7 +211,7 @@ CASES = [
     (_BENCH + ["--trace", "-"], "--trace '-': only --json writes to stdout"),
     (_URL + ["--output-file", "-"], "--output-file '-': only --json writes to stdout"),
     (["simulate", "--model", "/nonexistent.json"], "model preset file '/nonexistent.json' does not exist"),
-    # Values that ran with a traceback, for minutes, or as something not asked for. A trailing
+    # Values that would end in a traceback, run for minutes, or run something not asked for. A trailing
     # --jitter 2, --device npu or --port 70000 is refused later in each command: the error a
     # command without the check gives (and, for --launch, refused before any server starts).
     (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "inf", "--chunk-size", "8"],
@@ -253,7 +253,7 @@ CASES = [
     (_URL + ["--work-dir", "NOT_JSON"], "is a file; give a directory (made if missing)"),
     (["bench-serve", "--url", "http://[::1", "--no-progress"], "--url 'http://[::1' is not a URL (Invalid IPv6 URL)"),
     # A pass that would only be cut off by --timeout, and seeds numpy (bench_serving) or torch
-    # (bench's reference) refuse after the work started.
+    # (bench's reference) would refuse after the work started.
     (_URL + ["--request-rate", "1e-300"], "--request-rate 1e-300 sends 16 requests over about 1.6e+301 s, past "
      "--timeout 600 s for one pass; raise --request-rate or --timeout"),
     (_URL + ["--seed", "-1"], "--seed must be in 0..4294967295, got -1"),

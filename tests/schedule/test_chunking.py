@@ -147,7 +147,7 @@ def test_plan_work_counts_stages_and_ranks_past_the_flat_per_event_cost():
     check_plan_work([64] * chunks, 64, 4, 2)
     with pytest.raises(ChunkingError, match=rf"is {chunks} chunks on 8 stages: {2 * MAX_PLAN_WORK} units"):
         check_plan_work([64] * chunks, 64, 8, 4)
-    # A deep plan of few chunks per stage: 16384 chunks on 256 stages of 128 ranks planned for minutes.
+    # A deep plan of few chunks per stage: 16384 chunks on 256 stages of 128 ranks would plan for minutes.
     with pytest.raises(ChunkingError, match=r"on 256 stages of 128 ranks: 22369621 units of planning work "
                                             r"\(chunks x stages x ranks/24\), more than the limit of 524288 per "
                                             r"run; raise size to 1366 or more"):

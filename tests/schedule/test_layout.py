@@ -74,8 +74,8 @@ def test_bad_layouts_name_the_value(args, fragment):
 
 
 def test_too_few_layers_for_a_huge_pp_is_refused_before_any_stage_is_listed(monkeypatch):
-    """``layout --pp 1000000000 --layers 8`` listed two billion stage ranks, and was killed for
-    memory, before finding that 8 layers cannot fill them."""
+    """``layout --pp 1000000000 --layers 8``: listing two billion stage ranks before finding that 8
+    layers cannot fill them runs out of memory."""
     from sglang_vpp.schedule import layout as layout_module
     from sglang_vpp.schedule.layout import stage_count
 

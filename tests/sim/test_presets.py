@@ -70,7 +70,7 @@ def _shipped(kind: str, name: str) -> dict:
     (load_hardware, "hardware", "cpu", "pp_latency_s", -1, "pp_latency_s is -1, not a finite number in [0, 1] (seconds)"),
     (load_hardware, "hardware", "cpu", "layer_overhead_s", -1e-3, "layer_overhead_s is -0.001, not a finite"),
     (load_hardware, "hardware", "cpu", "tp_size", True, "tp_size is True, not a whole number"),
-    # Zeros that once ran: a hop carrying no tensor, weights of no bytes, chips of no bandwidth.
+    # Zeros that make no physical sense: a hop carrying no tensor, weights of no bytes, no bandwidth.
     (load_hardware, "hardware", "cpu", "pp_tensors", 0, "pp_tensors is 0, not a whole number in [1, 16] "
      "(hidden-size tensors a pipeline hop carries per token)"),
     (load_model, "models", "qwen3-tiny", "weight_bytes", 0, "weight_bytes is 0, not a finite number in (0, 8] "
@@ -85,9 +85,9 @@ def _shipped(kind: str, name: str) -> dict:
 ])
 def test_a_user_preset_field_of_the_wrong_kind_or_out_of_range_is_refused(tmp_path, loader, kind, name, field, value,
                                                                           message):
-    """A negative latency or overhead once ran, printing negative times; a fractional layer count
-    ran a layout of 2.5 layers; pp_tensors 0 or weight_bytes 0 ran with free hops or free weights.
-    The message names the file, the field and the range."""
+    """A negative latency or overhead would print negative times, a fractional layer count lay out
+    2.5 layers, pp_tensors 0 or weight_bytes 0 make hops or weights free. The message names the
+    file, the field and the range."""
     data = _shipped(kind, name)
     data[field] = value
     path = tmp_path / "preset.json"

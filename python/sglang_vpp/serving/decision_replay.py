@@ -166,10 +166,18 @@ def _check_plan_inputs(inputs: object, path: Path) -> None:
             or any(type(n) is not int or n < 1 for n in stage_layers)):
         raise bad("stage_layers", stage_layers, "a list of each stage's layer count, whole numbers >= 1 "
                   "(e.g. [2, 2, 2, 2])")
+    for field, least in (("chunk_size", 0), ("auto_chunk_cap", 1), ("max_in_flight", 1)):
+        value = inputs.get(field)  # absent or null: a server that recorded none
+        if value is not None and (type(value) is not int or value < least):
+            raise bad(field, value, f"a whole number >= {least} (or null)")
     try:
         recorded_layout(inputs)
     except (LayoutError, PolicyError) as error:
         raise TraceError(f"{path}: controller inputs do not describe a layout: {error}") from None
+    try:
+        cost_from_record(inputs.get("cost"))
+    except CostModelError as error:
+        raise TraceError(f"{path}: {error}") from None
 
 
 def replay_trace(trace_dir: str | Path) -> ReplayResult:
