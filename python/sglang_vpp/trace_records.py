@@ -35,6 +35,8 @@ wait, ``woke_s`` the arrival that ended that wait (None where no wait or no mess
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -147,5 +149,15 @@ def cost_from_record(record: dict) -> StageCostModel:
     if record.get("kind") != "linear-attention":
         raise CostModelError(f"unknown cost model {record.get('kind')!r} in the trace; expected 'linear-attention' "
                              "or 'fitted'")
-    return LinearAttentionCost(float(record["linear_per_token"]), float(record["attention_per_pair"]),
-                               float(record["fixed_per_chunk"]))
+    terms = []
+    for key in ("linear_per_token", "attention_per_pair", "fixed_per_chunk"):
+        try:
+            value = float(record[key])
+        except (KeyError, TypeError, ValueError):
+            raise CostModelError(f"the trace's linear-attention cost has {key} {record.get(key)!r}; expected "
+                                 "seconds, a finite number >= 0") from None
+        if not (math.isfinite(value) and value >= 0):  # a time: NaN or a negative one decides nothing
+            raise CostModelError(f"the trace's linear-attention cost has {key} {value}; expected seconds, a "
+                                 "finite number >= 0")
+        terms.append(value)
+    return LinearAttentionCost(*terms)

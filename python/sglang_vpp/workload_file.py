@@ -60,9 +60,12 @@ def _count(value: Any, key: str) -> int:
 def _record(fields: Any) -> WorkloadRecord:
     if not isinstance(fields, dict):
         raise ValueError(f"expected a JSON object, got {type(fields).__name__}")
-    key = next((k for k in LENGTH_KEYS if k in fields), None)
-    if key is None:
+    keys = [k for k in LENGTH_KEYS if k in fields]
+    if not keys:
         raise ValueError(f"no length; expected one of {', '.join(LENGTH_KEYS)}")
+    if len(keys) > 1:  # one would be read and the other silently ignored
+        raise ValueError(f"{' and '.join(keys)} both give the length; keep one")
+    key = keys[0]
     arrival = fields.get("arrival", 0.0)
     if (isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival)
             or not 0 <= arrival <= MAX_ARRIVAL_S):

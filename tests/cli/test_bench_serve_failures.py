@@ -56,6 +56,25 @@ def test_a_run_with_failed_requests_gets_no_verdict_and_exits_1_unless_allowed(c
     assert "verdict (x)" in out and "--allow-failures" in out
 
 
+@pytest.mark.parametrize("fmt", ["table", "md", "json"])
+def test_json_to_stdout_leaves_stdout_json_only(fmt, capsys, tmp_path):
+    import json
+    from pathlib import Path
+
+    from sglang_vpp.cli.bench_serve_report import finish
+    from sglang_vpp.verdict import make_verdict
+
+    runs = [_served("cpp", 0), _served("vpp-pack", 0)]
+    verdict = make_verdict({"cpp": [1.0, 1.1, 1.0], "vpp-pack": [0.5, 0.5, 0.6]}, "x", paired=False)
+    document = {"runs": runs, "verdicts": [verdict.to_dict()]}
+    finish(runs, document, [verdict], Path("-"), None, None, fmt, [{}, {}], work_dir=tmp_path)
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == document  # one document: no table, no second copy, no note
+    if fmt != "json":
+        assert "verdict (x)" in captured.err and "vpp-pack" in captured.err
+    assert f"work dir (logs, traces, JSONL): {tmp_path}" in captured.err
+
+
 @pytest.fixture
 def model_dir():
     pytest.importorskip("sglang.benchmark.serving", reason="bench-serve runs SGLang's bench_serving")

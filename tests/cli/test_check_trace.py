@@ -104,8 +104,29 @@ def test_plan_flags_with_defaults_next_to_trace_are_refused_too(tmp_path):
     ([{"kind": "pick", "ready": [], "chosen": [3, 0]}], CONTROLLER, "a pick needs at least one ready item"),
     ([{"kind": "chunk", "prefix": 0, "remaining": -100, "size": 0}], CONTROLLER, "remaining must be >= 1"),
     (3, CONTROLLER, "'decisions' is not a list"),
-], ids=["no cost model", "pick of nothing", "negative chunk", "decisions not a list"])
+    # The plan fields: unchecked, int() says "invalid literal" and names no file or field.
+    (LEADER, {**CONTROLLER, "stage_layers": "2,2,2,2"}, "vpp_rank0.records.json: controller stage_layers is "
+     "'2,2,2,2', not a list of each stage's layer count, whole numbers >= 1 (e.g. [2, 2, 2, 2])"),
+    (LEADER, {**CONTROLLER, "stage_layers": ["a", 2, 2, 2]}, "vpp_rank0.records.json: controller stage_layers is"),
+    (LEADER, {**CONTROLLER, "stage_layers": [2.5, 2, 2, 2]}, "controller stage_layers is [2.5, 2, 2, 2], not a list"),
+    (LEADER, {**CONTROLLER, "stage_layers": [2, 2]}, "vpp_rank0.records.json: controller inputs do not describe a "
+     "layout: layer split [2, 2] has 2 entries"),
+    (LEADER, {**CONTROLLER, "pp_size": "2"}, "vpp_rank0.records.json: controller pp_size is '2', not a whole number"),
+    (LEADER, {**CONTROLLER, "mode": None}, "vpp_rank0.records.json: controller mode is None, not a mode name"),
+    (LEADER, {**CONTROLLER, "chunk_size": "x"}, "vpp_rank0.records.json: controller chunk_size is 'x', not a whole "
+     "number >= 0 (or null)"),
+    (LEADER, {**CONTROLLER, "max_in_flight": "x"}, "controller max_in_flight is 'x', not a whole number >= 1"),
+    # A NaN or negative time would replay as if it decided something.
+    (LEADER, {**CONTROLLER, "cost": {**CONTROLLER["cost"], "linear_per_token": float("nan")}},
+     "vpp_rank0.records.json: the trace's linear-attention cost has linear_per_token nan; expected seconds, a "
+     "finite number >= 0"),
+    (LEADER, {**CONTROLLER, "cost": {**CONTROLLER["cost"], "fixed_per_chunk": -1.0}}, "fixed_per_chunk -1.0"),
+], ids=["no cost model", "pick of nothing", "negative chunk", "decisions not a list", "stage_layers text",
+        "stage_layers letter", "stage_layers fraction", "stage_layers short", "pp_size text", "no mode",
+        "chunk_size text", "max_in_flight text", "cost nan", "cost negative"])
 def test_a_malformed_record_is_one_error_exit_2(tmp_path, leader, controller, message):
     result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path, leader, controller)])
     assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     assert message in result.output and "Traceback" not in result.output

@@ -6,6 +6,8 @@ what makes the test fast (an unreachable --url proves no request was sent first)
 
 from __future__ import annotations
 
+import json
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,10 @@ CASES = [
     (_URL + ["--vocab-size", "0"], "--vocab-size"),
     (_URL + ["--timeout", "0"], "--timeout"),
     (_URL + ["--json", "/dev/null/out.json"], "--json"),
+    # A blank server name would title the tables and the JSON with the URL, or with nothing.
+    (_URL + ["--label", ""], "--label '' is empty; give the server a name"),
+    (_URL + ["--label", "  "], "--label '  ' is empty"),
+    (["bench-serve", "--url", "=http://127.0.0.1:1", "--no-progress"], "has an empty name before '='"),
     (["bench-serve", "--url", "http://127.0.0.1:abc", "--no-progress"], "port"),
     (["bench-serve", "--url", "http://127.0.0.1:99999", "--no-progress"], "port"),
     (["bench-serve", "--launch", "nonsense", "--no-progress"], "nonsense"),
@@ -78,6 +84,11 @@ CASES = [
     (["simulate", "--costs", "/nonexistent.json"], "does not exist"),
     (["simulate", "--costs", "BAD_FIT"], "is a malformed sglang-vpp.fitted-cost file (KeyError: 'b')"),
     (["simulate", "--costs", "BAD_TABLE"], "is a malformed sglang-vpp.table-cost file"),
+    # Unchecked, a NaN coefficient ends in a traceback and a negative measured time in negative TTFTs.
+    (["simulate", "--costs", "NAN_FIT", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.fitted-cost file (ValueError: coefficient d is nan, not a finite number)"),
+    (["simulate", "--costs", "NEG_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.table-cost file (ValueError: a time of -1.0 s, not a finite number >= 0)"),
     (["simulate", "--seq-len", "8k", "--json", "/dev/null/out.json"], "--json"),
     (["simulate", "--seq-len", "8k", "--plot", "/dev/null/gantt.png"], "--plot"),
     (["simulate", "--seq-len", "8k", "--trace", "/dev/null/trace.json"], "--trace"),
@@ -85,6 +96,11 @@ CASES = [
     # Only mixed draws with --seed: given explicitly (even at its default 0) elsewhere it is refused.
     (["simulate", "--seed", "0"], "the long workload does not read --seed"),
     (["simulate", "--seq-len", "8k", "--jitter", "0.03", "--seed", "1"], "drop --seed (--jitter's draws are seeded by --jitter-seed)"),
+    # A flag another one replaces would run as if not given.
+    (["simulate", "--seq-len", "8k", "--modes", "cpp", "--chunk-size", "4k", "--sweep-chunk", "2k,8k", "--jitter", "2"],
+     "--sweep-chunk replaces --chunk-size; give the sizes to sweep in --sweep-chunk and drop --chunk-size"),
+    (["simulate", "--seq-len", "8k", "--modes", "cpp", "--jitter-seed", "3"],
+     "--jitter-seed seeds --jitter's draws, and without --jitter there are none"),
     (["simulate", "--workload", "short", "--seq-len", "4k", "--seed", "7"], "the short workload does not read --seed"),
     (["simulate", "--workload", "file", "--file", "REQS", "--seed", "7"], "the file workload does not read --seed"),
     (["simulate", "--workload", "short", "--seq-len", "4k,8k"], "takes one --seq-len"),
@@ -131,17 +147,34 @@ CASES = [
     (["simulate", "--seq-len", "16385", "--sweep-chunk", "2,1", "--modes", "cpp"], "raise --sweep-chunk to 2"),
     (["simulate", "--workload", "file", "--file", "LONG_REQ", "--chunk-size", "1", "--modes", "cpp"],
      "the longest file request of 16385 tokens at --chunk-size 1 is 16385 chunks"),
-    # zigzag: were the chunk count not checked first, the unknown mode would be the error.
-    (_BENCH + ["--seq-len", "16385", "--chunk-size", "1", "--modes", "cpp,zigzag"], "is 16385 chunks"),
+    # --device npu: were the chunk count not checked first, the missing torch_npu would be the error.
+    (_BENCH + ["--seq-len", "16385", "--chunk-size", "1", "--modes", "cpp", "--device", "npu"], "is 16385 chunks"),
     # A workload within the per-request limit but past the per-run one (at 8-token chunks the
     # default mixed workload is 1.4M chunks: minutes per mode with no output).
     (["simulate", "--workload", "mixed", "--chunk-size", "8", "--modes", "cpp"],
-     "the mixed workload (500 requests, 11529308 tokens) at --chunk-size 8 is 1441375 chunks, more than "
-     "the limit of 131072 per run; raise --chunk-size to 89 or more"),
-    (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "1", "--requests", "2049",
-      "--layers", "2"], "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1"),
-    (_BENCH + ["--requests", "2049", "--seq-len", "64", "--chunk-size", "1", "--modes", "cpp"],
-     "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1 is 131136 chunks"),
+     "the mixed workload (500 requests, 11529308 tokens) at --chunk-size 8 is 1441375 chunks on 2 stages: "
+     "2882750 units of planning work (chunks x stages), more than the limit of 524288 per run; raise "
+     "--chunk-size to 45 or more, send fewer requests or plan fewer stages (a smaller pp)"),
+    (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "1", "--requests", "2049",
+      "--layers", "4"], "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1 is "
+     "131136 chunks on 4 stages: 524544 units"),
+    (_BENCH + ["--requests", "2049", "--seq-len", "64", "--chunk-size", "1", "--modes", "cpp,vpp"],
+     "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1 is 131136 chunks on 4 stages"),
+    # Deep plans of few chunks per stage: the work is chunks x stages (x ranks/24 past 24 ranks), so
+    # 16384 chunks on 256 stages would plan for minutes with no output. The later error each case also
+    # has (a --split of one entry, a --jitter past 1, a missing torch_npu) is the one a command
+    # that did not weigh the stages would give.
+    (["check", "--mode", "vpp", "--pp", "128", "--layers", "256", "--seq-len", "512k", "--chunk-size", "32",
+      "--split", "1"],
+     "the --requests x --seq-len load (1 requests, 524288 tokens) at --chunk-size 32 is 16384 chunks on 256 "
+     "stages of 128 ranks: 22369621 units of planning work (chunks x stages x ranks/24), more than the limit "
+     "of 524288 per run; raise --chunk-size to 1366 or more or plan fewer stages (a smaller pp)"),
+    (["schedule", "--mode", "cpp", "--pp", "128", "--layers", "256", "--seq-len", "512k", "--chunk-size", "32",
+      "--split", "1"], "is 16384 chunks on 128 stages of 128 ranks"),
+    (["simulate", "--pp", "30", "--seq-len", "1m", "--chunk-size", "64", "--modes", "cpp,vpp", "--jitter", "2"],
+     "the long workload (1 requests, 1048576 tokens) at --chunk-size 64 is 16384 chunks on 60 stages of 30 ranks"),
+    (_BENCH + ["--seq-len", "128k", "--pp", "64", "--chunk-size", "64", "--modes", "vpp", "--device", "npu"],
+     "is 2048 chunks on 128 stages of 64 ranks: 699050 units"),
     (["layout", "--pp", "2", "--layers", "8", "--mode", "foo"], "expected one of contiguous, cpp, dcpp,"),
     (["layout", "--pp", "0", "--layers", "8"], "--pp must be >= 1"),
     # --fold: the value, and what a fused fold changes (2P-1 stages; only vpp modes have a fold).
@@ -158,6 +191,13 @@ CASES = [
     (_BENCH + ["--modes", "vpp", "--fold", "fused", "--split", "2,2,2,2"], "(fused fold) with pp=2 has 3 stages"),
     # Values that once passed the checks and failed in the rank processes or in C with a traceback.
     (_BENCH + ["--arrival-interval", "inf"], "--arrival-interval must be a finite number, got inf"),
+    # A finite interval past a week: the run would wait for the second request in real time
+    # (--device npu: without this check, the missing torch_npu would be the error).
+    (_BENCH + ["--arrival-interval", "1e300", "--device", "npu"],
+     "--arrival-interval must be at most 604800 s with --requests 1"),
+    (_BENCH + ["--requests", "3", "--arrival-interval", "302401", "--device", "npu"],
+     "--arrival-interval must be at most 302400 s with --requests 3 (the last arrival within 604800 s, a week "
+     "of real time), got 302401"),
     (_BENCH + ["--timeout", "inf"], "--timeout must be at most 604800 s (a week), got inf"),
     (_BENCH + ["--backend", "gloo@double"], "only device backends (nccl, hccl) have a test double"),
     (["doctor", "--timeout", "1e300"], "--timeout must be at most 604800 s"),
@@ -171,8 +211,60 @@ CASES = [
     (_BENCH + ["--trace", "-"], "--trace '-': only --json writes to stdout"),
     (_URL + ["--output-file", "-"], "--output-file '-': only --json writes to stdout"),
     (["simulate", "--model", "/nonexistent.json"], "model preset file '/nonexistent.json' does not exist"),
+    # Values that would end in a traceback, run for minutes, or run something not asked for. A trailing
+    # --jitter 2, --device npu or --port 70000 is refused later in each command: the error a
+    # command without the check gives (and, for --launch, refused before any server starts).
+    (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "inf", "--chunk-size", "8"],
+     "--seq-len 'inf' is not a size >= 1"),
+    (["simulate", "--chunk-size", "inf", "--modes", "cpp"], "--chunk-size 'inf' is not a size >= 1"),
+    (_URL + ["--input-len", "inf"], "--input-len 'inf' is not a size >= 1"),
+    (["simulate", "--seq-len", "16777217", "--modes", "cpp", "--jitter", "2"],
+     "--seq-len '16777217' is 16777217 tokens, more than the most any size takes, 16777216 (16m)"),
+    (_URL + ["--output-len", "1e30"], "--output-len '1e30' is 1000000000000000019884624838656 tokens, more than"),
+    (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--requests", "1000000"],
+     "--requests 1000000 is at least 1000000 chunks on 4 stages, more than the limit of 524288 units of "
+     "planning work per run at any chunk size; send at most 131072 requests"),
+    (["simulate", "--workload", "mixed", "--requests", "1000000", "--modes", "cpp"],
+     "--requests 1000000 is at least 1000000 chunks on 2 stages"),
+    (_BENCH + ["--requests", "1000000", "--seq-len", "64", "--chunk-size", "64", "--modes", "vpp"],
+     "--requests 1000000 is at least 1000000 chunks on 4 stages"),
+    (["simulate", "--split", "", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "--split '' gives no count; give one per stage like 3,3,3,3, or drop --split"),
+    (_BENCH + ["--split", "", "--device", "npu"], "--split '' gives no count"),
+    (["layout", "--pp", "2", "--layers", "100000"], "--layers must be at most 4096 (the most layers a model takes)"),
+    (["check", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--layers", "5000"],
+     "--layers must be at most 4096"),
+    (["simulate", "--tp", "100000", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "--tp must be at most 65536 chips per pipeline rank, got 100000"),
+    (["doctor", "--sglang", "--backend", "gloo"], "--sglang lists the SGLang surface and runs no self-test; "
+     "drop --backend"),
+    (["doctor", "--sglang", "--no-self-test", "--timeout", "5"], "drop --no-self-test, --timeout"),
+    (_BENCH + ["--model", "", "--device", "npu"], "--model '' is empty"),
+    (_BENCH + ["--backend", "", "--device", "npu"], "--backend '' is empty"),
+    (["check", "--trace", ""], "--trace '' is empty"),
+    (_URL + ["--tokenizer", ""], "--tokenizer '' is empty"),
+    (_URL + ["--dataset-name", " "], "--dataset-name ' ' is empty"),
+    (_URL + ["--bench-arg", ""], "--bench-arg '' is empty; give one argument per --bench-arg"),
+    (["bench-serve", "--launch", "cpp", "--no-progress", "--model-path", "", "--port", "70000"],
+     "--model-path '' is empty"),
+    (["bench-serve", "--launch", "cpp", "--no-progress", "--server-arg", "", "--port", "70000"],
+     "--server-arg '' is empty; give one argument per --server-arg, e.g. --server-arg=--max-total-tokens"),
+    (["bench-serve", "--launch", "cpp", "--no-progress", "--device", "", "--port", "70000"], "--device '' is empty"),
+    (_URL + ["--work-dir", "NOT_JSON"], "is a file; give a directory (made if missing)"),
+    (["bench-serve", "--url", "http://[::1", "--no-progress"], "--url 'http://[::1' is not a URL (Invalid IPv6 URL)"),
+    # A pass that would only be cut off by --timeout, and seeds numpy (bench_serving) or torch
+    # (bench's reference) would refuse after the work started.
+    (_URL + ["--request-rate", "1e-300"], "--request-rate 1e-300 sends 16 requests over about 1.6e+301 s, past "
+     "--timeout 600 s for one pass; raise --request-rate or --timeout"),
+    (_URL + ["--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
+    (["bench-serve", "--launch", "cpp", "--no-progress", "--seed", "4294967295", "--port", "70000"],
+     "--seed must be in 0..4294966295 (it adds up to 1000 for repeats and warm-up)"),
+    (_BENCH + ["--seed", "4294967296", "--device", "npu"], "--seed must be in 0..4294967295, got 4294967296"),
     (["simulate", "--hardware", "LIST.json"], "holds list, not a JSON object"),
     (["simulate", "--model", "FOLDER.json"], "cannot be read (Is a directory)"),
+    # --jitter 2 is refused after the presets are read: the error a preset left unchecked gives.
+    (["simulate", "--hardware", "NO_HOP.json", "--jitter", "2"],
+     "NO_HOP.json': pp_tensors is 0, not a whole number in [1, 16]"),
 ]
 
 
@@ -194,10 +286,15 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
     files = {"NOT_JSON": "not json at all\n", "NO_FORMAT": '{"stages": {}}\n', "PARTIAL.json": '{"name": "x"}\n',
              "BAD_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 1}}\n',
              "BAD_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 1]]}\n',
+             "NAN_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 0, "b": 1e-6, "d": NaN}}\n',
+             "NEG_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, -1]]}\n',
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n',
              "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n', "LIST.json": "[]\n"}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
+    hardware = json.loads((resources.files("sglang_vpp.sim") / "presets" / "hardware" / "cpu.json").read_text())
+    files["NO_HOP.json"] = json.dumps({**hardware, "pp_tensors": 0})
+    (tmp_path / "NO_HOP.json").write_text(files["NO_HOP.json"])
     (tmp_path / "FOLDER.json").mkdir()
     files["FOLDER.json"] = ""
     args = [str(tmp_path / a) if a in files else a for a in args]

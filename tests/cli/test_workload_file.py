@@ -30,6 +30,8 @@ def test_reads_lengths_arrivals_and_output_lengths_in_arrival_order(tmp_path):
     ('{"length": 16777217}', "length must be in 1..16777216"),
     ('{"length": 9007199254740993.0}', "length must be in 1..16777216"),
     ('{"length": 8, "output_len": 0}', "output_len must be in 1..16777216"),
+    # Two lengths: one would be read, the other silently ignored.
+    ('{"length": 64, "input_len": 128}', "length and input_len both give the length; keep one"),
     ('[8, 0.5]', "expected a JSON object"),
     ('{"length": 8,', "Expecting"),
 ])

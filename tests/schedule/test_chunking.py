@@ -119,33 +119,51 @@ def test_chunk_count_limit_refuses_one_past_it_and_leaves_every_legitimate_cut()
     check_chunk_count(1 << 20, 1024)
 
 
-def test_run_chunk_count_limit_counts_every_request_and_names_the_smallest_size_that_fits():
-    from sglang_vpp.schedule import MAX_CHUNKS_PER_RUN, check_run_chunk_count
+def test_plan_work_limit_counts_every_request_and_names_the_smallest_size_that_fits():
+    from sglang_vpp.schedule import MAX_PLAN_WORK, check_plan_work
 
-    check_run_chunk_count([64] * MAX_CHUNKS_PER_RUN, 64)  # one chunk each: exactly at the limit
-    with pytest.raises(ChunkingError, match=rf"is {MAX_CHUNKS_PER_RUN + 1} chunks, more than the limit of "
-                                            rf"{MAX_CHUNKS_PER_RUN} per run at any size; send at most"):
-        check_run_chunk_count([64] * MAX_CHUNKS_PER_RUN + [1], 64)
+    check_plan_work([64] * MAX_PLAN_WORK, 64, 1, 1)  # one chunk each on one stage: exactly at the limit
+    with pytest.raises(ChunkingError, match=rf"is {MAX_PLAN_WORK + 1} chunks on 1 stages: {MAX_PLAN_WORK + 1} units "
+                                            rf"of planning work \(chunks x stages\), more than the limit of {MAX_PLAN_WORK} per run at any "
+                                            r"chunk size; send fewer requests"):
+        check_plan_work([64] * MAX_PLAN_WORK + [1], 64, 1, 1)
     with pytest.raises(ChunkingError, match=r"raise chunk size to 128 or more"):
-        check_run_chunk_count([128] * (MAX_CHUNKS_PER_RUN // 2 + 1), 64)
+        check_plan_work([128] * (MAX_PLAN_WORK // 2 + 1), 64, 1, 1)
     # Rounding up per request: 3-token requests at size 2 are two chunks each, so the size named
     # must cut every request into one chunk, not total / limit.
-    lengths = [3] * MAX_CHUNKS_PER_RUN
+    lengths = [3] * MAX_PLAN_WORK
     with pytest.raises(ChunkingError, match=r"raise chunk size to 3 or more"):
-        check_run_chunk_count(lengths, 2)
-    check_run_chunk_count(lengths, 3)
+        check_plan_work(lengths, 2, 1, 1)
+    check_plan_work(lengths, 3, 1, 1)
+
+
+def test_plan_work_counts_stages_and_ranks_past_the_flat_per_event_cost():
+    from sglang_vpp.schedule import MAX_PLAN_WORK, RANKS_PER_EVENT, check_plan_work, plan_work
+
+    assert plan_work(10, 4, 2) == 40 and plan_work(10, 4, RANKS_PER_EVENT) == 40
+    assert plan_work(10, 256, 128) == 10 * 256 * 128 // RANKS_PER_EVENT
+    # The same chunks that fit on 4 stages do not on 8.
+    chunks = MAX_PLAN_WORK // 4
+    check_plan_work([64] * chunks, 64, 4, 2)
+    with pytest.raises(ChunkingError, match=rf"is {chunks} chunks on 8 stages: {2 * MAX_PLAN_WORK} units"):
+        check_plan_work([64] * chunks, 64, 8, 4)
+    # A deep plan of few chunks per stage: 16384 chunks on 256 stages of 128 ranks would plan for minutes.
+    with pytest.raises(ChunkingError, match=r"on 256 stages of 128 ranks: 22369621 units of planning work "
+                                            r"\(chunks x stages x ranks/24\), more than the limit of 524288 per "
+                                            r"run; raise size to 1366 or more"):
+        check_plan_work([512 * 1024], 32, 256, 128, "size")
 
 
 def test_one_check_bounds_the_longest_request_and_the_run():
-    from sglang_vpp.schedule import MAX_CHUNKS_PER_REQUEST, MAX_CHUNKS_PER_RUN, check_chunk_counts
+    from sglang_vpp.schedule import MAX_CHUNKS_PER_REQUEST, MAX_PLAN_WORK, check_chunk_counts
 
-    check_chunk_counts([64, MAX_CHUNKS_PER_REQUEST], 1)
+    check_chunk_counts([64, MAX_CHUNKS_PER_REQUEST], 1, 1, 1)
     with pytest.raises(ChunkingError, match="the longest one.*per request"):
-        check_chunk_counts([64, MAX_CHUNKS_PER_REQUEST + 1], 1, length_name="the longest one")
+        check_chunk_counts([64, MAX_CHUNKS_PER_REQUEST + 1], 1, 1, 1, length_name="the longest one")
     with pytest.raises(ChunkingError, match="the load.*per run"):
-        check_chunk_counts([64] * (MAX_CHUNKS_PER_RUN + 1), 64, workload_name="the load")
+        check_chunk_counts([64] * (MAX_PLAN_WORK + 1), 64, 1, 1, workload_name="the load")
     with pytest.raises(ChunkingError, match="the load has no requests"):
-        check_chunk_counts([], 64, workload_name="the load")
+        check_chunk_counts([], 64, 1, 1, workload_name="the load")
 
 
 def test_fit_treats_a_linear_curve_as_flat_whatever_the_rounding_sign():

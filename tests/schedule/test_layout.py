@@ -71,3 +71,19 @@ def test_bad_layouts_name_the_value(args, fragment):
     with pytest.raises(LayoutError, match=None) as info:
         build_layout(*args)
     assert fragment in str(info.value)
+
+
+def test_too_few_layers_for_a_huge_pp_is_refused_before_any_stage_is_listed(monkeypatch):
+    """``layout --pp 1000000000 --layers 8``: listing two billion stage ranks before finding that 8
+    layers cannot fill them runs out of memory."""
+    from sglang_vpp.schedule import layout as layout_module
+    from sglang_vpp.schedule.layout import stage_count
+
+    def listed(*_):
+        raise AssertionError("stages listed before the layer count was checked")
+
+    monkeypatch.setattr(layout_module, "_stage_ranks", listed)
+    with pytest.raises(LayoutError, match="8 layers cannot fill 2000000000 stages"):
+        build_layout(10**9, 8, "vpp")
+    assert stage_count("vpp", 10**9) == 2 * 10**9 and stage_count("vpp", 10**9, "fused") == 2 * 10**9 - 1
+    assert stage_count("cpp", 10**9) == 10**9

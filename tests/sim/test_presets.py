@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 
 import pytest
@@ -64,21 +65,47 @@ def _shipped(kind: str, name: str) -> dict:
 
 
 @pytest.mark.parametrize("loader,kind,name,field,value,message", [
-    (load_model, "models", "qwen3-tiny", "num_layers", 2.5, "num_layers is 2.5, not a whole number >= 0"),
-    (load_model, "models", "qwen3-tiny", "num_layers", "x", "num_layers is 'x', not a whole number >= 0"),
-    (load_hardware, "hardware", "cpu", "pp_latency_s", -1, "pp_latency_s is -1, not a finite number >= 0"),
+    (load_model, "models", "qwen3-tiny", "num_layers", 2.5, "num_layers is 2.5, not a whole number in [1, 4096]"),
+    (load_model, "models", "qwen3-tiny", "num_layers", "x", "num_layers is 'x', not a whole number"),
+    (load_hardware, "hardware", "cpu", "pp_latency_s", -1, "pp_latency_s is -1, not a finite number in [0, 1] (seconds)"),
     (load_hardware, "hardware", "cpu", "layer_overhead_s", -1e-3, "layer_overhead_s is -0.001, not a finite"),
     (load_hardware, "hardware", "cpu", "tp_size", True, "tp_size is True, not a whole number"),
+    # Zeros that make no physical sense: a hop carrying no tensor, weights of no bytes, no bandwidth.
+    (load_hardware, "hardware", "cpu", "pp_tensors", 0, "pp_tensors is 0, not a whole number in [1, 16] "
+     "(hidden-size tensors a pipeline hop carries per token)"),
+    (load_model, "models", "qwen3-tiny", "weight_bytes", 0, "weight_bytes is 0, not a finite number in (0, 8] "
+     "(bytes per value)"),
+    (load_model, "models", "qwen3-tiny", "activation_bytes", -2, "activation_bytes is -2, not a finite number in (0, 8]"),
+    (load_hardware, "hardware", "cpu", "half_efficiency_tokens", -1, "half_efficiency_tokens is -1, not a finite"),
+    (load_hardware, "hardware", "cpu", "chunk_overhead_s", 3600, "chunk_overhead_s is 3600, not a finite number in [0, 1]"),
+    (load_hardware, "hardware", "cpu", "tp_size", 0, "tp_size is 0, not a whole number in [1, 65536]"),
+    (load_hardware, "hardware", "cpu", "hbm_bytes_per_s", 0, "hbm_bytes_per_s is 0, not a finite number in (0, 1e+18]"),
+    (load_model, "models", "qwen3-tiny", "num_layers", 10**9, "num_layers is 1000000000, not a whole number in [1, 4096]"),
+    (load_model, "models", "qwen3-tiny", "attention", 5, "attention is 5, not a string"),
 ])
-def test_a_user_preset_field_of_the_wrong_kind_or_sign_is_refused(tmp_path, loader, kind, name, field, value, message):
-    """A negative latency or overhead once ran, printing negative times; a fractional layer count
-    ran a layout of 2.5 layers."""
+def test_a_user_preset_field_of_the_wrong_kind_or_out_of_range_is_refused(tmp_path, loader, kind, name, field, value,
+                                                                          message):
+    """A negative latency or overhead would print negative times, a fractional layer count lay out
+    2.5 layers, pp_tensors 0 or weight_bytes 0 make hops or weights free. The message names the
+    file, the field and the range."""
     data = _shipped(kind, name)
     data[field] = value
     path = tmp_path / "preset.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(PresetError, match=message.replace(".", r"\.")):
+    with pytest.raises(PresetError, match=re.escape(f"preset {str(path)!r}: {message}")):
         loader(str(path))
+
+
+def test_every_numeric_preset_field_has_a_physical_range():
+    import dataclasses
+
+    from sglang_vpp.sim.hardware_spec import HardwareSpec
+    from sglang_vpp.sim.model_spec import ModelSpec
+    from sglang_vpp.sim.preset_loader import PHYSICAL_RANGES
+
+    for cls, kind in ((ModelSpec, "models"), (HardwareSpec, "hardware")):
+        numeric = {f.name for f in dataclasses.fields(cls) if f.type in ("int", "float")}
+        assert numeric == set(PHYSICAL_RANGES[kind]), (kind, numeric ^ set(PHYSICAL_RANGES[kind]))
 
 
 def test_a_preset_path_that_is_missing_a_folder_or_not_an_object_is_refused(tmp_path):

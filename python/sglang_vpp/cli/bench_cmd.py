@@ -18,7 +18,7 @@ import typer
 from ..runtime.spec import BACKEND_FOR_DEVICE, DEFAULT_MODES
 from .common import (at_least, check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
-from .common import FOLD_HELP, parse_fold_option, png_path
+from .common import FOLD_HELP, MAX_TIMEOUT_S, CliInputError, not_blank, parse_fold_option, png_path, seed_option
 
 TOLERANCE = 1e-5
 #: Above this many prompt tokens in total a CPU run takes long (attention grows with the square of
@@ -133,6 +133,16 @@ _NOTES = (
 )
 
 
+def _arrivals_within_a_week(interval: float, requests: int) -> None:
+    """The run waits for each arrival in real time, and the timeline counts it: the last request
+    arrives within ``MAX_TIMEOUT_S`` (a week), the bound of every wait a command takes."""
+    last = interval * max(requests - 1, 1)
+    if last > MAX_TIMEOUT_S:
+        most = MAX_TIMEOUT_S / max(requests - 1, 1)
+        raise CliInputError(f"--arrival-interval must be at most {most:g} s with --requests {requests} (the last "
+                            f"arrival within {MAX_TIMEOUT_S:g} s, a week of real time), got {interval:g}")
+
+
 @user_errors
 def bench(
     backend: str | None = typer.Option(None, "--backend", help="Comm backend: gloo (CPU), nccl (cuda), hccl (npu); default by --device."),
@@ -166,10 +176,14 @@ def bench(
     except ValueError:
         raise ValueError(f"--device must be cpu, cuda or npu, got {device!r}") from None
     timeout_option(timeout, "--timeout")
+    not_blank(model, "--model", "give a preset (tiny-qwen3, ...) or a local Hugging Face model directory")
+    not_blank(backend, "--backend", "give gloo, nccl or hccl, or drop --backend for --device's")
     at_least(pp, 2, "--pp")
     at_least(requests, 1, "--requests")
     at_least(repeat, 1, "--repeat")
+    seed_option(seed)
     at_least(arrival_interval, 0, "--arrival-interval")
+    _arrivals_within_a_week(arrival_interval, requests)
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
     for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot"), (costs, "--costs")):
         check_output_path(path, flag, stdout=flag == "--json")

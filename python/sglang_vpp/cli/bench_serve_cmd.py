@@ -36,7 +36,8 @@ from sglang_vpp.serving.bench_serving import (
 
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
-from .common import at_least, check_output_path, parse_size_option, positive, timeout_option, user_errors
+from .common import at_least, check_output_path, not_blank, seed_option, parse_size_option, positive, timeout_option, user_errors
+from .bench_serve_report import WARMUP_SEED_OFFSET
 from .common import given_flags, png_path
 
 __all__ = ["BenchServeError", "bench_serve"]
@@ -59,16 +60,34 @@ def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
     """``--url`` values as (label, url); ``name=http://...`` names a server, else its URL does."""
     if label is not None and len(urls) > 1:
         raise BenchServeError("--label names a single server; with several --url use name=http://... instead")
+    # A blank name would title the server's rows and JSON with nothing.
+    if label is not None and not label.strip():
+        raise BenchServeError(f"--label {label!r} is empty; give the server a name, e.g. --label vpp-pack")
     targets = []
     for raw in urls:
         name, sep, url = raw.partition("=")
         if not sep or "://" in name:
             name, url = (label or raw), raw
+        elif not name.strip():
+            raise BenchServeError(f"--url {raw!r} has an empty name before '='; write name=http://..., e.g. "
+                                  "vpp-pack=http://127.0.0.1:30000, or the bare URL")
         targets.append((name, url))
     names = [name for name, _ in targets]
     if len(set(names)) != len(names):
         raise BenchServeError(f"--url labels must be distinct, got {names}")
     return targets
+
+
+def _check_work_dir(work_dir: Path | None) -> None:
+    """A --work-dir that could not become a directory fails here, not after the servers ran."""
+    if work_dir is None:
+        return
+    existing = work_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is a file" if existing == work_dir else f"is inside {str(existing)!r}, a file"
+        raise BenchServeError(f"--work-dir {str(work_dir)!r} {where}; give a directory (made if missing)")
 
 
 def _file_records(file: Path | None, request_rate: float, sizes: dict[str, int | None],
@@ -160,13 +179,26 @@ def bench_serve(
     at_least(concurrency, 1, "--concurrency")
     at_least(warmup, 0, "--warmup")
     at_least(repeats, 1, "--repeats")
+    seed_option(seed, offset=0 if launch is None else max(repeats - 1, WARMUP_SEED_OFFSET))
     at_least(pp_size, 1, "--pp-size")
     positive(request_rate, "--request-rate")
+    not_blank(model_path, "--model-path", "give a local model directory or a Hugging Face repo id, or drop "
+              "--model-path for the tiny default")
+    not_blank(device, "--device", "give SGLang's device (cpu, cuda, npu, ...), or drop --device for cpu")
+    not_blank(tokenizer, "--tokenizer", "give a tokenizer name or directory, or drop --tokenizer for the "
+              "model's")
+    not_blank(dataset_name, "--dataset-name", "give a bench_serving dataset (random, sharegpt, ...), or drop it "
+              "for the workload's random-ids")
+    for flag, values, example in (("--server-arg", server_arg, "--max-total-tokens"),
+                                  ("--bench-arg", bench_arg, "--disable-stream")):
+        for value in values or ():
+            not_blank(value, flag, f"give one argument per {flag}, e.g. {flag}={example}")
     timeout_option(timeout, "--timeout")
     timeout_option(startup_timeout, "--startup-timeout")
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
     for path, flag in ((json_out, "--json"), (output_file, "--output-file"), (plot, "--plot")):
         check_output_path(path, flag, stdout=flag == "--json")
+    _check_work_dir(work_dir)
     from ..schedule.auto_size import AUTO, is_auto
 
     auto_chunk = is_auto(chunked_prefill_size)
@@ -204,6 +236,12 @@ def bench_serve(
         tokenizer=tokenizer, flush_cache=flush_cache, timeout=timeout, extra_args=tuple(bench_arg or ()),
         progress=progress and fmt != "json",
     )  # fmt: skip
+    # Poisson arrivals at this rate take about N / rate seconds: a pass past --timeout would only
+    # be cut off, after the whole wait.
+    if math.isfinite(request_rate) and plan.num_requests / request_rate > timeout:
+        raise BenchServeError(f"--request-rate {request_rate:g} sends {plan.num_requests} requests over about "
+                              f"{plan.num_requests / request_rate:g} s, past --timeout {timeout:g} s for one pass; "
+                              "raise --request-rate or --timeout")
     modes = None
     if launch is not None:
         from .bench_serve_launch import check_can_launch, parse_modes

@@ -21,7 +21,7 @@ from .common import emit_json
 
 __all__ = ["bench_launched", "finish", "run_entry"]
 
-_WARMUP_SEED_OFFSET = 1000
+WARMUP_SEED_OFFSET = 1000
 """Warm-up prompts use seed + this, so no measured prompt is already in the prefix cache."""
 
 
@@ -66,17 +66,21 @@ def finish(runs: list[dict[str, Any]], document: dict[str, Any], verdicts: list,
         if "verdicts" in document:
             document["verdicts"] = []
             document["no_verdict"] = NO_VERDICT
+    # With --format json or --json - the JSON owns stdout: everything for people goes to stderr,
+    # so that stdout parses as one JSON document.
+    json_stdout = json_out is not None and str(json_out) == "-"
+    to_stderr = fmt == "json" or json_stdout
     if fmt == "json":
         emit_json(document)
     else:
-        typer.echo(render_tables(runs, fmt, notes))
+        typer.echo(render_tables(runs, fmt, notes), err=to_stderr)
         if failed and not allow_failures:
-            typer.echo(wrap(NO_VERDICT))
+            typer.echo(wrap(NO_VERDICT), err=to_stderr)
         elif failed and verdicts:
-            typer.echo(wrap("--allow-failures: the verdicts compare the requests that were served"))
+            typer.echo(wrap("--allow-failures: the verdicts compare the requests that were served"), err=to_stderr)
         for verdict in verdicts:
-            typer.echo("\n".join(verdict.lines()))
-    if json_out is not None:
+            typer.echo("\n".join(verdict.lines()), err=to_stderr)
+    if json_out is not None and not (json_stdout and fmt == "json"):
         emit_json(document, json_out)
     if output_file is not None:
         append_results(output_file, runs, [tag if "pp_mode" in tag else _url_tags(run) for run, tag in zip(runs, tags)])
@@ -95,13 +99,13 @@ def finish(runs: list[dict[str, Any]], document: dict[str, Any], verdicts: list,
             "E2E latency": {label: [t + sum(i) for t, i in zip(ok(run, run["ttfts"]), ok(run, run["itls"]))]
                             for label, run in zip(labels, runs)},
         }, plot, title="bench-serve: per-request times from bench_serving (wall clock on this host)")  # fmt: skip
-        typer.echo(f"wrote {plot}", err=fmt == "json")
+        typer.echo(f"wrote {plot}", err=to_stderr)
         if spans:
             gantt = plot.with_name(plot.stem + "-gantt" + plot.suffix)
             write_rank_gantt(spans, gantt, title="bench-serve: first measured repeat, equal-cost replayed prefill")
-            typer.echo(f"wrote {gantt}", err=fmt == "json")
+            typer.echo(f"wrote {gantt}", err=to_stderr)
     if work_dir is not None:
-        typer.echo(f"work dir (logs, traces, JSONL): {work_dir}", err=fmt == "json")
+        typer.echo(f"work dir (logs, traces, JSONL): {work_dir}", err=to_stderr)
     if failed and not allow_failures:
         raise typer.Exit(1)
 
@@ -202,7 +206,7 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
         if plan.warmup <= 0:
             return 0
         out, log = jsonl(_current[0])
-        run_pass(plan, url, out.with_name(out.stem + "-warmup.jsonl"), log, seed_offset=_WARMUP_SEED_OFFSET,
+        run_pass(plan, url, out.with_name(out.stem + "-warmup.jsonl"), log, seed_offset=WARMUP_SEED_OFFSET,
                  num_requests=plan.warmup, warmup=0, paced=False)  # fmt: skip
         return plan.warmup
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from .common import FOLD_HELP, emit_json, given_flags, user_errors
+from .common import FOLD_HELP, emit_json, given_flags, not_blank, user_errors
 from .schedule_cmd import plan_from_options
 
 # The flags that describe a plan to check; a trace holds the server's own plan.
@@ -42,6 +42,7 @@ def check(
     With --trace DIR: check that a VPP server decided as the schedule core's controller does."""
     if reproduce and trace is None:
         raise ValueError("--reproduce needs --trace DIR, the directory a VPP server wrote with --vpp-trace")
+    not_blank(trace, "--trace", "give the directory a VPP server wrote with --vpp-trace")
     if trace is not None:
         plan_flags = given_flags(ctx, _PLAN_FLAGS)
         if plan_flags:

@@ -21,6 +21,9 @@ __all__ = [
     "echo_wrapped",
     "emit_json",
     "given_flags",
+    "layers_option",
+    "not_blank",
+    "seed_option",
     "parse_fold_option",
     "parse_int_list",
     "parse_size_option",
@@ -79,9 +82,12 @@ def parse_int_list(text: str | None, what: str) -> list[int] | None:
     if text is None:
         return None
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise ValueError(f"{what} must be comma-separated integers like 3,3,3,3, got {text!r}") from None
+    if not values:  # an empty list would read as "not given": an even split the user did not ask for
+        raise CliInputError(f"{what} {text!r} gives no count; give one per stage like 3,3,3,3, or drop {what}")
+    return values
 
 
 FOLD_HELP = ("Fold of the vpp modes: split (the method's: the last rank runs its two stages as two "
@@ -105,11 +111,18 @@ def parse_size_option(text: str | int | None, flag: str) -> int | None:
     if text is None:
         return None
     from ..schedule import parse_size
+    from ..workload_file import MAX_TOKENS
 
     try:
-        return parse_size(text)
+        value = parse_size(text)
     except ValueError:
         raise CliInputError(f"{flag} {text!r} is not a size >= 1; write e.g. 512, 16k or 1m") from None
+    # The workload file's bound: far beyond any context, and a larger count is a typo that would
+    # have a command plan or generate without end.
+    if value > MAX_TOKENS:
+        raise CliInputError(f"{flag} {text!r} is {value} tokens, more than the most any size takes, "
+                            f"{MAX_TOKENS} (16m)")
+    return value
 
 
 def at_least(value: float | int | None, minimum: float | int, flag: str) -> None:
@@ -118,6 +131,38 @@ def at_least(value: float | int | None, minimum: float | int, flag: str) -> None
         raise CliInputError(f"{flag} must be >= {minimum}, got {value}")
     if value is not None and not math.isfinite(value):
         raise CliInputError(f"{flag} must be a finite number, got {value}")
+
+
+MAX_SEED = 2**32 - 1
+"""The largest seed numpy takes (bench_serving seeds it with ``--seed``); the reference runtime's
+torch generators take far larger, but one range serves both commands."""
+
+
+def seed_option(value: int, flag: str = "--seed", offset: int = 0) -> None:
+    """A seed in ``0..MAX_SEED`` once the command adds up to ``offset`` to it (bench-serve's
+    repeats and warm-up): outside it the seeded library fails only after the work started."""
+    most = MAX_SEED - offset
+    if not 0 <= value <= most:
+        added = f" (it adds up to {offset} for repeats and warm-up)" if offset else ""
+        raise CliInputError(f"{flag} must be in 0..{most}{added}, got {value}")
+
+
+def not_blank(value: str | None, flag: str, hint: str) -> None:
+    """Reject a text option given as an empty or blank string (None: not given). Left through, ''
+    reads as "not given" and runs the default, or reaches a subprocess as a meaningless argument."""
+    if value is not None and not value.strip():
+        raise CliInputError(f"{flag} {value!r} is empty; {hint}")
+
+
+def layers_option(value: int, flag: str = "--layers") -> None:
+    """A decoder layer count: at least 1 and at most what a model preset may hold
+    (``sim/preset_loader.PHYSICAL_RANGES``), so that a typo cannot ask for a billion stages."""
+    from ..sim.preset_loader import PHYSICAL_RANGES
+
+    most = int(PHYSICAL_RANGES["models"]["num_layers"].high)
+    at_least(value, 1, flag)
+    if value > most:
+        raise CliInputError(f"{flag} must be at most {most} (the most layers a model takes), got {value}")
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0

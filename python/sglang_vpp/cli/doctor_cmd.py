@@ -20,7 +20,7 @@ import sys
 
 import typer
 
-from .common import echo_wrapped, timeout_option, user_errors
+from .common import echo_wrapped, given_flags, timeout_option, user_errors
 
 
 def _rows(statuses: list) -> list[dict]:
@@ -56,6 +56,7 @@ def _print_table(rows: list[dict]) -> None:
 
 @user_errors
 def doctor(
+    ctx: typer.Context,
     backend: str = typer.Option("gloo", "--backend",
                                 help="Backend of the 2-rank self-test: gloo, nccl, hccl, or nccl@double / "
                                      "hccl@double (their code on the gloo device double)."),
@@ -67,6 +68,11 @@ def doctor(
 ) -> None:
     """List communication backends and devices (versions, why unavailable), then self-test one."""
     if sglang:
+        # The self-test's flags would be ignored: the run would not be the one asked for.
+        ignored = given_flags(ctx, {"backend": "--backend", "self_test": "--self-test" if self_test else "--no-self-test",
+                                    "timeout": "--timeout"})
+        if ignored:
+            raise ValueError(f"--sglang lists the SGLang surface and runs no self-test; drop {', '.join(ignored)}")
         raise typer.Exit(_sglang_surface(as_json))
     timeout_option(timeout, "--timeout")
     import torch

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from .common import FOLD_HELP, at_least, emit_json, parse_fold_option, parse_int_list, user_errors
+from .common import FOLD_HELP, at_least, emit_json, layers_option, parse_fold_option, parse_int_list, user_errors
 
 
 @user_errors
@@ -22,7 +22,7 @@ def layout(
     from ..schedule import build_layout
 
     at_least(pp, 1, "--pp")
-    at_least(layers, 1, "--layers")
+    layers_option(layers)
     result = build_layout(pp, layers, mode, parse_int_list(split, "--split"), parse_fold_option(fold))
     if as_json:
         emit_json(result.to_dict())

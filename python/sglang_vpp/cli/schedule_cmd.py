@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from .common import FOLD_HELP, at_least, emit_json, parse_fold_option, parse_int_list, parse_size_option, user_errors
+from .common import FOLD_HELP, at_least, emit_json, layers_option, parse_fold_option, parse_int_list, parse_size_option, user_errors
 
 
 def plan_from_options(mode: str, pp: int, seq_len: str, chunk_size: str, requests: int,
@@ -15,17 +15,21 @@ def plan_from_options(mode: str, pp: int, seq_len: str, chunk_size: str, request
     """Build the schedule the schedule/check commands print (shared by both). ``cost``: the
     controller's estimate (None: the schedule core's default), for tests that compare commands
     on one cost model. ``fold``: a vpp mode's fold (``--fold``)."""
-    from ..schedule import RequestSpec, build_schedule, check_chunk_counts
+    from ..schedule import RequestSpec, build_schedule, check_chunk_counts, check_request_count, plan_stages
 
-    for value, flag in ((pp, "--pp"), (requests, "--requests"), (layers, "--layers")):
+    for value, flag in ((pp, "--pp"), (requests, "--requests")):
         at_least(value, 1, flag)
+    layers_option(layers)
     length = parse_size_option(seq_len, "--seq-len")
     size = parse_size_option(chunk_size, "--chunk-size")
-    check_chunk_counts([length] * requests, size, "--chunk-size", "a --seq-len request",
+    fold = parse_fold_option(fold)
+    stages = plan_stages([mode], pp, fold)
+    check_request_count(requests, stages, pp, "--requests")
+    check_chunk_counts([length] * requests, size, stages, pp, "--chunk-size", "a --seq-len request",
                        "the --requests x --seq-len load")
     return build_schedule(
         mode, pp, layers, [RequestSpec(length) for _ in range(requests)], size,
-        split=parse_int_list(split, "--split"), cost=cost, num_groups=groups, fold=parse_fold_option(fold),
+        split=parse_int_list(split, "--split"), cost=cost, num_groups=groups, fold=fold,
     )
 
 

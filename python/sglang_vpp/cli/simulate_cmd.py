@@ -118,6 +118,9 @@ def simulate(
     cost = _cost_model(model_spec, hardware_spec, tp, costs)
     _warn_other_depth(cost, costs, model_spec)
     lengths = _sizes(seq_len, "--seq-len") if seq_len else None
+    if sweep_chunk is not None and given_flags(ctx, {"chunk_size": "--chunk-size"}):
+        raise ValueError("--sweep-chunk replaces --chunk-size; give the sizes to sweep in --sweep-chunk and drop "
+                         "--chunk-size")
     # An empty --sweep-chunk is refused, not read as absent.
     chunk_sizes = (_sizes(sweep_chunk, "--sweep-chunk", True) if sweep_chunk is not None
                    else _sizes(chunk_size, "--chunk-size", True))
@@ -125,6 +128,10 @@ def simulate(
     sim_config = SimConfig(record_timeline=bool(trace or plot))
     # None when not given: a workload that draws nothing refuses an explicit --seed.
     given_seed = seed if given_flags(ctx, {"seed": "--seed"}) else None
+    from ..schedule import check_request_count, plan_stages
+
+    if requests is not None:  # checked before the workload lists them
+        check_request_count(requests, plan_stages(modes, pp, fold), pp, "--requests")
     if workload == "long" and lengths:
         runs = [(n, build_workload("long", lengths=[n], num_requests=requests, concurrency=concurrency,
                                    seed=given_seed, path=str(file) if file else None)) for n in lengths]
@@ -134,14 +141,19 @@ def simulate(
         runs = [(lengths[0] if lengths and workload == "short" else None, built)]
     from ..schedule import check_chunk_counts
 
+    stages = plan_stages(modes, pp, fold)
     size_flag = "--sweep-chunk" if sweep_chunk else "--chunk-size"
     longest = "a --seq-len request" if workload in ("long", "short") else f"the longest {workload} request"
     for _, work in runs:
         for size in chunk_sizes:
             if not isinstance(size, str):  # auto picks among sizes that cut no request that finely
-                check_chunk_counts([r.length for r in work.requests], size, size_flag, longest, f"the {workload} workload")
+                check_chunk_counts([r.length for r in work.requests], size, stages, pp, size_flag, longest,
+                                   f"the {workload} workload")
     if not 0.0 <= jitter <= 1.0:
         raise ValueError(f"--jitter must lie in [0, 1] (a relative spread: 0.03 = 3%), got {jitter}")
+    if jitter == 0 and given_flags(ctx, {"jitter_seed": "--jitter-seed"}):
+        raise ValueError("--jitter-seed seeds --jitter's draws, and without --jitter there are none; give "
+                         "--jitter (e.g. 0.03) or drop --jitter-seed")
     rows = []
     for length, work in runs:
         rows += simulate_matrix(work, cost, model_spec.num_layers, modes, chunk_sizes, pp, layer_split,

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..schedule import FlatCurveFallback, check_chunk_counts, parse_policies
+from ..schedule import FlatCurveFallback, check_chunk_counts, check_request_count, parse_policies, plan_stages
 from ..verdict import Verdict, make_verdict
 from .equal_cost import EQUAL_COST_LABEL, MeasuredRunCosts, SharedCostModel, equal_cost_replay
 from .control import run_controller_config
@@ -259,11 +259,14 @@ def check_config(config: BenchConfig) -> None:
     from .errors import RunConfigError
     from .spec import BACKEND_FOR_DEVICE
 
+    policies = parse_policies(",".join(config.modes))
+    stages = plan_stages(policies, config.num_ranks, config.fold)
+    check_request_count(config.num_requests, stages, config.num_ranks, "--requests")
     if not config.auto_chunk:  # auto's sizes cut no request into too many chunks
-        check_chunk_counts([config.seq_len] * config.num_requests, config.chunk_size, "--chunk-size",
-                           "a --seq-len request", "the --requests x --seq-len load")
+        check_chunk_counts([config.seq_len] * config.num_requests, config.chunk_size, stages, config.num_ranks,
+                           "--chunk-size", "a --seq-len request", "the --requests x --seq-len load")
     resolve_model(config.model, config.seed, config.num_layers)
-    for policy in parse_policies(",".join(config.modes)):
+    for policy in policies:
         check_spec(config.run_spec(str(policy.name)))
     spec = config.backend or BACKEND_FOR_DEVICE[config.device]
     name, double = parse_backend_spec(spec)

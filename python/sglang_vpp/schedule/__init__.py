@@ -17,8 +17,11 @@ from .chunking import (
     TaperedChunker,
     check_chunk_count,
     check_chunk_counts,
-    MAX_CHUNKS_PER_RUN,
-    check_run_chunk_count,
+    MAX_PLAN_WORK,
+    RANKS_PER_EVENT,
+    check_plan_work,
+    check_request_count,
+    plan_work,
     fit_quadratic,
     parse_size,
     split_request,
@@ -40,7 +43,7 @@ from .ir import (
     send,
 )
 from .layout import Fold, Layout, LayoutKind, StageSpec, build_layout, even_split, parse_fold, stage_count
-from .factory import ControllerConfig, build_controller, controller_config, default_chunker, policy_layout
+from .factory import ControllerConfig, build_controller, controller_config, default_chunker, plan_stages, policy_layout
 from .planner import Planner, TimelineEntry
 from .policies import FOLDBACK_MODES, POLICIES, CommSemantics, Policy, PolicySpec, Priority, get_policy, parse_policies
 from .schedule import Schedule, build_schedule, schedule_from_planner
@@ -50,10 +53,10 @@ from .validate import ValidationIssue, find_issues, validate_schedule
 __all__ = [
     "Admission", "Controller", "ControllerLimits", "HandOff", "MicroBatch", "default_in_flight_limit",
     "BALANCE_MODES", "balance_split", "estimated_makespan", "Chunker", "DynamicChunker", "FixedChunker", "FlatCurveFallback", "QuadraticCurve", "TaperedChunker", "fit_quadratic", "parse_size",
-    "split_request", "MAX_CHUNKS_PER_REQUEST", "check_chunk_count", "check_chunk_counts", "MAX_CHUNKS_PER_RUN", "check_run_chunk_count", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
+    "split_request", "MAX_CHUNKS_PER_REQUEST", "check_chunk_count", "check_chunk_counts", "MAX_PLAN_WORK", "RANKS_PER_EVENT", "check_plan_work", "check_request_count", "plan_work", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
     "check_deadlock", "ChunkingError", "FlatCurveError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
     "GROUP_BACKWARD", "GROUP_FORWARD", "GROUP_SINGLE", "Action", "ActionKind", "ChunkSpec",
-    "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout", "Fold", "parse_fold", "stage_count", "policy_layout",
+    "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout", "Fold", "parse_fold", "stage_count", "plan_stages", "policy_layout",
     "even_split", "FOLDBACK_MODES", "Planner", "ControllerConfig", "build_controller", "controller_config",
     "TimelineEntry", "POLICIES", "CommSemantics", "Policy",
     "PolicySpec", "Priority", "get_policy", "parse_policies", "Schedule", "build_schedule",

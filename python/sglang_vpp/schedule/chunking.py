@@ -37,8 +37,11 @@ __all__ = [
     "MAX_CHUNKS_PER_REQUEST",
     "check_chunk_count",
     "check_chunk_counts",
-    "MAX_CHUNKS_PER_RUN",
-    "check_run_chunk_count",
+    "MAX_PLAN_WORK",
+    "RANKS_PER_EVENT",
+    "check_plan_work",
+    "check_request_count",
+    "plan_work",
 ]
 
 MAX_CHUNKS_PER_REQUEST = 16384
@@ -48,13 +51,27 @@ a gigabyte before the first line of output; the largest legitimate cut is far be
 smallest candidate cuts 1M tokens into 4096 chunks; the test suite's largest request is about
 2000 chunks). ``DynamicChunker`` may cut up to four times as many, down to its floor."""
 
-MAX_CHUNKS_PER_RUN = 131072
-"""The most chunks of the chunk size a whole workload may be cut into. The simulator plans about
-4,000 chunks a second per mode on the 2-core development machine (cpp; vpp-stream about half
-that), so this bounds one mode's run to about a minute; the default mixed workload (500 requests,
-11.5M tokens) stays under it down to 89-token chunks, and at 8-token chunks (1.4M chunks) it
-would run for minutes per mode with no output."""
+MAX_PLAN_WORK = 524288
+"""The most work one mode's plan of a run may take, in stage computations: each chunk is computed
+once on every stage, and the planner, the dry run (``check``) and the simulator each handle one
+event per computation, so the work is chunks x stages. Beyond ``RANKS_PER_EVENT`` ranks, the
+planner's visit of every rank at each event outweighs the rest of the event, and the work is
+multiplied by ranks / ``RANKS_PER_EVENT``. The simulator handles about 8,000 computations a second
+on the 2-core development machine, so this bounds one mode's run to about a minute: 131072 chunks
+of a pp-2 fold-back plan (4 stages), where the default mixed workload (500 requests, 11.5M tokens)
+fits down to 89-token chunks; at 8-token chunks (1.4M chunks) it would run for minutes per mode
+with no output, and so would a deep plan of few chunks per stage (``check --pp 128 --layers 256
+--seq-len 512k --chunk-size 32``: 16384 chunks on 256 stages)."""
 
+RANKS_PER_EVENT = 24
+"""Ranks up to which the planner's per-event cost is flat (measured: 12 us an event at pp 2, 19 us
+at pp 32, 70 us at pp 128); ``MAX_PLAN_WORK`` charges deeper plans in proportion to their ranks."""
+
+
+def plan_work(num_chunks: int, num_stages: int, num_ranks: int) -> int:
+    """The work of planning ``num_chunks`` chunks on ``num_stages`` stages of ``num_ranks`` ranks,
+    in the units of ``MAX_PLAN_WORK``."""
+    return num_chunks * num_stages * max(num_ranks, RANKS_PER_EVENT) // RANKS_PER_EVENT
 
 
 class Chunker(Protocol):
@@ -310,38 +327,69 @@ def check_chunk_count(length: int, chunk_size: int, size_name: str = "chunk size
         )
 
 
-def check_chunk_counts(lengths: Sequence[int], chunk_size: int, size_name: str = "chunk size",
-                       length_name: str = "a request", workload_name: str = "the workload") -> None:
-    """Both limits for one load: the longest request (``check_chunk_count``) and the whole run
-    (``check_run_chunk_count``)."""
+def check_chunk_counts(lengths: Sequence[int], chunk_size: int, num_stages: int, num_ranks: int,
+                       size_name: str = "chunk size", length_name: str = "a request",
+                       workload_name: str = "the workload") -> None:
+    """Both limits for one load: the longest request (``check_chunk_count``) and the work of the
+    whole run on ``num_stages`` stages of ``num_ranks`` ranks (``check_plan_work``). Every command
+    that plans chunks checks its load here before any work starts."""
     if not lengths:
         raise ChunkingError(f"{workload_name} has no requests")
     check_chunk_count(max(lengths), chunk_size, size_name, length_name)
-    check_run_chunk_count(lengths, chunk_size, size_name, workload_name)
+    check_plan_work(lengths, chunk_size, num_stages, num_ranks, size_name, workload_name)
 
 
-def check_run_chunk_count(lengths: Sequence[int], chunk_size: int, size_name: str = "chunk size",
-                          workload_name: str = "the workload") -> None:
-    """Refuse cutting requests of ``lengths`` tokens into more than ``MAX_CHUNKS_PER_RUN`` chunks of
-    ``chunk_size`` in all (the fewest any chunker cuts; ``check_chunk_count`` bounds each one)."""
+def check_request_count(num_requests: int, num_stages: int, num_ranks: int, count_name: str = "requests") -> None:
+    """Refuse ``num_requests`` requests that exceed ``MAX_PLAN_WORK`` at one chunk each, before a
+    caller builds their list: a count typed with extra digits would otherwise take minutes and
+    gigabytes just to be listed and summed. ``count_name`` names the count (e.g. a flag)."""
+    if plan_work(num_requests, num_stages, num_ranks) <= MAX_PLAN_WORK:
+        return
+    most = 1
+    while plan_work(most * 2, num_stages, num_ranks) <= MAX_PLAN_WORK:
+        most *= 2
+    low, high = most, most * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if plan_work(middle, num_stages, num_ranks) <= MAX_PLAN_WORK else (low, middle)
+    fits = (f"send at most {low} requests or plan fewer stages (a smaller pp)"
+            if plan_work(1, num_stages, num_ranks) <= MAX_PLAN_WORK else "plan fewer stages (a smaller pp)")
+    raise ChunkingError(f"{count_name} {num_requests} is at least {num_requests} chunks on {num_stages} stages, "
+                        f"more than the limit of {MAX_PLAN_WORK} units of planning work per run at any chunk "
+                        f"size; {fits}")
+
+
+def check_plan_work(lengths: Sequence[int], chunk_size: int, num_stages: int, num_ranks: int,
+                    size_name: str = "chunk size", workload_name: str = "the workload") -> None:
+    """Refuse a plan of requests of ``lengths`` tokens cut into chunks of ``chunk_size`` (the fewest
+    any chunker cuts) on ``num_stages`` stages of ``num_ranks`` ranks whose ``plan_work`` exceeds
+    ``MAX_PLAN_WORK``; the message names the smallest chunk size that fits, if any does."""
     def chunks(size: int) -> int:
         return sum(-(-length // size) for length in lengths)
 
+    def work(size: int) -> int:
+        return plan_work(chunks(size), num_stages, num_ranks)
+
     count = chunks(chunk_size)
-    if count <= MAX_CHUNKS_PER_RUN:
+    if work(chunk_size) <= MAX_PLAN_WORK:
         return
-    what = f"{workload_name} ({len(lengths)} requests, {sum(lengths)} tokens) at {size_name} {chunk_size} is {count} chunks"
-    if len(lengths) > MAX_CHUNKS_PER_RUN:  # one chunk per request is already too many
-        raise ChunkingError(f"{what}, more than the limit of {MAX_CHUNKS_PER_RUN} per run at any size; "
-                            f"send at most {MAX_CHUNKS_PER_RUN} requests")
-    # The smallest size that fits: the count falls as the size grows and is one per request at
-    # the longest length, so a bisection between the two finds it.
+    deep = num_ranks > RANKS_PER_EVENT
+    depth = f"{num_stages} stages" + (f" of {num_ranks} ranks" if deep else "")
+    unit = "chunks x stages" + (f" x ranks/{RANKS_PER_EVENT}" if deep else "")
+    what = (f"{workload_name} ({len(lengths)} requests, {sum(lengths)} tokens) at {size_name} {chunk_size} is "
+            f"{count} chunks on {depth}: {work(chunk_size)} units of planning work ({unit}), more than the "
+            f"limit of {MAX_PLAN_WORK} per run")
+    if work(max(lengths)) > MAX_PLAN_WORK:  # one chunk per request is already too much
+        raise ChunkingError(f"{what} at any chunk size; send fewer requests or plan fewer stages (a smaller pp)"
+                            if len(lengths) > 1 else f"{what} at any chunk size; plan fewer stages (a smaller pp)")
+    # The smallest size that fits: the work falls as the size grows and fits at the longest
+    # length, so a bisection between the two finds it.
     low, high = chunk_size, max(lengths)
     while high - low > 1:
         middle = (low + high) // 2
-        low, high = (low, middle) if chunks(middle) <= MAX_CHUNKS_PER_RUN else (middle, high)
-    raise ChunkingError(f"{what}, more than the limit of {MAX_CHUNKS_PER_RUN} per run; raise {size_name} "
-                        f"to {high} or more, or send fewer requests")
+        low, high = (low, middle) if work(middle) <= MAX_PLAN_WORK else (middle, high)
+    fewer = ", send fewer requests" if len(lengths) > 1 else ""
+    raise ChunkingError(f"{what}; raise {size_name} to {high} or more{fewer} or plan fewer stages (a smaller pp)")
 
 
 _SUFFIXES = {"": 1, "k": 1024, "m": 1024 * 1024}
@@ -357,7 +405,7 @@ def parse_size(text: str | int) -> int:
         number = raw[: len(raw) - len(suffix)]
         try:
             value = int(float(number) * _SUFFIXES[suffix]) if number else -1
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: inf
             value = -1
         if value < 0 or (number and float(number) * _SUFFIXES[suffix] != value):
             raise ChunkingError(f"cannot read size {text!r}; expected e.g. 512, 16k or 1m")

@@ -23,11 +23,11 @@ from .cpu_cost import cpu_serving_cost
 from .errors import CostModelError, FlatCurveError, PolicyError
 from .fitted_cost import FittedCostModel
 from .ir import ChunkSpec
-from .layout import Fold, Layout, LayoutKind, build_layout, parse_fold
-from .policies import PolicySpec, dcpp, get_policy, vpp_taper
+from .layout import Fold, Layout, LayoutKind, build_layout, parse_fold, stage_count
+from .policies import PolicySpec, dcpp, get_policy, parse_policies, vpp_taper
 
 __all__ = ["ControllerConfig", "CostChoice", "build_controller", "choose_cost", "controller_config",
-           "default_chunker", "policy_layout", "read_cost_profile", "tapered_chunker"]
+           "default_chunker", "plan_stages", "policy_layout", "read_cost_profile", "tapered_chunker"]
 
 
 def policy_layout(policy: str | PolicySpec, num_ranks: int, num_layers: int, split: Sequence[int] | None = None,
@@ -39,6 +39,17 @@ def policy_layout(policy: str | PolicySpec, num_ranks: int, num_layers: int, spl
     fold = parse_fold(fold)
     return build_layout(num_ranks, num_layers, spec.layout_kind, split,
                         fold if spec.layout_kind is LayoutKind.FOLDBACK else Fold.SPLIT)
+
+
+def plan_stages(modes: str | Sequence[str | PolicySpec], num_ranks: int, fold: Fold | str = Fold.SPLIT) -> int:
+    """Stages of the deepest layout among ``modes`` (a comma-separated text or a list) on
+    ``num_ranks`` ranks, as ``policy_layout`` lays them out: what a run of these modes is weighed
+    by in ``check_chunk_counts``. PolicyError for an unknown mode."""
+    specs = parse_policies(modes) if isinstance(modes, str) else [
+        m if isinstance(m, PolicySpec) else get_policy(m) for m in modes]
+    fold = parse_fold(fold)
+    return max(stage_count(spec.layout_kind, num_ranks, fold if spec.layout_kind is LayoutKind.FOLDBACK else Fold.SPLIT)
+               for spec in specs)
 
 
 def tapered_chunker(chunk_size: int, layout: Layout) -> TaperedChunker:

@@ -8,6 +8,7 @@ included (``--vpp-cost-profile``), without importing the simulator.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,8 +49,16 @@ class Coefficients:
 
     @staticmethod
     def from_dict(data: dict) -> "Coefficients":
-        return Coefficients(float(data["a"]), float(data["b"]), float(data["d"]),
+        return Coefficients(_finite(data, "a"), _finite(data, "b"), _finite(data, "d"),
                             int(data.get("num_samples", 0)), float(data.get("rel_rmse", 0.0)), data.get("layers"))
+
+
+def _finite(data: dict, key: str) -> float:
+    """A coefficient of a cost file: NaN or infinity would turn every simulated time into one."""
+    value = float(data[key])
+    if not math.isfinite(value):
+        raise ValueError(f"coefficient {key} is {value}, not a finite number")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +125,7 @@ class FittedCostModel(StageCostModel):
             return cls(
                 {int(k): Coefficients.from_dict(v) for k, v in data.get("stages", {}).items()},
                 Coefficients.from_dict(data["per_layer"]) if data.get("per_layer") else None,
-                TransferFit(float(transfer["alpha"]), float(transfer["beta"]), int(transfer.get("num_samples", 0)))
+                TransferFit(_finite(transfer, "alpha"), _finite(transfer, "beta"), int(transfer.get("num_samples", 0)))
                 if transfer else None,
                 dict(data.get("meta", {})),
             )

@@ -157,7 +157,11 @@ def stage_count(kind: LayoutKind | str, num_ranks: int, fold: Fold | str = Fold.
     """Stages of a layout of ``kind`` over ``num_ranks`` ranks: P contiguous, 2P fold-back, 2P-1
     with a fused fold. The number of layer counts a split gives."""
     kind = _KIND_ALIASES[kind] if isinstance(kind, str) and not isinstance(kind, LayoutKind) else kind
-    return len(_stage_ranks(kind, num_ranks, parse_fold(fold)))
+    if kind is LayoutKind.CONTIGUOUS:
+        return num_ranks
+    # As _stage_ranks lays them out, counted without listing them (a plan's size is checked on
+    # this before any work, whatever --pp says).
+    return 2 * num_ranks - (1 if parse_fold(fold) is Fold.FUSED else 0)
 
 
 def _stage_ranks(kind: LayoutKind, num_ranks: int, fold: Fold) -> list[int]:
@@ -204,8 +208,7 @@ def build_layout(
     if kind is LayoutKind.CONTIGUOUS and fold is Fold.FUSED:
         raise LayoutError("a fused fold needs the fold-back (vpp) layout; the contiguous layout (cpp, dcpp) "
                           "has no fold: use --fold split or a vpp mode")
-    stage_ranks = _stage_ranks(kind, num_ranks, fold)
-    num_stages = len(stage_ranks)
+    num_stages = stage_count(kind, num_ranks, fold)
     # A fused layout's default split is the method's, so it needs the method's 2P layers.
     least = num_stages if split is not None else _method_stage_count(kind, num_ranks)
     if not isinstance(num_layers, int) or num_layers < least:
@@ -245,7 +248,7 @@ def build_layout(
             )
     stages = []
     start = 0
-    for index, (rank, count) in enumerate(zip(stage_ranks, counts)):
+    for index, (rank, count) in enumerate(zip(_stage_ranks(kind, num_ranks, fold), counts)):
         stages.append(StageSpec(index, rank, start, start + count))
         start += count
     return Layout(kind, num_ranks, num_layers, tuple(stages), fold)

@@ -81,7 +81,10 @@ def check_reachable(url: str, timeout: float = 10.0) -> None:
     """A fast, clear failure for a server that is not there (bench_serving would wait 60 s)."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as error:  # e.g. an unclosed IPv6 bracket
+        raise BenchServeError(f"--url {url!r} is not a URL ({error}); it must look like http://127.0.0.1:30000") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BenchServeError(f"--url {url!r} must look like http://127.0.0.1:30000")
     try:

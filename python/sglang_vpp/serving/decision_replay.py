@@ -55,7 +55,7 @@ from ..schedule import (
     get_policy,
     split_request,
 )
-from ..schedule.errors import CostModelError
+from ..schedule.errors import CostModelError, LayoutError, PolicyError
 from ..trace_records import (
     ADMIT,
     CHUNK,
@@ -114,6 +114,7 @@ def load_trace(trace_dir: str | Path) -> dict[int, dict]:
     if not root.is_dir():
         raise TraceError(f"--trace {str(root)!r} is not a directory; pass the directory given to --vpp-trace")
     ranks: dict[int, dict] = {}
+    paths: dict[int, Path] = {}
     for path in sorted(root.glob(RECORDS_GLOB)):
         try:
             rank = rank_of_records_file(path)
@@ -124,7 +125,7 @@ def load_trace(trace_dir: str | Path) -> dict[int, dict]:
             raise TraceError(f"{path} holds no records object; re-run the server with --vpp-trace")
         if not isinstance(data.get("decisions") or [], list):
             raise TraceError(f"{path}: 'decisions' is not a list; re-run the server with --vpp-trace")
-        ranks[rank] = data
+        ranks[rank], paths[rank] = data, path
     if not ranks:
         raise TraceError(f"no vpp_rank*.records.json in {str(root)!r}; start the server with --vpp-trace {root}")
     if sorted(ranks) != list(range(len(ranks))):
@@ -134,12 +135,49 @@ def load_trace(trace_dir: str | Path) -> dict[int, dict]:
             f"{str(root)!r} holds no controller decisions: stock --pp-mode cpp / dcpp run SGLang's own loop, "
             "which the controller does not drive; use --pp-mode vpp, vpp-async, vpp-pack, vpp-taper or vpp-stream"
         )
+    for rank, data in ranks.items():
+        _check_plan_inputs(data["controller"], paths[rank])
     # A rank whose file is missing would replay as if it had made no decision at all.
-    pp_size = ranks[0]["controller"].get("pp_size") if isinstance(ranks[0]["controller"], dict) else None
-    if isinstance(pp_size, int) and pp_size != len(ranks):
+    pp_size = ranks[0]["controller"]["pp_size"]
+    if pp_size != len(ranks):
         raise TraceError(f"{str(root)!r} holds records of ranks {sorted(ranks)}, but the server ran pp_size "
                          f"{pp_size}; every rank 0..{pp_size - 1} is needed (copy the whole --vpp-trace directory)")
     return ranks
+
+
+def _check_plan_inputs(inputs: object, path: Path) -> None:
+    """The controller inputs that describe the server's plan (mode, pp size, layers per stage,
+    fold), which every replay builds its layout from: TraceError naming the file, the field and
+    what it must hold, rather than a bare conversion error."""
+    def bad(field: str, value: object, expected: str) -> TraceError:
+        return TraceError(f"{path}: controller {field} is {value!r}, not {expected}; re-run the server with "
+                          "--vpp-trace")
+
+    if not isinstance(inputs, dict):
+        raise bad("inputs", inputs, "an object of the server's plan")
+    mode = inputs.get("mode")
+    if not isinstance(mode, str):
+        raise bad("mode", mode, "a mode name (vpp, vpp-async, vpp-pack, vpp-taper or vpp-stream)")
+    pp_size = inputs.get("pp_size")
+    if type(pp_size) is not int or pp_size < 1:
+        raise bad("pp_size", pp_size, "a whole number >= 1 (the server's pipeline ranks)")
+    stage_layers = inputs.get("stage_layers")
+    if (not isinstance(stage_layers, list) or not stage_layers
+            or any(type(n) is not int or n < 1 for n in stage_layers)):
+        raise bad("stage_layers", stage_layers, "a list of each stage's layer count, whole numbers >= 1 "
+                  "(e.g. [2, 2, 2, 2])")
+    for field, least in (("chunk_size", 0), ("auto_chunk_cap", 1), ("max_in_flight", 1)):
+        value = inputs.get(field)  # absent or null: a server that recorded none
+        if value is not None and (type(value) is not int or value < least):
+            raise bad(field, value, f"a whole number >= {least} (or null)")
+    try:
+        recorded_layout(inputs)
+    except (LayoutError, PolicyError) as error:
+        raise TraceError(f"{path}: controller inputs do not describe a layout: {error}") from None
+    try:
+        cost_from_record(inputs.get("cost"))
+    except CostModelError as error:
+        raise TraceError(f"{path}: {error}") from None
 
 
 def replay_trace(trace_dir: str | Path) -> ReplayResult:

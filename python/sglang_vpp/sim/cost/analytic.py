@@ -72,8 +72,12 @@ class AnalyticCostModel(BreakdownCostModel):
     _sums_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.tp_size is not None and self.tp_size < 1:
-            raise CostModelError(f"--tp must be >= 1 chip per pipeline rank, got {self.tp_size}; "
+        from ..preset_loader import PHYSICAL_RANGES
+
+        most = int(PHYSICAL_RANGES["hardware"]["tp_size"].high)  # what a hardware preset's tp_size may be
+        if self.tp_size is not None and not 1 <= self.tp_size <= most:
+            bound = ">= 1 chip" if self.tp_size < 1 else f"at most {most} chips"
+            raise CostModelError(f"--tp must be {bound} per pipeline rank, got {self.tp_size}; "
                                  f"omit it for the hardware preset's {self.hardware.tp_size}")
 
     @property

@@ -9,6 +9,7 @@ goes to ``fallback`` (e.g. a ``FittedCostModel`` of the same samples) or raises.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
@@ -77,7 +78,16 @@ class TableCostModel(StageCostModel):
     def from_json(cls, data: dict, fallback: StageCostModel | None = None) -> "TableCostModel":
         if data.get("format") != TABLE_FORMAT:
             raise CostModelError(f"not a table cost model: format {data.get('format')!r}, expected {TABLE_FORMAT!r}")
-        read = lambda rows: {(int(s), int(r), int(c)): float(v) for s, r, c, v in rows}  # noqa: E731
+        def seconds(value: object) -> float:
+            # A measured time: NaN, infinite or negative ones would run as meaningless timelines.
+            time = float(value)
+            if not (math.isfinite(time) and time >= 0):
+                raise ValueError(f"a time of {time} s, not a finite number >= 0")
+            return time
+
+        def read(rows: list) -> dict:
+            return {(int(s), int(r), int(c)): seconds(v) for s, r, c, v in rows}
+
         try:
             return cls(read(data.get("compute", [])), read(data.get("transfer", [])), fallback)
         except (TypeError, ValueError) as error:
