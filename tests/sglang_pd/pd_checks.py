@@ -3,7 +3,10 @@ behind the router, the four concurrent prompts through it, and the checks on wha
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,6 +39,17 @@ def generate(url: str, ids: list[int]) -> list[int]:
         "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": NUM_NEW, "ignore_eos": True},
     }, timeout=600)  # fmt: skip
     return answer["output_ids"]
+
+
+def post_status(url: str, payload: dict, timeout: float) -> tuple[int, str]:
+    """POST JSON; the HTTP status and the body, errors included."""
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
 
 
 def four_prompts(url: str, prompts: list[list[int]]) -> list[list[int]]:

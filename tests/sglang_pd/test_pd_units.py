@@ -205,6 +205,108 @@ def test_bootstrap_guard_refuses_a_prefill_server_of_another_page_size():
 
 
 @SKIP_NO_SGLANG
+def test_bootstrap_guard_refuses_a_vpp_prefill_of_another_attention_tp():
+    """A VPP prefill on the CPU fails every transfer to a decode server of another attention TP
+    size, and Mooncake then marks the decode session failed: the guard answers 400 instead, before
+    a session exists, from what the prefill's bootstrap server says on the plugin's route; a
+    prefill that does not refuse (or has no such route), the same size, or an MLA model pass."""
+    import http.server
+    import json
+    import threading
+    import types
+
+    from sglang.srt.configs.model_config import AttentionArch
+
+    from sglang_vpp.sglang_plugin.errors import InputRejectedError
+    from sglang_vpp.sglang_plugin.pd_guard import PLUGIN_ROUTE, check_bootstrap_address
+
+    answer = {"status": 200, "refuses_other_attn_tp": True, "attn_tp_size": 2}
+
+    class Bootstrap(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            if self.path == "/health":
+                self.send_response(200)
+                self.end_headers()
+            elif self.path == PLUGIN_ROUTE and answer["status"] == 200:
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(json.dumps({k: answer[k] for k in ("refuses_other_attn_tp", "attn_tp_size")}).encode())
+            else:
+                self.send_response(404)
+                self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    def manager(tp_size=1, attn_dp_size=1, arch=AttentionArch.MHA):
+        args = types.SimpleNamespace(disaggregation_mode="decode", page_size=None, device="cuda", tp_size=tp_size,
+                                     attn_cp_size=1, attn_dp_size=attn_dp_size)
+        return types.SimpleNamespace(server_args=args, model_config=types.SimpleNamespace(attention_arch=arch))
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Bootstrap)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    refused = ("refuses this decode server: a VPP prefill .* at attention TP size 2 cannot serve a decode "
+               "server at attention TP size 1 .* Start the decode server at attention TP size 2")
+    try:
+        with pytest.raises(InputRejectedError, match=refused):
+            check_bootstrap_address(manager(), _request("127.0.0.1", port))
+        with pytest.raises(InputRejectedError, match=refused):  # asked again: never remembered as served
+            check_bootstrap_address(manager(), _request("127.0.0.1", port))
+        with pytest.raises(InputRejectedError, match=refused):  # DP attention: --tp-size 2 at 2 DP ranks
+            check_bootstrap_address(manager(tp_size=2, attn_dp_size=2), _request("127.0.0.1", port))
+        check_bootstrap_address(manager(tp_size=2), _request("127.0.0.1", port))
+        check_bootstrap_address(manager(arch=AttentionArch.MLA), _request("127.0.0.1", port))
+        answer["attn_tp_size"] = None  # no prefill rank registered yet
+        check_bootstrap_address(manager(), _request("127.0.0.1", port))
+        answer.update(attn_tp_size=2, refuses_other_attn_tp=False)  # e.g. a stock-PP or a GPU prefill
+        check_bootstrap_address(manager(), _request("127.0.0.1", port))
+        answer.update(refuses_other_attn_tp=True, status=404)  # a prefill server without the plugin
+        check_bootstrap_address(manager(), _request("127.0.0.1", port))
+        answer["status"] = 200  # the same address, now a refusing prefill server again
+        with pytest.raises(InputRejectedError, match=refused):
+            check_bootstrap_address(manager(), _request("127.0.0.1", port))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@SKIP_NO_SGLANG
+def test_bootstrap_server_route_says_what_the_prefill_refuses(monkeypatch):
+    """The route the plugin adds to SGLang's bootstrap server answers with the prefill-side rule
+    (a vpp* prefill on --device cpu over Mooncake) and the attention TP size the ranks registered."""
+    import asyncio
+    import json
+    import types
+
+    import sglang.srt.runtime_context as runtime_context
+    from aiohttp import web
+
+    from sglang_vpp.sglang_plugin.options import PipelineOptions, attach
+    from sglang_vpp.sglang_plugin.pd_guard import PLUGIN_ROUTE, after_setup_routes
+
+    def args(mode="vpp-pack", device="cpu", role="prefill", backend="mooncake"):
+        server_args = types.SimpleNamespace(disaggregation_mode=role, device=device,
+                                            disaggregation_transfer_backend=backend)
+        attach(server_args, PipelineOptions(pp_mode=mode))
+        return server_args
+
+    server = types.SimpleNamespace(app=web.Application(), attn_tp_size=2)
+    after_setup_routes(None, server)
+    handler = next(r.handler for r in server.app.router.routes() if r.method == "GET"
+                   and r.resource.canonical == PLUGIN_ROUTE)
+
+    def ask(server_args):
+        monkeypatch.setattr(runtime_context, "get_server_args", lambda: server_args)
+        return json.loads(asyncio.run(handler(None)).body)
+
+    assert ask(args()) == {"refuses_other_attn_tp": True, "attn_tp_size": 2}
+    assert ask(args(backend="mooncake_tcp"))["refuses_other_attn_tp"] is True
+    for other in (args(mode="cpp"), args(device="cuda"), args(role="decode"), args(backend="nixl"), None):
+        assert ask(other)["refuses_other_attn_tp"] is False
+
+
+@SKIP_NO_SGLANG
 def test_bootstrap_guard_leaves_other_requests_alone():
     from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address
 

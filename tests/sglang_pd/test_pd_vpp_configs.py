@@ -7,7 +7,8 @@ the others are in prefill) must decode to transformers' greedy continuation, and
 to 0 on both sides:
 
 - vpp-pack at --tp-size 2 --pp-size 2 on the 8-layer tiny Qwen2, first behind the session's
-  decode server at --tp-size 1, which it refuses per request on the CPU (docs/pd.md), then behind
+  decode server at --tp-size 1, which refuses each request with a 400 naming both attention TP
+  sizes before any KV moves (the plugin's bootstrap guard; docs/pd.md), then behind
   a decode server at --tp-size 2 swapped in behind the same prefill server
   (``PdDeployment.restart_decode``): each TP rank sends its KV heads of its own layers to the
   decode rank holding those heads; also equal to what the stock pp-2 prefill served when
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -35,7 +37,7 @@ from sglang_harness import SKIP_NO_SGLANG, ServerConfig, assert_kv_idle
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
 from vpp_checks import QWEN2_8L, Reference, make_prompts  # noqa: E402
 from conftest import PROMPT_LENGTHS, PROMPT_SEED, SERVED, pd_decode_config  # noqa: E402
-from pd_checks import NUM_NEW, check, four_prompts, generate, prefill_of, serve  # noqa: E402
+from pd_checks import NUM_NEW, check, four_prompts, post_status, prefill_of, serve  # noqa: E402
 
 from sglang_vpp.models.tiny_hf import TinyModelSpec  # noqa: E402
 from sglang_vpp.serving.pd_launcher import PdDeployment  # noqa: E402
@@ -50,9 +52,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG, SKIP_NO_PD, 
 DEEPSEEK_V3_9L = TinyModelSpec("deepseek-v3-tiny", num_layers=9, overrides={"initializer_range": 0.1})
 """As in tests/sglang_vpp/test_vpp_models.py: 9 layers split unevenly at pp 2 and pp 4."""
 REFUSAL_BOUND_S = 20.0
-"""A refused request's error comes well before Mooncake's 30 s progress bound would end it."""
-TP2_BIND = (("SGLANG_CPU_OMP_THREADS_BIND", "0|1|0|1"),)
-"""Four ranks (tp-major within each pp rank) on the two cores."""
+"""The decode server's refusal of a request posted to it comes well within this."""
+BOOTSTRAP_TIMEOUT_S = 30
+"""The TP2 x PP2 prefill server gives up a request that no decode server bootstraps after this
+(SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, 300 s by default). The router answers its client
+once both servers have answered, so a decode server's refusal reaches the client through the
+router only then."""
+TP2_ENV = (("SGLANG_CPU_OMP_THREADS_BIND", "0|1|0|1"),
+           ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(BOOTSTRAP_TIMEOUT_S)))
+"""Four ranks (tp-major within each pp rank) on the two cores; the bootstrap timeout above."""
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +101,7 @@ def _tp2pp2_behind(deployment: PdDeployment, model_dir: Path, decode_tp: int):
     if not decode_up or _tp_size(deployment.decode.config) != decode_tp:
         deployment.start_decode(decode)
     return deployment.serve_prefill(
-        prefill_of(model_dir, "vpp-pack", ("--tp-size", "2"), extra_env=TP2_BIND), served=served)
+        prefill_of(model_dir, "vpp-pack", ("--tp-size", "2"), extra_env=TP2_ENV), served=served)
 
 
 @pytest.fixture(scope="module")
@@ -108,21 +116,35 @@ def tp2pp2(deployment: PdDeployment):
         deployment.home_decode = home
 
 
-def test_vpp_pack_tp2_pp2_prefill_refuses_a_tp1_decode(tp2pp2, pd_model_dir, prompts):
-    """The prefill server behind a decode server at --tp-size 1 (the session's): on the CPU every
-    request fails at once (the first refused transfer marks the decode session failed in
-    Mooncake, so later ones may fail on that), the prefill log names the flags and the fix, KV
-    is back to 0 on both sides (Mooncake's head-sliced transfer stalled past its 30 s bound
-    here, docs/pd.md)."""
+def test_vpp_pack_tp2_pp2_prefill_is_refused_by_a_tp1_decode(tp2pp2, pd_model_dir, prompts):
+    """The prefill server behind a decode server at --tp-size 1 (the session's): the decode server
+    answers each request 400 at once, naming both attention TP sizes and the fix, before it opens
+    a Mooncake session (the prefill's refusal of the transfer never runs, so no session is marked
+    failed: the second request gets the same reason); through the router the client gets that
+    400 once the prefill server has given the request up (BOOTSTRAP_TIMEOUT_S); KV is back to 0
+    on both sides. The next test serves this prefill server from a decode server at --tp-size 2."""
     deployment = tp2pp2
     router = _tp2pp2_behind(deployment, pd_model_dir, decode_tp=1)
+    reason = "at attention TP size 2 cannot serve a decode server at attention TP size 1"
+    rooms = random.Random(19)
     for ids in prompts[:2]:
+        payload = {"input_ids": ids, "bootstrap_host": "127.0.0.1", "bootstrap_port": router.bootstrap_port,
+                   "bootstrap_room": rooms.getrandbits(62), "sampling_params": {"temperature": 0, "max_new_tokens": 2}}
         began = time.monotonic()
-        with pytest.raises(Exception):
-            generate(router.url, ids)
+        status, body = post_status(deployment.decode.url + "/generate", payload, timeout=120)
+        assert status == 400 and reason in body and "--tp-size 2" in body, f"decode answered {status}: {body[:500]}"
         assert time.monotonic() - began < REFUSAL_BOUND_S, f"the refusal took {time.monotonic() - began:.0f} s"
+    began = time.monotonic()
+    status, body = post_status(router.url + "/generate", {
+        "input_ids": prompts[0], "sampling_params": {"temperature": 0, "max_new_tokens": 2}},
+        timeout=BOOTSTRAP_TIMEOUT_S + 90)  # fmt: skip
+    held = time.monotonic() - began
+    print(f"router answered {status} after {held:.1f} s: {body[:300]}")
+    assert status == 400 and reason in body, f"router answered {status} after {held:.0f} s: {body[:500]}"
+    assert held < BOOTSTRAP_TIMEOUT_S + 60, f"the router held the refusal {held:.0f} s"
     log = deployment.prefill.log_tail(200_000)
-    assert "cannot serve a decode server at attention TP size 1" in log and "--tp-size 2" in log, log[-3000:]
+    assert "cannot serve a decode server" not in log, "a transfer was attempted: " + log[-3000:]
+    assert "not alive" not in log, log[-3000:]  # Mooncake's failed-session error
     assert_kv_idle(deployment.prefill, deployment.decode, what="vpp-pack tp2 x pp2 prefill, tp1 decode: ")
 
 

@@ -64,6 +64,7 @@ __all__ = [
     "check_surface",
     "plugin_flags_in",
     "scopes_of_argv",
+    "starts_a_prefill_server",
     "accept_auto_chunk",
     "resolve_auto_chunk",
 ]
@@ -86,6 +87,11 @@ def _flag_value(argv: list[str], *names: str) -> str | None:
         if name in names:
             return value if value else (argv[at + 1] if at + 1 < len(argv) else None)
     return None
+
+
+def starts_a_prefill_server(argv: list[str]) -> bool:
+    """Whether ``argv`` starts a PD prefill server (before argparse runs)."""
+    return _flag_value(argv, "--disaggregation-mode") == "prefill"
 
 
 def scopes_of_argv(argv: list[str], generic_cpu: bool) -> tuple:

@@ -9,6 +9,9 @@ registered hooks. Hook targets, each declared in ``surface.py`` (SGLang 0.5.23):
 - ``sglang.srt.runtime_context.publish`` (BEFORE): scheduler set-up, vpp.install
 - ``sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request`` (BEFORE):
   input guard, bad prompts answered 400 (``input_guard.py``; verified after parsing)
+- ``sglang.srt.disaggregation.common.conn.CommonKVBootstrapServer._setup_routes`` (AFTER; a
+  launcher started with ``--disaggregation-mode prefill`` only): its bootstrap server also says
+  whether it refuses a decode server of another attention TP size (``pd_guard.py``)
 - ``sglang.srt.utils.watchdog.SubprocessWatchdog.start`` (BEFORE): remember the rank processes
 - ``sglang.srt.managers.tokenizer_manager.SignalHandler.running_phase_sigquit_handler``
   (AROUND): one log line per failed rank, pending clients answered 503, then SGLang kills
@@ -92,13 +95,15 @@ def register() -> None:
 
     from sglang.srt.plugins.hook_registry import HookType
 
-    from sglang_vpp.sglang_plugin import cli_args, failure_report, input_guard, process_hooks
+    from sglang_vpp.sglang_plugin import cli_args, failure_report, input_guard, pd_guard, process_hooks
     from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
     register_hook("sglang.srt.server_args.ServerArgs.add_cli_args", cli_args.after_add_cli_args, HookType.AFTER)
     register_hook("sglang.srt.server_args.ServerArgs.from_cli_args", cli_args.around_from_cli_args, HookType.AROUND)
     register_hook(process_hooks.PUBLISH_TARGET, process_hooks.before_publish, HookType.BEFORE)
     register_hook(input_guard.VALIDATE_REQUEST_TARGET, input_guard.check_request_tokens, HookType.BEFORE)
+    if cli_args.starts_a_prefill_server(sys.argv[1:]):  # its bootstrap server lives in the launcher
+        register_hook(pd_guard.SETUP_ROUTES, pd_guard.after_setup_routes, HookType.AFTER)
     register_hook(failure_report.WATCHDOG_START_TARGET, failure_report.remember_ranks, HookType.BEFORE)
     register_hook(failure_report.SIGQUIT_HANDLER_TARGET, failure_report.around_sigquit_handler, HookType.AROUND)
     _registered = True

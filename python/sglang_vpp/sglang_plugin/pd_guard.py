@@ -17,6 +17,18 @@ which ends the whole decode server (every other request and prefill server with 
 whose page size matched is remembered; one that does not answer ``/route`` yet (a prefill server
 still registering) is asked again on the next request.
 
+A VPP prefill server on ``--device cpu`` refuses a decode server of another attention TP size
+(``vpp/pd_prefill.py``: it fails the transfer, and Mooncake then marks the decode session failed,
+so every later request of that decode server to that prefill server fails too). SGLang's
+``/route`` names the prefill's attention TP size but not its pipeline mode or device, so the
+plugin adds a route of its own to the prefill server's bootstrap server
+(``after_setup_routes``, ``PLUGIN_ROUTE``): whether that server refuses, and its attention TP
+size. The guard asks it on every request (a prefill server may be replaced behind the same
+address; the bootstrap server answers from its own thread, in a few milliseconds) and refuses with
+400, naming both sizes and the fix, before this decode server opens a session. A prefill server
+without that route (stock SGLang, or no plugin) is left to its own rules; so is an MLA model,
+whose latent cache takes Mooncake's whole-layer transfer at any TP size.
+
 A room that no prefill server ever serves cannot be told apart from one still on its way; SGLang's
 own waiting timeout ends it. The warm-up address SGLang uses itself (``FAKE_BOOTSTRAP_HOST``) and
 every non-decode server are left alone.
@@ -31,7 +43,8 @@ from typing import Any
 
 from sglang_vpp.sglang_plugin.errors import InputRejectedError
 
-__all__ = ["CONNECT_TIMEOUT_S", "check_bootstrap_address"]
+__all__ = ["CONNECT_TIMEOUT_S", "PLUGIN_ROUTE", "SETUP_ROUTES", "after_setup_routes", "check_bootstrap_address",
+           "head_sliced_refusal", "refuses_other_attn_tp"]
 
 CONNECT_TIMEOUT_S = 1.0
 """One probe of a new bootstrap address: the tokenizer's event loop waits this long at most."""
@@ -40,6 +53,12 @@ _reachable: set[tuple[str, int]] = set()
 _page_size_matched: set[tuple[str, int]] = set()
 ROUTE_QUERY = "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
 """SGLang's bootstrap server answers this with the prefill server's parallel info (page size included)."""
+PLUGIN_ROUTE = "/sglang_vpp/pd"
+"""The route ``after_setup_routes`` adds to a prefill server's bootstrap server."""
+SETUP_ROUTES = "sglang.srt.disaggregation.common.conn.CommonKVBootstrapServer._setup_routes"
+_MOONCAKE_BACKENDS = ("mooncake", "mooncake_tcp")
+"""``--disaggregation-transfer-backend`` values served by Mooncake's KV manager (``mooncake_tcp`` stays
+so in ServerArgs; SGLang resolves it to ``mooncake`` with the TCP transport forced)."""
 
 
 def check_bootstrap_address(manager: Any, obj: Any) -> None:
@@ -66,6 +85,7 @@ def check_bootstrap_address(manager: Any, obj: Any) -> None:
     if (host, port) not in _reachable:
         _check_reachable(direct, host, port, shown)
     _check_page_size(direct, _decode_page_size(server_args), host, port, shown)
+    _check_attn_tp(direct, manager, server_args, host, port, shown)
 
 
 def _decode_page_size(server_args: Any) -> int | None:
@@ -113,3 +133,84 @@ def _check_page_size(direct: urllib.request.OpenerDirector, page_size: Any, host
             f"server runs --page-size {page_size}; start both servers with the same --page-size"
         )
     _page_size_matched.add((host, port))
+
+
+def refuses_other_attn_tp(server_args: Any) -> bool:
+    """Whether this server, as a PD prefill server, fails every transfer to a decode server of
+    another attention TP size (``vpp/pd_prefill.around_send_kvcache_slice``, registered where this
+    holds): a VPP prefill on ``--device cpu`` over Mooncake, whose head-sliced transfer stalled
+    past Mooncake's progress bound on the CPU (docs/pd.md)."""
+    from sglang_vpp.sglang_plugin.options import options_of
+
+    return (getattr(server_args, "disaggregation_mode", None) == "prefill"
+            and getattr(server_args, "device", None) == "cpu"
+            and getattr(server_args, "disaggregation_transfer_backend", None) in _MOONCAKE_BACKENDS
+            and options_of(server_args).is_vpp)
+
+
+def head_sliced_refusal(prefill_tp: int, decode_tp: int) -> str:
+    """The reason and the fix. Both sizes are attention TP sizes (``--tp-size``, divided by
+    ``--dp-size`` under DP attention), which is what Mooncake compares."""
+    return (
+        f"a VPP prefill (--pp-mode vpp*) at attention TP size {prefill_tp} cannot serve a decode server "
+        f"at attention TP size {decode_tp} on --device cpu: that KV takes Mooncake's head-sliced transfer "
+        "(one transfer per token and layer), which stalled past Mooncake's 30 s progress bound on the CPU. "
+        f"Start the decode server at attention TP size {prefill_tp} (--tp-size {prefill_tp} without DP "
+        f"attention; with it, --tp-size / --dp-size = {prefill_tp})"
+    )
+
+
+def after_setup_routes(result: Any, server: Any) -> Any:
+    """AFTER hook on ``CommonKVBootstrapServer._setup_routes``: add ``PLUGIN_ROUTE``. The bootstrap
+    server runs in the launcher process, which published its ServerArgs before starting it; the
+    answer is read when asked, and the attention TP size is the one the prefill ranks registered
+    (None until the first one has)."""
+    from aiohttp import web
+
+    async def answer(request: Any) -> Any:
+        from sglang.srt.runtime_context import get_server_args
+
+        try:
+            refuses = refuses_other_attn_tp(get_server_args())
+        except (AttributeError, RuntimeError, ValueError):  # not published: say nothing it cannot know
+            refuses = False
+        return web.json_response({"refuses_other_attn_tp": refuses, "attn_tp_size": server.attn_tp_size})
+
+    server.app.router.add_get(PLUGIN_ROUTE, answer)
+    return result
+
+
+def _decode_attn_tp_size(server_args: Any) -> int | None:
+    """What this decode server registers with Mooncake as its attention TP size, or None."""
+    from sglang.srt.runtime_context import derive_attn_tp_size
+
+    try:
+        return int(derive_attn_tp_size(tp_size=int(server_args.tp_size), attn_cp_size=int(server_args.attn_cp_size),
+                                       attn_dp_size=int(server_args.attn_dp_size)))
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _check_attn_tp(direct: urllib.request.OpenerDirector, manager: Any, server_args: Any, host: str, port: int,
+                   shown: str) -> None:
+    """Refuse a prefill server that would fail every transfer to this decode server."""
+    from sglang.srt.configs.model_config import AttentionArch
+
+    if getattr(getattr(manager, "model_config", None), "attention_arch", None) == AttentionArch.MLA:
+        return  # Mooncake sends a latent cache whole at any TP size
+    decode_tp = _decode_attn_tp_size(server_args)
+    if decode_tp is None:
+        return
+    try:
+        with direct.open(f"http://{shown}:{port}{PLUGIN_ROUTE}", timeout=CONNECT_TIMEOUT_S) as response:
+            info = json.loads(response.read())
+            refuses = info.get("refuses_other_attn_tp") is True
+            theirs = None if info.get("attn_tp_size") is None else int(info["attn_tp_size"])
+    # 404: a prefill server without the plugin's route, which refuses nothing of this kind
+    except (OSError, ValueError, TypeError, AttributeError, http.client.HTTPException):
+        return
+    if refuses and theirs is not None and theirs != decode_tp:
+        raise InputRejectedError(
+            f"the prefill server behind bootstrap {host}:{port} refuses this decode server: "
+            + head_sliced_refusal(theirs, decode_tp)
+        )

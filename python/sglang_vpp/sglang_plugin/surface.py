@@ -151,6 +151,18 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_ARGS + "disaggregation_decode_retraction_backup", W, PD),
     N(_ARGS + "disable_overlap_schedule", W, PD),
     N(_S + "disaggregation.utils.FAKE_BOOTSTRAP_HOST", R, PD),
+    # a VPP prefill's refusal of another attention TP, told to the decode side's guard (pd_guard.py)
+    N(_S + "disaggregation.common.conn.CommonKVBootstrapServer._setup_routes", H, PD, ("self",)),
+    N(_S + "disaggregation.common.conn.CommonKVBootstrapServer.app", R, PD),
+    N(_S + "disaggregation.common.conn.CommonKVBootstrapServer.attn_tp_size", R, PD),
+    N(_S + "runtime_context.get_server_args", C, PD),
+    N(_S + "runtime_context.derive_attn_tp_size", C, PD),
+    N(_ARGS + "disaggregation_transfer_backend", R, PD),
+    N(_ARGS + "tp_size", R, PD),
+    N(_ARGS + "attn_cp_size", R, PD),
+    N(_ARGS + "attn_dp_size", R, PD),
+    N(_S + "configs.model_config.ModelConfig.attention_arch", R, PD),
+    N(_S + "configs.model_config.AttentionArch.MLA", R, PD),
     # --- prefill-decode split, stock pp > 1 prefill: aborts in chunked prefill (pd_abort.py)
     N(_SCHED + "process_prefill_chunk", H, PD, ("self", "last_batch", "running_batch")),
     N(_SCHED + "process_pending_chunked_abort", C, PD, ("self",)),

@@ -155,7 +155,9 @@ def install(server_args: Any) -> None:
 
         register(pd_prefill.POLL_PREFILL_PP, pd_prefill.around_poll_prefill_pp, HookType.AROUND)
         register(pd_prefill.SEND_KV_CHUNK, pd_prefill.around_send_kv_chunk, HookType.AROUND)
-        if getattr(server_args, "device", None) == "cpu":
+        from sglang_vpp.sglang_plugin.pd_guard import refuses_other_attn_tp
+
+        if refuses_other_attn_tp(server_args):  # what the decode side's guard reads from the bootstrap server
             register(pd_prefill.SEND_KVCACHE_SLICE, pd_prefill.around_send_kvcache_slice, HookType.AROUND)
     if config.policy.tapered_chunks or config.auto_chunk:
         from . import chunk_sizing

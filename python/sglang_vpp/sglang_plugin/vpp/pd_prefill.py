@@ -31,7 +31,9 @@ runs them through SGLang's own methods, at points every rank reaches in the same
   (``send_kvcache_slice``: one transfer per token and layer). On this CPU those transfers stalled
   with idle cores, 15 to 60 s, under stock PP too (its cause in Mooncake's TCP transport is not
   known); behind a VPP prefill 3 of 4 requests once failed after Mooncake's 30 s progress
-  bound. The transfer fails at once instead (``around_send_kvcache_slice``): the prefill log
+  bound. A decode server with the plugin refuses such a request itself, with a 400 naming both
+  sizes and the fix, before it opens a session (``sglang_plugin/pd_guard.py``). Behind one
+  without it the transfer fails at once here (``around_send_kvcache_slice``): the prefill log
   names both sizes and the fix; the client gets SGLang's failed-transfer error, and Mooncake
   marks the decode session failed, so later requests fail at once too (docs/pd.md).
 
@@ -45,6 +47,8 @@ import contextvars
 import logging
 import time
 from typing import Any
+
+from sglang_vpp.sglang_plugin.pd_guard import head_sliced_refusal
 
 from .errors import SchedulerDivergenceError
 
@@ -84,18 +88,6 @@ def around_send_kv_chunk(original, self: Any, req: Any, last_chunk: bool = False
     if not last_chunk and not _RESULT_SENDS.get():
         return None
     return original(self, req, last_chunk=last_chunk, end_idx=end_idx)
-
-
-def head_sliced_refusal(prefill_tp: int, decode_tp: int) -> str:
-    """The reason and the fix. Both sizes are attention TP sizes (``--tp-size``, divided by
-    ``--dp-size`` under DP attention), which is what Mooncake compares."""
-    return (
-        f"a VPP prefill (--pp-mode vpp*) at attention TP size {prefill_tp} cannot serve a decode server "
-        f"at attention TP size {decode_tp} on --device cpu: that KV takes Mooncake's head-sliced transfer "
-        "(one transfer per token and layer), which stalled past Mooncake's 30 s progress bound on the CPU. "
-        f"Start the decode server at attention TP size {prefill_tp} (--tp-size {prefill_tp} without DP "
-        f"attention; with it, --tp-size / --dp-size = {prefill_tp})"
-    )
 
 
 _REFUSALS_LOGGED: set[tuple[str, int, int]] = set()
