@@ -346,3 +346,96 @@ def test_abort_hook_applies_on_pp_prefill_only_and_ends_a_pending_chunked_abort(
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+class _Receiver:
+    def __init__(self, manager: "_Manager", room: int) -> None:
+        self.manager, self.room, self.aborted = manager, room, False
+
+    def abort(self) -> None:  # as SGLang's: records its own reason
+        self.aborted = True
+        self.manager.record_failure(self.room, "Aborted by AbortReq.")
+
+
+class _Manager:
+    """A decode KV manager whose parallel-info check raises for one prefill address, as
+    SGLang's does on a page-size or KV-dtype mismatch."""
+
+    def __init__(self, mismatched: str) -> None:
+        self.mismatched = mismatched
+        self.failure_records: dict[int, str] = {}
+        self.asked: list[str] = []
+
+    def try_ensure_parallel_info(self, addr: str) -> bool:
+        self.asked.append(addr)
+        if addr == self.mismatched:
+            raise RuntimeError("KV cache dtype mismatch: prefill server has kv_cache_dtype=torch.float32, "
+                               "but decode server has kv_cache_dtype=torch.bfloat16.")
+        return True
+
+    def record_failure(self, room: int, reason: str) -> None:
+        self.failure_records[room] = reason
+
+
+def _prealloc_queue(manager: _Manager):
+    """SGLang's DecodePreallocQueue with only what ``_ensure_prefill_info`` reads."""
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue
+
+    queue = object.__new__(DecodePreallocQueue)
+    queue.kv_manager = manager
+    queue._ensure_last_attempt_time, queue._ensure_retry_count = {}, {}
+    queue._ensure_retry_interval, queue._max_ensure_retries = 1.0, 15
+    return queue
+
+
+def _decode_reqs(manager: _Manager, rooms: list[int]) -> list:
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(req=SimpleNamespace(bootstrap_room=room), kv_receiver=_Receiver(manager, room))
+            for room in rooms]
+
+
+@SKIP_NO_SGLANG
+def test_an_incompatible_prefill_server_fails_its_requests_not_the_decode_server():
+    """SGLang's parallel-info check raises in the decode scheduler (ending the server); with the
+    hook that address's requests fail with SGLang's reason, and another address is served."""
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue
+
+    from sglang_vpp.sglang_plugin.pd_decode_refusal import ensure_prefill_info_per_address
+
+    original = DecodePreallocQueue._ensure_prefill_info
+    manager = _Manager(mismatched="10.0.0.2:8998")
+    bad, good = _decode_reqs(manager, [7, 8]), _decode_reqs(manager, [9])
+    with pytest.raises(RuntimeError, match="KV cache dtype mismatch"):  # what the hook stands between
+        original(_prealloc_queue(manager), {"10.0.0.2:8998": bad, "10.0.0.1:8998": good})
+
+    manager = _Manager(mismatched="10.0.0.2:8998")
+    bad, good = _decode_reqs(manager, [7, 8]), _decode_reqs(manager, [9])
+    bad.append(type(bad[0])(req=bad[0].req, kv_receiver=None))  # already cleaned up by SGLang
+    # The mismatched address first: its error must not keep the other one from its answer.
+    ready, remaining = ensure_prefill_info_per_address(
+        original, _prealloc_queue(manager), {"10.0.0.2:8998": bad, "10.0.0.1:8998": good})
+    assert ready == {"10.0.0.1:8998": good} and remaining == []
+    assert manager.asked == ["10.0.0.2:8998", "10.0.0.1:8998"]
+    assert all(r.kv_receiver.aborted for r in bad[:2]) and not good[0].kv_receiver.aborted
+    for room in (7, 8):  # the client's error carries SGLang's reason, not "Aborted by AbortReq."
+        assert "10.0.0.2:8998" in manager.failure_records[room]
+        assert "KV cache dtype mismatch" in manager.failure_records[room]
+    assert 9 not in manager.failure_records
+
+
+@SKIP_NO_SGLANG
+def test_the_decode_refusal_hook_is_for_decode_servers_only(monkeypatch):
+    from types import SimpleNamespace
+
+    from sglang_vpp.sglang_plugin import pd_decode_refusal
+
+    registered = []
+    monkeypatch.setattr(pd_decode_refusal, "_installed", False)
+    monkeypatch.setattr("sglang_vpp.sglang_plugin.hook_targets.register_hook",
+                        lambda path, hook, kind: registered.append(path))
+    for mode in ("null", "prefill", None):
+        assert not pd_decode_refusal.install_decode_refusal_hook(SimpleNamespace(disaggregation_mode=mode))
+    assert registered == []
+    assert pd_decode_refusal.install_decode_refusal_hook(SimpleNamespace(disaggregation_mode="decode"))
+    assert registered == [pd_decode_refusal.ENSURE_PREFILL_INFO_TARGET]

@@ -68,6 +68,10 @@ def setup_scheduler_process(server_args: Any) -> None:
 
     if register_pd_layer_hooks(server_args):
         required.append(BUILD_IDS)  # without it a VPP prefill's KV would pair by position
+    from sglang_vpp.sglang_plugin.pd_decode_refusal import ENSURE_PREFILL_INFO_TARGET, install_decode_refusal_hook
+
+    if install_decode_refusal_hook(server_args):
+        required.append(ENSURE_PREFILL_INFO_TARGET)  # without it a mismatched prefill server ends this one
     if options.is_vpp:
         from sglang_vpp.sglang_plugin.vpp import install
 

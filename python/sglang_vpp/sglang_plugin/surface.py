@@ -163,6 +163,14 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_ARGS + "attn_dp_size", R, PD),
     N(_S + "configs.model_config.ModelConfig.attention_arch", R, PD),
     N(_S + "configs.model_config.AttentionArch.MLA", R, PD),
+    # --- decode side of a split: an incompatible prefill server fails its requests (pd_decode_refusal.py)
+    N(_S + "disaggregation.decode.DecodePreallocQueue._ensure_prefill_info", H, PD, ("self", "addr_to_reqs")),
+    N(_S + "disaggregation.decode.DecodePreallocQueue.kv_manager", R, PD),
+    N(_S + "disaggregation.decode.DecodeRequest.req", R, PD),
+    N(_S + "disaggregation.decode.DecodeRequest.kv_receiver", R, PD),
+    N(_S + "disaggregation.common.conn.CommonKVReceiver.abort", C, PD, ("self",)),
+    N(_S + "disaggregation.common.conn.CommonKVManager.record_failure", C, PD, ("self", "bootstrap_room", "failure_reason")),
+    N(_REQ + "bootstrap_room", R, PD),  # vpp/pd_prefill.py reads it too
     # --- prefill-decode split, stock pp > 1 prefill: aborts in chunked prefill (pd_abort.py)
     N(_SCHED + "process_prefill_chunk", H, PD, ("self", "last_batch", "running_batch")),
     N(_SCHED + "process_pending_chunked_abort", C, PD, ("self",)),
@@ -217,7 +225,6 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_REQ + "disagg_kv_sender", R, VPD),
     N(_REQ + "pending_bootstrap", R, VPD),
     N(_REQ + "metadata_buffer_index", R, VPD),
-    N(_REQ + "bootstrap_room", R, VPD),
     # --- VPP: layer ownership, KV pools, model checks (vpp/ownership.py, vpp/__init__.py)
     N(_PS + "initialize_model_parallel", H, V),
     N(_PS + "_PP", R, V),
