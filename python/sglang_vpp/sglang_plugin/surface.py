@@ -461,9 +461,9 @@ def _self_attributes_by_class(filename: str, module_globals: dict | None) -> dic
     from the on-disk cache for that file's size and modification time.
 
     The launcher and every scheduler process run this check at start-up on a dozen classes
-    (Scheduler and its mixins, TokenizerManager, ...) of files thousands of lines long; parsed
-    in each process (``inspect.getsource`` parses the whole file once per class) it cost one to
-    two seconds per process, on every server start."""
+    (Scheduler and its mixins, TokenizerManager, ...) of files thousands of lines long; parsing
+    them in each process (``inspect.getsource`` parses the whole file once per class) costs one
+    to two seconds per process on every server start."""
     if filename in _BY_FILE:
         return _BY_FILE[filename]
     try:
@@ -523,6 +523,8 @@ def _cached_entry(filename: str, key: dict | None) -> dict[str, frozenset[str]] 
         return None
     entry = _read_cache().get(filename)
     if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("classes"), dict):
+        return None
+    if not all(isinstance(attrs, list) for attrs in entry["classes"].values()):
         return None
     return {name: frozenset(attrs) for name, attrs in entry["classes"].items()}
 
