@@ -90,6 +90,130 @@ def test_the_surface_holds_on_the_installed_sglang():
     assert find_problems(tuple(Scope)) == []
 
 
+
+_CLASSES_SOURCE = """
+    import dataclasses
+
+
+    class Base:
+        def __init__(self):
+            self.a = 1
+            self.b, (self.c, other) = 2, (3, 4)
+
+        def later(self):
+            self.d: int = 5
+            self.e += 1
+
+            def inner():
+                self.f = 6
+
+            for self.g in range(1):
+                pass
+
+
+    class Mixin:
+        def set_up(self):
+            self.m = 1
+
+        class Nested:
+            def __init__(self):
+                self.n = 1
+
+
+    def factory():
+        class Local:
+            def __init__(self):
+                self.l = 1
+
+        return Local
+
+
+    @dataclasses.dataclass
+    class Decorated:
+        x: int = 0
+
+        def __post_init__(self):
+            self.y = 1
+"""
+
+
+def _import_file(path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _instance_attributes(module) -> dict[str, frozenset[str]]:
+    from sglang_vpp.sglang_plugin import surface
+
+    classes = [module.Base, module.Mixin, module.Mixin.Nested, module.factory(), module.Decorated]
+    return {klass.__qualname__: surface._self_attributes(klass) for klass in classes}
+
+
+def test_instance_attributes_come_from_one_parse_per_file_then_from_the_cache(tmp_path, monkeypatch):
+    """The start-up check's ``self.x`` assignments per class: one parse of a file serves all its
+    classes, and a later process (here: the in-memory caches emptied) reads them from the
+    on-disk cache without parsing, until the file changes."""
+    import ast
+
+    from sglang_vpp.sglang_plugin import surface
+
+    monkeypatch.setenv("SGLANG_VPP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(surface, "_BY_FILE", {}, raising=False)
+    surface._self_attributes.cache_clear()
+    source = tmp_path / "surface_drill_classes.py"
+    source.write_text(textwrap.dedent(_CLASSES_SOURCE))
+    module = _import_file(source)
+    parses = []
+    real_parse = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda *args, **kwargs: parses.append(1) or real_parse(*args, **kwargs))
+    expected = {
+        "Base": frozenset("abcdefg"), "Mixin": frozenset("mn"), "Mixin.Nested": frozenset("n"),
+        "factory.<locals>.Local": frozenset("l"), "Decorated": frozenset("y"),
+    }
+    try:
+        assert _instance_attributes(module) == expected
+        assert len(parses) == 1
+
+        monkeypatch.setattr(surface, "_BY_FILE", {}, raising=False)
+        surface._self_attributes.cache_clear()
+        assert _instance_attributes(module) == expected
+        assert len(parses) == 1  # read back, not parsed
+
+        with source.open("a") as out:
+            out.write("\n\nclass Late:\n    def __init__(self):\n        self.z = 1\n")
+        monkeypatch.setattr(surface, "_BY_FILE", {}, raising=False)
+        surface._self_attributes.cache_clear()
+        module = _import_file(source)
+        assert _instance_attributes(module) == expected
+        assert surface._self_attributes(module.Late) == frozenset("z")
+        assert len(parses) == 2  # the changed file was parsed again
+    finally:
+        surface._self_attributes.cache_clear()
+        sys.modules.pop(source.stem, None)
+
+
+def test_an_unwritable_cache_only_costs_the_parse(tmp_path, monkeypatch):
+    from sglang_vpp.sglang_plugin import surface
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("SGLANG_VPP_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(surface, "_BY_FILE", {}, raising=False)
+    surface._self_attributes.cache_clear()
+    source = tmp_path / "surface_drill_unwritable.py"
+    source.write_text(textwrap.dedent(_CLASSES_SOURCE))
+    try:
+        assert _instance_attributes(_import_file(source))["Base"] == frozenset("abcdefg")
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["not-a-directory", source.name]
+    finally:
+        surface._self_attributes.cache_clear()
+        sys.modules.pop(source.stem, None)
+
 @pytest.mark.sglang
 def test_each_scheduler_option_is_honoured_or_refused():
     """SGLang's scheduler options (its ``schedule`` group and ``pp_*``) are each classified: an

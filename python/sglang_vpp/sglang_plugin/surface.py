@@ -24,8 +24,12 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import json
+import linecache
+import os
 import pkgutil
-import textwrap
+import sys
+import tempfile
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -454,11 +458,119 @@ def _self_attributes(klass: type) -> frozenset[str]:
     if klass.__module__ == "builtins":
         return frozenset()
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-    except (OSError, TypeError, SyntaxError):
+        filename = inspect.getsourcefile(klass)
+    except TypeError:  # no source file: a built-in class, or one of a C extension
         return frozenset()
+    if not filename:
+        return frozenset()
+    module = sys.modules.get(klass.__module__)
+    by_class = _self_attributes_by_class(filename, module.__dict__ if module is not None else None)
+    return by_class.get(klass.__qualname__, frozenset())
+
+
+_BY_FILE: dict[str, dict[str, frozenset[str]]] = {}
+
+CACHE_FORMAT = 1
+"""Version of the on-disk cache of ``_self_attributes_by_class`` (``_cache_path``)."""
+
+
+def _self_attributes_by_class(filename: str, module_globals: dict | None) -> dict[str, frozenset[str]]:
+    """Qualified name -> ``_self_attributes`` of every class defined in ``filename`` (the first
+    definition of a name, the one ``inspect.getsource`` returns), from one parse of the file, or
+    from the on-disk cache for that file's size and modification time.
+
+    The launcher and every scheduler process run this check at start-up on a dozen classes
+    (Scheduler and its mixins, TokenizerManager, ...) of files thousands of lines long; parsing
+    them in each process (``inspect.getsource`` parses the whole file once per class) costs one
+    to two seconds per process on every server start."""
+    if filename in _BY_FILE:
+        return _BY_FILE[filename]
+    try:
+        stat = os.stat(filename)
+        key = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    except OSError:  # source served by a loader, not a file: nothing to key a cache entry on
+        key = None
+    cached = _cached_entry(filename, key)
+    if cached is not None:
+        _BY_FILE[filename] = cached
+        return cached
+    linecache.checkcache(filename)  # as inspect.getsource: the file as it is now
+    lines = linecache.getlines(filename, module_globals)
+    try:
+        tree = ast.parse("".join(lines), filename) if lines else None
+    except (SyntaxError, ValueError):
+        tree = None
+    found: dict[str, frozenset[str]] = {}
+
+    def visit(node: ast.AST, path: tuple[str, ...]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.expr):  # no class statement inside an expression
+                continue
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, (*path, child.name, "<locals>"))
+            elif isinstance(child, ast.ClassDef):
+                found.setdefault(".".join((*path, child.name)), _assigned_on_self(child))
+                visit(child, (*path, child.name))
+            else:
+                visit(child, path)
+
+    if tree is not None:
+        visit(tree, ())
+        if key is not None:
+            _store_entry(filename, key, found)
+    _BY_FILE[filename] = found
+    return found
+
+
+def _cache_path():
+    from sglang_vpp.models.tiny_hf import cache_dir
+
+    return cache_dir() / "surface" / f"self-attributes-py{sys.version_info[0]}{sys.version_info[1]}.json"
+
+
+def _read_cache() -> dict:
+    try:
+        data = json.loads(_cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data.get("files", {}) if isinstance(data, dict) and data.get("format") == CACHE_FORMAT else {}
+
+
+def _cached_entry(filename: str, key: dict | None) -> dict[str, frozenset[str]] | None:
+    """The cached classes of ``filename`` if recorded for this size and modification time."""
+    if key is None:
+        return None
+    entry = _read_cache().get(filename)
+    if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("classes"), dict):
+        return None
+    if not all(isinstance(attrs, list) for attrs in entry["classes"].values()):
+        return None
+    return {name: frozenset(attrs) for name, attrs in entry["classes"].items()}
+
+
+def _store_entry(filename: str, key: dict, classes: dict[str, frozenset[str]]) -> None:
+    """Record ``filename``'s classes (best effort: an unwritable cache only costs the parse)."""
+    tmp = None
+    try:
+        path = _cache_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files = _read_cache()
+        files[filename] = {"key": key, "classes": {name: sorted(attrs) for name, attrs in classes.items()}}
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
+        with os.fdopen(fd, "w") as out:
+            json.dump({"format": CACHE_FORMAT, "files": files}, out)
+        os.replace(tmp, path)  # whole files only: processes that start together may all write
+    except OSError:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _assigned_on_self(node: ast.ClassDef) -> frozenset[str]:
     return frozenset(
-        node.attr for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-        and isinstance(node.value, ast.Name) and node.value.id == "self"
+        child.attr for child in ast.walk(node)
+        if isinstance(child, ast.Attribute) and isinstance(child.ctx, ast.Store)
+        and isinstance(child.value, ast.Name) and child.value.id == "self"
     )
