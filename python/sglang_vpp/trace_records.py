@@ -145,6 +145,9 @@ def cost_from_record(record: dict) -> StageCostModel:
     if not isinstance(record, dict):
         raise CostModelError(f"the trace's cost model is {record!r}; expected an object with a \"kind\"")
     if record.get("kind") == "fitted":
+        if not isinstance(record.get("model"), dict):
+            raise CostModelError(f"the trace's fitted cost has model {record.get('model')!r}; expected the "
+                                 "fitted model's object")
         return FittedCostModel.from_json(record["model"])
     if record.get("kind") != "linear-attention":
         raise CostModelError(f"unknown cost model {record.get('kind')!r} in the trace; expected 'linear-attention' "

@@ -121,9 +121,12 @@ def test_plan_flags_with_defaults_next_to_trace_are_refused_too(tmp_path):
      "vpp_rank0.records.json: the trace's linear-attention cost has linear_per_token nan; expected seconds, a "
      "finite number >= 0"),
     (LEADER, {**CONTROLLER, "cost": {**CONTROLLER["cost"], "fixed_per_chunk": -1.0}}, "fixed_per_chunk -1.0"),
+    (LEADER, {**CONTROLLER, "cost": {"kind": "fitted"}}, "the trace's fitted cost has model None"),
+    (LEADER, {**CONTROLLER, "cost": {"kind": "fitted", "model": 3}}, "the trace's fitted cost has model 3"),
 ], ids=["no cost model", "pick of nothing", "negative chunk", "decisions not a list", "stage_layers text",
         "stage_layers letter", "stage_layers fraction", "stage_layers short", "pp_size text", "no mode",
-        "chunk_size text", "max_in_flight text", "cost nan", "cost negative"])
+        "chunk_size text", "max_in_flight text", "cost nan", "cost negative", "fitted without model",
+        "fitted model not an object"])
 def test_a_malformed_record_is_one_error_exit_2(tmp_path, leader, controller, message):
     result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path, leader, controller)])
     assert result.exit_code == 2, result.output

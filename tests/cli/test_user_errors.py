@@ -151,15 +151,16 @@ CASES = [
     (_BENCH + ["--seq-len", "16385", "--chunk-size", "1", "--modes", "cpp", "--device", "npu"], "is 16385 chunks"),
     # A workload within the per-request limit but past the per-run one (at 8-token chunks the
     # default mixed workload is 1.4M chunks: minutes per mode with no output).
-    (["simulate", "--workload", "mixed", "--chunk-size", "8", "--modes", "cpp"],
-     "the mixed workload (500 requests, 11529308 tokens) at --chunk-size 8 is 1441375 chunks on 2 stages: "
-     "2882750 units of planning work (chunks x stages), more than the limit of 524288 per run; raise "
-     "--chunk-size to 45 or more, send fewer requests or plan fewer stages (a smaller pp)"),
-    (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "1", "--requests", "2049",
-      "--layers", "4"], "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1 is "
-     "131136 chunks on 4 stages: 524544 units"),
-    (_BENCH + ["--requests", "2049", "--seq-len", "64", "--chunk-size", "1", "--modes", "cpp,vpp"],
-     "the --requests x --seq-len load (2049 requests, 131136 tokens) at --chunk-size 1 is 131136 chunks on 4 stages"),
+    (["simulate", "--workload", "mixed", "--chunk-size", "8", "--modes", "vpp"],
+     "the mixed workload (500 requests, 11529308 tokens) at --chunk-size 8 is 1441375 chunks on 4 stages: "
+     "5765500 units of planning work (chunks x stages), more than the limit of 4194304 per run; raise "
+     "--chunk-size to 11 or more, send fewer requests or plan fewer stages (a smaller pp)"),
+    (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "1", "--requests", "16385",
+      "--layers", "4"], "the --requests x --seq-len load (16385 requests, 1048640 tokens) at --chunk-size 1 is "
+     "1048640 chunks on 4 stages: 4194560 units"),
+    (_BENCH + ["--requests", "16385", "--seq-len", "64", "--chunk-size", "1", "--modes", "cpp,vpp"],
+     "the --requests x --seq-len load (16385 requests, 1048640 tokens) at --chunk-size 1 is 1048640 chunks on 4 "
+     "stages"),
     # Deep plans of few chunks per stage: the work is chunks x stages (x ranks/24 past 24 ranks), so
     # 16384 chunks on 256 stages would plan for minutes with no output. The later error each case also
     # has (a --split of one entry, a --jitter past 1, a missing torch_npu) is the one a command
@@ -168,13 +169,14 @@ CASES = [
       "--split", "1"],
      "the --requests x --seq-len load (1 requests, 524288 tokens) at --chunk-size 32 is 16384 chunks on 256 "
      "stages of 128 ranks: 22369621 units of planning work (chunks x stages x ranks/24), more than the limit "
-     "of 524288 per run; raise --chunk-size to 1366 or more or plan fewer stages (a smaller pp)"),
+     "of 4194304 per run; raise --chunk-size to 171 or more or plan fewer stages (a smaller pp)"),
     (["schedule", "--mode", "cpp", "--pp", "128", "--layers", "256", "--seq-len", "512k", "--chunk-size", "32",
       "--split", "1"], "is 16384 chunks on 128 stages of 128 ranks"),
-    (["simulate", "--pp", "30", "--seq-len", "1m", "--chunk-size", "64", "--modes", "cpp,vpp", "--jitter", "2"],
-     "the long workload (1 requests, 1048576 tokens) at --chunk-size 64 is 16384 chunks on 60 stages of 30 ranks"),
-    (_BENCH + ["--seq-len", "128k", "--pp", "64", "--chunk-size", "64", "--modes", "vpp", "--device", "npu"],
-     "is 2048 chunks on 128 stages of 64 ranks: 699050 units"),
+    (["simulate", "--pp", "30", "--seq-len", "1m", "--requests", "4", "--chunk-size", "64", "--modes", "cpp,vpp",
+      "--jitter", "2"],
+     "the long workload (4 requests, 4194304 tokens) at --chunk-size 64 is 65536 chunks on 60 stages of 30 ranks"),
+    (_BENCH + ["--seq-len", "1m", "--pp", "64", "--chunk-size", "64", "--modes", "vpp", "--device", "npu"],
+     "is 16384 chunks on 128 stages of 64 ranks: 5592405 units"),
     (["layout", "--pp", "2", "--layers", "8", "--mode", "foo"], "expected one of contiguous, cpp, dcpp,"),
     (["layout", "--pp", "0", "--layers", "8"], "--pp must be >= 1"),
     # --fold: the value, and what a fused fold changes (2P-1 stages; only vpp modes have a fold).
@@ -194,7 +196,7 @@ CASES = [
     # A finite interval past a week: the run would wait for the second request in real time
     # (--device npu: without this check, the missing torch_npu would be the error).
     (_BENCH + ["--arrival-interval", "1e300", "--device", "npu"],
-     "--arrival-interval must be at most 604800 s with --requests 1"),
+     "--arrival-interval must be at most 604800 s (a week of real time), got 1e+300"),
     (_BENCH + ["--requests", "3", "--arrival-interval", "302401", "--device", "npu"],
      "--arrival-interval must be at most 302400 s with --requests 3 (the last arrival within 604800 s, a week "
      "of real time), got 302401"),
@@ -221,13 +223,13 @@ CASES = [
     (["simulate", "--seq-len", "16777217", "--modes", "cpp", "--jitter", "2"],
      "--seq-len '16777217' is 16777217 tokens, more than the most any size takes, 16777216 (16m)"),
     (_URL + ["--output-len", "1e30"], "--output-len '1e30' is 1000000000000000019884624838656 tokens, more than"),
-    (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--requests", "1000000"],
-     "--requests 1000000 is at least 1000000 chunks on 4 stages, more than the limit of 524288 units of "
-     "planning work per run at any chunk size; send at most 131072 requests"),
-    (["simulate", "--workload", "mixed", "--requests", "1000000", "--modes", "cpp"],
-     "--requests 1000000 is at least 1000000 chunks on 2 stages"),
-    (_BENCH + ["--requests", "1000000", "--seq-len", "64", "--chunk-size", "64", "--modes", "vpp"],
-     "--requests 1000000 is at least 1000000 chunks on 4 stages"),
+    (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--requests", "2000000"],
+     "--requests 2000000 is at least 2000000 chunks on 4 stages, more than the limit of 4194304 units of "
+     "planning work per run at any chunk size; send at most 1048576 requests"),
+    (["simulate", "--workload", "mixed", "--requests", "5000000", "--modes", "cpp"],
+     "--requests 5000000 is at least 5000000 chunks on 2 stages"),
+    (_BENCH + ["--requests", "2000000", "--seq-len", "64", "--chunk-size", "64", "--modes", "vpp"],
+     "--requests 2000000 is at least 2000000 chunks on 4 stages"),
     (["simulate", "--split", "", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "--split '' gives no count; give one per stage like 3,3,3,3, or drop --split"),
     (_BENCH + ["--split", "", "--device", "npu"], "--split '' gives no count"),

@@ -149,9 +149,20 @@ def test_plan_work_counts_stages_and_ranks_past_the_flat_per_event_cost():
         check_plan_work([64] * chunks, 64, 8, 4)
     # A deep plan of few chunks per stage: 16384 chunks on 256 stages of 128 ranks would plan for minutes.
     with pytest.raises(ChunkingError, match=r"on 256 stages of 128 ranks: 22369621 units of planning work "
-                                            r"\(chunks x stages x ranks/24\), more than the limit of 524288 per "
-                                            r"run; raise size to 1366 or more"):
+                                            r"\(chunks x stages x ranks/24\), more than the limit of 4194304 per "
+                                            r"run; raise size to 171 or more"):
         check_plan_work([512 * 1024], 32, 256, 128, "size")
+
+
+def test_plan_work_limit_admits_paper_scale_runs():
+    """The limit is against typos, not a budget: the runs the method is measured on all fit."""
+    from sglang_vpp.schedule import check_plan_work
+
+    one_m = 1 << 20
+    check_plan_work([one_m] * 100, 2048, 16, 8)  # 100 x 1M at 2K chunks, P = 8 fold-back
+    check_plan_work([one_m] * 500, 16384, 32, 16)  # 500 x 1M at 16K, P = 16 fold-back
+    check_plan_work([128 * 1024] * 500, 2048, 32, 16)  # 500 x 128K at 2K, P = 16
+    check_plan_work([one_m] * 100, 4096, 32, 16)  # 100 x 1M at 4K, P = 16
 
 
 def test_one_check_bounds_the_longest_request_and_the_run():

@@ -205,7 +205,7 @@ def test_bootstrap_guard_refuses_a_prefill_server_of_another_page_size():
 
 
 @SKIP_NO_SGLANG
-def test_bootstrap_guard_refuses_a_vpp_prefill_of_another_attention_tp():
+def test_bootstrap_guard_refuses_a_vpp_prefill_of_another_attention_tp(monkeypatch):
     """A VPP prefill on the CPU fails every transfer to a decode server of another attention TP
     size, and Mooncake then marks the decode session failed: the guard answers 400 instead, before
     a session exists, from what the prefill's bootstrap server says on the plugin's route; a
@@ -220,7 +220,11 @@ def test_bootstrap_guard_refuses_a_vpp_prefill_of_another_attention_tp():
     from sglang_vpp.sglang_plugin.errors import InputRejectedError
     from sglang_vpp.sglang_plugin.pd_guard import PLUGIN_ROUTE, check_bootstrap_address
 
+    from sglang_vpp.sglang_plugin import pd_guard
+
+    monkeypatch.setattr(pd_guard, "_route_answers", {})  # no answer of another test's server
     answer = {"status": 200, "refuses_other_attn_tp": True, "attn_tp_size": 2}
+    probes = []
 
     class Bootstrap(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the stdlib's name
@@ -228,6 +232,7 @@ def test_bootstrap_guard_refuses_a_vpp_prefill_of_another_attention_tp():
                 self.send_response(200)
                 self.end_headers()
             elif self.path == PLUGIN_ROUTE and answer["status"] == 200:
+                probes.append(self.path)
                 self.send_response(200)
                 self.end_headers()
                 self.wfile.write(json.dumps({k: answer[k] for k in ("refuses_other_attn_tp", "attn_tp_size")}).encode())
@@ -249,8 +254,14 @@ def test_bootstrap_guard_refuses_a_vpp_prefill_of_another_attention_tp():
     refused = ("refuses this decode server: a VPP prefill .* at attention TP size 2 cannot serve a decode "
                "server at attention TP size 1 .* Start the decode server at attention TP size 2")
     try:
-        with pytest.raises(InputRejectedError, match=refused):
-            check_bootstrap_address(manager(), _request("127.0.0.1", port))
+        # Within the answer's lifetime one probe serves every request: the probe blocks the
+        # tokenizer's loop, so not one per request.
+        for _ in range(3):
+            with pytest.raises(InputRejectedError, match=refused):
+                check_bootstrap_address(manager(), _request("127.0.0.1", port))
+        assert len(probes) == 1
+        # Past it, the prefill server behind the address is asked again (it may have been replaced).
+        monkeypatch.setattr(pd_guard, "ROUTE_ANSWER_TTL_S", 0.0)
         with pytest.raises(InputRejectedError, match=refused):  # asked again: never remembered as served
             check_bootstrap_address(manager(), _request("127.0.0.1", port))
         with pytest.raises(InputRejectedError, match=refused):  # DP attention: --tp-size 2 at 2 DP ranks

@@ -136,9 +136,13 @@ _NOTES = (
 def _arrivals_within_a_week(interval: float, requests: int) -> None:
     """The run waits for each arrival in real time, and the timeline counts it: the last request
     arrives within ``MAX_TIMEOUT_S`` (a week), the bound of every wait a command takes."""
-    last = interval * max(requests - 1, 1)
-    if last > MAX_TIMEOUT_S:
-        most = MAX_TIMEOUT_S / max(requests - 1, 1)
+    if requests <= 1:  # no second arrival: the interval itself is bounded like every wait
+        if interval > MAX_TIMEOUT_S:
+            raise CliInputError(f"--arrival-interval must be at most {MAX_TIMEOUT_S:g} s (a week of real time), "
+                                f"got {interval:g}")
+        return
+    if interval * (requests - 1) > MAX_TIMEOUT_S:
+        most = MAX_TIMEOUT_S / (requests - 1)
         raise CliInputError(f"--arrival-interval must be at most {most:g} s with --requests {requests} (the last "
                             f"arrival within {MAX_TIMEOUT_S:g} s, a week of real time), got {interval:g}")
 

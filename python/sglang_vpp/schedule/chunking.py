@@ -51,17 +51,18 @@ a gigabyte before the first line of output; the largest legitimate cut is far be
 smallest candidate cuts 1M tokens into 4096 chunks; the test suite's largest request is about
 2000 chunks). ``DynamicChunker`` may cut up to four times as many, down to its floor."""
 
-MAX_PLAN_WORK = 524288
+MAX_PLAN_WORK = 4194304
 """The most work one mode's plan of a run may take, in stage computations: each chunk is computed
 once on every stage, and the planner, the dry run (``check``) and the simulator each handle one
 event per computation, so the work is chunks x stages. Beyond ``RANKS_PER_EVENT`` ranks, the
 planner's visit of every rank at each event outweighs the rest of the event, and the work is
 multiplied by ranks / ``RANKS_PER_EVENT``. The simulator handles about 8,000 computations a second
-on the 2-core development machine, so this bounds one mode's run to about a minute: 131072 chunks
-of a pp-2 fold-back plan (4 stages), where the default mixed workload (500 requests, 11.5M tokens)
-fits down to 89-token chunks; at 8-token chunks (1.4M chunks) it would run for minutes per mode
-with no output, and so would a deep plan of few chunks per stage (``check --pp 128 --layers 256
---seq-len 512k --chunk-size 32``: 16384 chunks on 256 stages)."""
+on the 2-core development machine, so this bounds one mode's run to about nine minutes there: a
+bound against typos, not a budget. Paper-scale runs fit with room to spare (100 prompts of 1M
+tokens at 2K chunks on 8 ranks, 16 stages: 819,200; 500 of 1M at 16K on 16 ranks: 1,024,000),
+while 8-token chunks of the default mixed workload on a pp-2 fold-back plan (1.4M chunks on 4
+stages) and a deep plan of few chunks per stage (``check --pp 128 --layers 256 --seq-len 512k
+--chunk-size 32``: 16384 chunks on 256 stages of 128 ranks) are refused."""
 
 RANKS_PER_EVENT = 24
 """Ranks up to which the planner's per-event cost is flat (measured: 12 us an event at pp 2, 19 us

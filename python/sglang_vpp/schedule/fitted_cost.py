@@ -118,8 +118,9 @@ class FittedCostModel(StageCostModel):
 
     @classmethod
     def from_json(cls, data: dict) -> "FittedCostModel":
-        if data.get("format") != FITTED_FORMAT:
-            raise CostModelError(f"not a fitted cost model: format {data.get('format')!r}, expected {FITTED_FORMAT!r}")
+        if not isinstance(data, dict) or data.get("format") != FITTED_FORMAT:
+            raise CostModelError(f"not a fitted cost model: format {data.get('format') if isinstance(data, dict) else data!r}, "
+                                 f"expected {FITTED_FORMAT!r}")
         transfer = data.get("transfer")
         try:
             return cls(

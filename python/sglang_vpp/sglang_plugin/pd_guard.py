@@ -23,9 +23,9 @@ so every later request of that decode server to that prefill server fails too). 
 ``/route`` names the prefill's attention TP size but not its pipeline mode or device, so the
 plugin adds a route of its own to the prefill server's bootstrap server
 (``after_setup_routes``, ``PLUGIN_ROUTE``): whether that server refuses, and its attention TP
-size. The guard asks it on every request (a prefill server may be replaced behind the same
-address; the bootstrap server answers from its own thread, in a few milliseconds) and refuses with
-400, naming both sizes and the fix, before this decode server opens a session. A prefill server
+size. The guard asks it again after ``ROUTE_ANSWER_TTL_S`` (a prefill server may be replaced
+behind the same address; the probe blocks the tokenizer's loop for a round trip to the prefill
+host, so not on every request) and refuses with 400, naming both sizes and the fix, before this decode server opens a session. A prefill server
 without that route (stock SGLang, or no plugin) is left to its own rules; so is an MLA model,
 whose latent cache takes Mooncake's whole-layer transfer at any TP size.
 
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 import urllib.request
 from typing import Any
 
@@ -51,6 +52,12 @@ CONNECT_TIMEOUT_S = 1.0
 _MAX_ROOM = 2**63
 _reachable: set[tuple[str, int]] = set()
 _page_size_matched: set[tuple[str, int]] = set()
+ROUTE_ANSWER_TTL_S = 5.0
+"""How long a prefill server's answer on ``PLUGIN_ROUTE`` is reused: the probe blocks the
+tokenizer's event loop (every client of this decode server) for a round trip to the prefill host,
+so it is not made per request; a prefill server replaced behind the same address is seen within
+this time, and until then the prefill side's own refusal stands behind the guard."""
+_route_answers: dict[tuple[str, int], tuple[float, bool, int | None]] = {}
 ROUTE_QUERY = "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
 """SGLang's bootstrap server answers this with the prefill server's parallel info (page size included)."""
 PLUGIN_ROUTE = "/sglang_vpp/pd"
@@ -191,6 +198,30 @@ def _decode_attn_tp_size(server_args: Any) -> int | None:
         return None
 
 
+def _prefill_attn_tp_answer(direct: urllib.request.OpenerDirector, host: str, port: int,
+                            shown: str) -> tuple[bool, int | None]:
+    """(whether the prefill server refuses another attention TP size, its attention TP size) from
+    ``PLUGIN_ROUTE``, reused for ``ROUTE_ANSWER_TTL_S``. A prefill server whose ranks have not
+    registered yet is asked again on the next request."""
+    now = time.monotonic()
+    cached = _route_answers.get((host, port))
+    if cached is not None and now - cached[0] < ROUTE_ANSWER_TTL_S:
+        return cached[1], cached[2]
+    try:
+        with direct.open(f"http://{shown}:{port}{PLUGIN_ROUTE}", timeout=CONNECT_TIMEOUT_S) as response:
+            info = json.loads(response.read())
+            refuses = info.get("refuses_other_attn_tp") is True
+            theirs = None if info.get("attn_tp_size") is None else int(info["attn_tp_size"])
+    # 404: a prefill server without the plugin's route, which refuses nothing of this kind
+    except (OSError, ValueError, TypeError, AttributeError, http.client.HTTPException):
+        refuses, theirs = False, None
+    else:
+        if theirs is None:
+            return refuses, theirs
+    _route_answers[(host, port)] = (now, refuses, theirs)
+    return refuses, theirs
+
+
 def _check_attn_tp(direct: urllib.request.OpenerDirector, manager: Any, server_args: Any, host: str, port: int,
                    shown: str) -> None:
     """Refuse a prefill server that would fail every transfer to this decode server."""
@@ -201,14 +232,7 @@ def _check_attn_tp(direct: urllib.request.OpenerDirector, manager: Any, server_a
     decode_tp = _decode_attn_tp_size(server_args)
     if decode_tp is None:
         return
-    try:
-        with direct.open(f"http://{shown}:{port}{PLUGIN_ROUTE}", timeout=CONNECT_TIMEOUT_S) as response:
-            info = json.loads(response.read())
-            refuses = info.get("refuses_other_attn_tp") is True
-            theirs = None if info.get("attn_tp_size") is None else int(info["attn_tp_size"])
-    # 404: a prefill server without the plugin's route, which refuses nothing of this kind
-    except (OSError, ValueError, TypeError, AttributeError, http.client.HTTPException):
-        return
+    refuses, theirs = _prefill_attn_tp_answer(direct, host, port, shown)
     if refuses and theirs is not None and theirs != decode_tp:
         raise InputRejectedError(
             f"the prefill server behind bootstrap {host}:{port} refuses this decode server: "
