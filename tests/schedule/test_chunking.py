@@ -210,3 +210,12 @@ def test_dcpp_on_one_token_chunks_of_a_one_token_prompt_fits_its_curve():
     assert chunker.curve.a > 0
     plan = build_schedule("dcpp", 2, 4, [RequestSpec(1)], 1)
     assert [c.num_tokens for c in plan.chunks] == [1]
+
+
+def test_the_request_count_limit_names_the_ranks_where_they_count():
+    from sglang_vpp.schedule import check_request_count
+
+    with pytest.raises(ChunkingError, match=r"is at least 100000 chunks on 256 stages of 128 ranks, more than"):
+        check_request_count(100000, 256, 128)
+    with pytest.raises(ChunkingError, match=r"is at least 2000000 chunks on 4 stages, more than"):
+        check_request_count(2000000, 4, 2)

@@ -192,6 +192,17 @@ def test_instance_attributes_come_from_one_parse_per_file_then_from_the_cache(tm
         assert _instance_attributes(module) == expected
         assert surface._self_attributes(module.Late) == frozenset("z")
         assert len(parses) == 2  # the changed file was parsed again
+
+        # A rewrite of the same size and modification time (within one clock tick) is a change too.
+        stat = source.stat()
+        source.write_text(source.read_text().replace("self.z = 1", "self.w = 1"))
+        os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        assert source.stat().st_size == stat.st_size
+        monkeypatch.setattr(surface, "_BY_FILE", {}, raising=False)
+        surface._self_attributes.cache_clear()
+        module = _import_file(source)
+        assert surface._self_attributes(module.Late) == frozenset("w")
+        assert len(parses) == 3
     finally:
         surface._self_attributes.cache_clear()
         sys.modules.pop(source.stem, None)

@@ -340,6 +340,11 @@ def check_chunk_counts(lengths: Sequence[int], chunk_size: int, num_stages: int,
     check_plan_work(lengths, chunk_size, num_stages, num_ranks, size_name, workload_name)
 
 
+def _depth(num_stages: int, num_ranks: int) -> str:
+    """The plan's depth as the limit's messages name it: the ranks too where they count."""
+    return f"{num_stages} stages" + (f" of {num_ranks} ranks" if num_ranks > RANKS_PER_EVENT else "")
+
+
 def check_request_count(num_requests: int, num_stages: int, num_ranks: int, count_name: str = "requests") -> None:
     """Refuse ``num_requests`` requests that exceed ``MAX_PLAN_WORK`` at one chunk each, before a
     caller builds their list: a count typed with extra digits would otherwise take minutes and
@@ -355,8 +360,8 @@ def check_request_count(num_requests: int, num_stages: int, num_ranks: int, coun
         low, high = (middle, high) if plan_work(middle, num_stages, num_ranks) <= MAX_PLAN_WORK else (low, middle)
     fits = (f"send at most {low} requests or plan fewer stages (a smaller pp)"
             if plan_work(1, num_stages, num_ranks) <= MAX_PLAN_WORK else "plan fewer stages (a smaller pp)")
-    raise ChunkingError(f"{count_name} {num_requests} is at least {num_requests} chunks on {num_stages} stages, "
-                        f"more than the limit of {MAX_PLAN_WORK} units of planning work per run at any chunk "
+    raise ChunkingError(f"{count_name} {num_requests} is at least {num_requests} chunks on "
+                        f"{_depth(num_stages, num_ranks)}, more than the limit of {MAX_PLAN_WORK} units of planning work per run at any chunk "
                         f"size; {fits}")
 
 
@@ -374,9 +379,8 @@ def check_plan_work(lengths: Sequence[int], chunk_size: int, num_stages: int, nu
     count = chunks(chunk_size)
     if work(chunk_size) <= MAX_PLAN_WORK:
         return
-    deep = num_ranks > RANKS_PER_EVENT
-    depth = f"{num_stages} stages" + (f" of {num_ranks} ranks" if deep else "")
-    unit = "chunks x stages" + (f" x ranks/{RANKS_PER_EVENT}" if deep else "")
+    depth = _depth(num_stages, num_ranks)
+    unit = "chunks x stages" + (f" x ranks/{RANKS_PER_EVENT}" if num_ranks > RANKS_PER_EVENT else "")
     what = (f"{workload_name} ({len(lengths)} requests, {sum(lengths)} tokens) at {size_name} {chunk_size} is "
             f"{count} chunks on {depth}: {work(chunk_size)} units of planning work ({unit}), more than the "
             f"limit of {MAX_PLAN_WORK} per run")

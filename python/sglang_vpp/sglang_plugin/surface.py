@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import inspect
 import json
 import linecache
@@ -470,14 +471,14 @@ def _self_attributes(klass: type) -> frozenset[str]:
 
 _BY_FILE: dict[str, dict[str, frozenset[str]]] = {}
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 """Version of the on-disk cache of ``_self_attributes_by_class`` (``_cache_path``)."""
 
 
 def _self_attributes_by_class(filename: str, module_globals: dict | None) -> dict[str, frozenset[str]]:
     """Qualified name -> ``_self_attributes`` of every class defined in ``filename`` (the first
     definition of a name, the one ``inspect.getsource`` returns), from one parse of the file, or
-    from the on-disk cache for that file's size and modification time.
+    from the on-disk cache for that file's contents (their SHA-256).
 
     The launcher and every scheduler process run this check at start-up on a dozen classes
     (Scheduler and its mixins, TokenizerManager, ...) of files thousands of lines long; parsing
@@ -485,19 +486,20 @@ def _self_attributes_by_class(filename: str, module_globals: dict | None) -> dic
     to two seconds per process on every server start."""
     if filename in _BY_FILE:
         return _BY_FILE[filename]
+    # Keyed by the contents, not size and mtime (a same-size rewrite may keep its mtime), and
+    # parsed from the same bytes, which linecache's size-and-mtime check would not reread.
     try:
-        stat = os.stat(filename)
-        key = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        with open(filename, "rb") as source:
+            text: bytes | str = source.read()
+        key = {"sha256": hashlib.sha256(text).hexdigest()}
     except OSError:  # source served by a loader, not a file: nothing to key a cache entry on
-        key = None
+        text, key = "".join(linecache.getlines(filename, module_globals)), None
     cached = _cached_entry(filename, key)
     if cached is not None:
         _BY_FILE[filename] = cached
         return cached
-    linecache.checkcache(filename)  # as inspect.getsource: the file as it is now
-    lines = linecache.getlines(filename, module_globals)
     try:
-        tree = ast.parse("".join(lines), filename) if lines else None
+        tree = ast.parse(text, filename) if text else None
     except (SyntaxError, ValueError):
         tree = None
     found: dict[str, frozenset[str]] = {}
@@ -537,7 +539,7 @@ def _read_cache() -> dict:
 
 
 def _cached_entry(filename: str, key: dict | None) -> dict[str, frozenset[str]] | None:
-    """The cached classes of ``filename`` if recorded for this size and modification time."""
+    """The cached classes of ``filename`` if recorded for these contents."""
     if key is None:
         return None
     entry = _read_cache().get(filename)
