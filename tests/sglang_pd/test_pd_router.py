@@ -23,7 +23,6 @@ import signal
 import threading
 import time
 import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import pytest
 from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
 from vpp_checks import QWEN2_8L, Reference, make_prompts
 from conftest import CHUNK, PREFILL_MODES, PROMPT_LENGTHS, PROMPT_SEED, SERVED
-from pd_checks import NUM_NEW, four_prompts, generate
+from pd_checks import NUM_NEW, four_prompts, generate, post_status
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig, assert_kv_idle, kv_tokens_in_use
 
 from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config
@@ -105,16 +104,6 @@ def test_32_concurrent_mixed_all_served_equal_transformers_kv_idle(router, deplo
     _assert_kv_idle(deployment)
 
 
-def _post_status(url: str, payload: dict, timeout: float) -> tuple[int, str]:
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-
-
 @pytest.mark.parametrize("where", ["unreachable-host", "closed-port"])
 def test_bad_bootstrap_address_is_a_client_error(router, deployment, prompts, reference, where):
     """A client that names a bootstrap server nobody runs gets a 400 from the decode server
@@ -124,7 +113,7 @@ def test_bad_bootstrap_address_is_a_client_error(router, deployment, prompts, re
     payload = {"input_ids": prompts[-1], "bootstrap_host": host, "bootstrap_port": port,
                "bootstrap_room": random.Random(5).getrandbits(62),
                "sampling_params": {"temperature": 0, "max_new_tokens": 2, "ignore_eos": True}}
-    status, body = _post_status(deployment.decode.url + "/generate", payload, timeout=120)
+    status, body = post_status(deployment.decode.url + "/generate", payload, timeout=120)
     assert status == 400 and "unreachable" in body, f"decode answered {status}: {body[:500]}"
     assert generate(router.url, prompts[-1]) == reference[-1]
     _assert_kv_idle(deployment)
@@ -182,7 +171,7 @@ def _timed_post(url: str, payload: dict, timeout: float) -> tuple[int, str, floa
     """(HTTP status, body, seconds); status -1 when the connection failed or timed out."""
     began = time.monotonic()
     try:
-        status, body = _post_status(url, payload, timeout)
+        status, body = post_status(url, payload, timeout)
     except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out
         status, body = -1, repr(exc)
     return status, body, time.monotonic() - began
@@ -222,7 +211,7 @@ def test_abort_in_bootstrap_frees_the_prefill_kv(router, deployment, prompts, re
     client = _in_background(deployment.prefill.url + "/generate", payload)
     time.sleep(IN_FLIGHT_AFTER_S)
     assert not client.done(), f"served without a decode side: {client.result()}"
-    status, body = _post_status(deployment.prefill.url + "/abort_request", {"rid": rid}, timeout=30)
+    status, body = post_status(deployment.prefill.url + "/abort_request", {"rid": rid}, timeout=30)
     assert status == 200, f"/abort_request answered {status}: {body[:300]}"
     _assert_client_error(client, "abort in bootstrap", deployment)
     _assert_still_serving(deployment, prompts, reference)
@@ -237,7 +226,7 @@ def test_abort_mid_transfer_frees_the_kv_on_both_sides(router, deployment, promp
     client = _in_background(router.url + "/generate", _payload(make_prompts([LONG_PROMPT], 41)[0]))
     _wait_in_prefill(deployment, before, client)
     for server in (deployment.prefill, deployment.decode):
-        status, body = _post_status(server.url + "/abort_request", {"abort_all": True}, timeout=30)
+        status, body = post_status(server.url + "/abort_request", {"abort_all": True}, timeout=30)
         assert status == 200, f"/abort_request answered {status}: {body[:300]}"
     _assert_client_error(client, "abort mid-transfer", deployment)
     _assert_prefill_stopped_early(deployment, before, "abort mid-transfer")
