@@ -150,27 +150,29 @@ def even_split(num_layers: int, num_stages: int) -> list[int]:
 
 
 def _method_stage_count(kind: LayoutKind, num_ranks: int) -> int:
-    return 2 * num_ranks if kind is LayoutKind.FOLDBACK else num_ranks
+    return stage_count(kind, num_ranks, Fold.SPLIT)
 
 
 def stage_count(kind: LayoutKind | str, num_ranks: int, fold: Fold | str = Fold.SPLIT) -> int:
     """Stages of a layout of ``kind`` over ``num_ranks`` ranks: P contiguous, 2P fold-back, 2P-1
     with a fused fold. The number of layer counts a split gives."""
     kind = _KIND_ALIASES[kind] if isinstance(kind, str) and not isinstance(kind, LayoutKind) else kind
-    if kind is LayoutKind.CONTIGUOUS:
-        return num_ranks
-    # As _stage_ranks lays them out, counted without listing them (a plan's size is checked on
-    # this before any work, whatever --pp says).
-    return 2 * num_ranks - (1 if parse_fold(fold) is Fold.FUSED else 0)
+    # Counted without listing them: a plan's size is checked on this before any work, whatever --pp says.
+    return sum(len(run) for run in _rank_runs(kind, num_ranks, parse_fold(fold)))
 
 
-def _stage_ranks(kind: LayoutKind, num_ranks: int, fold: Fold) -> list[int]:
+def _rank_runs(kind: LayoutKind, num_ranks: int, fold: Fold) -> tuple[range, ...]:
+    """The rank of each stage in pipeline order, as ranges (sized without being listed)."""
     if kind is LayoutKind.CONTIGUOUS:
-        return list(range(num_ranks))
+        return (range(num_ranks),)
     # Rank r holds s_r and s_{2P-1-r}: down the ranks, then back up; fused, the way back up
     # starts on rank P-2 since the fold rank's two stages are one.
     back = num_ranks - 1 if fold is Fold.FUSED else num_ranks
-    return list(range(num_ranks)) + list(reversed(range(back)))
+    return range(num_ranks), range(back - 1, -1, -1)
+
+
+def _stage_ranks(kind: LayoutKind, num_ranks: int, fold: Fold) -> list[int]:
+    return [rank for run in _rank_runs(kind, num_ranks, fold) for rank in run]
 
 
 def parse_fold(fold: Fold | str) -> Fold:
