@@ -108,6 +108,23 @@ def test_every_numeric_preset_field_has_a_physical_range():
         assert numeric == set(PHYSICAL_RANGES[kind]), (kind, numeric ^ set(PHYSICAL_RANGES[kind]))
 
 
+@pytest.mark.parametrize(("loader", "field", "value", "message"), [
+    (load_hardware, "tp_latency_s", -1.0, "tp_latency_s is -1.0, not a finite number in [0, 1] (seconds)"),
+    (load_hardware, "pp_tensors", 0, "pp_tensors is 0, not a whole number in [1, 16]"),
+    (load_hardware, "linear_efficiency", float("nan"), "linear_efficiency is nan, not a finite number in (0, 1]"),
+    (load_model, "num_layers", 5000, "num_layers is 5000, not a whole number in [1, 4096] (decoder layers)"),
+    (load_model, "weight_bytes", 0.0, "weight_bytes is 0.0, not a finite number in (0, 8]"),
+])
+def test_a_spec_built_in_code_is_held_to_the_preset_ranges(loader, field, value, message):
+    """A spec made in code (``dataclasses.replace``, as calibration does) meets the ranges a
+    preset file does: one table, ``PHYSICAL_RANGES``, for both."""
+    import dataclasses
+
+    spec = loader("h200" if loader is load_hardware else "qwen3-tiny")
+    with pytest.raises(PresetError, match=re.escape(f"{spec.name}: {message}")):
+        dataclasses.replace(spec, **{field: value})
+
+
 def test_a_preset_path_that_is_missing_a_folder_or_not_an_object_is_refused(tmp_path):
     with pytest.raises(PresetError, match="does not exist"):
         load_model(str(tmp_path / "missing.json"))

@@ -156,8 +156,8 @@ def not_blank(value: str | None, flag: str, hint: str) -> None:
 
 def layers_option(value: int, flag: str = "--layers") -> None:
     """A decoder layer count: at least 1 and at most what a model preset may hold
-    (``sim/preset_loader.PHYSICAL_RANGES``), so that a typo cannot ask for a billion stages."""
-    from ..sim.preset_loader import PHYSICAL_RANGES
+    (``sim/physical_ranges.PHYSICAL_RANGES``), so that a typo cannot ask for a billion stages."""
+    from ..sim.physical_ranges import PHYSICAL_RANGES
 
     most = int(PHYSICAL_RANGES["models"]["num_layers"].high)
     at_least(value, 1, flag)

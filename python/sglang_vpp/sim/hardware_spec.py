@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import PresetError
+from .physical_ranges import check_ranges
 
 __all__ = ["HardwareSpec"]
 
@@ -48,11 +48,4 @@ class HardwareSpec:
     calibration_note: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("peak_flops", "hbm_bytes_per_s", "tp_bytes_per_s", "pp_bytes_per_s"):
-            if not getattr(self, name) > 0:
-                raise PresetError(f"hardware {self.name}: {name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("linear_efficiency", "attention_efficiency", "indexer_efficiency", "tp_exposed_fraction"):
-            if not 0 < getattr(self, name) <= 1:
-                raise PresetError(f"hardware {self.name}: {name} must lie in (0, 1], got {getattr(self, name)!r}")
-        if self.tp_size < 1:
-            raise PresetError(f"hardware {self.name}: tp_size must be >= 1, got {self.tp_size}")
+        check_ranges(self, "hardware")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import PresetError
+from .physical_ranges import check_ranges
 
 __all__ = ["ModelSpec"]
 
@@ -53,8 +54,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.attention not in ("gqa", "mla"):
             raise PresetError(f"model {self.name}: attention must be 'gqa' or 'mla', got {self.attention!r}")
-        if self.num_layers < 1 or self.hidden_size < 1 or self.num_heads < 1:
-            raise PresetError(f"model {self.name}: layers, hidden size and heads must be >= 1")
+        check_ranges(self, "models")
         if self.attention == "gqa" and (self.num_kv_heads < 1 or self.head_dim < 1):
             raise PresetError(f"model {self.name}: gqa needs num_kv_heads and head_dim")
         if self.attention == "mla" and min(self.kv_lora_rank, self.qk_nope_head_dim + self.qk_rope_head_dim,

@@ -72,7 +72,7 @@ class AnalyticCostModel(BreakdownCostModel):
     _sums_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        from ..preset_loader import PHYSICAL_RANGES
+        from ..physical_ranges import PHYSICAL_RANGES
 
         most = int(PHYSICAL_RANGES["hardware"]["tp_size"].high)  # what a hardware preset's tp_size may be
         if self.tp_size is not None and not 1 <= self.tp_size <= most:
