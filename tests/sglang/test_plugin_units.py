@@ -231,6 +231,34 @@ def test_a_hook_sglang_did_not_apply_refuses_vpp(monkeypatch):
 
 
 @pytest.mark.sglang
+def test_each_hook_is_registered_once_however_often_its_install_runs(monkeypatch):
+    """Set-up may run twice in a scheduler process (``publish`` for another record): a hook
+    registered twice would wrap its target twice (SGLang chains every registration)."""
+    registry = pytest.importorskip("sglang.srt.plugins.hook_registry")
+    from collections import defaultdict
+    from types import SimpleNamespace as ns
+
+    from sglang_vpp.sglang_plugin import dcpp, hook_targets, pd_abort, pd_decode_refusal, pd_layers
+
+    monkeypatch.setattr(registry.HookRegistry, "_hooks", defaultdict(list))
+    monkeypatch.setattr(registry.HookRegistry, "_patched", set())
+    monkeypatch.setattr(hook_targets, "_registered", {})
+    monkeypatch.setattr(hook_targets, "_hooked", set(), raising=False)
+    for _ in range(2):
+        dcpp.install_dcpp_hooks()
+        assert pd_abort.install_pd_abort_hook(ns(disaggregation_mode="prefill", pp_size=2))
+        assert pd_decode_refusal.install_decode_refusal_hook(ns(disaggregation_mode="decode"))
+        assert pd_layers.register_pd_layer_hooks(ns(disaggregation_mode="prefill"))
+    hooks = registry.HookRegistry._hooks
+    assert set(hooks) == {dcpp._TARGET, pd_abort.PREFILL_CHUNK_TARGET, pd_decode_refusal.ENSURE_PREFILL_INFO_TARGET,
+                          *pd_layers.PD_LAYER_HOOK_TARGETS}
+    assert {target: len(entries) for target, entries in hooks.items() if len(entries) != 1} == {}
+    # A target's other hook is its own registration.
+    hook_targets.register_hook(pd_abort.PREFILL_CHUNK_TARGET, lambda *args, **kwargs: None, registry.HookType.BEFORE)
+    assert len(hooks[pd_abort.PREFILL_CHUNK_TARGET]) == 2
+
+
+@pytest.mark.sglang
 def test_an_unreadable_cost_profile_is_refused_at_launch(model_dir, tmp_path):
     from sglang_vpp.sglang_plugin import vpp
 

@@ -442,7 +442,6 @@ def test_the_decode_refusal_hook_is_for_decode_servers_only(monkeypatch):
     from sglang_vpp.sglang_plugin import pd_decode_refusal
 
     registered = []
-    monkeypatch.setattr(pd_decode_refusal, "_installed", False)
     monkeypatch.setattr("sglang_vpp.sglang_plugin.hook_targets.register_hook",
                         lambda path, hook, kind: registered.append(path))
     for mode in ("null", "prefill", None):

@@ -54,8 +54,6 @@ MLA_DISPATCH_TARGET = "sglang.srt.models.deepseek_v2.DeepseekV2AttentionMLA.disp
 PD_SENDER_INIT_TARGET = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__"
 _TORCH_NATIVE = "torch_native"
 _ROTARY_MODULE = "sglang.srt.layers.rotary_embedding.base"
-_registered = False
-_pd_registered = False
 
 
 def is_generic_cpu_platform() -> bool:
@@ -96,10 +94,7 @@ CPU_HOOK_TARGETS: tuple[tuple[str, object], ...] = (
 
 
 def register_cpu_hooks() -> bool:
-    """Register the generic-CPU hooks once; return whether this process needed them."""
-    global _registered
-    if _registered:
-        return True
+    """Register the generic-CPU hooks; return whether this process needs them."""
     if not is_generic_cpu_platform():
         return False
     from sglang.srt.plugins.hook_registry import HookType
@@ -108,7 +103,6 @@ def register_cpu_hooks() -> bool:
 
     for target, hook in CPU_HOOK_TARGETS:
         register_hook(target, hook, HookType.AROUND)
-    _registered = True
     return True
 
 
@@ -137,10 +131,7 @@ def apply_cpu_pd_args(args: Any) -> list[str]:
 
 
 def register_cpu_pd_hooks(server_args: Any) -> bool:
-    """Register the prefill sender guard once, on ``--device cpu`` prefill servers only."""
-    global _pd_registered
-    if _pd_registered:
-        return True
+    """Register the prefill sender guard on ``--device cpu`` prefill servers only; return whether this is one."""
     if getattr(server_args, "device", None) != "cpu" or getattr(server_args, "disaggregation_mode", None) != "prefill":
         return False
     from sglang.srt.plugins.hook_registry import HookType
@@ -148,5 +139,4 @@ def register_cpu_pd_hooks(server_args: Any) -> bool:
     from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
     register_hook(PD_SENDER_INIT_TARGET, _sender_without_host_indices, HookType.AROUND)
-    _pd_registered = True
     return True

@@ -6,8 +6,10 @@ would leave a server running half-patched. Hence:
 - ``HOOK_TARGETS`` is the ``Use.HOOK`` part of the declared SGLang surface (``surface.py``): every
   target with the parameters its hook relies on and the scope that needs it;
 - ``register_hook`` is the plugin's only way to register a hook: it refuses a target that is not
-  declared as a hook (so a hook added later is checked like the others) and remembers what the
-  target was;
+  declared as a hook (so a hook added later is checked like the others), remembers what the
+  target was, and registers a (target, hook) pair once per process, so set-up that runs again
+  in a process (``publish`` for another record, an install called twice) never wraps a target
+  twice and needs no flag of its own;
 - ``find_target_problems`` resolves declared names and checks their signatures before anything
   starts (``surface.find_problems``);
 - ``find_unapplied`` runs after ``apply_hooks`` and names every registered target that is still
@@ -32,16 +34,22 @@ _BY_PATH = {target.path: target for target in HOOK_TARGETS}
 
 _registered: dict[str, Any] = {}
 """Target path -> the object it resolved to when its hook was registered (this process)."""
+_hooked: set[tuple[str, Callable]] = set()
+"""(target path, hook) pairs registered in this process."""
 
 
 def register_hook(path: str, hook: Callable, hook_type: Any) -> None:
-    """``HookRegistry.register`` for a declared target, remembering the original to verify later."""
+    """``HookRegistry.register`` for a declared target, once per (target, hook) in this process,
+    remembering the original to verify later."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     assert path in _BY_PATH, f"hook target {path} is not declared in surface.SURFACE as Use.HOOK: add it there"
+    if (path, hook) in _hooked:
+        return
     if path not in _registered:
         _registered[path] = _resolve(path)
     HookRegistry.register(path, hook, hook_type)
+    _hooked.add((path, hook))
 
 
 def find_target_problems(scopes: tuple[Scope, ...]) -> list[str]:

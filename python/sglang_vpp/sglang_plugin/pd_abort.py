@@ -29,7 +29,6 @@ from typing import Any
 __all__ = ["PREFILL_CHUNK_TARGET", "install_pd_abort_hook"]
 
 PREFILL_CHUNK_TARGET = "sglang.srt.managers.scheduler.Scheduler.process_prefill_chunk"
-_installed = False
 
 
 def _end_pending_chunked_abort(scheduler: Any, *args: Any, **kwargs: Any) -> None:
@@ -37,10 +36,7 @@ def _end_pending_chunked_abort(scheduler: Any, *args: Any, **kwargs: Any) -> Non
 
 
 def install_pd_abort_hook(server_args: Any) -> bool:
-    """Register the hook once on a pp > 1 prefill server; return whether this process needs it."""
-    global _installed
-    if _installed:
-        return True
+    """Register the hook on a pp > 1 prefill server; return whether this process needs it."""
     if getattr(server_args, "disaggregation_mode", None) != "prefill":
         return False
     if int(getattr(server_args, "pp_size", 1) or 1) <= 1:
@@ -50,5 +46,4 @@ def install_pd_abort_hook(server_args: Any) -> bool:
     from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
     register_hook(PREFILL_CHUNK_TARGET, _end_pending_chunked_abort, HookType.BEFORE)
-    _installed = True
     return True

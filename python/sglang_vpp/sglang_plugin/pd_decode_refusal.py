@@ -70,10 +70,7 @@ def _fail_requests(queue: Any, addr: str, reqs: list[Any], reason: str) -> None:
 
 
 def install_decode_refusal_hook(server_args: Any) -> bool:
-    """Register the hook once on a decode server; return whether this process needs it."""
-    global _installed
-    if _installed:
-        return True
+    """Register the hook on a decode server; return whether this process needs it."""
     if getattr(server_args, "disaggregation_mode", None) != "decode":
         return False
     from sglang.srt.plugins.hook_registry import HookType
@@ -81,5 +78,4 @@ def install_decode_refusal_hook(server_args: Any) -> bool:
     from sglang_vpp.sglang_plugin.hook_targets import register_hook
 
     register_hook(ENSURE_PREFILL_INFO_TARGET, ensure_prefill_info_per_address, HookType.AROUND)
-    _installed = True
     return True

@@ -45,8 +45,6 @@ MLA_INFOS = _S + "mem_cache.memory_pool.MLATokenToKVPool.get_contiguous_buf_info
 SEND_KVCACHE = _S + "disaggregation.mooncake.conn.MooncakeKVManager.send_kvcache"
 PD_LAYER_HOOK_TARGETS = (BUILD_IDS, MHA_INFOS, MLA_INFOS, SEND_KVCACHE)
 
-_registered = False
-
 
 def _owned_layers() -> frozenset[int] | None:
     """This rank's layers under a VPP mode; None otherwise (every layer of the pool's range)."""
@@ -150,10 +148,7 @@ def around_send_kvcache(original, self: Any, mooncake_session_id: str, prefill_k
 
 
 def register_pd_layer_hooks(server_args: Any) -> bool:
-    """Register the hooks above once, in the scheduler process of a PD server."""
-    global _registered
-    if _registered:
-        return True
+    """Register the hooks above in the scheduler process of a PD server; return whether it is one."""
     if getattr(server_args, "disaggregation_mode", None) not in ("prefill", "decode"):
         return False
     from sglang.srt.plugins.hook_registry import HookType
@@ -165,5 +160,4 @@ def register_pd_layer_hooks(server_args: Any) -> bool:
     register_hook(MLA_INFOS, around_get_contiguous_buf_infos, HookType.AROUND)
     if server_args.disaggregation_mode == "prefill":
         register_hook(SEND_KVCACHE, around_send_kvcache, HookType.AROUND)
-    _registered = True
     return True
