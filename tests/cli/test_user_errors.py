@@ -202,6 +202,14 @@ CASES = [
      "of real time), got 302401"),
     (_BENCH + ["--timeout", "inf"], "--timeout must be at most 604800 s (a week), got inf"),
     (_BENCH + ["--backend", "gloo@double"], "only device backends (nccl, hccl) have a test double"),
+    # Counts that would run for days or fill the memory (--device npu, --port 70000: refused later).
+    (_URL + ["--num-requests", str(10**12)], "--num-requests must be at most 100000 (requests per pass), got "
+     "1000000000000"),
+    (_URL + ["--warmup", str(10**12)], "--warmup must be at most 100000 (requests per pass), got 1000000000000"),
+    (_BENCH + ["--repeat", str(10**12), "--device", "npu"], "--repeat must be at most 100 (runs per mode), got "
+     "1000000000000"),
+    (["bench-serve", "--launch", "cpp", "--no-progress", "--repeats", "101", "--port", "70000"],
+     "--repeats must be at most 100 (passes per server), got 101"),
     (["doctor", "--timeout", "1e300"], "--timeout must be at most 604800 s"),
     (["doctor", "--backend", "gloo@double"], "only device backends (nccl, hccl) have a test double"),
     (_URL + ["--timeout", "inf"], "--timeout must be at most 604800 s"),

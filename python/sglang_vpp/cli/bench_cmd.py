@@ -18,7 +18,7 @@ import typer
 from ..runtime.spec import BACKEND_FOR_DEVICE, DEFAULT_MODES
 from .common import (at_least, check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
-from .common import FOLD_HELP, MAX_TIMEOUT_S, CliInputError, not_blank, parse_fold_option, png_path, seed_option
+from .common import FOLD_HELP, MAX_REPEATS, MAX_TIMEOUT_S, CliInputError, at_most, not_blank, parse_fold_option, png_path, seed_option
 
 TOLERANCE = 1e-5
 #: Above this many prompt tokens in total a CPU run takes long (attention grows with the square of
@@ -185,6 +185,7 @@ def bench(
     at_least(pp, 2, "--pp")
     at_least(requests, 1, "--requests")
     at_least(repeat, 1, "--repeat")
+    at_most(repeat, MAX_REPEATS, "--repeat", "(runs per mode)")
     seed_option(seed)
     at_least(arrival_interval, 0, "--arrival-interval")
     _arrivals_within_a_week(arrival_interval, requests)

@@ -36,7 +36,7 @@ from sglang_vpp.serving.bench_serving import (
 
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
-from .common import at_least, check_output_path, not_blank, seed_option, parse_size_option, positive, timeout_option, user_errors
+from .common import MAX_REPEATS, MAX_REQUESTS, at_least, at_most, check_output_path, not_blank, seed_option, parse_size_option, positive, timeout_option, user_errors
 from .bench_serve_report import WARMUP_SEED_OFFSET
 from .common import given_flags, png_path
 
@@ -176,9 +176,12 @@ def bench_serve(
     if fmt not in _FORMATS:
         raise BenchServeError(f"--format {fmt!r}: choose table, md or json")
     at_least(num_requests, 1, "--num-requests")
+    at_most(num_requests, MAX_REQUESTS, "--num-requests", "(requests per pass)")
     at_least(concurrency, 1, "--concurrency")
     at_least(warmup, 0, "--warmup")
+    at_most(warmup, MAX_REQUESTS, "--warmup", "(requests per pass)")
     at_least(repeats, 1, "--repeats")
+    at_most(repeats, MAX_REPEATS, "--repeats", "(passes per server)")
     seed_option(seed, offset=0 if launch is None else max(repeats - 1, WARMUP_SEED_OFFSET))
     at_least(pp_size, 1, "--pp-size")
     positive(request_rate, "--request-rate")

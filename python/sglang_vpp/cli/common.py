@@ -15,8 +15,11 @@ import typer
 __all__ = [
     "CliInputError",
     "FOLD_HELP",
+    "MAX_REPEATS",
+    "MAX_REQUESTS",
     "MAX_TIMEOUT_S",
     "at_least",
+    "at_most",
     "check_output_path",
     "echo_wrapped",
     "emit_json",
@@ -133,6 +136,24 @@ def at_least(value: float | int | None, minimum: float | int, flag: str) -> None
         raise CliInputError(f"{flag} must be a finite number, got {value}")
 
 
+def at_most(value: float | int | None, maximum: float | int, flag: str, why: str) -> None:
+    """Reject ``value > maximum`` (and NaN; None: the flag was not given); ``why`` follows the
+    bound in the message, its unit and reason, e.g. ``"s (a week)"``."""
+    if value is not None and not value <= maximum:
+        most = f"{maximum:g}" if isinstance(maximum, float) else str(maximum)
+        raise CliInputError(f"{flag} must be at most {most} {why}, got {value}")
+
+
+MAX_REQUESTS = 100_000
+"""The most requests (``bench-serve --num-requests``, ``--warmup``) one bench_serving pass sends:
+a hundred times its default; it builds every prompt before sending the first, so a typo such as
+10**12 would fill the memory or run for days."""
+
+MAX_REPEATS = 100
+"""The most runs per mode (``bench --repeat``, ``bench-serve --repeats``): twenty times the
+default that keeps a verdict stable; each repeat runs every mode again."""
+
+
 MAX_SEED = 2**32 - 1
 """The largest seed numpy takes (bench_serving seeds it with ``--seed``); the reference runtime's
 torch generators take far larger, but one range serves both commands."""
@@ -159,10 +180,8 @@ def layers_option(value: int, flag: str = "--layers") -> None:
     (``sim/physical_ranges.PHYSICAL_RANGES``), so that a typo cannot ask for a billion stages."""
     from ..sim.physical_ranges import PHYSICAL_RANGES
 
-    most = int(PHYSICAL_RANGES["models"]["num_layers"].high)
     at_least(value, 1, flag)
-    if value > most:
-        raise CliInputError(f"{flag} must be at most {most} (the most layers a model takes), got {value}")
+    at_most(value, int(PHYSICAL_RANGES["models"]["num_layers"].high), flag, "(the most layers a model takes)")
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -173,8 +192,7 @@ C ints, and ``inf`` or 1e300 s failed there with a traceback."""
 def timeout_option(value: float, flag: str) -> None:
     """Reject a timeout that is not > 0 or longer than ``MAX_TIMEOUT_S``."""
     positive(value, flag)
-    if not value <= MAX_TIMEOUT_S:
-        raise CliInputError(f"{flag} must be at most {MAX_TIMEOUT_S:g} s (a week), got {value}")
+    at_most(value, MAX_TIMEOUT_S, flag, "s (a week)")
 
 
 def positive(value: float | None, flag: str) -> None:
