@@ -154,6 +154,15 @@ def _instance_attributes(module) -> dict[str, frozenset[str]]:
     return {klass.__qualname__: surface._self_attributes(klass) for klass in classes}
 
 
+def _new_process(monkeypatch) -> None:
+    """Empty every in-memory cache of the surface check, as a process that starts does."""
+    from sglang_vpp.sglang_plugin import surface
+
+    monkeypatch.setattr(surface, "_BY_FILE", {}, raising=False)
+    monkeypatch.setattr(surface, "_ON_DISK", {}, raising=False)
+    surface._self_attributes.cache_clear()
+
+
 def test_instance_attributes_come_from_one_parse_per_file_then_from_the_cache(tmp_path, monkeypatch):
     """The start-up check's ``self.x`` assignments per class: one parse of a file serves all its
     classes, and a later process (here: the in-memory caches emptied) reads them from the
@@ -163,8 +172,7 @@ def test_instance_attributes_come_from_one_parse_per_file_then_from_the_cache(tm
     from sglang_vpp.sglang_plugin import surface
 
     monkeypatch.setenv("SGLANG_VPP_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(surface, "_BY_FILE", {}, raising=False)
-    surface._self_attributes.cache_clear()
+    _new_process(monkeypatch)
     source = tmp_path / "surface_drill_classes.py"
     source.write_text(textwrap.dedent(_CLASSES_SOURCE))
     module = _import_file(source)
@@ -179,15 +187,13 @@ def test_instance_attributes_come_from_one_parse_per_file_then_from_the_cache(tm
         assert _instance_attributes(module) == expected
         assert len(parses) == 1
 
-        monkeypatch.setattr(surface, "_BY_FILE", {}, raising=False)
-        surface._self_attributes.cache_clear()
+        _new_process(monkeypatch)
         assert _instance_attributes(module) == expected
         assert len(parses) == 1  # read back, not parsed
 
         with source.open("a") as out:
             out.write("\n\nclass Late:\n    def __init__(self):\n        self.z = 1\n")
-        monkeypatch.setattr(surface, "_BY_FILE", {}, raising=False)
-        surface._self_attributes.cache_clear()
+        _new_process(monkeypatch)
         module = _import_file(source)
         assert _instance_attributes(module) == expected
         assert surface._self_attributes(module.Late) == frozenset("z")
@@ -198,8 +204,7 @@ def test_instance_attributes_come_from_one_parse_per_file_then_from_the_cache(tm
         source.write_text(source.read_text().replace("self.z = 1", "self.w = 1"))
         os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
         assert source.stat().st_size == stat.st_size
-        monkeypatch.setattr(surface, "_BY_FILE", {}, raising=False)
-        surface._self_attributes.cache_clear()
+        _new_process(monkeypatch)
         module = _import_file(source)
         assert surface._self_attributes(module.Late) == frozenset("w")
         assert len(parses) == 3
@@ -214,8 +219,7 @@ def test_an_unwritable_cache_only_costs_the_parse(tmp_path, monkeypatch):
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     monkeypatch.setenv("SGLANG_VPP_CACHE_DIR", str(blocker))
-    monkeypatch.setattr(surface, "_BY_FILE", {}, raising=False)
-    surface._self_attributes.cache_clear()
+    _new_process(monkeypatch)
     source = tmp_path / "surface_drill_unwritable.py"
     source.write_text(textwrap.dedent(_CLASSES_SOURCE))
     try:
@@ -224,6 +228,70 @@ def test_an_unwritable_cache_only_costs_the_parse(tmp_path, monkeypatch):
     finally:
         surface._self_attributes.cache_clear()
         sys.modules.pop(source.stem, None)
+
+def _source_files(folder: Path, count: int) -> list[Path]:
+    paths = []
+    for index in range(count):
+        path = folder / f"surface_drill_cache_{index}.py"
+        path.write_text(f"class Holder{index}:\n    def __init__(self):\n        self.v{index} = 1\n")
+        paths.append(path)
+    return paths
+
+
+def _cached_files(tmp_path: Path) -> list[str]:
+    import json
+
+    (cache,) = (tmp_path / "cache" / "surface").glob("self-attributes-*.json")
+    return list(json.loads(cache.read_text())["files"])
+
+
+def test_a_process_reads_the_cache_file_once_for_all_the_files_it_checks(tmp_path, monkeypatch):
+    from sglang_vpp.sglang_plugin import surface
+
+    monkeypatch.setenv("SGLANG_VPP_CACHE_DIR", str(tmp_path / "cache"))
+    sources = _source_files(tmp_path, 3)
+    try:
+        _new_process(monkeypatch)
+        modules = [_import_file(path) for path in sources]
+        for index, module in enumerate(modules):
+            assert surface._self_attributes(getattr(module, f"Holder{index}")) == frozenset({f"v{index}"})
+        _new_process(monkeypatch)
+        reads = []
+        real_read = Path.read_text
+        monkeypatch.setattr(Path, "read_text", lambda self, *args, **kwargs: (
+            reads.append(self.name) if self.name.startswith("self-attributes") else None) or real_read(self, *args, **kwargs))
+        for index, module in enumerate(modules):
+            assert surface._self_attributes(getattr(module, f"Holder{index}")) == frozenset({f"v{index}"})
+        assert len(reads) == 1, reads
+    finally:
+        surface._self_attributes.cache_clear()
+        for path in sources:
+            sys.modules.pop(path.stem, None)
+
+
+def test_the_cache_keeps_the_newest_entries_of_files_that_exist(tmp_path, monkeypatch):
+    """Entries of files that are gone (a removed venv or SGLang version) and the oldest past
+    ``CACHE_MAX_ENTRIES`` are dropped when the cache is written, so it cannot grow without end."""
+    from sglang_vpp.sglang_plugin import surface
+
+    monkeypatch.setenv("SGLANG_VPP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(surface, "CACHE_MAX_ENTRIES", 2, raising=False)
+    sources = _source_files(tmp_path, 4)
+    try:
+        _new_process(monkeypatch)
+        for index, path in enumerate(sources[:3]):
+            surface._self_attributes(getattr(_import_file(path), f"Holder{index}"))
+        assert _cached_files(tmp_path) == [str(sources[1]), str(sources[2])]  # the oldest went
+
+        sources[2].unlink()
+        _new_process(monkeypatch)
+        surface._self_attributes(_import_file(sources[3]).Holder3)
+        assert _cached_files(tmp_path) == [str(sources[1]), str(sources[3])]  # the removed file went
+    finally:
+        surface._self_attributes.cache_clear()
+        for path in sources:
+            sys.modules.pop(path.stem, None)
+
 
 @pytest.mark.sglang
 def test_each_scheduler_option_is_honoured_or_refused():

@@ -33,6 +33,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 __all__ = ["Scope", "Use", "SurfaceName", "SURFACE", "find_problems", "problem_of", "scopes_for", "refusal"]
@@ -474,6 +475,13 @@ _BY_FILE: dict[str, dict[str, frozenset[str]]] = {}
 CACHE_FORMAT = 2
 """Version of the on-disk cache of ``_self_attributes_by_class`` (``_cache_path``)."""
 
+CACHE_MAX_ENTRIES = 256
+"""Files the on-disk cache keeps, the most recently written: about ten times what one SGLang
+install's start-up checks read, so several venvs or versions side by side each keep theirs."""
+
+_ON_DISK: dict[Path, dict] = {}
+"""Cache path -> its entries as this process read them (once) and wrote them since."""
+
 
 def _self_attributes_by_class(filename: str, module_globals: dict | None) -> dict[str, frozenset[str]]:
     """Qualified name -> ``_self_attributes`` of every class defined in ``filename`` (the first
@@ -530,19 +538,23 @@ def _cache_path():
     return cache_dir() / "surface" / f"self-attributes-py{sys.version_info[0]}{sys.version_info[1]}.json"
 
 
-def _read_cache() -> dict:
+def _read_cache(path: Path) -> dict:
     try:
-        data = json.loads(_cache_path().read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return data.get("files", {}) if isinstance(data, dict) and data.get("format") == CACHE_FORMAT else {}
+    files = data.get("files") if isinstance(data, dict) and data.get("format") == CACHE_FORMAT else None
+    return files if isinstance(files, dict) else {}
 
 
 def _cached_entry(filename: str, key: dict | None) -> dict[str, frozenset[str]] | None:
     """The cached classes of ``filename`` if recorded for these contents."""
     if key is None:
         return None
-    entry = _read_cache().get(filename)
+    path = _cache_path()
+    if path not in _ON_DISK:
+        _ON_DISK[path] = _read_cache(path)
+    entry = _ON_DISK[path].get(filename)
     if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("classes"), dict):
         return None
     if not all(isinstance(attrs, list) for attrs in entry["classes"].values()):
@@ -551,13 +563,20 @@ def _cached_entry(filename: str, key: dict | None) -> dict[str, frozenset[str]] 
 
 
 def _store_entry(filename: str, key: dict, classes: dict[str, frozenset[str]]) -> None:
-    """Record ``filename``'s classes (best effort: an unwritable cache only costs the parse)."""
+    """Record ``filename``'s classes (best effort: an unwritable cache only costs the parse).
+
+    The entries kept are the newest ``CACHE_MAX_ENTRIES`` whose files still exist: those of a
+    removed venv, SGLang version or file go, so the cache stays small however many come and go."""
     tmp = None
     try:
         path = _cache_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        files = _read_cache()
+        files = _read_cache(path)  # read again: another process may have written since
+        files.pop(filename, None)  # re-inserted last, the newest
         files[filename] = {"key": key, "classes": {name: sorted(attrs) for name, attrs in classes.items()}}
+        kept = [name for name in files if os.path.exists(name)][-CACHE_MAX_ENTRIES:]
+        files = {name: files[name] for name in kept}
+        _ON_DISK[path] = files
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
         with os.fdopen(fd, "w") as out:
             json.dump({"format": CACHE_FORMAT, "files": files}, out)
