@@ -137,9 +137,7 @@ def _arrivals_within_a_week(interval: float, requests: int) -> None:
     """The run waits for each arrival in real time, and the timeline counts it: the last request
     arrives within ``MAX_TIMEOUT_S`` (a week), the bound of every wait a command takes."""
     if requests <= 1:  # no second arrival: the interval itself is bounded like every wait
-        if interval > MAX_TIMEOUT_S:
-            raise CliInputError(f"--arrival-interval must be at most {MAX_TIMEOUT_S:g} s (a week of real time), "
-                                f"got {interval:g}")
+        at_most(interval, MAX_TIMEOUT_S, "--arrival-interval", "s (a week of real time)")
         return
     if interval * (requests - 1) > MAX_TIMEOUT_S:
         most = MAX_TIMEOUT_S / (requests - 1)
