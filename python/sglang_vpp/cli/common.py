@@ -180,8 +180,9 @@ def layers_option(value: int, flag: str = "--layers") -> None:
     (``sim/physical_ranges.PHYSICAL_RANGES``), so that a typo cannot ask for a billion stages."""
     from ..sim.physical_ranges import PHYSICAL_RANGES
 
-    at_least(value, 1, flag)
-    at_most(value, int(PHYSICAL_RANGES["models"]["num_layers"].high), flag, "(the most layers a model takes)")
+    layers = PHYSICAL_RANGES["models"]["num_layers"]
+    at_least(value, int(layers.low), flag)
+    at_most(value, int(layers.high), flag, "(the most layers a model takes)")
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
