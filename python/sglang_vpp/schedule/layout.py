@@ -225,7 +225,7 @@ def build_layout(
     if split is None and fold is Fold.FUSED:
         # The method's even split with the fold's two stages merged: the fold rank keeps its
         # share of the layers (an even split over 2P-1 stages would halve it).
-        counts = even_split(num_layers, 2 * num_ranks)
+        counts = even_split(num_layers, _method_stage_count(kind, num_ranks))
         counts[num_ranks - 1:num_ranks + 1] = [counts[num_ranks - 1] + counts[num_ranks]]
     elif split is None:
         counts = even_split(num_layers, num_stages)
