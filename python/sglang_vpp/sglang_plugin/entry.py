@@ -11,7 +11,8 @@ registered hooks. Hook targets, each declared in ``surface.py`` (SGLang 0.5.23):
   input guard, bad prompts answered 400 (``input_guard.py``; verified after parsing)
 - ``sglang.srt.disaggregation.common.conn.CommonKVBootstrapServer._setup_routes`` (AFTER; a
   launcher started with ``--disaggregation-mode prefill`` only): its bootstrap server also says
-  whether it refuses a decode server of another attention TP size (``pd_guard.py``)
+  whether it refuses a decode server of another attention TP size (``pd_guard.py``) and takes a
+  decode server's refusal of a room, ending that request at once (``pd_drop.py``)
 - ``sglang.srt.utils.watchdog.SubprocessWatchdog.start`` (BEFORE): remember the rank processes
 - ``sglang.srt.managers.tokenizer_manager.SignalHandler.running_phase_sigquit_handler``
   (AROUND): one log line per failed rank, pending clients answered 503, then SGLang kills

@@ -15,7 +15,8 @@ prefill result processing reads the hidden states of a logits output that a rank
 last stage does not have (``AttributeError`` on ``None``). The guard turns
 each into an ``InputRejectedError`` (a ``ValueError``), which SGLang's HTTP and OpenAI-compatible
 handlers answer with status 400 and the message; the server keeps serving. On a decode server of
-a prefill-decode split the same hook refuses a bootstrap address that cannot work (``pd_guard.py``).
+a prefill-decode split the same hook refuses a bootstrap address that cannot work (``pd_guard.py``);
+on a prefill server, a request whose room its decode server already refused (``pd_drop.py``).
 
 Data flow (the HTTP server process, where the TokenizerManager lives)::
 
@@ -24,7 +25,7 @@ Data flow (the HTTP server process, where the TokenizerManager lives)::
         -> TokenizerManager._validate_one_request(obj, input_ids)
              [BEFORE hook: check_request_tokens: the prompt's ids (unless it sends
               embeddings), top_logprobs_num, a hidden-states request under PP, a PD
-              decode server's bootstrap address]
+              decode server's bootstrap address, a PD prefill server's refused room]
                -> InputRejectedError -> HTTP 400
       (a batch whose later item is refused: SGLang aborts the items already dispatched)
 
@@ -38,6 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sglang_vpp.sglang_plugin.errors import InputRejectedError, PluginError
+from sglang_vpp.sglang_plugin.pd_drop import check_refused_room
 from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address
 
 __all__ = [
@@ -114,6 +116,7 @@ def check_request_tokens(manager: Any, obj: Any, input_ids: Any, *args: Any, **k
     check_logprob_options(obj, vocab_size)
     check_hidden_states_request(obj, int(getattr(getattr(manager, "server_args", None), "pp_size", 1) or 1))
     check_bootstrap_address(manager, obj)
+    check_refused_room(manager, obj)
     return None
 
 

@@ -14,7 +14,9 @@ so a mismatch of one address cannot hide another's answer, and turns that addres
 message is recorded as the failure reason (after the abort, which records its own), so the
 client's error carries it ("Decode handshake failed ... with exception <SGLang's message>") and
 the decode server keeps serving. The next request from that address is checked again (a prefill
-server can be replaced behind one address). One error line per address and message.
+server can be replaced behind one address). One error line per address and message. The prefill
+server is told each failed room (``pd_drop.tell_prefill``, off this loop), so it ends its side of
+the request at once instead of at its bootstrap timeout.
 
 The tokenizer's bootstrap guard (``pd_guard.py``) refuses the mismatches it can see with a 400
 before the scheduler; this is the backstop for every check SGLang makes, current and future.
@@ -23,7 +25,8 @@ Data flow (every scheduler process of a ``--disaggregation-mode decode`` server)
 
     DecodePreallocQueue._resolve_pending_reqs -> _ensure_prefill_info(self, addr_to_reqs)
         [AROUND hook] -> original(self, {addr: reqs}) per address
-            RuntimeError -> receivers aborted, reason recorded, requests dropped from pending
+            RuntimeError -> receivers aborted, reason recorded, requests dropped from pending,
+                            the prefill server told the rooms (pd_drop.tell_prefill, a thread)
 """
 
 from __future__ import annotations
@@ -67,6 +70,11 @@ def _fail_requests(queue: Any, addr: str, reqs: list[Any], reason: str) -> None:
             continue
         receiver.abort()
         queue.kv_manager.record_failure(decode_req.req.bootstrap_room, message)
+    # The prefill server would hold these rooms for a decode side that never connects: tell it
+    # (``addr`` is SGLang's "host:port", brackets around an IPv6 host), from a thread of its own.
+    from sglang_vpp.sglang_plugin.pd_drop import tell_prefill
+
+    tell_prefill(addr, [decode_req.req.bootstrap_room for decode_req in reqs], message)
 
 
 def install_decode_refusal_hook(server_args: Any) -> bool:

@@ -29,6 +29,12 @@ host, so not on every request) and refuses with 400, naming both sizes and the f
 without that route (stock SGLang, or no plugin) is left to its own rules; so is an MLA model,
 whose latent cache takes Mooncake's whole-layer transfer at any TP size.
 
+When the guard refuses a request for its prefill server's page size or attention TP size, it tells
+that prefill server to drop the room (``pd_drop.tell_prefill``, from a thread: the router posts to
+both servers and answers its client once both have, and the prefill server would hold the room
+until its bootstrap timeout); ``after_setup_routes`` also adds the route that receives it
+(``pd_drop.DROP_ROUTE``).
+
 A room that no prefill server ever serves cannot be told apart from one still on its way; SGLang's
 own waiting timeout ends it. The warm-up address SGLang uses itself (``FAKE_BOOTSTRAP_HOST``) and
 every non-decode server are left alone.
@@ -91,8 +97,15 @@ def check_bootstrap_address(manager: Any, obj: Any) -> None:
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     if (host, port) not in _reachable:
         _check_reachable(direct, host, port, shown)
-    _check_page_size(direct, _decode_page_size(server_args), host, port, shown)
-    _check_attn_tp(direct, manager, server_args, host, port, shown)
+    try:
+        _check_page_size(direct, _decode_page_size(server_args), host, port, shown)
+        _check_attn_tp(direct, manager, server_args, host, port, shown)
+    except InputRejectedError as exc:
+        # The prefill server would hold this room for a decode side that never connects: tell it.
+        from sglang_vpp.sglang_plugin.pd_drop import tell_prefill
+
+        tell_prefill(f"{shown}:{port}", [room], str(exc))
+        raise
 
 
 def _decode_page_size(server_args: Any) -> int | None:
@@ -168,11 +181,13 @@ def head_sliced_refusal(prefill_tp: int, decode_tp: int) -> str:
 
 
 def after_setup_routes(result: Any, server: Any) -> Any:
-    """AFTER hook on ``CommonKVBootstrapServer._setup_routes``: add ``PLUGIN_ROUTE``. The bootstrap
-    server runs in the launcher process, which published its ServerArgs before starting it; the
-    answer is read when asked, and the attention TP size is the one the prefill ranks registered
-    (None until the first one has)."""
+    """AFTER hook on ``CommonKVBootstrapServer._setup_routes``: add ``PLUGIN_ROUTE`` and
+    ``pd_drop.DROP_ROUTE``. The bootstrap server runs in the launcher process, which published its
+    ServerArgs before starting it; the answer is read when asked, and the attention TP size is the
+    one the prefill ranks registered (None until the first one has)."""
     from aiohttp import web
+
+    from sglang_vpp.sglang_plugin import pd_drop
 
     async def answer(request: Any) -> Any:
         from sglang.srt.runtime_context import get_server_args
@@ -183,7 +198,15 @@ def after_setup_routes(result: Any, server: Any) -> Any:
             refuses = False
         return web.json_response({"refuses_other_attn_tp": refuses, "attn_tp_size": server.attn_tp_size})
 
+    async def refused(request: Any) -> Any:
+        try:
+            room, reason = pd_drop.parse_drop(await request.json())
+        except ValueError as exc:  # json.JSONDecodeError included
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response({"room": room, "scheduled": pd_drop.drop_room(room, reason)})
+
     server.app.router.add_get(PLUGIN_ROUTE, answer)
+    server.app.router.add_post(pd_drop.DROP_ROUTE, refused)
     return result
 
 

@@ -177,6 +177,13 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "disaggregation.common.conn.CommonKVReceiver.abort", C, PD, ("self",)),
     N(_S + "disaggregation.common.conn.CommonKVManager.record_failure", C, PD, ("self", "bootstrap_room", "failure_reason")),
     N(_REQ + "bootstrap_room", R, PD),  # vpp/pd_prefill.py reads it too
+    # --- the decode side's refusal ends the request on its prefill server too (pd_drop.py; the
+    # bootstrap server's app, declared above, takes its POST route)
+    N(_S + "managers.io_struct.GenerateReqInput.bootstrap_room", R, PD),
+    N(_TM + "TokenizerManager.abort_request", C, PD, ("self", "rid")),
+    N(_TM + "ReqState.obj", R, PD),
+    N(_TM + "ReqState.finished", R, PD),
+    N(_TM + "ReqState.dispatched", R, PD),
     # --- prefill-decode split, stock pp > 1 prefill: aborts in chunked prefill (pd_abort.py)
     N(_SCHED + "process_prefill_chunk", H, PD, ("self", "last_batch", "running_batch")),
     N(_SCHED + "process_pending_chunked_abort", C, PD, ("self",)),

@@ -1,0 +1,340 @@
+"""A decode server's refusal ends the request on its prefill server too (sglang_plugin/pd_drop.py),
+without starting a server: the bootstrap server's POST route, the refused-room memory, the abort
+on the TokenizerManager's loop, the prefill input guard, and the decode side's two callers."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import importlib.util
+import json
+import threading
+import types
+import urllib.error
+import urllib.request
+
+import pytest
+
+SKIP_NO_SGLANG = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")
+pytestmark = SKIP_NO_SGLANG
+WAIT_S = 30.0
+"""Upper bound on a wait for another thread (never reached when the code works; no timing asserted)."""
+
+
+@pytest.fixture
+def pd_drop(monkeypatch):
+    """The module with a fresh memory and no manager (another test's must not leak in)."""
+    from sglang_vpp.sglang_plugin import pd_drop
+
+    monkeypatch.setattr(pd_drop, "_refused", pd_drop.RefusedRooms())
+    monkeypatch.setattr(pd_drop, "_manager", None)
+    return pd_drop
+
+
+class _State:
+    def __init__(self, room, dispatched=True, finished=False):
+        self.obj = types.SimpleNamespace(bootstrap_room=room)
+        self.dispatched, self.finished = dispatched, finished
+
+
+class _Manager:
+    """What the drop reads of SGLang's TokenizerManager; records the calls and their threads."""
+
+    def __init__(self, loop=None, states=None, mode="prefill"):
+        self.server_args = types.SimpleNamespace(disaggregation_mode=mode, pp_size=1)
+        self.model_config = types.SimpleNamespace(vocab_size=100)
+        self.event_loop = loop
+        self.rid_to_state = dict(states or {})
+        self.calls: list[tuple] = []
+        self.done = threading.Event()
+
+    def abort_request(self, rid="", abort_all=False):
+        self.calls.append(("abort_request", rid, threading.current_thread()))
+
+    def _handle_abort_req(self, recv_obj):
+        self.calls.append(("_handle_abort_req", recv_obj, threading.current_thread()))
+        del self.rid_to_state[recv_obj.rid]
+        self.done.set()
+
+
+class _RecordingLoop:
+    """An event loop stand-in that records what is scheduled on it, for the test to run."""
+
+    def __init__(self):
+        self.soon: list[tuple] = []
+        self.later: list[tuple] = []
+
+    def call_soon_threadsafe(self, fn, *args):
+        self.soon.append((fn, args))
+
+    def call_later(self, delay, fn, *args):
+        self.later.append((delay, fn, args))
+
+
+def _serve_routes(after_setup_routes):
+    """SGLang's bootstrap server as far as the plugin's routes go: an aiohttp app on a thread and
+    event loop of its own. Returns (port, stop)."""
+    from aiohttp import web
+
+    server = types.SimpleNamespace(app=web.Application(), attn_tp_size=2)
+    after_setup_routes(None, server)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(server.app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, name="bootstrap", daemon=True)
+    thread.start()
+
+    def stop():
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(WAIT_S)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(WAIT_S)
+
+    return port, stop
+
+
+def _post(port: int, path: str, data: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=WAIT_S) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_route_refuses_a_bad_body_with_400_and_remembers_a_good_one(pd_drop):
+    from sglang_vpp.sglang_plugin.pd_guard import after_setup_routes
+
+    port, stop = _serve_routes(after_setup_routes)
+    try:
+        bad = [b"", b"not json", b"\xff\xfe", b"[1, 2]", b'{"reason": "x"}', b'{"room": -1, "reason": "x"}',
+               b'{"room": 9223372036854775808, "reason": "x"}', b'{"room": true, "reason": "x"}',
+               b'{"room": "7", "reason": "x"}', b'{"room": 7}', b'{"room": 7, "reason": ""}',
+               b'{"room": 7, "reason": 3}']
+        for data in bad:
+            status, body = _post(port, pd_drop.DROP_ROUTE, data)
+            assert status == 400 and body["error"], (data, status, body)
+        assert len(pd_drop._refused) == 0
+        status, body = _post(port, pd_drop.DROP_ROUTE, json.dumps({"room": 7, "reason": "page sizes differ"}).encode())
+        assert (status, body) == (200, {"room": 7, "scheduled": False})  # no tokenizer has served yet
+        assert pd_drop._refused.reason(7) == "page sizes differ"
+    finally:
+        stop()
+
+
+def test_refused_rooms_are_bounded_in_count_and_time():
+    from sglang_vpp.sglang_plugin.pd_drop import RefusedRooms
+
+    rooms = RefusedRooms(ttl_s=10.0, max_rooms=3)
+    for room in range(5):
+        rooms.remember(room, f"reason {room}", now=100.0 + room)
+    assert len(rooms) == 3 and rooms.reason(0, now=105.0) is None and rooms.reason(1, now=105.0) is None
+    assert rooms.reason(4, now=105.0) == "reason 4"
+    assert rooms.reason(2, now=112.0) is None and rooms.reason(3, now=112.0) == "reason 3"
+    assert len(rooms) == 2
+    rooms.remember(3, "again", now=120.0)  # refused again: its time starts over
+    assert rooms.reason(3, now=129.0) == "again" and rooms.reason(4, now=129.0) is None
+    assert rooms.reason(3, now=130.0) is None and len(rooms) == 0
+
+
+def test_the_abort_runs_on_the_managers_loop_with_the_rid_of_the_room(pd_drop):
+    """Posted on the bootstrap server's thread, the drop runs on the tokenizer's loop thread (its
+    state and ZMQ sockets are that thread's): SGLang's abort_request of the room's rid (the
+    scheduler frees the KV), then the client's answer: a 400 carrying the decode's reason. Other
+    rooms, and a request already finished, are left alone."""
+    from sglang_vpp.sglang_plugin.pd_guard import after_setup_routes
+
+    loop = asyncio.new_event_loop()
+    loop_thread = threading.Thread(target=loop.run_forever, name="tokenizer", daemon=True)
+    loop_thread.start()
+    manager = _Manager(loop, {"r-7": _State(7), "r-8": _State(8), "r-7-done": _State(7, finished=True)})
+    pd_drop.remember_manager(manager)
+    port, stop = _serve_routes(after_setup_routes)
+    try:
+        status, body = _post(port, pd_drop.DROP_ROUTE, json.dumps({"room": 7, "reason": "attn TP 2 vs 1"}).encode())
+        assert (status, body) == (200, {"room": 7, "scheduled": True})
+        assert manager.done.wait(WAIT_S)
+    finally:
+        stop()
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(WAIT_S)
+    assert [call[:2] for call in manager.calls[:1]] == [("abort_request", "r-7")]
+    assert [call[0] for call in manager.calls] == ["abort_request", "_handle_abort_req"]
+    assert all(call[2] is loop_thread for call in manager.calls)
+    abort = manager.calls[1][1]
+    assert abort.rid == "r-7"
+    assert abort.finished_reason == {"type": "abort", "status_code": 400,
+                                     "message": "the decode server refused this request: attn TP 2 vs 1"}
+    assert set(manager.rid_to_state) == {"r-8", "r-7-done"}
+
+
+def test_a_request_not_yet_dispatched_is_looked_for_again(pd_drop, monkeypatch):
+    """Past the input guard but not yet sent to the scheduler, a request cannot be aborted there:
+    the drop looks again later, then ends it; it gives up after RETRY_DELAYS_S."""
+    monkeypatch.setattr(pd_drop, "RETRY_DELAYS_S", (0.2, 0.5))
+    loop = _RecordingLoop()
+    state = _State(7, dispatched=False)
+    manager = _Manager(loop, {"r-7": state})
+    pd_drop.remember_manager(manager)
+    assert pd_drop.drop_room(7, "why")
+    fn, args = loop.soon.pop()
+    fn(*args)
+    assert manager.calls == [] and [delay for delay, _, _ in loop.later] == [0.2]
+    _, fn, args = loop.later.pop()
+    fn(*args)  # still not dispatched: once more
+    assert manager.calls == [] and [delay for delay, _, _ in loop.later] == [0.5]
+    state.dispatched = True
+    _, fn, args = loop.later.pop()
+    fn(*args)
+    assert [(name, getattr(obj, "rid", obj)) for name, obj, _ in manager.calls] == [
+        ("abort_request", "r-7"), ("_handle_abort_req", "r-7")]
+    manager = _Manager(loop, {"r-9": _State(9, dispatched=False)})
+    pd_drop.remember_manager(manager)
+    pd_drop.drop_room(9, "why")
+    for _ in range(3):
+        scheduled = loop.soon.pop() if loop.soon else loop.later.pop()[1:]
+        scheduled[0](*scheduled[1])
+    assert loop.soon == [] and loop.later == [] and manager.calls == []  # given up
+
+
+def test_a_failing_drop_never_raises_into_the_loop(pd_drop):
+    loop = _RecordingLoop()
+    manager = _Manager(loop, {"r-7": _State(7)})
+
+    def broken(rid="", abort_all=False):
+        raise RuntimeError("zmq socket closed")
+
+    manager.abort_request = broken
+    pd_drop.remember_manager(manager)
+    pd_drop.drop_room(7, "why")
+    fn, args = loop.soon.pop()
+    fn(*args)  # logged, not raised
+
+    class Closed:
+        def call_soon_threadsafe(self, *args):
+            raise RuntimeError("Event loop is closed")
+
+    pd_drop.remember_manager(_Manager(Closed()))
+    assert pd_drop.drop_room(8, "why") is False and pd_drop._refused.reason(8) == "why"
+
+
+def test_the_prefill_input_guard_refuses_a_remembered_room(pd_drop):
+    """The router posts to both servers at once: the decode server's refusal may come first. A
+    prefill server answers that room's request 400 with the reason; other rooms, and decode
+    servers, are not concerned."""
+    from sglang_vpp.sglang_plugin.errors import InputRejectedError
+    from sglang_vpp.sglang_plugin.input_guard import check_request_tokens
+
+    def request(room):
+        return types.SimpleNamespace(input_embeds=None, return_logprob=False, return_hidden_states=False,
+                                     bootstrap_host=None, bootstrap_port=None, bootstrap_room=room)
+
+    prefill = _Manager()
+    pd_drop.drop_room(7, "page sizes differ")
+    with pytest.raises(InputRejectedError, match="the decode server refused this request: page sizes differ"):
+        check_request_tokens(prefill, request(7), [1, 2])
+    check_request_tokens(prefill, request(8), [1, 2])
+    check_request_tokens(prefill, request(None), [1, 2])
+    check_request_tokens(prefill, request([7, 8]), [1, 2])  # a batch: checked item by item
+    check_request_tokens(_Manager(mode="decode"), request(7), [1, 2])
+    assert pd_drop._manager is prefill  # the manager whose requests a drop ends
+
+
+class _Bootstrap(http.server.BaseHTTPRequestHandler):
+    """A prefill's bootstrap server: healthy, page size 16, and it records the drops posted."""
+
+    posts: list = []
+    posted = threading.Event()
+    route_status = 200
+
+    def do_GET(self):  # noqa: N802 - the stdlib's name
+        from sglang_vpp.sglang_plugin.pd_guard import ROUTE_QUERY
+
+        if self.path in ("/health", ROUTE_QUERY):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(json.dumps({"page_size": 16}).encode())
+        else:
+            self.send_response(404)
+            self.end_headers()
+
+    def do_POST(self):  # noqa: N802 - the stdlib's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).posts.append((self.path, body))
+        self.send_response(self.route_status)
+        self.end_headers()
+        if len(type(self).posts) >= type(self).expected:
+            type(self).posted.set()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def bootstrap():
+    handler = type("Handler", (_Bootstrap,), {"posts": [], "posted": threading.Event(), "expected": 1})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], handler
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_decode_guard_tells_the_prefill_the_room_it_refused(bootstrap):
+    from sglang_vpp.sglang_plugin.errors import InputRejectedError
+    from sglang_vpp.sglang_plugin.pd_drop import DROP_ROUTE
+    from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address
+
+    port, handler = bootstrap
+    manager = types.SimpleNamespace(server_args=types.SimpleNamespace(disaggregation_mode="decode", page_size=1,
+                                                                      device="cpu"))
+    obj = types.SimpleNamespace(bootstrap_host="127.0.0.1", bootstrap_port=port, bootstrap_room=4242)
+    with pytest.raises(InputRejectedError, match="--page-size 16") as refused:
+        check_bootstrap_address(manager, obj)
+    assert handler.posted.wait(WAIT_S)
+    assert handler.posts == [(DROP_ROUTE, {"room": 4242, "reason": str(refused.value)})]
+
+
+def test_the_decode_backstop_tells_the_prefill_each_failed_room(bootstrap):
+    """pd_decode_refusal fails an address's requests in the decode scheduler; the prefill server
+    behind that address (SGLang's "host:port") is told each room, from a thread of its own."""
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue
+
+    from sglang_vpp.sglang_plugin.pd_decode_refusal import ensure_prefill_info_per_address
+    from sglang_vpp.sglang_plugin.pd_drop import DROP_ROUTE
+
+    port, handler = bootstrap
+    handler.expected = 2
+    addr = f"127.0.0.1:{port}"
+    failures: dict = {}
+    kv_manager = types.SimpleNamespace(record_failure=failures.__setitem__)
+
+    def mismatch(queue, addr_to_reqs):
+        raise RuntimeError("KV cache dtype mismatch")
+
+    receiver = types.SimpleNamespace(abort=lambda: None)
+    reqs = [types.SimpleNamespace(req=types.SimpleNamespace(bootstrap_room=room), kv_receiver=receiver)
+            for room in (7, 8)]
+    queue = object.__new__(DecodePreallocQueue)
+    queue.kv_manager = kv_manager
+    assert ensure_prefill_info_per_address(mismatch, queue, {addr: reqs}) == ({}, [])
+    assert handler.posted.wait(WAIT_S)
+    assert sorted(body["room"] for _, body in handler.posts) == [7, 8]
+    assert all(path == DROP_ROUTE and "KV cache dtype mismatch" in body["reason"] and addr in body["reason"]
+               for path, body in handler.posts)
+
+
+def test_a_prefill_without_the_route_is_told_once_and_nothing_raises(bootstrap, pd_drop):
+    port, handler = bootstrap
+    handler.route_status = 404  # stock SGLang: no such route
+    thread = pd_drop.tell_prefill(f"127.0.0.1:{port}", [1, 2, 3, "not a room", None], "why")
+    thread.join(WAIT_S)
+    assert not thread.is_alive() and [body["room"] for _, body in handler.posts] == [1]
+    assert pd_drop.tell_prefill(f"127.0.0.1:{port}", [None], "why") is None
+    closed = pd_drop.tell_prefill("127.0.0.1:1", [5], "why")  # nobody there: logged, not raised
+    closed.join(WAIT_S)
+    assert not closed.is_alive()
