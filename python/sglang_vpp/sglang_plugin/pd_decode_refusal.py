@@ -39,7 +39,6 @@ __all__ = ["ENSURE_PREFILL_INFO_TARGET", "install_decode_refusal_hook"]
 logger = logging.getLogger(__name__)
 
 ENSURE_PREFILL_INFO_TARGET = "sglang.srt.disaggregation.decode.DecodePreallocQueue._ensure_prefill_info"
-_installed = False
 _logged: set[tuple[str, str]] = set()
 
 
