@@ -239,9 +239,53 @@ def test_the_prefill_input_guard_refuses_a_remembered_room(pd_drop):
         check_request_tokens(prefill, request(7), [1, 2])
     check_request_tokens(prefill, request(8), [1, 2])
     check_request_tokens(prefill, request(None), [1, 2])
-    check_request_tokens(prefill, request([7, 8]), [1, 2])  # a batch: checked item by item
+    check_request_tokens(prefill, request([7, 8]), [1, 2])  # a list: SGLang validates a batch item by item
     check_request_tokens(_Manager(mode="decode"), request(7), [1, 2])
     assert pd_drop._manager is prefill  # the manager whose requests a drop ends
+
+
+def test_a_room_is_forgotten_once_its_request_is_refused_or_ended(pd_drop):
+    """The memory covers the race with the router's two posts, nothing more: a client that
+    reuses the room afterwards (a retry once the servers are mended) is served."""
+    from sglang_vpp.sglang_plugin.input_guard import check_request_tokens
+
+    def request(room):
+        return types.SimpleNamespace(input_embeds=None, return_logprob=False, return_hidden_states=False,
+                                     bootstrap_host=None, bootstrap_port=None, bootstrap_room=room)
+
+    prefill = _Manager()
+    pd_drop.drop_room(7, "page sizes differ")
+    with pytest.raises(Exception, match="page sizes differ"):
+        check_request_tokens(prefill, request(7), [1, 2])
+    check_request_tokens(prefill, request(7), [1, 2])  # the retry
+
+    loop = _RecordingLoop()
+    manager = _Manager(loop, {"r-9": _State(9)})
+    pd_drop.remember_manager(manager)
+    pd_drop.drop_room(9, "why")
+    fn, args = loop.soon.pop()
+    fn(*args)
+    assert [name for name, _, _ in manager.calls] == ["abort_request", "_handle_abort_req"]
+    assert pd_drop._refused.reason(9) is None
+    check_request_tokens(manager, request(9), [1, 2])
+
+
+def test_a_rid_that_starts_another_live_rid_is_not_aborted(pd_drop):
+    """SGLang's scheduler aborts every request whose rid starts with the one given: with
+    client-chosen rids "4" and "42", ending "4" would end "42" too, so "4" is left to the
+    bootstrap timeout and nothing is aborted."""
+    loop = _RecordingLoop()
+    manager = _Manager(loop, {"4": _State(7), "42": _State(8)})
+    pd_drop.remember_manager(manager)
+    pd_drop.drop_room(7, "why")
+    fn, args = loop.soon.pop()
+    fn(*args)
+    assert manager.calls == [] and set(manager.rid_to_state) == {"4", "42"}
+    pd_drop.drop_room(8, "why")  # "42" starts no other rid: ended
+    fn, args = loop.soon.pop()
+    fn(*args)
+    assert [(name, getattr(obj, "rid", obj)) for name, obj, _ in manager.calls] == [
+        ("abort_request", "42"), ("_handle_abort_req", "42")]
 
 
 class _Bootstrap(http.server.BaseHTTPRequestHandler):

@@ -16,15 +16,17 @@ and ZMQ sockets belong to that loop's thread) and there does what ``/abort_reque
 (``TokenizerManager.abort_request``: the scheduler frees the request's KV) and then answers the
 client with the reason (``_handle_abort_req`` with a 400 finish reason). The router posts to both
 servers at once, so the refusal can arrive before the prefill server has the request: every refused
-room is remembered (``REFUSED_TTL_S``, at most ``REFUSED_MAX`` rooms) and the input guard answers a
-request of a remembered room 400 (``check_refused_room``). A request already past the guard but not
+room is remembered (``REFUSED_TTL_S``, at most ``REFUSED_MAX`` rooms) until its request is ended or
+refused, and the input guard answers a request of a remembered room 400 (``check_refused_room``). A request already past the guard but not
 yet dispatched to the scheduler is looked for again (``RETRY_DELAYS_S``). The manager is the one the
 input guard saw (SGLang's warm-up request passes it before any client's); a server run with
 several tokenizer workers (whose bootstrap server lives in another process than they do) keeps
 its own behaviour.
 
 A prefill server without the plugin answers the POST 404 and keeps its own behaviour. Nothing here
-raises into SGLang's loops: a failed POST, or a drop that cannot be scheduled, is logged once.
+raises into SGLang's loops: a failed POST, or a drop that cannot be scheduled, is logged once per
+address and cause. A client that chose its own rid is not ended when another request's rid starts
+with it (SGLang's scheduler aborts by rid prefix): that one keeps the bootstrap timeout.
 
 Data flow::
 
@@ -50,17 +52,18 @@ from typing import Any, Iterable
 
 from sglang_vpp.sglang_plugin.errors import InputRejectedError
 
-__all__ = ["DROP_ROUTE", "REFUSED_MAX", "REFUSED_TTL_S", "RefusedRooms", "check_refused_room", "drop_room",
+__all__ = ["DROP_ROUTE", "REFUSED_MAX", "REFUSED_TTL_S", "ROOM_LIMIT", "RefusedRooms", "check_refused_room", "drop_room",
            "parse_drop", "remember_manager", "tell_prefill"]
 
 logger = logging.getLogger(__name__)
 
 DROP_ROUTE = "/sglang_vpp/pd/refused"
 """The POST route ``pd_guard.after_setup_routes`` adds to a prefill server's bootstrap server."""
-REFUSED_TTL_S = 60.0
-"""How long a refused room is remembered: the router posts to both servers at once, so the prefill
-server receives the request within moments of the decode server's refusal (rooms are random 63-bit
-numbers: a later request reusing one is not expected)."""
+REFUSED_TTL_S = 10.0
+"""How long a refused room whose request has not arrived is remembered: the router posts to both
+servers at once, so the prefill server receives the request within moments of the decode server's
+refusal. A room is forgotten as soon as its request is ended or refused (``RefusedRooms.forget``),
+so a client that reuses a room later (a retry against a mended decode server) is not refused for it."""
 REFUSED_MAX = 4096
 """At most this many rooms are remembered (the oldest go first): the memory stays bounded under a
 flood of refusals."""
@@ -70,7 +73,8 @@ RETRY_DELAYS_S = (0.2, 0.5, 1.0, 2.0)
 """When a request of the room is past the input guard but not yet dispatched to the scheduler (it
 cannot be aborted there yet), it is looked for again after each of these delays."""
 MAX_REASON_CHARS = 4000
-_MAX_ROOM = 2**63
+ROOM_LIMIT = 2**63
+"""A bootstrap room is an integer in [0, ROOM_LIMIT) (SGLang draws them as random 63-bit numbers)."""
 
 
 class RefusedRooms:
@@ -98,6 +102,10 @@ class RefusedRooms:
             self._expire(now)
             entry = self._rooms.get(room)
         return None if entry is None else entry[1]
+
+    def forget(self, room: int) -> None:
+        with self._lock:
+            self._rooms.pop(room, None)
 
     def __len__(self) -> int:
         with self._lock:
@@ -142,6 +150,7 @@ def check_refused_room(manager: Any, obj: Any) -> None:
         return  # a batch is checked item by item; no room: nothing was refused
     reason = _refused.reason(room)
     if reason is not None:
+        _refused.forget(room)  # the one request the refusal was for
         raise InputRejectedError(_client_message(reason))
 
 
@@ -150,7 +159,7 @@ def parse_drop(body: Any) -> tuple[int, str]:
     if not isinstance(body, dict):
         raise ValueError('the body must be a JSON object {"room": int, "reason": str}')
     room, reason = body.get("room"), body.get("reason")
-    if type(room) is not int or not 0 <= room < _MAX_ROOM:
+    if type(room) is not int or not 0 <= room < ROOM_LIMIT:
         raise ValueError(f"room must be an integer in [0, 2**63); got {room!r}")
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError(f"reason must be a non-empty string; got {reason!r}")
@@ -165,7 +174,9 @@ def drop_room(room: int, reason: str) -> bool:
     loop = getattr(manager, "event_loop", None)
     if loop is None:
         _log_once("no-manager", "sglang-vpp: a decode server refused room %s, but no tokenizer of this process "
-                  "has served a request yet; the room is remembered and refused when it arrives", room)
+                  "has served a request yet: the room is remembered and refused if it arrives here (a server "
+                  "with several tokenizer workers, whose requests reach other processes, keeps its bootstrap "
+                  "timeout)", room)
         return False
     try:
         loop.call_soon_threadsafe(_drop_on_loop, manager, room, _client_message(reason), 0)
@@ -192,11 +203,20 @@ def _abort_room(manager: Any, room: int, message: str) -> int:
     from sglang.srt.managers.io_struct import AbortReq
 
     waiting = 0
-    for rid, state in list(manager.rid_to_state.items()):
+    live = list(manager.rid_to_state.items())
+    for rid, state in live:
         if getattr(state.obj, "bootstrap_room", None) != room or state.finished:
             continue
         if not state.dispatched:
             waiting += 1
+            continue
+        _refused.forget(room)  # its request is found: a later request of this room is not refused
+        if any(other != rid and isinstance(other, str) and other.startswith(rid) and not other_state.finished
+               for other, other_state in live):
+            # SGLang's scheduler aborts every request whose rid starts with this one (client-chosen
+            # rids such as "4" and "42"): ending it would end another client's request too.
+            _log_once(f"prefix:{rid}", "sglang-vpp: not ending refused PD request %s (room %s): another "
+                      "request's rid starts with it; it ends at the bootstrap timeout", rid, room)
             continue
         manager.abort_request(rid)  # the scheduler drops it from its queues and frees its KV
         manager._handle_abort_req(AbortReq(rid=rid, finished_reason={
@@ -228,7 +248,11 @@ def _post_drops(address: str, rooms: list[int], reason: str) -> None:
         try:
             with direct.open(request, timeout=POST_TIMEOUT_S):
                 pass
-        except Exception as exc:  # noqa: BLE001 - 404 (no plugin there), unreachable: the prefill's own timeout stands
-            logger.debug("sglang-vpp: telling %s of refused room %s failed: %r", address, room, exc)
+        except Exception as exc:  # noqa: BLE001 - the prefill's own bootstrap timeout stands
             if getattr(exc, "code", None) == 404:
-                return  # no plugin route: the other rooms would get the same answer
+                _log_once(f"no-route:{address}", "sglang-vpp: the prefill server at bootstrap %s has no %s "
+                          "(no plugin there): it ends refused requests at its bootstrap timeout", address, DROP_ROUTE)
+            else:
+                _log_once(f"post:{address}:{type(exc).__name__}", "sglang-vpp: telling the prefill server at "
+                          "bootstrap %s of refused room %s failed: %r", address, room, exc)
+            return  # the other rooms would get the same answer (or wait as long)

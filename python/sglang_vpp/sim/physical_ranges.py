@@ -1,6 +1,6 @@
 """The values each numeric field of a model or hardware preset may hold (``PHYSICAL_RANGES``):
-the preset loader refuses a file outside them, and ``HardwareSpec`` a value outside them however
-it was built (a calibration's ``dataclasses.replace`` included)."""
+the preset loader refuses a file outside them, and ``HardwareSpec`` and ``ModelSpec`` a value
+outside them however it was built (a calibration's ``dataclasses.replace`` included)."""
 
 from __future__ import annotations
 
