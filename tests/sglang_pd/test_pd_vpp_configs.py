@@ -147,6 +147,9 @@ def test_vpp_pack_tp2_pp2_prefill_is_refused_by_a_tp1_decode(tp2pp2, pd_model_di
     assert status == 400 and reason in body, f"router answered {status} after {held:.0f} s: {body[:500]}"
     assert held < ROUTER_REFUSAL_BOUND_S, f"the router held the refusal {held:.0f} s"
     log = deployment.prefill.log_tail(200_000)
+    # The prefill side ended the room itself (pd_drop: the abort on its loop, or its input guard
+    # when the refusal came first), not at its bootstrap timeout.
+    assert "the decode server refused this request" in log, log[-3000:]
     assert "(decode session" not in log, "a transfer was attempted: " + log[-3000:]  # vpp/pd_prefill's refusal
     assert "not alive" not in log, log[-3000:]  # Mooncake's failed-session error
     assert_kv_idle(deployment.prefill, deployment.decode, what="vpp-pack tp2 x pp2 prefill, tp1 decode: ")
