@@ -222,6 +222,12 @@ def test_a_failing_drop_never_raises_into_the_loop(pd_drop):
     assert pd_drop.drop_room(8, "why") is False and pd_drop._refused.reason(8) == "why"
 
 
+def _request(room):
+    """What the input guard reads of a GenerateReqInput, with ``room`` as its bootstrap room."""
+    return types.SimpleNamespace(input_embeds=None, return_logprob=False, return_hidden_states=False,
+                                 bootstrap_host=None, bootstrap_port=None, bootstrap_room=room)
+
+
 def test_the_prefill_input_guard_refuses_a_remembered_room(pd_drop):
     """The router posts to both servers at once: the decode server's refusal may come first. A
     prefill server answers that room's request 400 with the reason; other rooms, and decode
@@ -229,18 +235,14 @@ def test_the_prefill_input_guard_refuses_a_remembered_room(pd_drop):
     from sglang_vpp.sglang_plugin.errors import InputRejectedError
     from sglang_vpp.sglang_plugin.input_guard import check_request_tokens
 
-    def request(room):
-        return types.SimpleNamespace(input_embeds=None, return_logprob=False, return_hidden_states=False,
-                                     bootstrap_host=None, bootstrap_port=None, bootstrap_room=room)
-
     prefill = _Manager()
     pd_drop.drop_room(7, "page sizes differ")
     with pytest.raises(InputRejectedError, match="the decode server refused this request: page sizes differ"):
-        check_request_tokens(prefill, request(7), [1, 2])
-    check_request_tokens(prefill, request(8), [1, 2])
-    check_request_tokens(prefill, request(None), [1, 2])
-    check_request_tokens(prefill, request([7, 8]), [1, 2])  # a list: SGLang validates a batch item by item
-    check_request_tokens(_Manager(mode="decode"), request(7), [1, 2])
+        check_request_tokens(prefill, _request(7), [1, 2])
+    check_request_tokens(prefill, _request(8), [1, 2])
+    check_request_tokens(prefill, _request(None), [1, 2])
+    check_request_tokens(prefill, _request([7, 8]), [1, 2])  # a list: SGLang validates a batch item by item
+    check_request_tokens(_Manager(mode="decode"), _request(7), [1, 2])
     assert pd_drop._manager is prefill  # the manager whose requests a drop ends
 
 
@@ -249,15 +251,11 @@ def test_a_room_is_forgotten_once_its_request_is_refused_or_ended(pd_drop):
     reuses the room afterwards (a retry once the servers are mended) is served."""
     from sglang_vpp.sglang_plugin.input_guard import check_request_tokens
 
-    def request(room):
-        return types.SimpleNamespace(input_embeds=None, return_logprob=False, return_hidden_states=False,
-                                     bootstrap_host=None, bootstrap_port=None, bootstrap_room=room)
-
     prefill = _Manager()
     pd_drop.drop_room(7, "page sizes differ")
     with pytest.raises(Exception, match="page sizes differ"):
-        check_request_tokens(prefill, request(7), [1, 2])
-    check_request_tokens(prefill, request(7), [1, 2])  # the retry
+        check_request_tokens(prefill, _request(7), [1, 2])
+    check_request_tokens(prefill, _request(7), [1, 2])  # the retry
 
     loop = _RecordingLoop()
     manager = _Manager(loop, {"r-9": _State(9)})
@@ -267,7 +265,7 @@ def test_a_room_is_forgotten_once_its_request_is_refused_or_ended(pd_drop):
     fn(*args)
     assert [name for name, _, _ in manager.calls] == ["abort_request", "_handle_abort_req"]
     assert pd_drop._refused.reason(9) is None
-    check_request_tokens(manager, request(9), [1, 2])
+    check_request_tokens(manager, _request(9), [1, 2])
 
 
 def test_a_rid_that_starts_another_live_rid_is_not_aborted(pd_drop):

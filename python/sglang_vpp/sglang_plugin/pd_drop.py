@@ -53,7 +53,7 @@ from typing import Any, Iterable
 from sglang_vpp.sglang_plugin.errors import InputRejectedError
 
 __all__ = ["DROP_ROUTE", "REFUSED_MAX", "REFUSED_TTL_S", "ROOM_LIMIT", "RefusedRooms", "check_refused_room", "drop_room",
-           "parse_drop", "remember_manager", "tell_prefill"]
+           "is_room", "parse_drop", "remember_manager", "tell_prefill"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,11 @@ cannot be aborted there yet), it is looked for again after each of these delays.
 MAX_REASON_CHARS = 4000
 ROOM_LIMIT = 2**63
 """A bootstrap room is an integer in [0, ROOM_LIMIT) (SGLang draws them as random 63-bit numbers)."""
+
+
+def is_room(value: Any) -> bool:
+    """Whether ``value`` is a bootstrap room (a bool is not)."""
+    return type(value) is int and 0 <= value < ROOM_LIMIT
 
 
 class RefusedRooms:
@@ -159,7 +164,7 @@ def parse_drop(body: Any) -> tuple[int, str]:
     if not isinstance(body, dict):
         raise ValueError('the body must be a JSON object {"room": int, "reason": str}')
     room, reason = body.get("room"), body.get("reason")
-    if type(room) is not int or not 0 <= room < ROOM_LIMIT:
+    if not is_room(room):
         raise ValueError(f"room must be an integer in [0, 2**63); got {room!r}")
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError(f"reason must be a non-empty string; got {reason!r}")

@@ -49,7 +49,7 @@ import urllib.request
 from typing import Any
 
 from sglang_vpp.sglang_plugin.errors import InputRejectedError
-from sglang_vpp.sglang_plugin.pd_drop import ROOM_LIMIT
+from sglang_vpp.sglang_plugin.pd_drop import is_room
 
 __all__ = ["CONNECT_TIMEOUT_S", "PLUGIN_ROUTE", "SETUP_ROUTES", "after_setup_routes", "check_bootstrap_address",
            "head_sliced_refusal", "refuses_other_attn_tp"]
@@ -86,7 +86,7 @@ def check_bootstrap_address(manager: Any, obj: Any) -> None:
         return  # a batch is checked item by item; no host: SGLang's own rules apply
     if not isinstance(host, str):
         raise InputRejectedError(f"bootstrap_host must be a host name or address; got {host!r}")
-    if room is not None and (type(room) is not int or not 0 <= room < ROOM_LIMIT):
+    if room is not None and not is_room(room):
         raise InputRejectedError(f"bootstrap_room must be an integer in [0, 2**63); got {room!r}")
     if port is None:
         return
