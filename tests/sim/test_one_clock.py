@@ -15,6 +15,8 @@ from sglang_vpp.sim.runner import RunConfig, run_mode
 from sglang_vpp.sim.workloads import long_workload, mixed_workload
 
 COST = LinearAttentionCost(fixed_per_chunk=1e-4, transfer_per_token=1e-9)
+SLOW_LINKS = LinearAttentionCost(fixed_per_chunk=1e-4, transfer_per_token=1e-5)
+"""A hand-off as long as a compute: transfers queue on their communicator."""
 WORKLOADS = {"three queued": long_workload([16384], num_requests=3), "mixed": mixed_workload(num_requests=24)}
 
 
@@ -26,12 +28,13 @@ def _computes_of(result) -> tuple[dict, dict]:
     return planned, simulated
 
 
+@pytest.mark.parametrize("cost", [COST, SLOW_LINKS], ids=["fast links", "slow links"])
 @pytest.mark.parametrize("jitter", [0.0, 0.2])
 @pytest.mark.parametrize("workload", list(WORKLOADS))
 @pytest.mark.parametrize("pp", [2, 4])
-def test_every_compute_runs_when_the_dry_run_decided_it(pp: int, workload: str, jitter: float) -> None:
+def test_every_compute_runs_when_the_dry_run_decided_it(pp: int, workload: str, jitter: float, cost) -> None:
     for mode in POLICIES:
-        result = run_mode(str(mode), WORKLOADS[workload], COST, RunConfig(pp, 2048, jitter=jitter, jitter_seed=1),
+        result = run_mode(str(mode), WORKLOADS[workload], cost, RunConfig(pp, 2048, jitter=jitter, jitter_seed=1),
                           16, keep_schedule=True)
         planned, simulated = _computes_of(result)
         assert planned.keys() == simulated.keys(), mode

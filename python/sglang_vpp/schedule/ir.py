@@ -36,6 +36,7 @@ __all__ = [
     "compute",
     "send",
     "recv",
+    "link_key",
 ]
 
 GROUP_SINGLE = "pp"
@@ -120,6 +121,13 @@ _ACTION_RE = re.compile(
     r"(?P<stage>\d+)(?P<kind>SEND_F|RECV_F|F)(?P<request>\d+)\.(?P<chunk>\d+)"
     r"(?:(?P<arrow>[<>])(?P<peer>\d+)@(?P<group>[a-z]+))?"
 )
+
+
+def link_key(group: str, rank_a: int, rank_b: int) -> tuple[str, int, int]:
+    """The communicator of a hand-off: one group on one pair of ranks, whichever way it goes. Its
+    operations pair up in order on both ends (as NCCL/HCCL point-to-point calls do), so its
+    transfers run one after another."""
+    return (group, min(rank_a, rank_b), max(rank_a, rank_b))
 
 
 def compute(stage: int, request: int, chunk: int) -> Action:

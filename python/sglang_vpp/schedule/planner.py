@@ -27,6 +27,11 @@ writes the per-rank actions:
   (higher-stage) one goes first. Because both ends of every pair are emitted at one point of a
   single global order, blocking streams can always be executed without deadlock.
 
+On the clock, a hand-off takes ``transfer_cost`` once its communicator (``ir.link_key``) has
+ended the previous transfer: transfers on one communicator pair in order, as on NCCL/HCCL and in
+the simulator's engine, so a dry run on the simulated durations decides at the times the
+simulation reports (``tests/sim/test_one_clock.py``).
+
 The estimated clock only orders work; executors (simulator, runtime, SGLang) keep their own time.
 """
 
@@ -42,7 +47,7 @@ from .chunking import Chunker
 from .controller import Admission, MicroBatch
 from .cost import StageCostModel
 from .factory import ControllerConfig, build_controller
-from .ir import Action, ChunkSpec, RequestSpec
+from .ir import Action, ChunkSpec, RequestSpec, link_key
 from .lowering import Lowering
 
 __all__ = ["Planner", "TimelineEntry"]
@@ -93,6 +98,7 @@ class Planner:
         self._rank_free = [0.0] * self._num_ranks
         self._offer: list[tuple[int, int] | None] = [None] * self._num_ranks
         self._completions: list[tuple[float, int]] = []
+        self._link_free: dict[tuple[str, int, int], float] = {}
         self.request_finish: dict[int, float] = {}
         self.timeline: list[TimelineEntry] = []
         self._records_timeline = True
@@ -299,7 +305,9 @@ class Planner:
         elif self._blocking:
             self._offer[rank] = (stage, position)
         else:
-            self._ready_at[stage][position] = end + self._transfer_cost(stage, chunk)
+            # The receive is always posted (the transport keeps one per link), so the transfer
+            # starts once the send is posted and the link is free.
+            self._ready_at[stage][position] = self._transfer(stage, chunk, end)[1]
 
     def _try_handoff(self, rank: int, now: float) -> bool:
         offer = self._offer[rank]
@@ -326,7 +334,7 @@ class Planner:
         stage, position = offer
         chunk = self.sequence[position]
         self._lowering.handoff(stage, chunk)
-        end = now + self._transfer_cost(stage, chunk)
+        end = self._transfer(stage, chunk, now)[1]
         self._rank_free[src] = max(self._rank_free[src], end)
         self._rank_free[dst] = max(self._rank_free[dst], end)
         self._ready_at[stage][position] = end
@@ -344,8 +352,17 @@ class Planner:
     def _stage_cost(self, stage: int, chunk: ChunkSpec) -> float:
         return self._durations.stage_cost(self.config.layout.stages[stage], chunk)
 
-    def _transfer_cost(self, stage: int, chunk: ChunkSpec) -> float:
-        return self._durations.transfer_cost(self.config.layout.stages[stage], chunk)
+    def _transfer(self, stage: int, chunk: ChunkSpec, posted: float) -> tuple[float, float]:
+        """(start, end) of the hand-off of ``stage``'s output for ``chunk``, both ends posted at
+        ``posted``: a communicator is one in-order stream (``link_key``), so the transfer also
+        waits for the previous one on it to end, as the engine and NCCL/HCCL pair them."""
+        hand = self.controller.hand_off(stage)
+        assert hand is not None, stage
+        key = link_key(hand.group, hand.src_rank, hand.dst_rank)
+        start = max(posted, self._link_free.get(key, 0.0))
+        end = start + self._durations.transfer_cost(self.config.layout.stages[stage], chunk)
+        self._link_free[key] = end
+        return start, end
 
     def _stuck_state(self) -> str:
         return (

@@ -45,6 +45,7 @@ import itertools
 from typing import Mapping
 
 from ..schedule import ActionKind, ChunkSpec, CommSemantics, DeadlockReport, Schedule, StageCostModel, check_deadlock
+from ..schedule.ir import link_key
 from .communicator import CommOp, Communicator
 from .config import SimConfig
 from .cost.base import StageTime, stage_time
@@ -109,9 +110,10 @@ class Engine:
                 if action.peer is None or not 0 <= action.peer < self.num_ranks or action.peer == rank:
                     raise SimError(f"rank {rank} step {step}: {action} names peer {action.peer}; "
                                    f"expected another rank in 0..{self.num_ranks - 1}: validate the schedule")
-                low, high = min(rank, action.peer), max(rank, action.peer)
-                comm = self.communicators.get((action.group, low, high))
+                key = link_key(action.group, rank, action.peer)
+                comm = self.communicators.get(key)
                 if comm is None:
+                    _, low, high = key
                     comm = Communicator(action.group, low, high, {low: [], high: []})
                     self.communicators[comm.key] = comm
                 side = comm.ops[rank]
