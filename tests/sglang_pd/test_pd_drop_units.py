@@ -380,3 +380,88 @@ def test_a_prefill_without_the_route_is_told_once_and_nothing_raises(bootstrap, 
     closed = pd_drop.tell_prefill("127.0.0.1:1", [5], "why")  # nobody there: logged, not raised
     closed.join(WAIT_S)
     assert not closed.is_alive()
+
+
+def _decode_process(tp_rank, pp_rank=0, attn_tp_size=1, attn_cp_rank=0):
+    """One scheduler process of a decode server as the backstop sees it: its DecodePreallocQueue
+    (global TP and PP rank) and that queue's KV manager (the ranks SGLang's CommonKVManager keeps,
+    attention TP rank as SGLang derives it, and the failures it records)."""
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue
+
+    queue = object.__new__(DecodePreallocQueue)
+    queue.tp_rank, queue.pp_rank = tp_rank, pp_rank
+    queue.kv_manager = types.SimpleNamespace(
+        failures={}, pp_rank=pp_rank, attn_tp_rank=tp_rank % attn_tp_size, attn_cp_rank=attn_cp_rank,
+        attn_dp_rank=tp_rank // attn_tp_size)
+    queue.kv_manager.record_failure = queue.kv_manager.failures.__setitem__
+    return queue
+
+
+def _fail_on_mismatch(queue, addr, rooms):
+    """The backstop on ``queue`` when SGLang's parallel-info check of ``addr`` raises; the decode
+    requests of ``rooms`` it failed."""
+    from sglang_vpp.sglang_plugin.pd_decode_refusal import ensure_prefill_info_per_address
+
+    def mismatch(queue, addr_to_reqs):
+        raise RuntimeError("KV cache dtype mismatch")
+
+    reqs = [types.SimpleNamespace(req=types.SimpleNamespace(bootstrap_room=room),
+                                  kv_receiver=types.SimpleNamespace(aborted=False)) for room in rooms]
+    for decode_req in reqs:
+        decode_req.kv_receiver.abort = lambda receiver=decode_req.kv_receiver: setattr(receiver, "aborted", True)
+    assert ensure_prefill_info_per_address(mismatch, queue, {addr: reqs}) == ({}, [])
+    return reqs
+
+
+@pytest.fixture
+def told(monkeypatch):
+    """The (address, rooms) each tell_prefill call was given, in order; nothing posted."""
+    from sglang_vpp.sglang_plugin import pd_drop
+
+    calls: list = []
+    monkeypatch.setattr(pd_drop, "tell_prefill", lambda address, rooms, reason: calls.append((address, list(rooms))))
+    return calls
+
+
+def test_a_decode_process_that_is_not_its_groups_receiver_fails_its_requests_and_posts_nothing(told):
+    """Every scheduler process fails the rooms locally (its clients' errors come from its own
+    receivers); only the receiver of the group's requests (PP 0, attention TP 0, attention CP 0)
+    tells the prefill server."""
+    addr = "127.0.0.1:8998"
+    for queue in (_decode_process(tp_rank=1, attn_tp_size=2), _decode_process(tp_rank=0, pp_rank=1),
+                  _decode_process(tp_rank=0, attn_cp_rank=1)):
+        reqs = _fail_on_mismatch(queue, addr, [7, 8])
+        assert all(decode_req.kv_receiver.aborted for decode_req in reqs)
+        assert sorted(queue.kv_manager.failures) == [7, 8]
+        assert all("KV cache dtype mismatch" in reason for reason in queue.kv_manager.failures.values())
+    assert told == []
+
+
+def test_a_decode_server_tells_the_prefill_each_room_once_per_group_of_ranks(told):
+    """TP2 x PP2: four processes fail the same rooms; the prefill server is told once. Under DP
+    attention (two groups of attention TP 2, each with rooms of its own), each group's receiver
+    tells its rooms: the second one's is global TP rank 2, attention TP rank 0."""
+    addr = "127.0.0.1:8998"
+    for pp_rank in (0, 1):
+        for tp_rank in (0, 1):
+            _fail_on_mismatch(_decode_process(tp_rank, pp_rank, attn_tp_size=2), addr, [7, 8])
+    assert told == [(addr, [7, 8])]
+
+    told.clear()
+    rooms_of_group = {0: [7], 1: [9, 10]}
+    for tp_rank in range(4):
+        queue = _decode_process(tp_rank, attn_tp_size=2)
+        _fail_on_mismatch(queue, addr, rooms_of_group[queue.kv_manager.attn_dp_rank])
+    assert told == [(addr, [7]), (addr, [9, 10])]
+
+
+def test_the_backstop_logs_one_error_line_per_address_and_reason(told, caplog):
+    """A mismatch repeats with each request of its address: its cause is logged once (pd_drop.LogOnce)."""
+    import logging
+
+    addr = "127.0.0.1:18998"  # an address no other test fails
+    with caplog.at_level(logging.ERROR, logger="sglang_vpp.sglang_plugin.pd_decode_refusal"):
+        for room in (7, 8):
+            _fail_on_mismatch(_decode_process(tp_rank=0), addr, [room])
+    lines = [record for record in caplog.records if addr in record.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.ERROR and "KV cache dtype mismatch" in lines[0].getMessage()

@@ -16,7 +16,8 @@ client's error carries it ("Decode handshake failed ... with exception <SGLang's
 the decode server keeps serving. The next request from that address is checked again (a prefill
 server can be replaced behind one address). One error line per address and message. The prefill
 server is told each failed room (``pd_drop.tell_prefill``, off this loop), so it ends its side of
-the request at once instead of at its bootstrap timeout.
+the request at once instead of at its bootstrap timeout: by one scheduler process per group of
+ranks sharing requests (``_tells_prefill``), though every process fails the rooms locally.
 
 The tokenizer's bootstrap guard (``pd_guard.py``) refuses the mismatches it can see with a 400
 before the scheduler; this is the backstop for every check SGLang makes, current and future.
@@ -25,8 +26,9 @@ Data flow (every scheduler process of a ``--disaggregation-mode decode`` server)
 
     DecodePreallocQueue._resolve_pending_reqs -> _ensure_prefill_info(self, addr_to_reqs)
         [AROUND hook] -> original(self, {addr: reqs}) per address
-            RuntimeError -> receivers aborted, reason recorded, requests dropped from pending,
-                            the prefill server told the rooms (pd_drop.tell_prefill, a thread)
+            RuntimeError -> receivers aborted, reason recorded, requests dropped from pending;
+                            pp 0 / attention TP 0 / attention CP 0 only: the prefill server told
+                            the rooms (pd_drop.tell_prefill, a thread)
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from sglang_vpp.sglang_plugin import pd_drop
+
 __all__ = ["ENSURE_PREFILL_INFO_TARGET", "install_decode_refusal_hook"]
 
 logger = logging.getLogger(__name__)
 
 ENSURE_PREFILL_INFO_TARGET = "sglang.srt.disaggregation.decode.DecodePreallocQueue._ensure_prefill_info"
-_logged: set[tuple[str, str]] = set()
+_log_once = pd_drop.LogOnce(logger, logging.ERROR)
 
 
 def ensure_prefill_info_per_address(original: Callable[..., Any], queue: Any,
@@ -60,20 +64,33 @@ def ensure_prefill_info_per_address(original: Callable[..., Any], queue: Any,
 
 def _fail_requests(queue: Any, addr: str, reqs: list[Any], reason: str) -> None:
     message = f"prefill server at bootstrap address {addr} cannot serve this decode server: {reason}"
-    if (addr, reason) not in _logged:
-        _logged.add((addr, reason))
-        logger.error("sglang-vpp: %s; its requests fail, this decode server keeps serving", message)
+    _log_once((addr, reason), "sglang-vpp: %s; its requests fail, this decode server keeps serving", message)
     for decode_req in reqs:
         receiver = decode_req.kv_receiver
         if receiver is None:  # already failed and cleaned up by SGLang
             continue
         receiver.abort()
         queue.kv_manager.record_failure(decode_req.req.bootstrap_room, message)
-    # The prefill server would hold these rooms for a decode side that never connects: tell it
-    # (``addr`` is SGLang's "host:port", brackets around an IPv6 host), from a thread of its own.
-    from sglang_vpp.sglang_plugin.pd_drop import tell_prefill
+    if _tells_prefill(queue.kv_manager):
+        # The prefill server would hold these rooms for a decode side that never connects: tell it
+        # (``addr`` is SGLang's "host:port", brackets around an IPv6 host), from a thread of its own.
+        pd_drop.tell_prefill(addr, [decode_req.req.bootstrap_room for decode_req in reqs], message)
 
-    tell_prefill(addr, [decode_req.req.bootstrap_room for decode_req in reqs], message)
+
+def _tells_prefill(kv_manager: Any) -> bool:
+    """Whether this scheduler process tells the prefill server the rooms it failed.
+
+    The processes of one attention-DP group (its attention TP and CP ranks, at every PP rank) hold
+    the same requests: SGLang's request receiver, the process at PP rank 0, attention TP rank 0 and
+    attention CP rank 0, hands each of its group's requests to the others. And SGLang's parallel-info
+    check compares server-wide settings (page size, KV cache dtype and layout, attention TP sizes),
+    so every process of the group fails the same rooms on the same mismatch: the receiver's post
+    alone tells the prefill server every one of them, and the others' would only repeat it (each
+    repeat makes the prefill server remember the room again). Each attention-DP group, and each
+    replica under plain ``--dp-size``, has requests of its own and a receiver of its own.
+    A manager without these ranks (not a ``CommonKVManager``) tells it: a repeat is harmless."""
+    return (getattr(kv_manager, "pp_rank", 0) == 0 and getattr(kv_manager, "attn_tp_rank", 0) == 0
+            and getattr(kv_manager, "attn_cp_rank", 0) == 0)
 
 
 def install_decode_refusal_hook(server_args: Any) -> bool:

@@ -48,12 +48,12 @@ import threading
 import time
 import urllib.request
 from collections import OrderedDict
-from typing import Any, Iterable
+from typing import Any, Hashable, Iterable
 
 from sglang_vpp.sglang_plugin.errors import InputRejectedError
 
-__all__ = ["DROP_ROUTE", "REFUSED_MAX", "REFUSED_TTL_S", "ROOM_LIMIT", "RefusedRooms", "check_refused_room", "drop_room",
-           "is_room", "parse_drop", "remember_manager", "tell_prefill"]
+__all__ = ["DROP_ROUTE", "REFUSED_MAX", "REFUSED_TTL_S", "ROOM_LIMIT", "LogOnce", "RefusedRooms", "check_refused_room",
+           "drop_room", "is_room", "parse_drop", "remember_manager", "tell_prefill"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,15 +124,28 @@ class RefusedRooms:
             del self._rooms[room]
 
 
+class LogOnce:
+    """``logger`` at ``level``, one line per key for the life of the process: a refusal or a failed
+    POST repeats with each request, and its cause is said once. Safe across threads."""
+
+    def __init__(self, log: logging.Logger, level: int) -> None:
+        self._log, self._level = log, level
+        self._keys: set[Hashable] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, key: Hashable, message: str, *args: Any) -> bool:
+        """Log ``message % args`` unless ``key`` was logged already; whether it was logged now."""
+        with self._lock:
+            if key in self._keys:
+                return False
+            self._keys.add(key)
+        self._log.log(self._level, message, *args)
+        return True
+
+
 _refused = RefusedRooms()
 _manager: Any = None
-_logged: set[str] = set()
-
-
-def _log_once(key: str, message: str, *args: Any) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        logger.warning(message, *args)
+_log_once = LogOnce(logger, logging.WARNING)
 
 
 def _client_message(reason: str) -> str:

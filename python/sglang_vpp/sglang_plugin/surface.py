@@ -176,6 +176,10 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "disaggregation.decode.DecodeRequest.kv_receiver", R, PD),
     N(_S + "disaggregation.common.conn.CommonKVReceiver.abort", C, PD, ("self",)),
     N(_S + "disaggregation.common.conn.CommonKVManager.record_failure", C, PD, ("self", "bootstrap_room", "failure_reason")),
+    # which process of a group sharing requests tells the prefill server (pd_decode_refusal._tells_prefill)
+    N(_S + "disaggregation.common.conn.CommonKVManager.pp_rank", R, PD),
+    N(_S + "disaggregation.common.conn.CommonKVManager.attn_tp_rank", R, PD),
+    N(_S + "disaggregation.common.conn.CommonKVManager.attn_cp_rank", R, PD),
     N(_REQ + "bootstrap_room", R, PD),  # vpp/pd_prefill.py reads it too
     # --- the decode side's refusal ends the request on its prefill server too (pd_drop.py; the
     # bootstrap server's app, declared above, takes its POST route)
