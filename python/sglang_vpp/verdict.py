@@ -26,7 +26,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["BASELINES", "MIN_EFFECT", "WIDTH", "Comparison", "Verdict", "compare", "make_verdict"]
+__all__ = ["BASELINES", "MIN_EFFECT", "WIDTH", "Comparison", "Verdict", "compare", "make_verdict", "ranges_overlap"]
 
 #: The stock modes every other mode is compared with.
 BASELINES = ("cpp", "dcpp")
@@ -45,6 +45,12 @@ def _wrap(text: str, indent: str, keep: Sequence[str] = (), width: int = WIDTH) 
     lines = textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
                           break_long_words=False, break_on_hyphens=False)
     return [line.replace(_GLUE, " ") for line in lines]
+
+
+def ranges_overlap(low: float, high: float, other_low: float, other_high: float) -> bool:
+    """Whether two min-max ranges share a value: the unpaired rule, under which overlapping
+    ranges mean no significant difference (every unpaired verdict asks this function)."""
+    return low <= other_high and other_low <= high
 
 
 @dataclass(frozen=True)
@@ -117,7 +123,7 @@ def compare(values: Mapping[str, Sequence[float]], mode: str, baseline: str, *, 
     else:
         base = statistics.median(theirs)
         relative = (statistics.median(ours) / base - 1.0, min(ours) / base - 1.0, max(ours) / base - 1.0)
-        significant = repeats >= 2 and (max(ours) < min(theirs) or min(ours) > max(theirs))
+        significant = repeats >= 2 and not ranges_overlap(min(ours), max(ours), min(theirs), max(theirs))
     return Comparison(mode, baseline, relative, significant, repeats, paired)
 
 
