@@ -47,6 +47,24 @@ def test_sweep_marks_the_best_chunk(tmp_path):
     assert all(r["makespan_s"] >= r["lower_bound_s"] * (1 - 1e-9) for r in rows)
 
 
+def test_the_star_names_its_metric_and_the_table_prints_it():
+    # Batched short prompts: vpp-pack's lowest TTFT is at 8k, its smallest makespan at 16k. The
+    # star follows the makespan, so the table prints the makespan and says what the star means.
+    result = RUNNER.invoke(app, ["simulate", "--pp", "4", "--workload", "short", "--seq-len", "8k", "--requests",
+                                 "16", "--sweep-chunk", "8k,16k", "--modes", "vpp-pack"])
+    assert result.exit_code == 0, result.output
+    assert "smallest makespan" in result.output
+    rows = {}
+    for line in result.output.splitlines():
+        cells = line.split()
+        if "makespan s" in line:
+            column = cells.index("s") - 1  # "makespan s" is two words: its value is the cell under "makespan"
+        elif len(cells) > 3 and cells[2] == "vpp-pack" and "%" in cells[3]:
+            rows[cells[1]] = float(cells[column])
+    assert set(rows) == {"8k", "16k*"}, rows
+    assert rows["16k*"] < rows["8k"]
+
+
 def test_short_and_mixed_workloads():
     short = RUNNER.invoke(app, ["simulate", "--model", "qwen3-coder-30b-a3b", "--hardware", "h200", "--workload",
                                 "short", "--seq-len", "4k", "--requests", "8", "--chunk-size", "8k",

@@ -86,7 +86,7 @@ def simulate(
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed-loop clients (default: long 1, short all, mixed 16, file open loop)."),
     file: Optional[Path] = typer.Option(None, "--file", help="JSONL of {\"length\", \"arrival\"} for --workload file."),
     seed: int = typer.Option(0, "--seed", help="Seed of the mixed workload."),
-    sweep_chunk: Optional[str] = typer.Option(None, "--sweep-chunk", help="Chunk sizes to sweep (8k,16k,24k,32k; auto allowed); * marks each mode's best."),
+    sweep_chunk: Optional[str] = typer.Option(None, "--sweep-chunk", help="Chunk sizes to sweep (8k,16k,24k,32k; auto allowed); * marks each mode's best: its smallest makespan."),
     split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts (P or 2P entries by layout; 2P-1 with --fold fused)."),
     fold: str = typer.Option("split", "--fold", help=FOLD_HELP),
     balance: str = typer.Option("even", "--balance", help="Layer split: even, or auto (the planner picks one for the cost model's tau curve)."),
