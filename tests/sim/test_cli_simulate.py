@@ -65,6 +65,20 @@ def test_the_star_names_its_metric_and_the_table_prints_it():
     assert rows["16k*"] < rows["8k"]
 
 
+def test_the_title_names_jitter_and_balance_like_the_json_config(tmp_path):
+    # Jittered durations and a chosen split move every number; the text must say so, as the JSON does.
+    out = tmp_path / "out.json"
+    result = RUNNER.invoke(app, ["simulate", "--seq-len", "64k", "--chunk-size", "8k", "--modes", "cpp",
+                                 "--jitter", "0.025", "--jitter-seed", "3", "--balance", "auto", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    title = " ".join(result.output.split("   seq")[0].split())
+    config = json.loads(out.read_text())["config"]
+    assert (config["jitter"], config["jitter_seed"], config["balance"]) == (0.025, 3, "auto")
+    assert "jitter 2.5% (seed 3)" in title and "--balance auto" in title
+    plain = RUNNER.invoke(app, ["simulate", "--seq-len", "64k", "--chunk-size", "8k", "--modes", "cpp"])
+    assert "jitter" not in plain.output and "balance" not in plain.output
+
+
 def test_short_and_mixed_workloads():
     short = RUNNER.invoke(app, ["simulate", "--model", "qwen3-coder-30b-a3b", "--hardware", "h200", "--workload",
                                 "short", "--seq-len", "4k", "--requests", "8", "--chunk-size", "8k",

@@ -166,7 +166,10 @@ def simulate(
     where = (f"on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')})" if costs is None else
              f"({model_spec.num_layers} layers) on the measured costs in {costs}"
              + (f" (measured on {measured_on})" if measured_on else ""))
+    # Every setting that moves the numbers and the JSON's config records is named in the title too.
     title = (f"{model_spec.name} {where}, pp={pp}, " + ("fused fold, " if fold == "fused" else "") +
+             ("layer split by --balance auto, " if balance == "auto" else "") +
+             (f"jitter {jitter * 100:g}% (seed {jitter_seed}), " if jitter else "") +
              f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""))
     echo_wrapped(title, err=to_stderr)
     typer.echo(format_table(rows, mark_best=bool(sweep_chunk)), err=to_stderr)
