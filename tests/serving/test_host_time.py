@@ -127,3 +127,9 @@ def test_verdict_with_one_repeat_names_no_difference():
             {"label": "vpp-pack", "url": "u", "summary": _summary(), "host_time": spread([4.0, 4.0])}]
     assert host_verdict_lines(runs)[1].replace("\n", " ") == \
         "vpp-pack: +33% on rank 1 -> no significant difference (one repeat gives no range)"
+
+
+def test_verdict_never_prints_the_excess_at_the_band_it_is_over():
+    # +10.4 % is over the 10 % band; a whole percent would print "+10% ... -> over 10%".
+    runs = _runs([[4.0, 3.0], [4.0, 3.0]], [[4.0, 3.312], [4.0, 3.312]])
+    assert host_verdict_lines(runs)[1] == "vpp-pack: +10.4% on rank 1 -> over 10%"

@@ -88,7 +88,7 @@ def host_verdict_lines(runs: Sequence[dict[str, Any]], baseline: str = "cpp") ->
     or ``over`` stands only where the min-max ranges over repeats do not overlap on the ranks it
     rests on (``over``: the rank named; ``below``: every rank), else the line says no significant
     difference and names the rank whose ranges overlap."""
-    from sglang_vpp.verdict import ranges_overlap
+    from sglang_vpp.verdict import percent, ranges_overlap
 
     from .host_time import WITHIN
 
@@ -118,7 +118,7 @@ def host_verdict_lines(runs: Sequence[dict[str, Any]], baseline: str = "cpp") ->
         elif blurred and not word.startswith("within"):
             word = f"no significant difference (min-max ranges overlap on rank {blurred[0]})"
         ranges = "; ranges overlap on every rank" if word.startswith("within") and len(overlapping) == len(pairs) else ""
-        out.append(wrap(f"{run['label']}: {excess[worst]:+.0%} on rank {worst} -> {word}{ranges}"))
+        out.append(wrap(f"{run['label']}: {percent(excess[worst], WITHIN, 0)} on rank {worst} -> {word}{ranges}"))
     return out if len(out) > 1 else []  # fmt: skip
 
 
