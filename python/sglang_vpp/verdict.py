@@ -26,7 +26,8 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["BASELINES", "MIN_EFFECT", "WIDTH", "Comparison", "Verdict", "compare", "make_verdict"]
+__all__ = ["BASELINES", "MIN_EFFECT", "WIDTH", "Comparison", "Verdict", "compare", "make_verdict", "percent",
+           "percent_places", "ranges_overlap"]
 
 #: The stock modes every other mode is compared with.
 BASELINES = ("cpp", "dcpp")
@@ -45,6 +46,32 @@ def _wrap(text: str, indent: str, keep: Sequence[str] = (), width: int = WIDTH) 
     lines = textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
                           break_long_words=False, break_on_hyphens=False)
     return [line.replace(_GLUE, " ") for line in lines]
+
+
+def ranges_overlap(low: float, high: float, other_low: float, other_high: float) -> bool:
+    """Whether two min-max ranges share a value: the unpaired rule, under which overlapping
+    ranges mean no significant difference (every unpaired verdict asks this function)."""
+    return low <= other_high and other_low <= high
+
+
+def percent_places(value: float, threshold: float, places: int = 1) -> int:
+    """Decimals that print ``value`` as a percentage on the same side of ``threshold`` (a magnitude
+    a verdict compares with) as it is: ``places``, or more where rounding would carry it onto or
+    across the threshold ("+1.0%" for 0.97 % under a 1 % floor, "+10%" for 10.4 % over a 10 % band)."""
+    limit = round(threshold * 100, 9)
+
+    def side(magnitude_pct: float) -> int:
+        return (magnitude_pct > limit) - (magnitude_pct < limit)
+
+    for more in range(4):
+        if side(abs(float(f"{value * 100:.{places + more}f}"))) == side(abs(value) * 100):
+            return places + more
+    return places + 3
+
+
+def percent(value: float, threshold: float, places: int = 1) -> str:
+    """``value`` as a signed percentage, with ``percent_places`` decimals."""
+    return f"{value:+.{percent_places(value, threshold, places)}%}"
 
 
 @dataclass(frozen=True)
@@ -87,14 +114,21 @@ class Comparison:
             return "min-max ranges overlap"
         return f"under the {MIN_EFFECT:.0%} floor" if abs(self.median) < MIN_EFFECT else "repeats disagree in sign"
 
+    def _range_text(self) -> tuple[str, str]:
+        """The median and ``[low .. high]``, all with the decimals that keep the median on its side
+        of the paired rule's floor (the unpaired rule has no floor)."""
+        places = percent_places(self.median, MIN_EFFECT) if self.paired else 1
+        return f"{self.median:+.{places}%}", f"[{self.low:+.{places}%} .. {self.high:+.{places}%}]"
+
     def text(self) -> str:
-        spread = f"{self.median:+.1%}" if self.repeats < 2 else f"{self.median:+.1%} [{self.low:+.1%} .. {self.high:+.1%}]"
+        median, bounds = self._range_text()
+        spread = median if self.repeats < 2 else f"{median} {bounds}"
         why = f" ({self.reason})" if self.reason else ""
         return f"{self.mode} vs {self.baseline}: {spread} -> {self.outcome}{why}"
 
     def lines(self, indent: str = "  ") -> list[str]:
         """``text()`` wrapped to ``WIDTH`` columns; the range and the outcome each stay on one line."""
-        spread = f"[{self.low:+.1%} .. {self.high:+.1%}]" if self.repeats >= 2 else ""
+        spread = self._range_text()[1] if self.repeats >= 2 else ""
         why = f"({self.reason})" if self.reason else ""
         return _wrap(self.text(), indent, keep=[k for k in (spread, f"-> {self.outcome}", why) if k])
 
@@ -117,7 +151,7 @@ def compare(values: Mapping[str, Sequence[float]], mode: str, baseline: str, *, 
     else:
         base = statistics.median(theirs)
         relative = (statistics.median(ours) / base - 1.0, min(ours) / base - 1.0, max(ours) / base - 1.0)
-        significant = repeats >= 2 and (max(ours) < min(theirs) or min(ours) > max(theirs))
+        significant = repeats >= 2 and not ranges_overlap(min(ours), max(ours), min(theirs), max(theirs))
     return Comparison(mode, baseline, relative, significant, repeats, paired)
 
 

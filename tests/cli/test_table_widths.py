@@ -44,3 +44,14 @@ def test_simulate_splits_wide_tables_at_80_columns():
     # Every (chunk, mode) row appears in each split table: 2 chunk sizes x every mode x 4 tables.
     assert sum(1 for line in lines if line.split()[:1] == ["-"]) == 2 * len(Policy) * 4
     assert sum(1 for line in lines if "8k* " in line or "24k* " in line) == len(Policy) * 2
+
+
+def test_the_notes_say_which_timeline_each_accounting_column_is_on():
+    # "compute s" is the replay's and "exp comm s" this host's wall clock, side by side in one
+    # table: without the notes saying so, compute + exp comm reads as a part of the replayed makespan.
+    report = SimpleNamespace(config=SimpleNamespace(repeat=3), modes=[_mode("cpp", 1.0)])
+    header = format_table(report).splitlines()[-3]
+    assert "compute s" in header and "exp comm s" in header
+    notes = " ".join(_NOTES.split())
+    assert "compute s: per rank, replayed" in notes
+    assert "exp comm s: per rank, measured on this host (wall clock" in notes

@@ -117,3 +117,14 @@ def test_one_mode_has_nothing_to_compare():
     verdict = make_verdict({"vpp": [2.0, 2.1, 2.0]}, "equal-cost makespan", paired=True)
     assert verdict.winner is None and not verdict.comparisons
     assert verdict.lines() == ["verdict (equal-cost makespan):", "  one mode: nothing to compare"]
+
+
+def test_a_median_under_the_floor_never_prints_at_the_floor():
+    # +0.97 % is under the 1 % floor; one decimal would print "+1.0%" next to "(under the 1% floor)".
+    values = {"cpp": [1.0] * 3, "vpp": [1.0096, 1.0097, 1.0098]}
+    comparison = compare(values, "vpp", "cpp", paired=True)
+    assert comparison.text() == \
+        "vpp vs cpp: +0.97% [+0.96% .. +0.98%] -> no significant difference (under the 1% floor)"
+    # Away from the floor, one decimal as before.
+    assert compare({"cpp": [1.0] * 3, "vpp": [1.05, 1.05, 1.06]}, "vpp", "cpp", paired=True).text() == \
+        "vpp vs cpp: +5.0% [+5.0% .. +6.0%] -> slower"

@@ -102,3 +102,34 @@ def test_verdict_within_and_overlapping():
 def test_verdict_below_the_baseline():
     runs = _runs([[4.0, 3.0], [4.4, 3.2]], [[2.0, 1.7], [2.2, 1.7]])
     assert host_verdict_lines(runs)[1] == "vpp-pack: -45% on rank 1 -> below cpp"
+
+
+def test_verdict_claims_no_difference_where_the_named_ranks_ranges_overlap():
+    # Rank 0 is clearly below cpp; rank 1, the rank named, is +16 % by median, but its range
+    # [3.0, 4.2] overlaps cpp's [3.0, 3.2]: the unpaired rule says no significant difference.
+    runs = _runs([[4.0, 3.0], [4.4, 3.2]], [[3.0, 3.0], [3.2, 4.2]])
+    assert host_verdict_lines(runs)[1].replace("\n", " ") == \
+        "vpp-pack: +16% on rank 1 -> no significant difference (min-max ranges overlap on rank 1)"
+
+
+def test_verdict_below_needs_separate_ranges_on_every_rank():
+    # Both ranks more than 10 % below by median; rank 1, the rank named, is separate from cpp's,
+    # but rank 0's range [1.0, 4.0] reaches cpp's [4.0, 4.4], so "below" does not stand.
+    runs = _runs([[4.0, 3.0], [4.4, 3.2]], [[1.0, 2.0], [4.0, 2.2]])
+    assert host_verdict_lines(runs)[1].replace("\n", " ") == \
+        "vpp-pack: -32% on rank 1 -> no significant difference (min-max ranges overlap on rank 0)"
+
+
+def test_verdict_with_one_repeat_names_no_difference():
+    def spread(ms):
+        return host_spread([HostTime([x / 1e3 for x in ms], [x / 1e3 for x in ms], [1.0] * len(ms), 9)])
+    runs = [{"label": "cpp", "url": "u", "summary": _summary(), "host_time": spread([4.0, 3.0])},
+            {"label": "vpp-pack", "url": "u", "summary": _summary(), "host_time": spread([4.0, 4.0])}]
+    assert host_verdict_lines(runs)[1].replace("\n", " ") == \
+        "vpp-pack: +33% on rank 1 -> no significant difference (one repeat gives no range)"
+
+
+def test_verdict_never_prints_the_excess_at_the_band_it_is_over():
+    # +10.4 % is over the 10 % band; a whole percent would print "+10% ... -> over 10%".
+    runs = _runs([[4.0, 3.0], [4.0, 3.0]], [[4.0, 3.312], [4.0, 3.312]])
+    assert host_verdict_lines(runs)[1] == "vpp-pack: +10.4% on rank 1 -> over 10%"

@@ -47,6 +47,64 @@ def test_sweep_marks_the_best_chunk(tmp_path):
     assert all(r["makespan_s"] >= r["lower_bound_s"] * (1 - 1e-9) for r in rows)
 
 
+def test_the_star_names_its_metric_and_the_table_prints_it():
+    # Batched short prompts: vpp-pack's lowest TTFT is at 8k, its smallest makespan at 16k. The
+    # star follows the makespan, so the table prints the makespan and says what the star means.
+    result = RUNNER.invoke(app, ["simulate", "--pp", "4", "--workload", "short", "--seq-len", "8k", "--requests",
+                                 "16", "--sweep-chunk", "8k,16k", "--modes", "vpp-pack"])
+    assert result.exit_code == 0, result.output
+    assert "smallest makespan" in result.output
+    rows = {}
+    for line in result.output.splitlines():
+        cells = line.split()
+        if "makespan s" in line:
+            column = cells.index("s") - 1  # "makespan s" is two words: its value is the cell under "makespan"
+        elif len(cells) > 3 and cells[2] == "vpp-pack" and "%" in cells[3]:
+            rows[cells[1]] = float(cells[column])
+    assert set(rows) == {"8k", "16k*"}, rows
+    assert rows["16k*"] < rows["8k"]
+
+
+def test_the_title_names_jitter_and_balance_like_the_json_config(tmp_path):
+    # Jittered durations and a chosen split move every number; the text must say so, as the JSON does.
+    out = tmp_path / "out.json"
+    result = RUNNER.invoke(app, ["simulate", "--seq-len", "64k", "--chunk-size", "8k", "--modes", "cpp",
+                                 "--jitter", "0.025", "--jitter-seed", "3", "--balance", "auto", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    title = " ".join(result.output.split("   seq")[0].split())
+    config = json.loads(out.read_text())["config"]
+    assert (config["jitter"], config["jitter_seed"], config["balance"]) == (0.025, 3, "auto")
+    assert "jitter 2.5% (seed 3)" in title and "--balance auto" in title
+    plain = RUNNER.invoke(app, ["simulate", "--seq-len", "64k", "--chunk-size", "8k", "--modes", "cpp"])
+    assert "jitter" not in plain.output and "balance" not in plain.output
+
+
+def _doc_names(section: str) -> list[str]:
+    """The metric names in the first column of a table of docs/metrics.md under ``section``."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in body.splitlines() if line.startswith("| ") and "---" not in line]
+    return [re.sub(r"\[.*", "", name) for row in rows[1:] for name in re.findall(r"`([^`]+)`", row)[-1:]]
+
+
+def test_every_metric_docs_metrics_names_is_in_the_json(tmp_path):
+    out = tmp_path / "out.json"
+    result = RUNNER.invoke(app, ["simulate", "--workload", "short", "--seq-len", "8k", "--requests", "3",
+                                 "--chunk-size", "8k", "--modes", "cpp,vpp-pack", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    row = data["results"][0]
+    per_run, per_rank = _doc_names("Per run"), _doc_names("Per rank (`per_rank[r]`, `RankStats`)")
+    assert "request_release_s" in per_run and "num_transfers" in per_run and "busy_until" in per_rank
+    missing = [n for n in per_run if n not in row and n not in data]
+    missing += [n for n in per_rank if n not in row["per_rank"][0]]
+    assert not missing, missing
+    assert len(row["request_ttft_s"]) == 3 and abs(sum(row["request_ttft_s"].values()) / 3 - row["ttft_s"]) < 1e-12
+
+
 def test_short_and_mixed_workloads():
     short = RUNNER.invoke(app, ["simulate", "--model", "qwen3-coder-30b-a3b", "--hardware", "h200", "--workload",
                                 "short", "--seq-len", "4k", "--requests", "8", "--chunk-size", "8k",

@@ -127,9 +127,10 @@ _NOTES = (
     "equal-cost: every mode's executed order re-timed on ONE cost model fitted on the\n"
     "  least-disturbed costs of all modes (repeat j: fitted on the other repeats):\n"
     "  only the schedules differ; the verdict compares these.\n"
-    "compute s: per rank, replayed. max|diff|: vs the single-process reference\n"
-    "  forward with the same chunk boundaries (final hidden states and last-token\n"
-    "  logits)."
+    "compute s: per rank, replayed. exp comm s: per rank, measured on this host\n"
+    "  (wall clock: not the replay's, which is replay_exposed_comm_s in --json).\n"
+    "max|diff|: vs the single-process reference forward with the same chunk\n"
+    "  boundaries (final hidden states and last-token logits)."
 )
 
 

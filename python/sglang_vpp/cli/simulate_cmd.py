@@ -86,7 +86,7 @@ def simulate(
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed-loop clients (default: long 1, short all, mixed 16, file open loop)."),
     file: Optional[Path] = typer.Option(None, "--file", help="JSONL of {\"length\", \"arrival\"} for --workload file."),
     seed: int = typer.Option(0, "--seed", help="Seed of the mixed workload."),
-    sweep_chunk: Optional[str] = typer.Option(None, "--sweep-chunk", help="Chunk sizes to sweep (8k,16k,24k,32k; auto allowed); * marks each mode's best."),
+    sweep_chunk: Optional[str] = typer.Option(None, "--sweep-chunk", help="Chunk sizes to sweep (8k,16k,24k,32k; auto allowed); * marks each mode's best: its smallest makespan."),
     split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts (P or 2P entries by layout; 2P-1 with --fold fused)."),
     fold: str = typer.Option("split", "--fold", help=FOLD_HELP),
     balance: str = typer.Option("even", "--balance", help="Layer split: even, or auto (the planner picks one for the cost model's tau curve)."),
@@ -166,7 +166,10 @@ def simulate(
     where = (f"on {hardware_spec.name} (tp={getattr(cost, 'tp', '-')})" if costs is None else
              f"({model_spec.num_layers} layers) on the measured costs in {costs}"
              + (f" (measured on {measured_on})" if measured_on else ""))
+    # Every setting that moves the numbers and the JSON's config records is named in the title too.
     title = (f"{model_spec.name} {where}, pp={pp}, " + ("fused fold, " if fold == "fused" else "") +
+             ("layer split by --balance auto, " if balance == "auto" else "") +
+             (f"jitter {jitter * 100:g}% (seed {jitter_seed}), " if jitter else "") +
              f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""))
     echo_wrapped(title, err=to_stderr)
     typer.echo(format_table(rows, mark_best=bool(sweep_chunk)), err=to_stderr)

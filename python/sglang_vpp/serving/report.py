@@ -82,7 +82,14 @@ def _host_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
 
 def host_verdict_lines(runs: Sequence[dict[str, Any]], baseline: str = "cpp") -> list[str]:
     """Per mode against ``baseline``: the largest per-rank excess of its median host time per
-    micro-batch, and whether it is below, within or over ``host_time.WITHIN`` of the baseline's."""
+    micro-batch, and whether it is below, within or over ``host_time.WITHIN`` of the baseline's.
+
+    Servers run one after another, so a difference is the unpaired kind (``verdict``): ``below``
+    or ``over`` stands only where the min-max ranges over repeats do not overlap on the ranks it
+    rests on (``over``: the rank named; ``below``: every rank), else the line says no significant
+    difference and names the rank whose ranges overlap."""
+    from sglang_vpp.verdict import percent, ranges_overlap
+
     from .host_time import WITHIN
 
     base = next((run.get("host_time") for run in runs if run["label"] == baseline), None)
@@ -93,17 +100,25 @@ def host_verdict_lines(runs: Sequence[dict[str, Any]], baseline: str = "cpp") ->
         host = run.get("host_time")
         if run["label"] == baseline or not host:
             continue
-        excess = [mine["median"] / theirs["median"] - 1.0
-                  for mine, theirs in zip(host["per_micro_batch_ms"], base["per_micro_batch_ms"]) if theirs["median"] > 0]
+        pairs = list(zip(host["per_micro_batch_ms"], base["per_micro_batch_ms"]))
+        excess = {k: mine["median"] / theirs["median"] - 1.0 for k, (mine, theirs) in enumerate(pairs)
+                  if theirs["median"] > 0}
         if not excess:
             continue
-        worst = max(range(len(excess)), key=lambda k: excess[k])
-        overlap = all(mine["min"] <= theirs["max"] and theirs["min"] <= mine["max"]
-                      for mine, theirs in zip(host["per_micro_batch_ms"], base["per_micro_batch_ms"]))
+        worst = max(excess, key=lambda k: excess[k])
+        overlapping = [k for k, (mine, theirs) in enumerate(pairs)
+                       if ranges_overlap(mine["min"], mine["max"], theirs["min"], theirs["max"])]
         word = (f"below {baseline}" if excess[worst] < -WITHIN
                 else f"within {WITHIN:.0%}" if excess[worst] <= WITHIN else f"over {WITHIN:.0%}")
-        ranges = "; ranges overlap on every rank" if overlap else ""
-        out.append(wrap(f"{run['label']}: {excess[worst]:+.0%} on rank {worst} -> {word}{ranges}"))
+        rests_on = list(excess) if excess[worst] < -WITHIN else [worst]
+        blurred = [k for k in rests_on if k in overlapping]
+        repeats = min(host.get("repeats", 1), base.get("repeats", 1))
+        if abs(excess[worst]) > WITHIN and repeats < 2:
+            word = "no significant difference (one repeat gives no range)"
+        elif blurred and not word.startswith("within"):
+            word = f"no significant difference (min-max ranges overlap on rank {blurred[0]})"
+        ranges = "; ranges overlap on every rank" if word.startswith("within") and len(overlapping) == len(pairs) else ""
+        out.append(wrap(f"{run['label']}: {percent(excess[worst], WITHIN, 0)} on rank {worst} -> {word}{ranges}"))
     return out if len(out) > 1 else []  # fmt: skip
 
 

@@ -105,7 +105,8 @@ class ModeResult:
         return gap_to_bound(self.sim.makespan_s, self.lower_bound_s)
 
     def row(self) -> dict:
-        """The mode's JSON fields (makespan, idle, TTFT), plus the bound, chunk counts and the per-rank split."""
+        """The mode's JSON fields (makespan, idle, TTFT, per-request TTFT and release), plus the bound,
+        chunk and transfer counts and the per-rank split: every per-run name of docs/metrics.md."""
         s = self.sim
         return {
             # An auto row ran at the sizes it lists, not at the cap it was given.
@@ -115,7 +116,10 @@ class ModeResult:
             "idle_by_cause_s": s.idle_by_cause,
             "steps": s.steps, "num_chunks": s.num_chunks, "lower_bound_s": self.lower_bound_s,
             "gap_to_bound": self.gap_to_bound, "num_requests": len(s.request_ttft_s),
-            "num_tokens": s.num_tokens, "deadlock": s.deadlock is not None,
+            "num_tokens": s.num_tokens, "num_transfers": s.num_transfers, "deadlock": s.deadlock is not None,
+            # ttft_s is their mean: the per-request values give its spread (docs/metrics.md).
+            "request_ttft_s": {str(k): v for k, v in sorted(s.request_ttft_s.items())},
+            "request_release_s": {str(k): v for k, v in sorted(s.request_release_s.items())},
             "per_rank": [r.to_dict() for r in s.per_rank],
             **({"auto_chunk_sizes": sorted(set(self.auto_sizes))} if self.auto_sizes else {}),
             **({"auto_tapered_sizes": sorted({s for s, t in zip(self.auto_sizes, self.auto_tapered) if t})}

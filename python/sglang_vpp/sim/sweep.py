@@ -124,9 +124,14 @@ def _split_tables(keys: list[str], columns: list[tuple[str, list[str]]]) -> list
     return out
 
 
+#: What ``*`` marks: ``best_by_mode``'s metric, which the TTFT column next to it is not.
+BEST_LEGEND = "*: each mode's best chunk size per length: its smallest makespan (highest tok/s)"
+
+
 def format_table(rows: Sequence[SweepRow], mark_best: bool = False) -> str:
     """One line per (seq_len, chunk size, mode), split into tables that fit 80 columns; ``*`` marks
-    each mode's best chunk size; a deadlocked run is listed after the tables."""
+    each mode's best chunk size (``BEST_LEGEND`` under the tables says by what); a deadlocked run
+    is listed after the tables."""
     best = {id(r) for r in best_by_mode(rows).values()} if mark_best else set()
     done = [row for row in rows if row.result.sim.ok]
     sims = [(row.result, row.result.sim) for row in done]
@@ -135,11 +140,14 @@ def format_table(rows: Sequence[SweepRow], mark_best: bool = False) -> str:
         ("compute s", [f"{s.compute_s:.3f}" for _, s in sims]), ("bubble s", [f"{s.bubble_s:.3f}" for _, s in sims]),
         ("exp.comm s", [f"{s.exposed_comm_s:.3f}" for _, s in sims]),
         ("bubble%", [f"{100 * s.bubble_ratio:.2f}%" for _, s in sims]), ("steps", [str(s.steps) for _, s in sims]),
-        ("chunks", [str(s.num_chunks) for _, s in sims]), ("bound s", [f"{r.lower_bound_s:.3f}" for r, _ in sims]),
+        ("chunks", [str(s.num_chunks) for _, s in sims]), ("makespan s", [f"{s.makespan_s:.3f}" for _, s in sims]),
+        ("bound s", [f"{r.lower_bound_s:.3f}" for r, _ in sims]),
         ("gap%", [f"{100 * r.gap_to_bound:.1f}%" for r, _ in sims]),
     ]  # fmt: skip
     keys = [_key(row, "*" if id(row) in best else " ") for row in done]
     parts = _split_tables(keys, columns) if done else []
+    if best:
+        parts.append(BEST_LEGEND)
     for row in rows:
         if not row.result.sim.ok:
             blocked = "; ".join(f"rank {b['rank']} at {b['action']}" for b in row.result.sim.deadlock.blocked[:2])
