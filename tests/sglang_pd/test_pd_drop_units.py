@@ -384,7 +384,7 @@ def test_a_prefill_without_the_route_is_told_once_and_nothing_raises(bootstrap, 
 
 def _decode_process(tp_rank, pp_rank=0, attn_tp_size=1, attn_cp_rank=0):
     """One scheduler process of a decode server as the backstop sees it: its DecodePreallocQueue
-    (global TP and PP rank) and that queue's KV manager (the ranks SGLang's CommonKVManager keeps,
+    (global TP and PP rank, set to show they are not what decides) and that queue's KV manager (the ranks SGLang's CommonKVManager keeps,
     attention TP rank as SGLang derives it, and the failures it records)."""
     from sglang.srt.disaggregation.decode import DecodePreallocQueue
 
@@ -453,6 +453,15 @@ def test_a_decode_server_tells_the_prefill_each_room_once_per_group_of_ranks(tol
         queue = _decode_process(tp_rank, attn_tp_size=2)
         _fail_on_mismatch(queue, addr, rooms_of_group[queue.kv_manager.attn_dp_rank])
     assert told == [(addr, [7]), (addr, [9, 10])]
+
+
+def test_a_kv_manager_without_ranks_tells_the_prefill(told):
+    """A manager that is not a CommonKVManager keeps no ranks: it tells (a repeated post is harmless)."""
+    queue = _decode_process(tp_rank=1, attn_tp_size=2)
+    queue.kv_manager = types.SimpleNamespace(failures={})
+    queue.kv_manager.record_failure = queue.kv_manager.failures.__setitem__
+    _fail_on_mismatch(queue, "127.0.0.1:8998", [7])
+    assert told == [("127.0.0.1:8998", [7])]
 
 
 def test_the_backstop_logs_one_error_line_per_address_and_reason(told, caplog):

@@ -1,16 +1,17 @@
 """The simulator's clock is the dry run's: the controller is asked at the simulated event times.
 
-The planner asks the controller at event time on the simulated durations (jitter included); the
-engine then executes the emitted streams with the same durations, adding the link model and the
-accounting. Every compute starts and ends in the simulation exactly when the dry run put it, so
-the decisions were taken at the times the simulation reports. With jitter the controller reacts:
+The planner asks the controller at event time on the simulated durations (jitter included),
+transfers queued on their communicator as in the engine; the engine then executes the emitted
+streams with the same durations and adds the accounting. Every compute starts and ends in the
+simulation exactly when the dry run put it, so the decisions were taken at the times the
+simulation reports. With jitter the controller reacts:
 it orders work differently from the unjittered plan."""
 
 from __future__ import annotations
 
 import pytest
 
-from sglang_vpp.schedule import POLICIES, LinearAttentionCost
+from sglang_vpp.schedule import POLICIES, Fold, LinearAttentionCost
 from sglang_vpp.sim.runner import RunConfig, run_mode
 from sglang_vpp.sim.workloads import long_workload, mixed_workload
 
@@ -36,6 +37,17 @@ def test_every_compute_runs_when_the_dry_run_decided_it(pp: int, workload: str, 
     for mode in POLICIES:
         result = run_mode(str(mode), WORKLOADS[workload], cost, RunConfig(pp, 2048, jitter=jitter, jitter_seed=1),
                           16, keep_schedule=True)
+        planned, simulated = _computes_of(result)
+        assert planned.keys() == simulated.keys(), mode
+        worst = max(abs(a - b) for key in planned for a, b in zip(planned[key], simulated[key]))
+        assert worst <= 1e-9 * result.sim.makespan_s, (mode, worst)
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4])
+def test_the_fused_fold_runs_when_the_dry_run_decided_it_on_slow_links(pp: int) -> None:
+    for mode in ("vpp", "vpp-async", "vpp-pack", "vpp-stream", "vpp-taper"):
+        result = run_mode(mode, WORKLOADS["mixed"], SLOW_LINKS, RunConfig(pp, 2048, fold=Fold.FUSED), 16,
+                          keep_schedule=True)
         planned, simulated = _computes_of(result)
         assert planned.keys() == simulated.keys(), mode
         worst = max(abs(a - b) for key in planned for a, b in zip(planned[key], simulated[key]))

@@ -37,6 +37,7 @@ __all__ = [
     "send",
     "recv",
     "link_key",
+    "transfer_span",
 ]
 
 GROUP_SINGLE = "pp"
@@ -128,6 +129,13 @@ def link_key(group: str, rank_a: int, rank_b: int) -> tuple[str, int, int]:
     operations pair up in order on both ends (as NCCL/HCCL point-to-point calls do), so its
     transfers run one after another."""
     return (group, min(rank_a, rank_b), max(rank_a, rank_b))
+
+
+def transfer_span(posted: float, previous_end: float, duration: float) -> tuple[float, float]:
+    """(start, end) of a transfer whose two ends are both posted at ``posted``, on a communicator
+    (``link_key``) whose previous transfer ends at ``previous_end``: one transfer at a time."""
+    start = max(posted, previous_end)
+    return start, start + duration
 
 
 def compute(stage: int, request: int, chunk: int) -> Action:

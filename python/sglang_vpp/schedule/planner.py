@@ -47,7 +47,7 @@ from .chunking import Chunker
 from .controller import Admission, MicroBatch
 from .cost import StageCostModel
 from .factory import ControllerConfig, build_controller
-from .ir import Action, ChunkSpec, RequestSpec, link_key
+from .ir import Action, ChunkSpec, RequestSpec, link_key, transfer_span
 from .lowering import Lowering
 
 __all__ = ["Planner", "TimelineEntry"]
@@ -98,6 +98,7 @@ class Planner:
         self._rank_free = [0.0] * self._num_ranks
         self._offer: list[tuple[int, int] | None] = [None] * self._num_ranks
         self._completions: list[tuple[float, int]] = []
+        self._stage_link = _stage_links(self.controller)
         self._link_free: dict[tuple[str, int, int], float] = {}
         self.request_finish: dict[int, float] = {}
         self.timeline: list[TimelineEntry] = []
@@ -307,7 +308,7 @@ class Planner:
         else:
             # The receive is always posted (the transport keeps one per link), so the transfer
             # starts once the send is posted and the link is free.
-            self._ready_at[stage][position] = self._transfer(stage, chunk, end)[1]
+            self._ready_at[stage][position] = self._transfer_end(stage, chunk, end)
 
     def _try_handoff(self, rank: int, now: float) -> bool:
         offer = self._offer[rank]
@@ -334,7 +335,7 @@ class Planner:
         stage, position = offer
         chunk = self.sequence[position]
         self._lowering.handoff(stage, chunk)
-        end = self._transfer(stage, chunk, now)[1]
+        end = self._transfer_end(stage, chunk, now)
         self._rank_free[src] = max(self._rank_free[src], end)
         self._rank_free[dst] = max(self._rank_free[dst], end)
         self._ready_at[stage][position] = end
@@ -352,23 +353,35 @@ class Planner:
     def _stage_cost(self, stage: int, chunk: ChunkSpec) -> float:
         return self._durations.stage_cost(self.config.layout.stages[stage], chunk)
 
-    def _transfer(self, stage: int, chunk: ChunkSpec, posted: float) -> tuple[float, float]:
-        """(start, end) of the hand-off of ``stage``'s output for ``chunk``, both ends posted at
+    def _transfer_end(self, stage: int, chunk: ChunkSpec, posted: float) -> float:
+        """When the hand-off of ``stage``'s output for ``chunk`` ends, both ends posted at
         ``posted``: a communicator is one in-order stream (``link_key``), so the transfer also
         waits for the previous one on it to end, as the engine and NCCL/HCCL pair them."""
-        hand = self.controller.hand_off(stage)
-        assert hand is not None, stage
-        key = link_key(hand.group, hand.src_rank, hand.dst_rank)
-        start = max(posted, self._link_free.get(key, 0.0))
-        end = start + self._durations.transfer_cost(self.config.layout.stages[stage], chunk)
+        key = self._stage_link[stage]
+        assert key is not None, stage
+        _, end = transfer_span(posted, self._link_free.get(key, 0.0),
+                               self._durations.transfer_cost(self.config.layout.stages[stage], chunk))
         self._link_free[key] = end
-        return start, end
+        return end
 
     def _stuck_state(self) -> str:
         return (
             f"planner stopped with work left: next positions {self._next_position}, "
             f"sequence length {len(self.sequence)}, offers {self._offer}, rank free {self._rank_free}, now {self.now}"
         )
+
+
+def _stage_links(controller) -> list[tuple[str, int, int] | None]:
+    """Each stage's hand-off communicator (None: no hand-off). The planner times an ``async``
+    transfer when its send is posted, in its stage's order: the communicator's pairing order
+    wherever a communicator carries one stage's hand-offs (every ``async`` policy: one direction
+    per group). Async hand-offs of both directions on one group pair out of order, and
+    ``check_deadlock`` refuses such streams before anything runs them."""
+    links = []
+    for stage in range(controller.layout.num_stages):
+        hand = controller.hand_off(stage)
+        links.append(None if hand is None else link_key(hand.group, hand.src_rank, hand.dst_rank))
+    return links
 
 
 class _Unlowered(Lowering):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..schedule import Action, ActionKind
+from ..schedule.ir import link_key
 
 __all__ = ["CommOp", "Communicator"]
 
@@ -43,7 +44,7 @@ class Communicator:
 
     @property
     def key(self) -> tuple[str, int, int]:
-        return (self.group, self.low, self.high)
+        return link_key(self.group, self.low, self.high)
 
     @property
     def num_pairs(self) -> int:

@@ -45,7 +45,7 @@ import itertools
 from typing import Mapping
 
 from ..schedule import ActionKind, ChunkSpec, CommSemantics, DeadlockReport, Schedule, StageCostModel, check_deadlock
-from ..schedule.ir import link_key
+from ..schedule.ir import link_key, transfer_span
 from .communicator import CommOp, Communicator
 from .config import SimConfig
 from .cost.base import StageTime, stage_time
@@ -208,10 +208,10 @@ class Engine:
             if send.post_time is None or recv.post_time is None:
                 break
             previous = comm.ends[-1] if comm.ends else 0.0
-            start = max(send.post_time, recv.post_time, previous)
             stage_index, request_index, chunk_index = send.action.key
             chunk = self.chunks[(request_index, chunk_index)]
-            end = start + self.cost.transfer_cost(self.stages[stage_index], chunk)
+            start, end = transfer_span(max(send.post_time, recv.post_time), previous,
+                                       self.cost.transfer_cost(self.stages[stage_index], chunk))
             comm.starts.append(start)
             comm.ends.append(end)
             self.num_transfers += 1

@@ -7,8 +7,8 @@ a reproduction) while it decides with ``estimate``; a closed-loop workload submi
 request from the planner's ``on_complete`` callback at the completion time on that clock; what
 ``auto`` sees is ``auto_size.LiveSituation``) -> ``Schedule`` (per-rank streams and the time
 each micro-batch was admitted) -> ``simulate_schedule`` (executes the streams with the same
-durations, starting stage 0 when the controller admitted it, and adds the link model and idle by
-cause; it decides nothing) -> ``ModeResult`` (``SimResult`` + lower bound).
+durations, starting stage 0 when the controller admitted it, and adds the accounting: exposed
+communication and idle by cause; it decides nothing) -> ``ModeResult`` (``SimResult`` + lower bound).
 
 ``run_engine`` is the entry point for any pair of estimate and durations; ``run_mode`` is the
 simulator's (the estimate is the hardware cost model itself).
