@@ -95,6 +95,21 @@ def test_layer_split_must_match_stages_and_layers(model_dir):
         validate_pipeline_args(_args(model_dir, pp_size=2), PipelineOptions("cpp", (4, 4)))
 
 
+def test_too_few_layers_for_the_split_fold_names_the_fused_fold_that_holds_them(tmp_path):
+    """A model of 2P-1 layers: the split fold's 2P stages cannot hold it, a fused fold's 2P-1
+    stages of one layer each can (served: 3 layers at pp 2), so the refusal names that command."""
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 7}))
+    with pytest.raises(PpModeError, match=r"needs at least 8 layers .* has 7; lower --pp-size, or serve the 7 "
+                                          r"virtual stages of a fused fold: --vpp-fold fused --vpp-layer-split 1,1,1,1,1,1,1$"):
+        validate_pipeline_args(_args(tmp_path, pp_size=4), PipelineOptions(pp_mode="vpp-pack"))
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 3}))
+    with pytest.raises(PpModeError, match=r"has 3; lower --pp-size, or serve .* --vpp-layer-split 1,1,1$"):
+        validate_pipeline_args(_args(tmp_path, pp_size=2), PipelineOptions(pp_mode="vpp-pack", vpp_fold="fused"))
+    validate_pipeline_args(_args(tmp_path, pp_size=2), PipelineOptions("vpp-pack", (1, 1, 1), vpp_fold="fused"))
+    with pytest.raises(PpModeError, match=r"needs at least 6 layers .* has 3; lower --pp-size$"):
+        validate_pipeline_args(_args(tmp_path, pp_size=3), PipelineOptions(pp_mode="vpp-pack"))
+
+
 def test_stock_and_dcpp_accept_their_usual_flags(model_dir):
     validate_pipeline_args(_args(model_dir), PipelineOptions())
     validate_pipeline_args(_args(model_dir, pp_size=2, chunked_prefill_size=128), PipelineOptions("dcpp"))

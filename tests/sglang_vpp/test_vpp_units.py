@@ -242,6 +242,33 @@ def test_vpp_taper_server_cuts_the_chunks_the_planner_cuts(monkeypatch):
     assert adder.rem_chunk_tokens == 128
 
 
+def test_a_max_prefill_tokens_below_the_chunk_size_leaves_a_requests_last_chunk_whole(monkeypatch):
+    """``--max-prefill-tokens`` below ``--chunked-prefill-size``: SGLang cuts every chunk at the
+    chunk size (the input cap only stops further requests joining), so the budget of the batch
+    that ends a chunked request is the chunk size, and the server cuts the planner's chunks."""
+    from types import SimpleNamespace
+
+    from sglang_vpp.schedule import default_chunker, split_request
+    from sglang_vpp.sglang_plugin.vpp import chunk_sizing, state as vpp_state
+
+    state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2), rank=0)
+    state.ensure_layout(8)
+    monkeypatch.setattr(vpp_state, "_STATE", state)
+    monkeypatch.setattr(chunk_sizing, "_sizer", None)
+    scheduler = SimpleNamespace(chunked_prefill_size=64, max_prefill_tokens=32, chunked_req=None,
+                                dynamic_chunk_sizer=None)
+    chunk_sizing.install_chunk_sizer(scheduler, state.build_controller(64))
+    length = 114  # a first chunk of 64, then 50 left: more than the input cap, less than a chunk
+    req = SimpleNamespace(prefix_len=64, origin_input_ids=[1] * length, output_ids=[])
+    scheduler.chunked_req = req
+    cut = [64]
+    while sum(cut) < length:
+        req.prefix_len = sum(cut)
+        cut.append(min(scheduler.dynamic_chunk_sizer.predict(req.prefix_len), length - req.prefix_len))
+    planned = [size for _, size in split_request(default_chunker(state.config.policy, 64, state.layout, None, 64), length)]
+    assert cut == planned == [64, 50]
+
+
 def test_decode_retraction_keeps_a_slots_last_request_while_others_hold_kv():
     """A slot whose last decode request cannot get its next token retracts it (back to the queue)
     while another request holds KV; with no other request it stays aborted, as in SGLang."""

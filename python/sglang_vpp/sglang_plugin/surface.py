@@ -297,7 +297,6 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_SCHED + "max_running_requests", R, V),
     N(_SCHED + "chunked_prefill_size", R, V),
     N(_SCHED + "page_size", R, V),
-    N(_SCHED + "max_prefill_tokens", R, V),
     N(_SCHED + "tp_worker", R, V),
     N(_SCHED + "model_worker", R, V),
     N(_SCHED + "future_map", R, V),

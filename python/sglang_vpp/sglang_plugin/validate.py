@@ -198,9 +198,14 @@ def _check_layer_split(args: Any, options: PipelineOptions, pp_size: int) -> Non
             f"model has {num_layers}; make the counts add up to {num_layers}"
         )
     if split is None and num_layers < num_stages:
+        fix = "lower --pp-size"
+        num_fused = stage_count("foldback", pp_size, Fold.FUSED)
+        if num_layers == num_fused:  # a fused fold has a stage fewer: one layer each holds the model
+            counts = ",".join("1" * num_fused)
+            fix += f", or serve the {num_fused} virtual stages of a fused fold: --vpp-fold fused --vpp-layer-split {counts}"
         raise PpModeError(
             f"--pp-mode {options.pp_mode} with --pp-size {pp_size} needs at least {num_stages} "
-            f"layers (2 virtual stages per rank) but the model has {num_layers}; lower --pp-size"
+            f"layers (2 virtual stages per rank) but the model has {num_layers}; {fix}"
         )
 
 

@@ -70,7 +70,10 @@ class ControllerChunkSizer:
 
     def predict(self, history_len: int) -> int:
         """Budget of the batch that continues ``scheduler.chunked_req`` (SGLang calls this)."""
-        full = max(1, int(self.scheduler.max_prefill_tokens))
+        # SGLang's adder cuts a chunk at the chunk budget (its rem_chunk_tokens), never at
+        # --max-prefill-tokens, which only stops further requests joining; a budget below the
+        # chunk size would split a request's last chunk, unlike stock SGLang and the planner.
+        full = max(1, int(self.scheduler.chunked_prefill_size))
         req = self.scheduler.chunked_req
         if req is None:
             return self.controller.next_chunk_size(history_len, full)
