@@ -474,3 +474,15 @@ def test_the_backstop_logs_one_error_line_per_address_and_reason(told, caplog):
             _fail_on_mismatch(_decode_process(tp_rank=0), addr, [room])
     lines = [record for record in caplog.records if addr in record.getMessage()]
     assert len(lines) == 1 and lines[0].levelno == logging.ERROR and "KV cache dtype mismatch" in lines[0].getMessage()
+
+
+def test_only_the_process_that_tells_the_prefill_logs_the_error(told, caplog):
+    """The group's other processes fail the same rooms for the same reason: a debug line each, so a
+    TP 8 decode server says the cause once, not eight times."""
+    import logging
+
+    addr = "127.0.0.1:18999"  # an address no other test fails
+    with caplog.at_level(logging.DEBUG, logger="sglang_vpp.sglang_plugin.pd_decode_refusal"):
+        _fail_on_mismatch(_decode_process(tp_rank=1, attn_tp_size=2), addr, [9])
+    lines = [record for record in caplog.records if addr in record.getMessage()]
+    assert [record.levelno for record in lines] == [logging.DEBUG]

@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 ENSURE_PREFILL_INFO_TARGET = "sglang.srt.disaggregation.decode.DecodePreallocQueue._ensure_prefill_info"
 _log_once = pd_drop.LogOnce(logger, logging.ERROR)
+_log_once_quiet = pd_drop.LogOnce(logger, logging.DEBUG)
 
 
 def ensure_prefill_info_per_address(original: Callable[..., Any], queue: Any,
@@ -64,14 +65,17 @@ def ensure_prefill_info_per_address(original: Callable[..., Any], queue: Any,
 
 def _fail_requests(queue: Any, addr: str, reqs: list[Any], reason: str) -> None:
     message = f"prefill server at bootstrap address {addr} cannot serve this decode server: {reason}"
-    _log_once((addr, reason), "sglang-vpp: %s; its requests fail, this decode server keeps serving", message)
+    tells = _tells_prefill(queue.kv_manager)
+    # Every process of the group fails the same rooms: the one that tells the prefill says why.
+    (_log_once if tells else _log_once_quiet)((addr, reason), "sglang-vpp: %s; its requests fail, this decode "
+                                              "server keeps serving", message)
     for decode_req in reqs:
         receiver = decode_req.kv_receiver
         if receiver is None:  # already failed and cleaned up by SGLang
             continue
         receiver.abort()
         queue.kv_manager.record_failure(decode_req.req.bootstrap_room, message)
-    if _tells_prefill(queue.kv_manager):
+    if tells:
         # The prefill server would hold these rooms for a decode side that never connects: tell it
         # (``addr`` is SGLang's "host:port", brackets around an IPv6 host), from a thread of its own.
         pd_drop.tell_prefill(addr, [decode_req.req.bootstrap_room for decode_req in reqs], message)
