@@ -195,6 +195,33 @@ def test_one_refusal_list_for_the_launcher_and_the_scheduler_process():
                 check(args, "vpp-async")
 
 
+def _server_chunk_sizer(monkeypatch, mode: str, chunk: int, max_prefill_tokens: int):
+    """A pp 2, 8-layer VPP state of ``mode`` whose controller answers SGLang's dynamic-chunking slot
+    on a scheduler with ``--chunked-prefill-size chunk``; returns (state, scheduler)."""
+    from types import SimpleNamespace
+
+    from sglang_vpp.sglang_plugin.vpp import chunk_sizing, state as vpp_state
+
+    state = VppState(config=VppConfig(mode=mode, pp_size=2), rank=0)
+    state.ensure_layout(8)
+    monkeypatch.setattr(vpp_state, "_STATE", state)
+    monkeypatch.setattr(chunk_sizing, "_sizer", None)
+    scheduler = SimpleNamespace(chunked_prefill_size=chunk, max_prefill_tokens=max_prefill_tokens, chunked_req=None,
+                                dynamic_chunk_sizer=None)
+    chunk_sizing.install_chunk_sizer(scheduler, state.build_controller(chunk))
+    return state, scheduler
+
+
+def _continued_cuts(scheduler, req, cut: list[int]) -> list[int]:
+    """``cut`` (the chunks taken so far) extended by the sizes SGLang's slot gives ``req`` until it is whole."""
+    length = len(req.origin_input_ids)
+    scheduler.chunked_req = req
+    while sum(cut) < length:
+        req.prefix_len = sum(cut)
+        cut.append(min(scheduler.dynamic_chunk_sizer.predict(req.prefix_len), length - req.prefix_len))
+    return cut
+
+
 def test_vpp_taper_server_cuts_the_chunks_the_planner_cuts(monkeypatch):
     """The server's chunk sizes (first chunk through the adder hook, later ones through SGLang's
     dynamic-chunking slot, both answered by the controller) are ``split_request`` of the schedule
@@ -202,15 +229,9 @@ def test_vpp_taper_server_cuts_the_chunks_the_planner_cuts(monkeypatch):
     from types import SimpleNamespace
 
     from sglang_vpp.schedule import default_chunker, split_request
-    from sglang_vpp.sglang_plugin.vpp import chunk_sizing, state as vpp_state
+    from sglang_vpp.sglang_plugin.vpp import chunk_sizing
 
-    state = VppState(config=VppConfig(mode="vpp-taper", pp_size=2), rank=0)
-    state.ensure_layout(8)
-    monkeypatch.setattr(vpp_state, "_STATE", state)
-    monkeypatch.setattr(chunk_sizing, "_sizer", None)
-    scheduler = SimpleNamespace(chunked_prefill_size=128, max_prefill_tokens=16384, chunked_req=None,
-                                dynamic_chunk_sizer=None)
-    chunk_sizing.install_chunk_sizer(scheduler, state.build_controller(128))
+    state, scheduler = _server_chunk_sizer(monkeypatch, "vpp-taper", 128, 16384)
     sizer = scheduler.dynamic_chunk_sizer
     assert sizer is chunk_sizing._sizer
     length = 600
@@ -225,11 +246,7 @@ def test_vpp_taper_server_cuts_the_chunks_the_planner_cuts(monkeypatch):
 
     adder = SimpleNamespace(rem_chunk_tokens=128, new_chunked_req=None, can_run_list=[])
     chunk_sizing.around_add_one_req(admit, adder, req, has_chunked_req=False, truncation_align_size=None)
-    cut = [adder.taken]
-    scheduler.chunked_req = req
-    while sum(cut) < length:
-        req.prefix_len = sum(cut)
-        cut.append(min(sizer.predict(req.prefix_len), length - req.prefix_len))
+    cut = _continued_cuts(scheduler, req, [adder.taken])
     planned = [size for _, size in split_request(default_chunker(state.config.policy, 128, state.layout, None, 128), length)]
     assert cut == planned and planned[0] < 128 < length and max(planned) == 128, planned
     # A short request is left whole, and a refused one gives its budget back.
@@ -249,22 +266,11 @@ def test_a_max_prefill_tokens_below_the_chunk_size_leaves_a_requests_last_chunk_
     from types import SimpleNamespace
 
     from sglang_vpp.schedule import default_chunker, split_request
-    from sglang_vpp.sglang_plugin.vpp import chunk_sizing, state as vpp_state
 
-    state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2), rank=0)
-    state.ensure_layout(8)
-    monkeypatch.setattr(vpp_state, "_STATE", state)
-    monkeypatch.setattr(chunk_sizing, "_sizer", None)
-    scheduler = SimpleNamespace(chunked_prefill_size=64, max_prefill_tokens=32, chunked_req=None,
-                                dynamic_chunk_sizer=None)
-    chunk_sizing.install_chunk_sizer(scheduler, state.build_controller(64))
+    state, scheduler = _server_chunk_sizer(monkeypatch, "vpp-pack", 64, 32)
     length = 114  # a first chunk of 64, then 50 left: more than the input cap, less than a chunk
     req = SimpleNamespace(prefix_len=64, origin_input_ids=[1] * length, output_ids=[])
-    scheduler.chunked_req = req
-    cut = [64]
-    while sum(cut) < length:
-        req.prefix_len = sum(cut)
-        cut.append(min(scheduler.dynamic_chunk_sizer.predict(req.prefix_len), length - req.prefix_len))
+    cut = _continued_cuts(scheduler, req, [64])
     planned = [size for _, size in split_request(default_chunker(state.config.policy, 64, state.layout, None, 64), length)]
     assert cut == planned == [64, 50]
 

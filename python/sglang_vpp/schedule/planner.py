@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .chunking import Chunker
-from .controller import Admission, MicroBatch
+from .controller import Admission, Controller, MicroBatch
 from .cost import StageCostModel
 from .factory import ControllerConfig, build_controller
 from .ir import Action, ChunkSpec, RequestSpec, link_key, transfer_span
@@ -371,7 +371,7 @@ class Planner:
         )
 
 
-def _stage_links(controller) -> list[tuple[str, int, int] | None]:
+def _stage_links(controller: Controller) -> list[tuple[str, int, int] | None]:
     """Each stage's hand-off communicator (None: no hand-off). The planner times an ``async``
     transfer when its send is posted, in its stage's order: the communicator's pairing order
     wherever a communicator carries one stage's hand-offs (every ``async`` policy: one direction
