@@ -33,6 +33,16 @@ the simulator's engine, so a dry run on the simulated durations decides at the t
 simulation reports (``tests/sim/test_one_clock.py``).
 
 The estimated clock only orders work; executors (simulator, runtime, SGLang) keep their own time.
+
+Two sources of completion times, one decision path: on the estimated clock (the default) a
+compute ends ``stage_cost`` after it starts and a hand-off when ``transfer_span`` says; an
+``external`` planner has no clock of its own: everything it emits is in flight until its executor
+reports it (``action_done``: this rank finished its next action at this time), and ``advance``
+decides at the executor's time with what has been reported. The consequences of a compute ending
+(the next stage's input ready, the request complete, a blocking output offered) are applied by
+one method (``_produced``) in both, at decision time with the estimated end or at the report with
+the real one. The reference runtime runs an external planner fed with its ranks' real
+completions (``runtime/control.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -47,7 +58,7 @@ from .chunking import Chunker
 from .controller import Admission, Controller, MicroBatch
 from .cost import StageCostModel
 from .factory import ControllerConfig, build_controller
-from .ir import Action, ChunkSpec, RequestSpec, link_key, transfer_span
+from .ir import Action, ActionKind, ChunkSpec, RequestSpec, link_key, transfer_span
 from .lowering import Lowering
 
 __all__ = ["Planner", "TimelineEntry"]
@@ -73,11 +84,16 @@ class Planner:
         config: ControllerConfig,
         on_complete: Callable[[int, float], list[RequestSpec]] | None = None,
         durations: StageCostModel | None = None,
+        external: bool = False,
     ) -> None:
         """``durations``: how long work takes on this dry run's clock; None: the controller's
         estimate (``config.cost``). A what-if passes other durations (e.g. jittered ones) while
-        the controller keeps deciding with its estimate, as a server's does."""
+        the controller keeps deciding with its estimate, as a server's does. ``external``: no
+        clock of its own; completions come from ``action_done`` (module docstring)."""
+        if external and durations is not None:
+            raise ValueError("an external planner takes its durations from its executor's reports, not a cost model")
         self.config = config
+        self.external = external
         self._durations = durations if durations is not None else config.cost
         self._on_complete = on_complete
         layout = config.layout
@@ -104,6 +120,15 @@ class Planner:
         self.timeline: list[TimelineEntry] = []
         self._records_timeline = True
         self.now = 0.0
+        # External planners only, keyed by (rank, step in its stream): how many of each rank's
+        # actions are reported done; the sequence position of each unreported compute and
+        # blocking receive (what its report completes) and when it started; the estimated end
+        # of each unreported compute and blocking hand-off (what a fork assumes until reported).
+        self._reported = [0] * self._num_ranks
+        self._in_flight: dict[tuple[int, int], int] = {}
+        self._started: dict[tuple[int, int], float] = {}
+        self._estimated_end: dict[tuple[int, int], float] = {}
+        self._estimated_free = [0.0] * self._num_ranks
 
     # ----------------------------------------------------------------- public API
     def submit(self, request: RequestSpec) -> int:
@@ -124,7 +149,14 @@ class Planner:
         return index
 
     def advance(self, until: float | None = None) -> None:
-        """Plan every decision whose estimated time is <= ``until`` (all known work if None)."""
+        """Plan every decision whose estimated time is <= ``until`` (all known work if None).
+        External: every decision possible at ``until`` with what has been reported."""
+        if self.external:
+            if until is None:
+                raise ValueError("an external planner advances to its executor's time: pass until")
+            self.now = max(self.now, until)
+            self._settle(self.now)
+            return
         while True:
             self._settle(self.now)
             upcoming = self.next_event_time()
@@ -142,6 +174,41 @@ class Planner:
         new = self._actions[rank][self._taken[rank] :]
         self._taken[rank] = len(self._actions[rank])
         return new
+
+    def action_done(self, rank: int, t: float) -> None:
+        """External planners: ``rank`` finished its next unreported action (stream order) at
+        ``t``; an ``async`` send counts as finished once posted. A rank is free again once all
+        its actions are reported."""
+        if not self.external:
+            raise ValueError("action_done is for an external planner; this one runs on its estimated clock")
+        step = self._reported[rank]
+        if step >= len(self._actions[rank]):
+            raise ValueError(f"rank {rank} reported action {step}, but only {len(self._actions[rank])} were emitted")
+        action = self._actions[rank][step]
+        self._reported[rank] = step + 1
+        key = (rank, step)
+        self._estimated_end.pop(key, None)
+        if key in self._in_flight:
+            position = self._in_flight.pop(key)
+            stage = action.stage_index
+            if action.kind is ActionKind.COMPUTE:
+                self._finish[stage][position] = t
+                started = self._started.pop(key)
+                if self._records_timeline:
+                    self.timeline.append(TimelineEntry(rank, stage, action.request_index, action.chunk_index,
+                                                       started, t))
+                self._produced(rank, stage, position, t)
+            else:  # the receiving end of a blocking hand-off: the input is there
+                self._ready_at[stage][position] = t
+        if self._reported[rank] == len(self._actions[rank]):
+            self._rank_free[rank] = t
+
+    @property
+    def settled(self) -> bool:
+        """Every chunk submitted has run on every stage, and (external) every action is reported."""
+        if any(p < len(self.sequence) for p in self._next_position) or any(self._offer):
+            return False
+        return not self.external or all(self._reported[r] == len(self._actions[r]) for r in range(self._num_ranks))
 
     def chunk(self, position: int) -> ChunkSpec:
         return self.sequence[position]
@@ -173,13 +240,30 @@ class Planner:
         twin._durations = self.config.cost
         twin._on_complete = on_complete
         twin._blocking = twin.controller.blocking
-        # Nobody runs a fork's actions or reads its timeline: it writes neither.
+        # Nobody reads a fork's timeline: it writes none.
+        twin.timeline = []
+        twin._records_timeline = False
+        if self.external:
+            twin._finish_in_flight()
+        # Nobody runs a fork's actions: it writes none.
         twin._lowering = _Unlowered(twin.controller)
         twin._actions = twin._lowering.actions
         twin._taken = [0] * self._num_ranks
-        twin.timeline = []
-        twin._records_timeline = False
         return twin
+
+    def _finish_in_flight(self) -> None:
+        """Turn an external planner into one on the estimated clock: every unreported action
+        completes at its estimated end (an ``async`` receive or send with the rank's previous
+        action), in time order; a fork (``fork``) then plans on from there."""
+        reports = []
+        for rank in range(self._num_ranks):
+            running = self.now
+            for step in range(self._reported[rank], len(self._actions[rank])):
+                running = max(running, self._estimated_end.get((rank, step), running))
+                reports.append((running, rank, step))
+        for t, rank, _ in sorted(reports):
+            self.action_done(rank, t)
+        self.external = False
 
     # ----------------------------------------------------------------- the event loop
     def _settle(self, now: float) -> None:
@@ -192,7 +276,7 @@ class Planner:
 
     def next_event_time(self) -> float | None:
         """Estimated time of the next planning decision after ``now`` (None: nothing pending)."""
-        times = [t for t in self._rank_free if t > self.now]
+        times = [t for t in self._rank_free if self.now < t < math.inf]
         times += [t for t, _ in self._completions if t > self.now]
         for stage in range(self._num_stages):
             position = self._next_position[stage]
@@ -203,7 +287,7 @@ class Planner:
                         times.append(arrival)
                 else:
                     ready = self._ready_at[stage - 1][position]
-                    if ready is not None and ready > self.now:
+                    if ready is not None and self.now < ready < math.inf:
                         times.append(ready)
         return min(times) if times else None
 
@@ -280,17 +364,32 @@ class Planner:
         if stage == 0:
             self._form_batch(position, now)
         chunk = self.sequence[position]
-        request, index = chunk.request_index, chunk.chunk_index
         if stage == 0:
             micro_batch = self._micro_batch(position)
             self.controller.on_admitted(micro_batch, self.controller.admission(micro_batch))
         self._lowering.compute(rank, stage, chunk)
-        end = now + self._stage_cost(stage, chunk)
-        if self._records_timeline:
-            self.timeline.append(TimelineEntry(rank, stage, request, index, now, end))
-        self._finish[stage][position] = end
         self._next_position[stage] = position + 1
+        cost = self._stage_cost(stage, chunk)
+        if self.external:
+            # In flight until the executor reports it; the estimate is what a fork assumes.
+            step = self._step_of(rank, ActionKind.COMPUTE)
+            self._in_flight[(rank, step)] = position
+            self._started[(rank, step)] = now
+            self._estimated_end[(rank, step)] = self._estimated_free[rank] = \
+                max(now, self._estimated_free[rank]) + cost
+            self._rank_free[rank] = math.inf
+            return
+        end = now + cost
+        if self._records_timeline:
+            self.timeline.append(TimelineEntry(rank, stage, chunk.request_index, chunk.chunk_index, now, end))
+        self._finish[stage][position] = end
         self._rank_free[rank] = end
+        self._produced(rank, stage, position, end)
+
+    def _produced(self, rank: int, stage: int, position: int, end: float) -> None:
+        """``stage`` of the chunk at ``position`` ended on ``rank`` at ``end``: the next stage's
+        input, a blocking offer, or the micro-batch's completion follows."""
+        chunk = self.sequence[position]
         consumer = self._consumer_rank(stage)
         if consumer is None:
             heapq.heappush(self._completions, (end, position))
@@ -305,10 +404,21 @@ class Planner:
             self._ready_at[stage][position] = end
         elif self._blocking:
             self._offer[rank] = (stage, position)
+        elif self.external:
+            # The consumer's receive waits for the wire; what is known is that the send is posted.
+            self._ready_at[stage][position] = end
         else:
             # The receive is always posted (the transport keeps one per link), so the transfer
             # starts once the send is posted and the link is free.
             self._ready_at[stage][position] = self._transfer_end(stage, chunk, end)
+
+    def _step_of(self, rank: int, kind: ActionKind) -> int:
+        """Index in ``rank``'s stream of the last action of ``kind`` just lowered."""
+        actions = self._actions[rank]
+        step = len(actions) - 1
+        while actions[step].kind is not kind:
+            step -= 1
+        return step
 
     def _try_handoff(self, rank: int, now: float) -> bool:
         offer = self._offer[rank]
@@ -335,11 +445,21 @@ class Planner:
         stage, position = offer
         chunk = self.sequence[position]
         self._lowering.handoff(stage, chunk)
+        self._offer[src] = None
+        if self.external:
+            end = max(now, self._estimated_free[src], self._estimated_free[dst]) + \
+                self._durations.transfer_cost(self.config.layout.stages[stage], chunk)
+            self._estimated_free[src] = self._estimated_free[dst] = end
+            receive = (dst, self._step_of(dst, ActionKind.RECV))
+            self._in_flight[receive] = position
+            self._estimated_end[receive] = self._estimated_end[(src, self._step_of(src, ActionKind.SEND))] = end
+            self._rank_free[src] = self._rank_free[dst] = math.inf
+            self._ready_at[stage][position] = math.inf
+            return
         end = self._transfer_end(stage, chunk, now)
         self._rank_free[src] = max(self._rank_free[src], end)
         self._rank_free[dst] = max(self._rank_free[dst], end)
         self._ready_at[stage][position] = end
-        self._offer[src] = None
 
     def _complete_request(self, request_index: int, end: float) -> None:
         if self._on_complete is not None:
