@@ -12,7 +12,7 @@ from sglang_vpp.cli.app import app
 from sglang_vpp.schedule import ChunkSpec, LinearAttentionCost, StageSpec
 from sglang_vpp.sim.cost.jitter import JitteredCostModel
 from sglang_vpp.sim.errors import SimError
-from sglang_vpp.sim.runner import RunConfig, run_mode
+from sglang_vpp.sim.runner import RunConfig, plan_workload, run_mode
 from sglang_vpp.sim.workloads import long_workload
 
 COST = LinearAttentionCost(fixed_per_chunk=1e-4, transfer_per_token=1e-9)
@@ -44,8 +44,9 @@ def test_draws_are_per_seed_stage_and_chunk() -> None:
 @pytest.mark.parametrize("mode", ["cpp", "dcpp", "vpp", "vpp-pack"])
 def test_planner_clock_and_simulator_use_the_same_jittered_durations(mode: str) -> None:
     result = _run(mode, 0.05, seed=3)
+    dry_run = plan_workload(mode, WORK, COST, RunConfig(2, 4096, jitter=0.05, jitter_seed=3), 16).schedule
     planned = {(e.rank, e.stage_index, e.request_index, e.chunk_index): e.end - e.start
-               for e in result.schedule.estimated_timeline}
+               for e in dry_run.estimated_timeline}
     simulated = {(s.rank, s.stage_index, s.request_index, s.chunk_index): s.end - s.start
                  for s in result.sim.timeline if s.kind == "compute"}
     assert planned.keys() == simulated.keys()

@@ -1,18 +1,19 @@
-"""The simulator's clock is the dry run's: the controller is asked at the simulated event times.
+"""The simulator's clock is the dry run's: the controller decides at the simulated event times.
 
-The planner asks the controller at event time on the simulated durations (jitter included),
-transfers queued on their communicator as in the engine; the engine then executes the emitted
-streams with the same durations and adds the accounting. Every compute starts and ends in the
-simulation exactly when the dry run put it, so the decisions were taken at the times the
-simulation reports. With jitter the controller reacts:
-it orders work differently from the unjittered plan."""
+The simulation (``run_mode``: the engine executes what an external planner emits and reports
+every completion to it; the controller is asked after every instant) and the dry run
+(``plan_workload``: the planner on its own clock with the same durations, transfers queued on
+their communicator by the same rule) are two drivers of one controller. They must take the same
+decisions at the same times: the same streams, every compute starting and ending where the dry
+run put it. With jitter the controller reacts: it orders work differently from the unjittered
+plan."""
 
 from __future__ import annotations
 
 import pytest
 
 from sglang_vpp.schedule import POLICIES, Fold, LinearAttentionCost
-from sglang_vpp.sim.runner import RunConfig, run_mode
+from sglang_vpp.sim.runner import RunConfig, plan_workload, run_mode
 from sglang_vpp.sim.workloads import long_workload, mixed_workload
 
 COST = LinearAttentionCost(fixed_per_chunk=1e-4, transfer_per_token=1e-9)
@@ -21,12 +22,16 @@ SLOW_LINKS = LinearAttentionCost(fixed_per_chunk=1e-4, transfer_per_token=1e-5)
 WORKLOADS = {"three queued": long_workload([16384], num_requests=3), "mixed": mixed_workload(num_requests=24)}
 
 
-def _computes_of(result) -> tuple[dict, dict]:
+def _run_both(mode: str, workload, cost, config: RunConfig):
+    """(dry run's computes, simulation's computes, simulation) of one run; the streams equal."""
+    result = run_mode(mode, workload, cost, config, 16, keep_schedule=True)
+    dry_run = plan_workload(mode, workload, cost, config, 16).schedule
+    assert dry_run.rank_actions == result.schedule.rank_actions, mode
     planned = {(e.rank, e.stage_index, e.request_index, e.chunk_index): (e.start, e.end)
-               for e in result.schedule.estimated_timeline}
+               for e in dry_run.estimated_timeline}
     simulated = {(s.rank, s.stage_index, s.request_index, s.chunk_index): (s.start, s.end)
                  for s in result.sim.timeline if s.kind == "compute"}
-    return planned, simulated
+    return planned, simulated, result
 
 
 @pytest.mark.parametrize("cost", [COST, SLOW_LINKS], ids=["fast links", "slow links"])
@@ -35,9 +40,8 @@ def _computes_of(result) -> tuple[dict, dict]:
 @pytest.mark.parametrize("pp", [2, 4])
 def test_every_compute_runs_when_the_dry_run_decided_it(pp: int, workload: str, jitter: float, cost) -> None:
     for mode in POLICIES:
-        result = run_mode(str(mode), WORKLOADS[workload], cost, RunConfig(pp, 2048, jitter=jitter, jitter_seed=1),
-                          16, keep_schedule=True)
-        planned, simulated = _computes_of(result)
+        planned, simulated, result = _run_both(str(mode), WORKLOADS[workload], cost,
+                                               RunConfig(pp, 2048, jitter=jitter, jitter_seed=1))
         assert planned.keys() == simulated.keys(), mode
         worst = max(abs(a - b) for key in planned for a, b in zip(planned[key], simulated[key]))
         assert worst <= 1e-9 * result.sim.makespan_s, (mode, worst)
@@ -46,9 +50,7 @@ def test_every_compute_runs_when_the_dry_run_decided_it(pp: int, workload: str, 
 @pytest.mark.parametrize("pp", [2, 3, 4])
 def test_the_fused_fold_runs_when_the_dry_run_decided_it_on_slow_links(pp: int) -> None:
     for mode in ("vpp", "vpp-async", "vpp-pack", "vpp-stream", "vpp-taper"):
-        result = run_mode(mode, WORKLOADS["mixed"], SLOW_LINKS, RunConfig(pp, 2048, fold=Fold.FUSED), 16,
-                          keep_schedule=True)
-        planned, simulated = _computes_of(result)
+        planned, simulated, result = _run_both(mode, WORKLOADS["mixed"], SLOW_LINKS, RunConfig(pp, 2048, fold=Fold.FUSED))
         assert planned.keys() == simulated.keys(), mode
         worst = max(abs(a - b) for key in planned for a, b in zip(planned[key], simulated[key]))
         assert worst <= 1e-9 * result.sim.makespan_s, (mode, worst)
@@ -78,3 +80,19 @@ def test_recorded_durations_reproduce_a_run(mode: str) -> None:
     assert again.schedule.rank_actions == measured.schedule.rank_actions
     assert again.sim.makespan_s == pytest.approx(measured.sim.makespan_s, rel=1e-12)
     assert again.sim.request_finish_s == pytest.approx(measured.sim.request_finish_s, rel=1e-12)
+
+
+def test_auto_sizes_each_closed_loop_request_alike_on_both_clocks() -> None:
+    """A closed loop sends its next request when a completion is reported (the simulation) or
+    when the dry run's clock reaches it, and ``auto`` sizes it from the state at that moment:
+    the same sizes, streams and times on both. (Sizing it when the completing stage was decided,
+    before it ran, chose 4096 instead of 3072 for the sixth request here.)"""
+    config = RunConfig(2, 16384, auto_chunk=True)
+    work = mixed_workload(num_requests=12, concurrency=2, seed=4)
+    cost = LinearAttentionCost(fixed_per_chunk=1e-2)
+    planned, simulated, result = _run_both("vpp-stream", work, cost, config)
+    assert result.auto_sizes[5] == 3072 and len(set(result.auto_sizes)) > 2, result.auto_sizes
+    assert plan_workload("vpp-stream", work, cost, config, 16).auto_sizes == result.auto_sizes
+    assert planned.keys() == simulated.keys()
+    worst = max(abs(a - b) for key in planned for a, b in zip(planned[key], simulated[key]))
+    assert worst <= 1e-9 * result.sim.makespan_s, worst

@@ -85,15 +85,22 @@ class Planner:
         on_complete: Callable[[int, float], list[RequestSpec]] | None = None,
         durations: StageCostModel | None = None,
         external: bool = False,
+        sees_transfers: bool = False,
     ) -> None:
         """``durations``: how long work takes on this dry run's clock; None: the controller's
         estimate (``config.cost``). A what-if passes other durations (e.g. jittered ones) while
         the controller keeps deciding with its estimate, as a server's does. ``external``: no
-        clock of its own; completions come from ``action_done`` (module docstring)."""
+        clock of its own; completions come from ``action_done`` (module docstring).
+        ``sees_transfers`` (external only): the executor also reports when each ``async``
+        hand-off has arrived (``transfer_done``), and the next stage waits for that report; an
+        executor that cannot see the wire leaves it off, and the consumer's receive waits."""
         if external and durations is not None:
             raise ValueError("an external planner takes its durations from its executor's reports, not a cost model")
+        if sees_transfers and not external:
+            raise ValueError("sees_transfers is for an external planner; the estimated clock times its transfers")
         self.config = config
         self.external = external
+        self._sees_transfers = sees_transfers
         self._durations = durations if durations is not None else config.cost
         self._on_complete = on_complete
         layout = config.layout
@@ -108,12 +115,16 @@ class Planner:
         self._taken = [0] * self._num_ranks
         self.requests: list[RequestSpec] = []
         self.sequence: list[ChunkSpec] = []
+        self.chunks: dict[tuple[int, int], ChunkSpec] = {}
+        """The micro-batches of ``sequence`` by key (a batched forward under its lead's key)."""
         self._ready_at: list[list[float | None]] = [[] for _ in range(self._num_stages)]
         self._finish: list[list[float | None]] = [[] for _ in range(self._num_stages)]
         self._next_position = [0] * self._num_stages
         self._rank_free = [0.0] * self._num_ranks
         self._offer: list[tuple[int, int] | None] = [None] * self._num_ranks
         self._completions: list[tuple[float, int]] = []
+        self._finishing: list[tuple[float, int, ChunkSpec]] = []
+        """Estimated clock: last chunks whose end the clock has not reached (``_finish_due``)."""
         self._stage_link = _stage_links(self.controller)
         self._link_free: dict[tuple[str, int, int], float] = {}
         self.request_finish: dict[int, float] = {}
@@ -129,6 +140,8 @@ class Planner:
         self._started: dict[tuple[int, int], float] = {}
         self._estimated_end: dict[tuple[int, int], float] = {}
         self._estimated_free = [0.0] * self._num_ranks
+        # An external planner that sees transfers: the position of each async hand-off in flight.
+        self._in_transit: dict[tuple[int, tuple[int, int]], int] = {}
 
     # ----------------------------------------------------------------- public API
     def submit(self, request: RequestSpec) -> int:
@@ -140,7 +153,9 @@ class Planner:
         while start < request.length:
             size = self.controller.next_chunk_size(start, request.length - start)
             is_last = start + size == request.length
-            self.sequence.append(ChunkSpec(index, chunk_index, start, size, is_last))
+            chunk = ChunkSpec(index, chunk_index, start, size, is_last)
+            self.sequence.append(chunk)
+            self.chunks[chunk.key] = chunk
             for stage in range(self._num_stages):
                 self._ready_at[stage].append(None)
                 self._finish[stage].append(None)
@@ -158,7 +173,10 @@ class Planner:
             self._settle(self.now)
             return
         while True:
+            self._finish_due(self.now)
             self._settle(self.now)
+            if self._finishing and self._finishing[0][0] <= self.now:
+                continue  # finished by a zero-time stage just decided
             upcoming = self.next_event_time()
             if upcoming is None or (until is not None and upcoming > until):
                 break
@@ -186,6 +204,12 @@ class Planner:
             raise ValueError(f"rank {rank} reported action {step}, but only {len(self._actions[rank])} were emitted")
         action = self._actions[rank][step]
         self._reported[rank] = step + 1
+        # The planner's present is the latest report: a completion callback (a closed loop's
+        # next request, ``auto`` sizing it) happens at the time of the completion.
+        self.now = max(self.now, t)
+        if self._reported[rank] == len(self._actions[rank]):
+            # Free before the consequences run: a fork taken in a completion callback sees it so.
+            self._rank_free[rank] = t
         key = (rank, step)
         self._estimated_end.pop(key, None)
         if key in self._in_flight:
@@ -200,13 +224,18 @@ class Planner:
                 self._produced(rank, stage, position, t)
             else:  # the receiving end of a blocking hand-off: the input is there
                 self._ready_at[stage][position] = t
-        if self._reported[rank] == len(self._actions[rank]):
-            self._rank_free[rank] = t
+
+    def transfer_done(self, stage: int, key: tuple[int, int], t: float) -> None:
+        """External planners that see transfers: ``stage``'s output for the micro-batch ``key``
+        has arrived at the next rank at ``t`` (``async`` hand-offs; others are ignored)."""
+        position = self._in_transit.pop((stage, key), None)
+        if position is not None:
+            self._ready_at[stage][position] = t
 
     @property
     def settled(self) -> bool:
         """Every chunk submitted has run on every stage, and (external) every action is reported."""
-        if any(p < len(self.sequence) for p in self._next_position) or any(self._offer):
+        if any(p < len(self.sequence) for p in self._next_position) or any(self._offer) or self._finishing:
             return False
         return not self.external or all(self._reported[r] == len(self._actions[r]) for r in range(self._num_ranks))
 
@@ -263,7 +292,14 @@ class Planner:
                 reports.append((running, rank, step))
         for t, rank, _ in sorted(reports):
             self.action_done(rank, t)
-        self.external = False
+        for (stage, _), position in self._in_transit.items():
+            chunk = self.sequence[position]
+            produced = self._finish[stage][position]
+            assert produced is not None, (stage, position)
+            self._ready_at[stage][position] = max(self.now, produced) + self._durations.transfer_cost(
+                self.config.layout.stages[stage], chunk)
+        self._in_transit.clear()
+        self.external = self._sees_transfers = False
 
     # ----------------------------------------------------------------- the event loop
     def _settle(self, now: float) -> None:
@@ -278,6 +314,7 @@ class Planner:
         """Estimated time of the next planning decision after ``now`` (None: nothing pending)."""
         times = [t for t in self._rank_free if self.now < t < math.inf]
         times += [t for t, _ in self._completions if t > self.now]
+        times += [t for t, _, _ in self._finishing if t > self.now]
         for stage in range(self._num_stages):
             position = self._next_position[stage]
             if position < len(self.sequence):
@@ -353,7 +390,10 @@ class Planner:
         if not batch.batch:
             return
         # The joined chunks have not entered any stage (every stage runs the sequence in order).
-        self.sequence[position] = dataclasses.replace(self.sequence[position], batch=batch.batch)
+        lead = self.sequence[position] = dataclasses.replace(self.sequence[position], batch=batch.batch)
+        self.chunks[lead.key] = lead
+        for joined in self.sequence[position + 1 : end]:
+            del self.chunks[joined.key]
         del self.sequence[position + 1 : end]
         for stage in range(self._num_stages):
             del self._ready_at[stage][position + 1 : end]
@@ -394,19 +434,23 @@ class Planner:
         if consumer is None:
             heapq.heappush(self._completions, (end, position))
             if chunk.is_last:
-                # Every part is finished before any completion sends more work: a fork taken
-                # in a callback (``fork``) then sees the whole micro-batch done.
-                for part in chunk.parts:
-                    self.request_finish[part.request_index] = end
-                for part in chunk.parts:
-                    self._complete_request(part.request_index, end)
+                if self.external:
+                    self._finish_requests(chunk, end)
+                else:
+                    # Finished when the clock gets there, as an executor's report would say.
+                    heapq.heappush(self._finishing, (end, position, chunk))
         elif consumer == rank:  # [Note: fold point has no comm]
             self._ready_at[stage][position] = end
         elif self._blocking:
             self._offer[rank] = (stage, position)
         elif self.external:
-            # The consumer's receive waits for the wire; what is known is that the send is posted.
-            self._ready_at[stage][position] = end
+            # Ready once the executor says it arrived; one that cannot see the wire lets the
+            # consumer's receive wait for it.
+            if self._sees_transfers:
+                self._ready_at[stage][position] = math.inf
+                self._in_transit[(stage, chunk.key)] = position
+            else:
+                self._ready_at[stage][position] = end
         else:
             # The receive is always posted (the transport keeps one per link), so the transfer
             # starts once the send is posted and the link is free.
@@ -460,6 +504,20 @@ class Planner:
         self._rank_free[src] = max(self._rank_free[src], end)
         self._rank_free[dst] = max(self._rank_free[dst], end)
         self._ready_at[stage][position] = end
+
+    def _finish_due(self, now: float) -> None:
+        while self._finishing and self._finishing[0][0] <= now:
+            end, _, chunk = heapq.heappop(self._finishing)
+            self._finish_requests(chunk, end)
+
+    def _finish_requests(self, chunk: ChunkSpec, end: float) -> None:
+        """The requests whose last chunk ``chunk`` carried are complete at ``end``. Every part is
+        finished before any completion sends more work: a fork taken in a callback (``fork``)
+        then sees the whole micro-batch done."""
+        for part in chunk.parts:
+            self.request_finish[part.request_index] = end
+        for part in chunk.parts:
+            self._complete_request(part.request_index, end)
 
     def _complete_request(self, request_index: int, end: float) -> None:
         if self._on_complete is not None:

@@ -45,11 +45,6 @@ class Schedule:
     def num_actions(self) -> int:
         return sum(len(actions) for actions in self.rank_actions)
 
-    def admission_times(self) -> dict[tuple[int, int], float]:
-        """When the controller admitted each micro-batch into stage 0 (chunk key -> time on the
-        dry run's clock): an executor on the same durations starts stage 0 then."""
-        return {(e.request_index, e.chunk_index): e.start for e in self.estimated_timeline if e.stage_index == 0}
-
     def chunk(self, request_index: int, chunk_index: int) -> ChunkSpec:
         return self._chunk_index()[(request_index, chunk_index)]
 

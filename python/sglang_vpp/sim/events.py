@@ -1,8 +1,11 @@
 """Engine events: each ``handle`` advances the simulation and returns the events it causes.
 
 The heap loop in ``engine.py`` pops the earliest event and pushes what its handler returns
-(Vidur's shape). Two events suffice: a rank becoming free to issue its next action, and a
-transfer finishing (which frees the ranks held by its send or receive).
+(Vidur's shape). Two events suffice to execute given streams: a rank becoming free to issue its
+next action, and a transfer finishing (which frees the ranks held by its send or receive). A
+live run (the engine asking the planner as it goes) adds two: a compute ending (the planner
+learns it before the rank goes on) and a wake-up at a time the planner has something to decide
+(an arrival).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .communicator import Communicator
     from .engine import Engine
 
-__all__ = ["Event", "RankReadyEvent", "TransferDoneEvent"]
+__all__ = ["ComputeDoneEvent", "Event", "PlanEvent", "RankReadyEvent", "TransferDoneEvent"]
 
 
 @dataclass(slots=True)
@@ -44,3 +47,22 @@ class TransferDoneEvent(Event):
 
     def handle(self, engine: "Engine") -> list[Event]:
         return engine.finish_transfer(self.communicator, self.index, self.time)
+
+
+@dataclass(slots=True)
+class ComputeDoneEvent(Event):
+    """Live runs: ``rank``'s compute has ended; report it, then issue the rank's next actions."""
+
+    rank: int
+
+    def handle(self, engine: "Engine") -> list[Event]:
+        return engine.compute_done(self.rank, self.time)
+
+
+@dataclass(slots=True)
+class PlanEvent(Event):
+    """Live runs: the planner has a decision due at this time (the engine asks it after every
+    instant with events; this one only makes sure the loop stops here)."""
+
+    def handle(self, engine: "Engine") -> list[Event]:
+        return []

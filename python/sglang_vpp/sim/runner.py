@@ -1,17 +1,20 @@
 """Run workloads on the one event-time engine: one mode, one chunk size.
 
-Data flow: ``Workload`` -> ``plan_workload`` (the schedule core's ``Planner``: the controller is
-asked at event time for admission, order and closed-loop release, on a clock whose durations are
-the run's (``durations``: the cost model, jittered with ``--jitter``; a server's recorded ones for
-a reproduction) while it decides with ``estimate``; a closed-loop workload submits the next
-request from the planner's ``on_complete`` callback at the completion time on that clock; what
-``auto`` sees is ``auto_size.LiveSituation``) -> ``Schedule`` (per-rank streams and the time
-each micro-batch was admitted) -> ``simulate_schedule`` (executes the streams with the same
-durations, starting stage 0 when the controller admitted it, and adds the accounting: exposed
-communication and idle by cause; it decides nothing) -> ``ModeResult`` (``SimResult`` + lower bound).
+Data flow: ``Workload`` -> the schedule core's ``Planner`` (external: no clock of its own) ->
+``simulate_live`` (the engine executes what the planner emits and reports every action and
+transfer as it ends; after each instant the controller is asked for admission, order and
+closed-loop release, as a server's would be; the durations are the run's (``durations``: the
+cost model, jittered with ``--jitter``; a server's recorded ones for a reproduction) while the
+controller decides with ``estimate``; a closed-loop workload submits the next request from the
+planner's ``on_complete`` callback when the completion is reported; what ``auto`` sees is
+``auto_size.LiveSituation``; the engine adds the accounting: exposed communication and idle by
+cause) -> the emitted ``Schedule``, validated and deadlock-checked afterwards -> ``ModeResult``
+(``SimResult`` + lower bound).
 
 ``run_engine`` is the entry point for any pair of estimate and durations; ``run_mode`` is the
-simulator's (the estimate is the hardware cost model itself).
+simulator's (the estimate is the hardware cost model itself). ``plan_workload`` is the dry run
+on the planner's own clock (what ``schedule`` and ``check`` print): the same decisions at the
+same times, without the execution.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from ..schedule import (
 from ..schedule.auto_size import AUTO, LiveSituation
 from .config import SimConfig
 from .cost.jitter import JitteredCostModel
-from .engine import simulate_schedule
+from .engine import simulate_live
 from .errors import SimError
 from .metrics import gap_to_bound, lower_bound
 from .result import SimResult
@@ -132,10 +135,11 @@ def stage_durations(cost: StageCostModel, config: RunConfig) -> StageCostModel:
     return JitteredCostModel(cost, config.jitter, config.jitter_seed) if config.jitter else cost
 
 
-def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig,
-                  num_layers: int, durations: StageCostModel | None = None) -> PlannedWorkload:
-    """Plan ``workload`` for ``mode`` on the engine (see module doc): the controller decides with
-    ``cost``, at the times ``durations`` gives (default: ``stage_durations(cost, config)``)."""
+def _workload_planner(mode: str, workload: Workload, estimate: StageCostModel, config: RunConfig,
+                      num_layers: int, **planner_options) -> Planner:
+    """``mode``'s planner with ``workload`` submitted: a closed-loop workload sends its next
+    request from the completion callback (at the completion's time), and ``auto`` sees every
+    send (``LiveSituation``)."""
     spec = get_policy(mode)
     layout = policy_layout(spec, config.num_ranks, num_layers, list(config.split) if config.split else None,
                            config.fold)
@@ -151,37 +155,50 @@ def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: R
         situation.sent(sent, len(pending))
         return sent
 
-    planner = Planner(controller_config(spec, layout, config.chunk_size, cost, workload.max_length,
+    planner = Planner(controller_config(spec, layout, config.chunk_size, estimate, workload.max_length,
                                         batching=config.batch_requests, max_in_flight=config.max_in_flight,
                                         auto_chunk=config.auto_chunk),
-                      on_complete=on_complete,
-                      durations=durations if durations is not None else stage_durations(cost, config))
+                      on_complete=on_complete, **planner_options)
     situation = LiveSituation(planner)
     situation.sent(first, len(pending) if workload.concurrency is not None else 0)
     for request in first:
         planner.submit(request)
+    return planner
+
+
+def _auto_choices(planner: Planner) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    history = getattr(planner.controller.chunker, "history", ())
+    return tuple(c.chunk_size for c in history), tuple(c.tapered for c in history)
+
+
+def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig,
+                  num_layers: int, durations: StageCostModel | None = None) -> PlannedWorkload:
+    """The dry run of ``workload`` for ``mode``: the planner on its own clock, deciding with
+    ``cost`` at the times ``durations`` gives (default: ``stage_durations(cost, config)``). The
+    engine (``run_engine``) takes the same decisions at the same times
+    (``tests/sim/test_one_clock.py``); this is the plan without the execution's accounting."""
+    planner = _workload_planner(mode, workload, cost, config, num_layers,
+                                durations=durations if durations is not None else stage_durations(cost, config))
     planner.advance()
     schedule = schedule_from_planner(planner)
     assert len(schedule.requests) == len(workload.requests), (len(schedule.requests), len(workload.requests))
-    history = getattr(planner.controller.chunker, "history", ())
-    return PlannedWorkload(schedule, tuple(c.chunk_size for c in history), tuple(c.tapered for c in history))
+    return PlannedWorkload(schedule, *_auto_choices(planner))
 
 
 def run_engine(mode: str, workload: Workload, config: RunConfig, num_layers: int, *, estimate: StageCostModel,
                durations: StageCostModel, keep_schedule: bool = False) -> ModeResult:
-    """Run ``workload`` on the engine: the controller decides with ``estimate`` at event times
-    whose durations come from ``durations`` (a cost model, a jittered one, a table of measured
-    ones), then the streams execute on those durations."""
-    planned = plan_workload(mode, workload, estimate, config, num_layers, durations)
-    if config.sim.check_deadlock:
-        # The dry run's streams, before they run: complete, causal and paired (the deadlock dry
-        # run follows in ``simulate_schedule``).
-        validate_schedule(planned.schedule)
-    schedule = planned.schedule
-    sim = simulate_schedule(schedule, durations, config.sim, admitted_at=schedule.admission_times())
+    """Run ``workload`` on the engine: the controller decides with ``estimate`` at each instant
+    of the simulation, whose durations come from ``durations`` (a cost model, a jittered one, a
+    table of measured ones); the streams it emitted are validated afterwards."""
+    planner = _workload_planner(mode, workload, estimate, config, num_layers, external=True, sees_transfers=True)
+    sim = simulate_live(planner, durations, config.sim)
+    schedule = schedule_from_planner(planner)
+    if sim.ok:
+        # Complete, causal and paired (the deadlock check ran in ``simulate_live``).
+        validate_schedule(schedule)
+        assert len(schedule.requests) == len(workload.requests), (len(schedule.requests), len(workload.requests))
     bound = lower_bound(schedule, durations, sim) if sim.ok else 0.0
-    return ModeResult(mode, config.chunk_size, sim, bound, schedule if keep_schedule else None,
-                      planned.auto_sizes, planned.auto_tapered)
+    return ModeResult(mode, config.chunk_size, sim, bound, schedule if keep_schedule else None, *_auto_choices(planner))
 
 
 def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig, num_layers: int,
