@@ -50,10 +50,11 @@ def _estimated(mode, num_ranks, batching, durations):
     return planner
 
 
-def _driven(mode, num_ranks, batching, durations):
+def _driven(mode, num_ranks, batching, durations, instants=None):
     """An external planner fed by a small executor: each rank runs its actions in order, a
     compute takes ``durations``' time, a hand-off none; reports due at one time are given
-    together, then the planner decides at that time."""
+    together, then the planner decides at that time. ``instants``: stop once that many
+    instants have passed (work still in flight)."""
     config = _config(mode, num_ranks, batching)
     planner = Planner(config, external=True)
     pending = list(_requests())
@@ -80,6 +81,10 @@ def _driven(mode, num_ranks, batching, durations):
         upcoming += [pending[0].arrival] if pending else []
         if not upcoming:
             break
+        if instants is not None and min(upcoming) > now:
+            if instants == 0:
+                return planner
+            instants -= 1
         now = min(upcoming)
         while heap and heap[0][0] == now:
             _, _, rank = heapq.heappop(heap)
@@ -134,23 +139,27 @@ def test_reports_must_follow_emitted_actions():
         Planner(_config("vpp-async", 2, False), durations=ESTIMATE, external=True)
 
 
-@pytest.mark.parametrize("mode", ["vpp", "vpp-stream", "cpp"])
-def test_a_fork_of_an_external_planner_completes_the_work_in_flight_on_the_estimate(mode):
-    config = _config(mode, 2, True)
-    planner = Planner(config, external=True)
-    planner.submit(RequestSpec(5000, 0.0))
-    planner.submit(RequestSpec(3000, 0.0))
-    planner.advance(until=0.0)
-    emitted = [list(planner.take_new_actions(r)) for r in range(2)]
-    for rank in range(2):  # rank 0's first action finished, the rest in flight
-        if emitted[rank]:
-            planner.action_done(rank, 0.001)
-            break
-    before = (_streams(planner), dict(planner.request_finish), list(planner._reported))
-    twin = planner.fork(config.chunker, None)
-    twin.submit(RequestSpec(2000, planner.now))
-    twin.advance()
-    assert sorted(twin.request_finish) == [0, 1, 2]
-    assert min(twin.request_finish.values()) > 0.001
-    assert not twin.external and planner.external
-    assert (_streams(planner), dict(planner.request_finish), list(planner._reported)) == before
+@pytest.mark.parametrize("mode", ["vpp", "vpp-stream", "vpp-pack", "cpp"])
+@pytest.mark.parametrize("num_ranks", [2, 3])
+@pytest.mark.parametrize("instants", [3, 7])
+def test_a_fork_of_an_external_planner_plans_on_as_the_estimated_clock_would(mode, num_ranks, instants):
+    """Mid-run, with work in flight on several ranks, a fork of the external planner (its
+    in-flight work ends at its estimated ends) plans the rest, and a request sent now, exactly
+    as a fork of the planner on its own clock at the same moment does; neither fork touches
+    its original."""
+    driven = _driven(mode, num_ranks, True, ESTIMATE, instants=instants)
+    assert not driven.settled
+    clocked = Planner(_config(mode, num_ranks, True))
+    for request in driven.requests:
+        clocked.submit(RequestSpec(request.length, request.arrival))
+    clocked.advance(until=driven.now)
+    assert _streams(clocked) == _streams(driven)
+    before = (_streams(driven), dict(driven.request_finish), list(driven._reported), driven.now)
+    twins = [planner.fork(planner.config.chunker, None) for planner in (driven, clocked)]
+    for twin in twins:
+        twin.submit(RequestSpec(2000, driven.now))
+        twin.advance()
+    assert len(twins[0].request_finish) == len(driven.requests) + 1
+    assert twins[0].request_finish == pytest.approx(twins[1].request_finish, rel=1e-12)
+    assert not twins[0].external and driven.external
+    assert (_streams(driven), dict(driven.request_finish), list(driven._reported), driven.now) == before

@@ -41,8 +41,8 @@ reports it (``action_done``: this rank finished its next action at this time), a
 decides at the executor's time with what has been reported. The consequences of a compute ending
 (the next stage's input ready, the request complete, a blocking output offered) are applied by
 one method (``_produced``) in both, at decision time with the estimated end or at the report with
-the real one. The reference runtime runs an external planner fed with its ranks' real
-completions (``runtime/control.py``).
+the real one. The simulator's engine runs an external planner (``sim/engine.py``
+``simulate_live``).
 """
 
 from __future__ import annotations
@@ -139,7 +139,6 @@ class Planner:
         self._in_flight: dict[tuple[int, int], int] = {}
         self._started: dict[tuple[int, int], float] = {}
         self._estimated_end: dict[tuple[int, int], float] = {}
-        self._estimated_free = [0.0] * self._num_ranks
         # An external planner that sees transfers: the position of each async hand-off in flight.
         self._in_transit: dict[tuple[int, tuple[int, int]], int] = {}
 
@@ -202,11 +201,17 @@ class Planner:
         step = self._reported[rank]
         if step >= len(self._actions[rank]):
             raise ValueError(f"rank {rank} reported action {step}, but only {len(self._actions[rank])} were emitted")
-        action = self._actions[rank][step]
-        self._reported[rank] = step + 1
         # The planner's present is the latest report: a completion callback (a closed loop's
         # next request, ``auto`` sizing it) happens at the time of the completion.
         self.now = max(self.now, t)
+        self._report(rank, t, finish_now=True)
+
+    def _report(self, rank: int, t: float, finish_now: bool) -> None:
+        """Apply ``rank``'s next action ending at ``t``; ``finish_now``: a request it completes is
+        finished at once (a report at its time) rather than when the clock reaches ``t``."""
+        step = self._reported[rank]
+        action = self._actions[rank][step]
+        self._reported[rank] = step + 1
         if self._reported[rank] == len(self._actions[rank]):
             # Free before the consequences run: a fork taken in a completion callback sees it so.
             self._rank_free[rank] = t
@@ -221,13 +226,15 @@ class Planner:
                 if self._records_timeline:
                     self.timeline.append(TimelineEntry(rank, stage, action.request_index, action.chunk_index,
                                                        started, t))
-                self._produced(rank, stage, position, t)
+                self._produced(rank, stage, position, t, finish_now)
             else:  # the receiving end of a blocking hand-off: the input is there
                 self._ready_at[stage][position] = t
 
     def transfer_done(self, stage: int, key: tuple[int, int], t: float) -> None:
         """External planners that see transfers: ``stage``'s output for the micro-batch ``key``
         has arrived at the next rank at ``t`` (``async`` hand-offs; others are ignored)."""
+        if not self._sees_transfers:
+            raise ValueError("transfer_done is for an external planner built with sees_transfers=True")
         position = self._in_transit.pop((stage, key), None)
         if position is not None:
             self._ready_at[stage][position] = t
@@ -281,9 +288,11 @@ class Planner:
         return twin
 
     def _finish_in_flight(self) -> None:
-        """Turn an external planner into one on the estimated clock: every unreported action
-        completes at its estimated end (an ``async`` receive or send with the rank's previous
-        action), in time order; a fork (``fork``) then plans on from there."""
+        """Turn an external planner into one on the estimated clock, at its present: every
+        unreported action ends at its estimated end (an ``async`` receive or send with the
+        rank's previous action), in time order, and a request it completes finishes when the
+        clock gets there; every ``async`` hand-off on the wire arrives by the link rule; a fork
+        (``fork``) then plans on from there."""
         reports = []
         for rank in range(self._num_ranks):
             running = self.now
@@ -291,13 +300,11 @@ class Planner:
                 running = max(running, self._estimated_end.get((rank, step), running))
                 reports.append((running, rank, step))
         for t, rank, _ in sorted(reports):
-            self.action_done(rank, t)
-        for (stage, _), position in self._in_transit.items():
-            chunk = self.sequence[position]
+            self._report(rank, t, finish_now=False)
+        for (stage, _), position in sorted(self._in_transit.items(), key=lambda item: item[1]):
             produced = self._finish[stage][position]
             assert produced is not None, (stage, position)
-            self._ready_at[stage][position] = max(self.now, produced) + self._durations.transfer_cost(
-                self.config.layout.stages[stage], chunk)
+            self._ready_at[stage][position] = self._transfer_end(stage, self.sequence[position], produced)
         self._in_transit.clear()
         self.external = self._sees_transfers = False
 
@@ -415,8 +422,8 @@ class Planner:
             step = self._step_of(rank, ActionKind.COMPUTE)
             self._in_flight[(rank, step)] = position
             self._started[(rank, step)] = now
-            self._estimated_end[(rank, step)] = self._estimated_free[rank] = \
-                max(now, self._estimated_free[rank]) + cost
+            # The rank is free (every action reported) whenever it is given work.
+            self._estimated_end[(rank, step)] = now + cost
             self._rank_free[rank] = math.inf
             return
         end = now + cost
@@ -424,17 +431,18 @@ class Planner:
             self.timeline.append(TimelineEntry(rank, stage, chunk.request_index, chunk.chunk_index, now, end))
         self._finish[stage][position] = end
         self._rank_free[rank] = end
-        self._produced(rank, stage, position, end)
+        self._produced(rank, stage, position, end, finish_now=False)
 
-    def _produced(self, rank: int, stage: int, position: int, end: float) -> None:
+    def _produced(self, rank: int, stage: int, position: int, end: float, finish_now: bool) -> None:
         """``stage`` of the chunk at ``position`` ended on ``rank`` at ``end``: the next stage's
-        input, a blocking offer, or the micro-batch's completion follows."""
+        input, a blocking offer, or the micro-batch's completion follows (at once with
+        ``finish_now``, else when the clock reaches ``end``)."""
         chunk = self.sequence[position]
         consumer = self._consumer_rank(stage)
         if consumer is None:
             heapq.heappush(self._completions, (end, position))
             if chunk.is_last:
-                if self.external:
+                if finish_now:
                     self._finish_requests(chunk, end)
                 else:
                     # Finished when the clock gets there, as an executor's report would say.
@@ -491,9 +499,8 @@ class Planner:
         self._lowering.handoff(stage, chunk)
         self._offer[src] = None
         if self.external:
-            end = max(now, self._estimated_free[src], self._estimated_free[dst]) + \
-                self._durations.transfer_cost(self.config.layout.stages[stage], chunk)
-            self._estimated_free[src] = self._estimated_free[dst] = end
+            # Both ranks are free (every action reported) when a hand-off pairs them.
+            end = now + self._durations.transfer_cost(self.config.layout.stages[stage], chunk)
             receive = (dst, self._step_of(dst, ActionKind.RECV))
             self._in_flight[receive] = position
             self._estimated_end[receive] = self._estimated_end[(src, self._step_of(src, ActionKind.SEND))] = end

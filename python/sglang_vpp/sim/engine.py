@@ -71,7 +71,7 @@ __all__ = ["Engine", "simulate_live", "simulate_schedule"]
 
 
 class Engine:
-    """State of one simulation; ``run()`` executes it. Use ``simulate_schedule``."""
+    """State of one simulation; ``run()`` executes it. Use ``simulate_schedule`` or ``simulate_live``."""
 
     def __init__(
         self,
@@ -119,6 +119,8 @@ class Engine:
         self.idle_since: list[float | None] = [None] * self.num_ranks
         """Live runs: since when a rank has had nothing to run (it reached its next action then)."""
         self._wakes: set[float] = set()
+        self._news = True
+        """Live runs: a report, a transfer or a wake-up since the planner last decided."""
         self.rank_ops: list[dict[int, CommOp]] = [{} for _ in range(self.num_ranks)]
         self.op_comm: dict[int, Communicator] = {}
         self.communicators: dict[tuple[str, int, int], Communicator] = {}
@@ -199,8 +201,10 @@ class Engine:
         while heap:
             now, _, event = heapq.heappop(heap)
             push(event.handle(self))
-            if self.planner is not None and (not heap or heap[0][0] > now):
-                # Every event of this instant is in: the controller decides now, as a server would.
+            if self.planner is not None and self._news and (not heap or heap[0][0] > now):
+                # Every event of this instant is in: the controller decides now, as a server would
+                # (only when something it decides on has happened since it last did).
+                self._news = False
                 push(self._plan(now))
         if self.planner is not None:
             self.schedule = schedule_from_planner(self.planner)
@@ -293,6 +297,7 @@ class Engine:
             send = next(side[index] for side in comm.ops.values()
                         if index < len(side) and side[index].action.kind is ActionKind.SEND)
             self.planner.transfer_done(send.action.stage_index, send.action.chunk_key, now)
+            self._news = True
         for side in (comm.ops[comm.low], comm.ops[comm.high]):
             if index >= len(side):
                 continue  # a live receive not emitted yet (its data is there now)
@@ -312,6 +317,12 @@ class Engine:
         if self.planner is not None:
             self.planner.action_done(rank, now)
             self._record_arrivals()
+            self._news = True
+        return []
+
+    def wake(self) -> list[Event]:
+        """Live runs: the planner has a decision due now (``PlanEvent``)."""
+        self._news = True
         return []
 
     def _record_arrivals(self) -> None:

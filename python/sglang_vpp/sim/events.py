@@ -61,8 +61,8 @@ class ComputeDoneEvent(Event):
 
 @dataclass(slots=True)
 class PlanEvent(Event):
-    """Live runs: the planner has a decision due at this time (the engine asks it after every
-    instant with events; this one only makes sure the loop stops here)."""
+    """Live runs: the planner has a decision due at this time (an arrival): the engine asks it
+    after this instant."""
 
     def handle(self, engine: "Engine") -> list[Event]:
-        return []
+        return engine.wake()
