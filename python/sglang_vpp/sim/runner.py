@@ -14,7 +14,8 @@ cause) -> the emitted ``Schedule``, validated and deadlock-checked afterwards ->
 ``run_engine`` is the entry point for any pair of estimate and durations; ``run_mode`` is the
 simulator's (the estimate is the hardware cost model itself). ``plan_workload`` is the dry run
 on the planner's own clock (what ``schedule`` and ``check`` print): the same decisions at the
-same times, without the execution.
+same times, without the execution (``tests/sim/test_one_clock.py``; not for zero-duration work,
+nor for ``auto`` under jitter: docs/architecture.md).
 """
 
 from __future__ import annotations
