@@ -35,10 +35,9 @@ def test_runtime_and_simulator_size_a_burst_by_the_same_rule():
     spec = RunSpec(model="tiny-qwen3", mode="vpp-pack", num_ranks=2, planner_cost=cost,
                    requests=tuple(RequestArrival(n, 0.0) for n in lengths), chunk_size=4096, auto_chunk=True)
     layout = build_layout(2, 8, get_policy("vpp-pack").layout_kind)
-    feed = CoordinatorFeed(make_planner(spec, layout), [(n, 0.0) for n in lengths], [], epoch=0.0, lookahead=4,
+    feed = CoordinatorFeed(make_planner(spec, layout), [(n, 0.0) for n in lengths], [], epoch=0.0,
                            clock=lambda: 0.0)
-    while feed.next_action(lambda: None) is not None:
-        pass
+    feed._step()  # the burst is admitted together and cut at submission
     workload = Workload("burst", tuple(RequestSpec(n) for n in lengths), None)
     simulated = plan_workload("vpp-pack", workload, cost,
                               RunConfig(2, 4096, auto_chunk=True, batch_requests=False), 8).schedule

@@ -4,11 +4,14 @@ the offline ``build_schedule``; late arrivals are appended without disturbing wh
 from __future__ import annotations
 
 import queue
+import threading
+import time
 
 import pytest
 from sglang_vpp.runtime.control import (
     Advance,
     CoordinatorFeed,
+    Done,
     FollowerFeed,
     StaticFeed,
     Submit,
@@ -26,23 +29,13 @@ from sglang_vpp.schedule import (
 MODES = ["cpp", "dcpp", "vpp", "vpp-async", "vpp-pack"]
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _drain(feed, clock: FakeClock | None = None, step: float = 0.0) -> list[str]:
+def _drain(feed) -> list[str]:
     out = []
     while True:
         action = feed.next_action(lambda: None)
         if action is None:
             return out
         out.append(str(action))
-        if clock is not None:
-            clock.now += step
 
 
 def _spec(mode: str, ranks: int, lengths: list[int], chunk: int, arrivals: list[float] | None = None) -> RunSpec:
@@ -50,57 +43,152 @@ def _spec(mode: str, ranks: int, lengths: list[int], chunk: int, arrivals: list[
     return RunSpec("tiny-qwen3", mode, ranks, tuple(RequestArrival(n, a) for n, a in zip(lengths, arrivals)), chunk)
 
 
-def _feeds(spec: RunSpec, clock: FakeClock):
+def _feeds(spec: RunSpec, epoch: float = 0.0, clock=time.perf_counter):
     layout = build_layout(spec.num_ranks, 8, get_policy(spec.mode).layout_kind)
-    queues = [queue.Queue() for _ in range(spec.num_ranks)]
+    queues = [queue.Queue() for _ in range(spec.num_ranks)]  # queues[0]: the followers' reports
     coordinator = CoordinatorFeed(make_planner(spec, layout), [(r.length, r.arrival_s) for r in spec.requests],
-                                  queues[1:], epoch=0.0, lookahead=spec.lookahead, clock=clock)
-    followers = [FollowerFeed(r, make_planner(spec, layout), queues[r], timeout_s=1.0) for r in range(1, spec.num_ranks)]
+                                  queues[1:], epoch=epoch, reports=queues[0], clock=clock)
+    followers = [FollowerFeed(r, make_planner(spec, layout), queues[r], timeout_s=5.0, reports=queues[0])
+                 for r in range(1, spec.num_ranks)]
     return layout, coordinator, followers
+
+
+def _execute(coordinator, followers, action_s: float = 0.0) -> list[list[str]]:
+    """Every rank in a thread, as the executor does: take, "run" (sleep), report."""
+    streams: list[list[str]] = [[] for _ in range(1 + len(followers))]
+    errors: list[BaseException] = []
+
+    def rank_loop(feed) -> None:
+        try:
+            while (action := feed.next_action(lambda: None)) is not None:
+                time.sleep(action_s)
+                streams[feed.rank].append(str(action))
+                feed.done(time.perf_counter() - coordinator._epoch)
+        except BaseException as error:
+            errors.append(error)
+
+    coordinator.start()
+    threads = [threading.Thread(target=rank_loop, args=(f,), daemon=True) for f in [coordinator, *followers]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30.0)
+    coordinator.close()
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+    return streams
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_online_replicas_equal_offline_plan(mode, ranks):
+def test_replicas_execute_the_same_valid_streams(mode, ranks):
     spec = _spec(mode, ranks, [300, 130, 64], 48)
-    clock = FakeClock()
-    layout, coordinator, followers = _feeds(spec, clock)
-    streams = [_drain(coordinator)] + [_drain(f) for f in followers]
-    offline = build_schedule(mode, ranks, 8, [RequestSpec(n) for n in (300, 130, 64)], 48,
-                             chunker=make_planner(spec, layout).config.chunker)
-    assert streams == [[str(a) for a in actions] for actions in offline.rank_actions]
-    assert [c.key for c in coordinator.planner.sequence] == [c.key for c in offline.chunks]
+    layout, coordinator, followers = _feeds(spec, epoch=time.perf_counter())
+    streams = _execute(coordinator, followers)
+    for feed in [coordinator, *followers]:
+        assert streams == [[str(a) for a in feed.planner.rank_actions(r)] for r in range(ranks)]
+        assert feed.planner.settled
+    assert coordinator.ended and all(f.ended for f in followers)
+    from sglang_vpp.runtime.records import RankReport
+    from sglang_vpp.runtime.replay import executed_schedule
+
+    reports = [RankReport(0, 0, executed=streams[0], lengths=[300, 130, 64], arrivals_s=[0.0] * 3,
+                          chunks=[(c.request_index, c.chunk_index, c.start, c.num_tokens, c.is_last, c.batch)
+                                  for c in coordinator.planner.sequence])]
+    reports += [RankReport(r, 0, executed=streams[r]) for r in range(1, ranks)]
+    validate_schedule(executed_schedule(spec, layout, reports))
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_late_arrival_is_planned_consistently(mode):
-    """Request 1 arrives while rank 0 is mid-way through request 0: every replica sees the same ops,
-    the streams validate, and request 1 enters the pipeline while request 0 is still in it (cpp,
-    dcpp; vpp-pack by packing the drain window) or right after it (vpp, vpp-async: one V per
-    request, the planner's request barrier)."""
-    spec = _spec(mode, 2, [400, 100], 50, arrivals=[0.0, 5.0])
-    clock = FakeClock()
-    layout, coordinator, (follower,) = _feeds(spec, clock)
-    rank0 = _drain(coordinator, clock, step=1.0)  # one second per action: request 1 lands at action 5
-    rank1 = _drain(follower)
-    assert coordinator.arrivals_s == follower.arrivals_s == [0.0, 5.0]
-    assert rank1 == [str(a) for a in follower.planner.rank_actions(1)]
-    assert rank0 == [str(a) for a in coordinator.planner.rank_actions(0)]
-    from sglang_vpp.runtime.records import RankReport
-    from sglang_vpp.runtime.replay import executed_schedule
+    """Request 1 arrives while request 0 runs: every replica sees the same ops and request 1 is
+    admitted at its real arrival."""
+    spec = _spec(mode, 2, [400, 100], 50, arrivals=[0.0, 0.05])
+    _, coordinator, (follower,) = _feeds(spec, epoch=time.perf_counter())
+    streams = _execute(coordinator, [follower], action_s=0.01)
+    assert coordinator.arrivals_s == follower.arrivals_s == [0.0, 0.05]
+    assert streams[1] == [str(a) for a in follower.planner.rank_actions(1)]
+    assert follower.planner.requests[1].arrival > 0.0  # submitted when it arrived, not up front
 
-    reports = [RankReport(0, 0, executed=rank0, lengths=[400, 100], arrivals_s=[0.0, 5.0],
-                          chunks=[(c.request_index, c.chunk_index, c.start, c.num_tokens, c.is_last)
-                                  for c in coordinator.planner.sequence]),
-               RankReport(1, 0, executed=rank1)]
-    validate_schedule(executed_schedule(spec, layout, reports))
-    timeline = coordinator.planner.timeline
-    start_1 = min(e.start for e in timeline if e.request_index == 1 and e.stage_index == 0)
-    end_0 = max(e.end for e in timeline if e.request_index == 0 and e.stage_index == layout.last_stage)
-    if mode in ("vpp", "vpp-async"):
-        assert start_1 >= end_0, "the fold-back request barrier was not respected"
-    else:
-        assert start_1 < end_0, "request 1 waited for request 0 to leave the pipeline"
+
+def test_rank0_waits_for_the_followers_report():
+    """vpp folds the last stage back onto rank 0: rank 0 gets its last-stage compute only once
+    rank 1 has reported its stage, at the reported time (no plan on the estimated clock)."""
+    spec = _spec("vpp", 2, [100], 100)
+    now = [0.0]
+    layout, coordinator, (follower,) = _feeds(spec, clock=lambda: now[0])
+    last = layout.last_stage
+    assert layout.rank_of(last) == 0
+
+    def rank0_runs_what_it_has() -> list:
+        coordinator._step()
+        taken = []
+        while coordinator.upcoming():
+            taken.append(coordinator.next_action(lambda: None))
+            coordinator.done(0.001)
+            coordinator._step()
+        return taken
+
+    taken = rank0_runs_what_it_has()
+    assert taken and all(a.stage_index != last for a in taken)
+    assert not any(a.stage_index == last for a in rank0_runs_what_it_has())  # nothing without rank 1
+    for _ in range(20):  # rank 1 runs everything it gets; it finishes much later than any estimate
+        while not follower._queue.empty():
+            follower.apply(follower._queue.get())
+        while follower.queue:
+            follower.next_action(lambda: None)
+            now[0] = 7.0
+            follower.done(7.0)
+        taken += rank0_runs_what_it_has()
+    assert any(a.stage_index == last for a in taken)
+    assert coordinator.planner.now >= 7.0
+    assert min(e.start for e in coordinator.planner.timeline if e.stage_index == last) >= 7.0
+
+
+def test_end_only_when_everything_is_reported():
+    spec = _spec("cpp", 1, [64], 64)
+    layout = build_layout(1, 8, "contiguous")
+    coordinator = CoordinatorFeed(make_planner(spec, layout), [(64, 0.0)], [], epoch=0.0, clock=lambda: 0.0)
+    action = coordinator.next_action(lambda: None)
+    assert action is not None
+    coordinator._step()
+    assert not coordinator.ended  # the compute is in flight until reported
+    coordinator.done(0.5)
+    assert coordinator.next_action(lambda: None) is None and coordinator.ended
+
+
+def test_control_thread_error_surfaces_in_the_main_thread():
+    spec = _spec("cpp", 2, [64], 64)
+    _, coordinator, _ = _feeds(spec, epoch=time.perf_counter())
+
+    def broken(until=None):
+        raise ValueError("planner exploded")
+
+    coordinator.planner.advance = broken
+    coordinator.start()
+    with pytest.raises(RuntimeError, match="control thread failed") as info:
+        coordinator.next_action(lambda: None)
+    assert isinstance(info.value.__cause__, ValueError)
+    coordinator.close()
+    assert not coordinator._thread.is_alive()
+
+
+def test_abort_stops_the_control_thread():
+    spec = _spec("cpp", 2, [64], 64, arrivals=[60.0])
+    _, coordinator, _ = _feeds(spec, epoch=time.perf_counter())
+    coordinator.start()
+
+    def abort():
+        raise RuntimeError("aborted")
+
+    with pytest.raises(RuntimeError, match="aborted"):
+        coordinator.next_action(abort)
+    coordinator._thread.join(timeout=2.0)
+    assert not coordinator._thread.is_alive()
+
+
+def test_run_spec_has_no_lookahead():
+    assert "lookahead" not in RunSpec.__dataclass_fields__
 
 
 def test_follower_times_out_without_ops():
@@ -114,6 +202,7 @@ def test_follower_times_out_without_ops():
 def test_ops_are_plain_data():
     assert Submit(10, 0.0, 1.5) == Submit(10, 0.0, 1.5)
     assert Advance(2.0).until == 2.0
+    assert Done(1, 0.5) == Done(1, 0.5)
 
 
 def test_static_feed_replays_a_schedule():

@@ -4,12 +4,13 @@ server's trace format."""
 
 from __future__ import annotations
 
-import time
 
-from sglang_vpp.runtime.control import CoordinatorFeed, make_planner
+from sglang_vpp.runtime.control import run_controller_config
 from sglang_vpp.runtime.spec import RequestArrival, RunSpec
-from sglang_vpp.schedule import ActionKind, RequestSpec
+from sglang_vpp.schedule import ActionKind, Planner, RequestSpec
+from sglang_vpp.schedule.auto_size import LiveSituation
 from sglang_vpp.serving.decision_replay import DecisionRecorder, ServerWorkload
+from sglang_vpp.sim.engine import simulate_live
 from sglang_vpp.sim.runner import RunConfig, run_mode
 from sglang_vpp.sim.workloads.base import Workload
 
@@ -49,11 +50,14 @@ def replan(workload: ServerWorkload, monkeypatch) -> tuple[list[DecisionRecorder
         spec = RunSpec(model="tiny", mode=workload.mode, num_ranks=pp, chunk_size=workload.chunk_size,
                        requests=tuple(RequestArrival(n) for n in workload.lengths), split=workload.stage_layers,
                        planner_cost=cost, fold=str(layout.fold))
-        planner = make_planner(spec, layout)
-        feed = CoordinatorFeed(planner, [(n, 0.0) for n in workload.lengths], [], epoch=time.perf_counter(),
-                               lookahead=spec.lookahead)
-        while feed.next_action(lambda: None) is not None:
-            pass
+        # The runtime's planner decides on its executor's reports; the simulator's live engine
+        # stands in for the executor here (durations from the same cost table).
+        planner = Planner(run_controller_config(spec, layout), external=True, sees_transfers=True)
+        # Admit the burst as rank 0 does: sized together (Sent), then submitted.
+        LiveSituation(planner).sent([RequestSpec(n, 0.0) for n in workload.lengths])
+        for n in workload.lengths:
+            planner.submit(RequestSpec(n, 0.0))
+        simulate_live(planner, cost)
     runtime_positions = {chunk.key: i for i, chunk in enumerate(planner.sequence)}
     runtime_order = [_computes(planner.rank_actions(r), runtime_positions) for r in range(pp)]
     return recorders, sim_order, runtime_order

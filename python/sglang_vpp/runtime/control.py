@@ -7,27 +7,32 @@ apply the same ops in the same order hold the same streams.
 
 Data flow::
 
-    request source (real arrival times)
-        -> rank 0 ``CoordinatorFeed``: decides ops   Submit(length, arrival)  /  Advance(until)  /  End
+    request source (real arrival times)          every rank's executor: done(t) after each action
+        -> rank 0 ``CoordinatorFeed`` (control thread): decides ops
+              Sent / Submit(length, arrival) / Done(rank, t) / Advance(real now) / End / Heartbeat
               applies each op to its planner, then sends it to every follower (host-local queues)
         -> ranks 1.. ``FollowerFeed``: apply the same ops in the same order
         -> each rank: ``planner.take_new_actions(rank)`` -> its queue -> ``next_action()``
 
-Rank 0 plans lazily: it steps the planner one estimated event at a time until its own queue holds
-``lookahead`` actions (or nothing is left to plan). A request that arrives while others run is
-submitted at the planner's current time, so it can fill the pipeline behind the work already
-planned (and ``vpp-pack`` can pack it into a drain window) instead of waiting for everything
-planned to finish. Followers never need an op that rank 0 has not sent yet: every action a
-follower waits for data on was planned in the same step as its producer (send and receive are
-emitted together or the send first), and rank 0 broadcasts an op before executing what it planned.
+The planner is external (``Planner(external=True)``): it has no clock of its own, every action it
+emits is in flight until its rank reports it done, and it decides from the reported times (an
+async send counts as done once posted). Nothing is planned ahead on an estimate: a request that
+arrives while others run is submitted when it arrives and planned behind the work in flight (and
+``vpp-pack`` can pack it into a drain window). Followers send their reports into rank 0's inbox;
+rank 0 applies its own and theirs in one order and broadcasts each as a ``Done`` op, so the
+replicas stay identical. Followers never need an op that rank 0 has not sent: rank 0 broadcasts an
+op before any rank can execute what it planned. Rank 0 ends the run (``End``) once no arrival is
+pending and the planner is ``settled`` (everything planned and reported).
 
-The control transport is a host-local ``multiprocessing`` queue per follower (the launcher starts
-every rank on one host): the activations travel over the comm abstraction, the small ops do not.
+The control transport is a host-local ``multiprocessing`` queue per rank (the launcher starts
+every rank on one host; rank 0's is its inbox of reports): the activations travel over the comm abstraction, the small ops do not.
 ``StaticFeed`` replays a precomputed ``Schedule`` instead (tests, offline plans).
 """
 
 from __future__ import annotations
 
+import queue as queue_module
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -48,7 +53,7 @@ from ..schedule import (
 from ..schedule.auto_size import LiveSituation
 from .spec import RunSpec
 
-__all__ = ["Advance", "CoordinatorFeed", "End", "FollowerFeed", "Heartbeat", "PlanFeed", "Sent", "StaticFeed", "Submit",
+__all__ = ["Advance", "CoordinatorFeed", "Done", "End", "FollowerFeed", "Heartbeat", "PlanFeed", "Sent", "StaticFeed", "Submit",
            "make_planner", "run_controller_config"]
 
 _HEARTBEAT_S = 1.0
@@ -77,6 +82,14 @@ class Advance:
 
 
 @dataclass(frozen=True, slots=True)
+class Done:
+    """Rank ``rank`` finished its next unreported action at ``t`` (seconds since the epoch)."""
+
+    rank: int
+    t: float
+
+
+@dataclass(frozen=True, slots=True)
 class End:
     pass
 
@@ -86,7 +99,7 @@ class Heartbeat:
     """Rank 0 is alive but idle (waiting for an arrival); resets the followers' control timeout."""
 
 
-Op = Submit | Sent | Advance | End | Heartbeat
+Op = Submit | Sent | Advance | Done | End | Heartbeat
 
 
 def run_controller_config(spec: RunSpec, layout: Layout) -> ControllerConfig:
@@ -99,7 +112,7 @@ def run_controller_config(spec: RunSpec, layout: Layout) -> ControllerConfig:
 
 def make_planner(spec: RunSpec, layout: Layout) -> Planner:
     """The planner every rank builds identically from the spec."""
-    return Planner(run_controller_config(spec, layout))
+    return Planner(run_controller_config(spec, layout), external=True)
 
 
 class PlanFeed(ABC):
@@ -117,6 +130,12 @@ class PlanFeed(ABC):
     def next_action(self, should_abort: Callable[[], None]) -> Action | None:
         """The next action of this rank, or None when the run is over. ``should_abort`` raises if
         the run was aborted (called while waiting)."""
+
+    def done(self, t: float) -> None:
+        """The action last returned by ``next_action`` finished at ``t`` (seconds since the epoch)."""
+
+    def close(self) -> None:
+        """Stop whatever the feed runs in the background (bounded)."""
 
     def upcoming(self) -> Sequence[Action]:
         """Actions already known and not yet returned (for pre-posting receives)."""
@@ -145,6 +164,8 @@ class _PlannerFeed(PlanFeed):
             self.arrivals_s.append(op.arrival_s)
         elif isinstance(op, Advance):
             self.planner.advance(until=op.until)
+        elif isinstance(op, Done):
+            self.planner.action_done(op.rank, op.t)
         elif isinstance(op, End):
             self.ended = True
         if not isinstance(op, Heartbeat):
@@ -154,7 +175,13 @@ class _PlannerFeed(PlanFeed):
 
 
 class CoordinatorFeed(_PlannerFeed):
-    """Rank 0: turns real arrivals into planner ops, applies them, sends them to the followers."""
+    """Rank 0: turns real arrivals and every rank's completion reports into planner ops, applies
+    them, sends them to the followers.
+
+    The coordination runs in a control thread (``start``) so that followers' reports are applied
+    while rank 0's main thread computes (torch releases the GIL); rank 0's actions reach its main
+    thread through a thread-safe queue. Without ``start`` (unit tests), ``next_action`` steps the
+    coordination inline."""
 
     def __init__(
         self,
@@ -162,83 +189,169 @@ class CoordinatorFeed(_PlannerFeed):
         requests: Sequence[tuple[int, float]],
         followers: Sequence[Any],
         epoch: float,
-        lookahead: int,
+        reports: Any = None,
         clock: Callable[[], float] = time.perf_counter,
+        timeout_s: float = 60.0,
     ) -> None:
         super().__init__(0, planner)
+        self._timeout_s = timeout_s
+        self._news_at = time.monotonic()
         self._pending = sorted(requests, key=lambda r: r[1])  # (length, arrival_s)
         self._followers = list(followers)
+        self._reports = reports  # followers' Done ops (None: a single rank)
+        self._own: queue_module.SimpleQueue[float] = queue_module.SimpleQueue()
         self._epoch = epoch
-        self._lookahead = lookahead
         self._clock = clock
         self._last_sent = clock()
+        self._lock = threading.Lock()
+        self._ready: deque[Action | None] = deque()  # None: the run is over
+        self._wake = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    # ---------------------------------------------------------------- rank 0's main thread
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._control_loop, name="vpp-control", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            if self._thread.is_alive():
+                raise RuntimeError("rank 0: the control thread did not stop within 5 s (a planner call hangs)")
+
+    def done(self, t: float) -> None:
+        self._own.put(t)
+
+    def upcoming(self) -> Sequence[Action]:
+        with self._lock:
+            return [a for a in self._ready if a is not None]
+
+    def next_action(self, should_abort: Callable[[], None]) -> Action | None:
+        while True:
+            try:
+                should_abort()
+            except BaseException:
+                self._stop.set()
+                raise
+            if self._thread is None:
+                self._step()
+            with self._wake:
+                if isinstance(self._error, TimeoutError):
+                    raise self._error  # names its own cause and fix
+                if self._error is not None:
+                    raise RuntimeError(f"rank 0: the control thread failed ({self._error!r}); the run cannot "
+                                       "go on. Fix: see the chained error (a planner or control-plane bug)") \
+                        from self._error
+                if self._ready:
+                    action = self._ready.popleft()
+                    if action is None:
+                        self._ready.appendleft(None)
+                        return None
+                    self.executed.append(action)
+                    return action
+                if self._thread is not None:
+                    self._wake.wait(timeout=0.05)
+            if self._thread is None and not self._ready:
+                time.sleep(0.001)
+
+    # ---------------------------------------------------------------- the coordination
+    def _control_loop(self) -> None:
+        try:
+            while not self._stop.is_set() and not self.ended:
+                if not self._step():
+                    time.sleep(0.0005)
+        except BaseException as error:  # surfaced in the main thread by next_action
+            with self._wake:
+                self._error = error
+                self._wake.notify_all()
+
+    def _step(self) -> bool:
+        """Apply the news (reports, arrivals, time); True if anything happened."""
+        news = self._drain_reports()
+        news = self._admit_arrivals() or news
+        if news or self.planner.settled:
+            self._news_at = time.monotonic()
+        elif time.monotonic() - self._news_at > self._timeout_s:
+            raise TimeoutError(
+                f"rank 0: no completion report for {self._timeout_s:.0f}s while work is in flight; a rank "
+                "is stuck or dead. Fix: read the other ranks' errors; raise Timeouts.control_s for very "
+                "long computes")
+        now_s = self._clock() - self._epoch
+        upcoming = self.planner.next_event_time()
+        if news or (upcoming is not None and upcoming <= now_s):
+            self._broadcast(Advance(max(now_s, self.planner.now)))
+        if not self._pending and not self.ended and self.planner.settled:
+            self._broadcast(End())
+            with self._wake:
+                self._ready.append(None)
+                self._wake.notify_all()
+            return True
+        if self._clock() - self._last_sent >= _HEARTBEAT_S:
+            for follower in self._followers:
+                follower.put(Heartbeat())  # keeps the followers' control timeout from firing
+            self._last_sent = self._clock()
+        return news
+
+    def _drain_reports(self) -> bool:
+        news = False
+        while True:
+            try:
+                t = self._own.get_nowait()
+            except queue_module.Empty:
+                break
+            self._broadcast(Done(0, t))
+            news = True
+        while self._reports is not None:
+            try:
+                op = self._reports.get(timeout=0.0 if news else 0.001)
+            except queue_module.Empty:
+                break
+            self._broadcast(op)
+            news = True
+        return news
 
     def _broadcast(self, op: Op) -> None:
         self.apply(op)
-        for queue in self._followers:
-            queue.put(op)
+        for follower in self._followers:
+            follower.put(op)
         self._last_sent = self._clock()
+        if self.queue:
+            with self._wake:
+                self._ready.extend(self.queue)
+                self.queue.clear()
+                self._wake.notify_all()
 
-    def _admit_arrivals(self) -> None:
+    def _admit_arrivals(self) -> bool:
         now_s = self._clock() - self._epoch
         arrived = []
         while self._pending and self._pending[0][1] <= now_s:
             arrived.append(self._pending.pop(0))
         if not arrived:
-            return
+            return False
         first = len(self.lengths)
         self._broadcast(Sent(tuple((first + i, length) for i, (length, _) in enumerate(arrived))))
         for length, arrival_s in arrived:
             self._broadcast(Submit(length, self.planner.now, arrival_s))
-
-    def _plan_more(self) -> bool:
-        """One planning step; False when every known decision is made."""
-        before = self._num_planned()
-        self._broadcast(Advance(self.planner.now))  # settle decisions due now (e.g. after a submit)
-        if self._num_planned() > before:
-            return True
-        # The schedule core has no public "next event" yet; its private helper is exact.
-        upcoming = self.planner.next_event_time()
-        if upcoming is None:
-            return False
-        self._broadcast(Advance(upcoming))
         return True
-
-    def _num_planned(self) -> int:
-        return sum(len(self.planner.rank_actions(r)) for r in range(self.planner.config.layout.num_ranks))
-
-    def next_action(self, should_abort: Callable[[], None]) -> Action | None:
-        while True:
-            should_abort()
-            self._admit_arrivals()
-            while len(self.queue) < self._lookahead and self._plan_more():
-                self._admit_arrivals()
-            if self.queue:
-                return self._take()
-            if not self._pending:
-                if not self.ended:
-                    self._broadcast(End())
-                return None
-            # Idle until the next arrival; keep the followers' control timeout from firing.
-            wait = self._pending[0][1] - (self._clock() - self._epoch)
-            if self._clock() - self._last_sent >= _HEARTBEAT_S:
-                for queue in self._followers:
-                    queue.put(Heartbeat())
-                self._last_sent = self._clock()
-            time.sleep(min(max(wait, 0.0), 0.05))
 
 
 class FollowerFeed(_PlannerFeed):
     """Ranks 1..P-1: apply rank 0's ops in order; block (bounded) when out of actions."""
 
-    def __init__(self, rank: int, planner: Planner, queue: Any, timeout_s: float) -> None:
+    def __init__(self, rank: int, planner: Planner, queue: Any, timeout_s: float, reports: Any = None) -> None:
         super().__init__(rank, planner)
         self._queue = queue
         self._timeout_s = timeout_s
+        self._reports = reports  # into rank 0, which applies and broadcasts them in its order
+
+    def done(self, t: float) -> None:
+        if self._reports is not None:
+            self._reports.put(Done(self.rank, t))
 
     def next_action(self, should_abort: Callable[[], None]) -> Action | None:
-        import queue as queue_module
-
         silent_since = time.monotonic()
         while not self.queue:
             if self.ended:

@@ -102,20 +102,10 @@ class RankExecutor:
     # ------------------------------------------------------------------ main loop
     @torch.inference_mode()
     def run(self) -> list[ActionRecord]:
-        while True:
-            action = self.feed.next_action(self._check_abort)
-            if action is None:
-                break
-            self._maybe_fail(len(self.records))
-            if action.kind is ActionKind.COMPUTE:
-                self._compute(action)
-            elif action.kind is ActionKind.SEND:
-                self._send(action)
-            else:
-                self._recv(action)
-            self._reap_sends()
-            if self.prepost:
-                self._prepost_recvs()
+        try:
+            self._run_stream()
+        finally:
+            self.feed.close()
         self.finished_s = self._now()
         for handle, _ in self._pending_sends:
             self._wait(handle, handle.action)
@@ -125,6 +115,24 @@ class RankExecutor:
             if record.kind == ActionKind.SEND.value:
                 record.done_s = self._done_at.get(record.index, record.end_s)
         return self.records
+
+    def _run_stream(self) -> None:
+        while True:
+            action = self.feed.next_action(self._check_abort)
+            if action is None:
+                return
+            self._maybe_fail(len(self.records))
+            if action.kind is ActionKind.COMPUTE:
+                self._compute(action)
+            elif action.kind is ActionKind.SEND:
+                self._send(action)
+            else:
+                self._recv(action)
+            # The planner decides on real completions (an async send counts once posted).
+            self.feed.done(self._now())
+            self._reap_sends()
+            if self.prepost:
+                self._prepost_recvs()
 
     # ------------------------------------------------------------------ actions
     def _compute(self, action: Action) -> None:

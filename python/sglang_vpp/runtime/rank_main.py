@@ -127,10 +127,14 @@ def _run_one(rank: int, run_id: int, spec: Any, comm: Any, pool_dir: Path, contr
     result_queue.put(("ready", run_id, rank))
     if rank == 0:
         followers = [_Tagged(q, run_id) for q in control_queues[1:]]
+        # control_queues[0] is rank 0's inbox: the followers' completion reports.
         feed: Any = CoordinatorFeed(planner, [(r.length, r.arrival_s) for r in spec.requests], followers,
-                                    epoch, spec.lookahead)
+                                    epoch, reports=_Untagged(control_queues[0], run_id),
+                                    timeout_s=spec.timeouts.control_s)
+        feed.start()
     else:
-        feed = FollowerFeed(rank, planner, _Untagged(control_queues[rank], run_id), spec.timeouts.control_s)
+        feed = FollowerFeed(rank, planner, _Untagged(control_queues[rank], run_id), spec.timeouts.control_s,
+                            reports=_Tagged(control_queues[0], run_id))
     holds_last = layout.rank_of(layout.last_stage) == rank
     executor = RankExecutor(
         rank, layout, model, comm, feed, policy.comm_semantics, device=spec.device, timeouts=spec.timeouts,

@@ -119,8 +119,6 @@ class RunSpec:
     planner_cost: object | None = None
     """A picklable ``StageCostModel`` for the planner's estimates (and dcpp's chunk curve);
     None: the schedule core's default ``LinearAttentionCost``."""
-    lookahead: int = 4
-    """Rank 0 plans until it has this many actions queued (the online planner's horizon)."""
     prepost_recvs: bool = True
     """Async modes: post receives ahead (in link order) so a transfer overlaps compute."""
     collect_outputs: bool = True
@@ -179,7 +177,5 @@ class RunSpec:
             parse_fold(self.fold)
         except LayoutError as error:
             raise RunConfigError(f"--fold: {error}") from None
-        if self.lookahead < 1:
-            raise RunConfigError(f"lookahead must be >= 1, got {self.lookahead}")
         if self.fault is not None and not 0 <= self.fault.rank < self.num_ranks:
             raise RunConfigError(f"fault rank {self.fault.rank} is not in 0..{self.num_ranks - 1}")
