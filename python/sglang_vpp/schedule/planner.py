@@ -41,8 +41,8 @@ reports it (``action_done``: this rank finished its next action at this time), a
 decides at the executor's time with what has been reported. The consequences of a compute ending
 (the next stage's input ready, the request complete, a blocking output offered) are applied by
 one method (``_produced``) in both, at decision time with the estimated end or at the report with
-the real one. The simulator's engine runs an external planner (``sim/engine.py``
-``simulate_live``).
+the real one. The simulator's engine (``sim/engine.py`` ``simulate_live``) and the reference
+runtime (``runtime/control.py``: its ranks' real completions) run an external planner.
 """
 
 from __future__ import annotations
