@@ -169,8 +169,33 @@ def test_control_thread_error_surfaces_in_the_main_thread():
     with pytest.raises(RuntimeError, match="control thread failed") as info:
         coordinator.next_action(lambda: None)
     assert isinstance(info.value.__cause__, ValueError)
-    coordinator.close()
+    with pytest.raises(RuntimeError, match="control thread failed"):
+        coordinator.close()  # closing surfaces it too, unless another error is on its way up
     assert not coordinator._thread.is_alive()
+
+
+def test_control_thread_error_reaches_an_executor_waiting_on_comm():
+    """The executor's waits call ``feed.check`` (through ``_check_abort``): a control-thread
+    failure stops rank 0 at once with its own cause, not a comm timeout later."""
+    from sglang_vpp.runtime.executor import RankExecutor
+
+    spec = _spec("cpp", 2, [64], 64)
+    _, coordinator, _ = _feeds(spec, epoch=time.perf_counter())
+
+    def broken(until=None):
+        raise ValueError("planner exploded")
+
+    coordinator.planner.advance = broken
+    coordinator.start()
+    deadline = time.monotonic() + 5.0
+    while coordinator._error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    waiting = RankExecutor.__new__(RankExecutor)  # only what _check_abort reads
+    waiting.feed, waiting._aborted, waiting.rank, waiting.records = coordinator, (lambda: False), 0, []
+    with pytest.raises(RuntimeError, match="control thread failed") as info:
+        waiting._check_abort()
+    assert isinstance(info.value.__cause__, ValueError)
+    coordinator._stop.set()
 
 
 def test_abort_stops_the_control_thread():
@@ -187,8 +212,6 @@ def test_abort_stops_the_control_thread():
     assert not coordinator._thread.is_alive()
 
 
-def test_run_spec_has_no_lookahead():
-    assert "lookahead" not in RunSpec.__dataclass_fields__
 
 
 def test_follower_times_out_without_ops():

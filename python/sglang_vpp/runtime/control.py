@@ -32,6 +32,7 @@ every rank on one host; rank 0's is its inbox of reports): the activations trave
 from __future__ import annotations
 
 import queue as queue_module
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -96,7 +97,8 @@ class End:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """Rank 0 is alive but idle (waiting for an arrival); resets the followers' control timeout."""
+    """Rank 0 is alive but has sent nothing for a while (waiting for an arrival or for a long
+    compute); resets the followers' control timeout."""
 
 
 Op = Submit | Sent | Advance | Done | End | Heartbeat
@@ -134,8 +136,14 @@ class PlanFeed(ABC):
     def done(self, t: float) -> None:
         """The action last returned by ``next_action`` finished at ``t`` (seconds since the epoch)."""
 
+    def start(self) -> None:
+        """Start whatever the feed runs in the background (called once, before the first action)."""
+
     def close(self) -> None:
         """Stop whatever the feed runs in the background (bounded)."""
+
+    def check(self) -> None:
+        """Raise what went wrong in the background (called while the executor waits)."""
 
     def upcoming(self) -> Sequence[Action]:
         """Actions already known and not yet returned (for pre-posting receives)."""
@@ -153,6 +161,9 @@ class _PlannerFeed(PlanFeed):
         self.planner = planner
         self.situation = LiveSituation(planner)
         self.ended = False
+        # The planner's own map (a batched forward under its lead's key), kept current by it;
+        # the executor looks up only keys it was given actions for, never a joined chunk's.
+        self.chunks = planner.chunks
 
     def apply(self, op: Op) -> None:
         if isinstance(op, Sent):
@@ -168,9 +179,6 @@ class _PlannerFeed(PlanFeed):
             self.planner.action_done(op.rank, op.t)
         elif isinstance(op, End):
             self.ended = True
-        if not isinstance(op, Heartbeat):
-            # Stage 0 may have batched queued requests into a forward: their chunks left the sequence.
-            self.chunks = {chunk.key: chunk for chunk in self.planner.sequence}
         self.queue.extend(self.planner.take_new_actions(self.rank))
 
 
@@ -192,13 +200,18 @@ class CoordinatorFeed(_PlannerFeed):
         reports: Any = None,
         clock: Callable[[], float] = time.perf_counter,
         timeout_s: float = 60.0,
+        report_self: Any = None,
     ) -> None:
+        """``reports``: rank 0's inbox of ``Done`` ops (None: a single rank); ``report_self``:
+        a writer into that inbox for rank 0's own reports, so that one blocking read wakes the
+        control thread for anyone's (None: a local queue, polled)."""
         super().__init__(0, planner)
         self._timeout_s = timeout_s
         self._news_at = time.monotonic()
         self._pending = sorted(requests, key=lambda r: r[1])  # (length, arrival_s)
         self._followers = list(followers)
-        self._reports = reports  # followers' Done ops (None: a single rank)
+        self._reports = reports
+        self._report_self = report_self
         self._own: queue_module.SimpleQueue[float] = queue_module.SimpleQueue()
         self._epoch = epoch
         self._clock = clock
@@ -219,11 +232,25 @@ class CoordinatorFeed(_PlannerFeed):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
-            if self._thread.is_alive():
-                raise RuntimeError("rank 0: the control thread did not stop within 5 s (a planner call hangs)")
+            if self._thread.is_alive() and self._error is None:
+                self._error = RuntimeError("rank 0: the control thread did not stop within 5 s (a planner call hangs)")
+        if sys.exc_info()[1] is None:  # never replace an error already on its way up
+            self.check()
+
+    def check(self) -> None:
+        with self._wake:
+            error = self._error
+        if isinstance(error, TimeoutError):
+            raise error  # names its own cause and fix
+        if error is not None:
+            raise RuntimeError(f"rank 0: the control thread failed ({error!r}); the run cannot go on. Fix: see "
+                               "the chained error (a planner or control-plane bug)") from error
 
     def done(self, t: float) -> None:
-        self._own.put(t)
+        if self._report_self is not None:
+            self._report_self.put(Done(0, t))
+        else:
+            self._own.put(t)
 
     def upcoming(self) -> Sequence[Action]:
         with self._lock:
@@ -238,13 +265,8 @@ class CoordinatorFeed(_PlannerFeed):
                 raise
             if self._thread is None:
                 self._step()
+            self.check()
             with self._wake:
-                if isinstance(self._error, TimeoutError):
-                    raise self._error  # names its own cause and fix
-                if self._error is not None:
-                    raise RuntimeError(f"rank 0: the control thread failed ({self._error!r}); the run cannot "
-                                       "go on. Fix: see the chained error (a planner or control-plane bug)") \
-                        from self._error
                 if self._ready:
                     action = self._ready.popleft()
                     if action is None:
@@ -261,8 +283,7 @@ class CoordinatorFeed(_PlannerFeed):
     def _control_loop(self) -> None:
         try:
             while not self._stop.is_set() and not self.ended:
-                if not self._step():
-                    time.sleep(0.0005)
+                self._step()
         except BaseException as error:  # surfaced in the main thread by next_action
             with self._wake:
                 self._error = error
@@ -274,6 +295,9 @@ class CoordinatorFeed(_PlannerFeed):
         news = self._admit_arrivals() or news
         if news or self.planner.settled:
             self._news_at = time.monotonic()
+        elif self._stalled():
+            raise RuntimeError(f"rank 0: every action is reported but the planner has work it cannot place: "
+                               f"{self.planner._stuck_state()}. Fix: a planner bug; report it with this state")
         elif time.monotonic() - self._news_at > self._timeout_s:
             raise TimeoutError(
                 f"rank 0: no completion report for {self._timeout_s:.0f}s while work is in flight; a rank "
@@ -295,23 +319,46 @@ class CoordinatorFeed(_PlannerFeed):
             self._last_sent = self._clock()
         return news
 
+    def _stalled(self) -> bool:
+        """Nothing in flight, nothing pending, and still work the planner does not place."""
+        planner = self.planner
+        in_flight = any(len(planner.rank_actions(r)) > planner.reported(r) for r in range(planner.config.layout.num_ranks))
+        return not in_flight and not self._pending and planner.next_event_time() is None and not planner.settled
+
+    def _wait_s(self) -> float:
+        """How long the control thread may block on its inbox: until the next arrival or the
+        next heartbeat, and at most 50 ms (so a stop is seen)."""
+        if self._thread is None:
+            return 0.0
+        wait = 0.05
+        if self._pending:
+            wait = min(wait, self._pending[0][1] - (self._clock() - self._epoch))
+        wait = min(wait, _HEARTBEAT_S - (self._clock() - self._last_sent))
+        return max(wait, 0.0)
+
     def _drain_reports(self) -> bool:
-        news = False
+        """Take every report there is (blocking briefly for the first) and apply them in time
+        order (a stable sort keeps each rank's stream order): a completion callback then sees
+        the time of its completion."""
+        reports: list[Done] = []
         while True:
             try:
-                t = self._own.get_nowait()
+                reports.append(Done(0, self._own.get_nowait()))
             except queue_module.Empty:
                 break
-            self._broadcast(Done(0, t))
-            news = True
-        while self._reports is not None:
-            try:
-                op = self._reports.get(timeout=0.0 if news else 0.001)
-            except queue_module.Empty:
-                break
+        if self._reports is not None:
+            wait = 0.0 if reports else self._wait_s()
+            while True:
+                try:
+                    reports.append(self._reports.get(timeout=wait))
+                except queue_module.Empty:
+                    break
+                wait = 0.0
+        elif not reports and self._thread is not None:
+            time.sleep(min(self._wait_s(), 0.001))
+        for op in sorted(reports, key=lambda done: done.t):
             self._broadcast(op)
-            news = True
-        return news
+        return bool(reports)
 
     def _broadcast(self, op: Op) -> None:
         self.apply(op)

@@ -103,6 +103,7 @@ class RankExecutor:
     @torch.inference_mode()
     def run(self) -> list[ActionRecord]:
         try:
+            self.feed.start()
             self._run_stream()
         finally:
             self.feed.close()
@@ -267,6 +268,7 @@ class RankExecutor:
         self._pending_sends = still
 
     def _check_abort(self) -> None:
+        self.feed.check()
         if self._aborted():
             raise RunAborted(
                 f"rank {self.rank}: stopped by the launcher after {len(self.records)} actions because "

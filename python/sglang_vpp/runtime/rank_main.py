@@ -130,8 +130,8 @@ def _run_one(rank: int, run_id: int, spec: Any, comm: Any, pool_dir: Path, contr
         # control_queues[0] is rank 0's inbox: the followers' completion reports.
         feed: Any = CoordinatorFeed(planner, [(r.length, r.arrival_s) for r in spec.requests], followers,
                                     epoch, reports=_Untagged(control_queues[0], run_id),
-                                    timeout_s=spec.timeouts.control_s)
-        feed.start()
+                                    timeout_s=spec.timeouts.control_s,
+                                    report_self=_Tagged(control_queues[0], run_id))
     else:
         feed = FollowerFeed(rank, planner, _Untagged(control_queues[rank], run_id), spec.timeouts.control_s,
                             reports=_Tagged(control_queues[0], run_id))

@@ -239,6 +239,10 @@ class Planner:
         if position is not None:
             self._ready_at[stage][position] = t
 
+    def reported(self, rank: int) -> int:
+        """How many of ``rank``'s actions are reported done (external planners)."""
+        return self._reported[rank]
+
     @property
     def settled(self) -> bool:
         """Every chunk submitted has run on every stage, and (external) every action is reported."""
