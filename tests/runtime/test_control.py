@@ -157,15 +157,20 @@ def test_end_only_when_everything_is_reported():
     assert coordinator.next_action(lambda: None) is None and coordinator.ended
 
 
-def test_control_thread_error_surfaces_in_the_main_thread():
-    spec = _spec("cpp", 2, [64], 64)
-    _, coordinator, _ = _feeds(spec, epoch=time.perf_counter())
+def _broken_coordinator():
+    """A started coordinator whose planner fails at its first decision."""
+    _, coordinator, _ = _feeds(_spec("cpp", 2, [64], 64), epoch=time.perf_counter())
 
     def broken(until=None):
         raise ValueError("planner exploded")
 
     coordinator.planner.advance = broken
     coordinator.start()
+    return coordinator
+
+
+def test_control_thread_error_surfaces_in_the_main_thread():
+    coordinator = _broken_coordinator()
     with pytest.raises(RuntimeError, match="control thread failed") as info:
         coordinator.next_action(lambda: None)
     assert isinstance(info.value.__cause__, ValueError)
@@ -179,14 +184,7 @@ def test_control_thread_error_reaches_an_executor_waiting_on_comm():
     failure stops rank 0 at once with its own cause, not a comm timeout later."""
     from sglang_vpp.runtime.executor import RankExecutor
 
-    spec = _spec("cpp", 2, [64], 64)
-    _, coordinator, _ = _feeds(spec, epoch=time.perf_counter())
-
-    def broken(until=None):
-        raise ValueError("planner exploded")
-
-    coordinator.planner.advance = broken
-    coordinator.start()
+    coordinator = _broken_coordinator()
     deadline = time.monotonic() + 5.0
     while coordinator._error is None and time.monotonic() < deadline:
         time.sleep(0.01)
