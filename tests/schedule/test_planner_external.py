@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from sglang_vpp.schedule import LinearAttentionCost, Planner, RequestSpec, build_layout, controller_config
+from sglang_vpp.schedule import LinearAttentionCost, Planner, RequestSpec, controller_config
 from sglang_vpp.schedule.cost import StageCostModel
 from sglang_vpp.schedule.factory import policy_layout
 from sglang_vpp.schedule.ir import ActionKind
