@@ -6,8 +6,8 @@ from collections import deque
 
 import pytest
 
-from sglang_vpp.schedule import (FixedChunker, LinearAttentionCost, Planner, RequestSpec, build_layout,
-                                 controller_config, get_policy)
+from sglang_vpp.schedule import (DryRun, FixedChunker, LinearAttentionCost, Planner, RequestSpec, build_layout,
+                                 controller_config, dry_run, get_policy)
 from sglang_vpp.schedule.auto_size import LiveSituation, _Replacements
 
 # One rank, one layer: a chunk of c tokens costs 1 s + c ms, so every plan below is a sum.
@@ -19,7 +19,7 @@ def _planner(chunk_size: int = 1000, *, auto: bool = True, mode: str = "cpp", ra
     spec = get_policy(mode)
     layout = build_layout(ranks, ranks * 2 if spec.layout_kind.value != "contiguous" else ranks, spec.layout_kind)
     config = controller_config(spec, layout, chunk_size, COST, 1 << 20, batching=batching, auto_chunk=auto)
-    return Planner(config, on_complete=on_complete)
+    return Planner(config, on_complete=on_complete, sees_transfers=True)
 
 
 def _state(planner: Planner) -> tuple:
@@ -30,16 +30,17 @@ def _state(planner: Planner) -> tuple:
 def test_a_fork_plans_on_without_touching_the_live_planner():
     live = _planner(auto=False)
     live.submit(RequestSpec(4000))
-    live.advance(until=3.0)
+    run = DryRun(live)
+    run.run(until=3.0)
     before = _state(live)
     twin = live.fork(FixedChunker(1000), None)
     twin.submit(RequestSpec(2000, live.now))
-    twin.advance()
+    dry_run(twin)
     assert _state(live) == before
     # 4 chunks of 2 s, then 2 of 2 s: hand-checked sums on the one rank.
     assert twin.request_finish == {0: 8.0, 1: 12.0}
     live.submit(RequestSpec(2000, live.now))
-    live.advance()
+    run.run()
     assert live.request_finish == twin.request_finish
 
 
@@ -78,7 +79,7 @@ def test_live_choice_is_deterministic_and_sets_the_batch_budget():
         situation.sent([RequestSpec(20_000), RequestSpec(3_000)])
         live.submit(RequestSpec(20_000))
         live.submit(RequestSpec(3_000))
-        live.advance(until=0.5)
+        DryRun(live).run(until=0.5)
         size = situation.sent([RequestSpec(7_000, 0.6)], to_come=3)
         assert size == live.controller.token_budget
         sizes.append((size, live.controller.chunker.history[-1].scores))
@@ -111,7 +112,7 @@ def test_a_batched_micro_batch_is_finished_for_every_part_before_any_callback():
     planner = _planner(chunk_size=4096, auto=False, batching=True, on_complete=on_complete)
     planner.submit(RequestSpec(1000))
     planner.submit(RequestSpec(1000))
-    planner.advance()
+    dry_run(planner)
     assert len(planner.sequence) == 1  # one forward carried both
     assert seen == [{0: 3.0, 1: 3.0}, {0: 3.0, 1: 3.0}]
 
@@ -127,10 +128,10 @@ def test_a_fork_has_every_field_of_the_planner_and_shares_no_mutable_state():
     live = _planner(mode="vpp-stream", ranks=2, batching=True)
     live.submit(RequestSpec(6000))
     live.submit(RequestSpec(900))
-    live.advance(until=2.5)
+    DryRun(live).run(until=2.5)
     twin = live.fork(FixedChunker(1000), 1000)
     assert vars(twin).keys() == vars(live).keys()
-    read_only = {"config", "_durations", "_on_complete"}
+    read_only = {"config", "_on_complete"}
     for name, value in vars(live).items():
         mine = getattr(twin, name)
         if name in read_only or not _mutable(value) or isinstance(value, tuple):
@@ -147,10 +148,16 @@ def test_a_fork_continued_like_the_live_planner_plans_the_same():
     live = _planner(mode="vpp-stream", ranks=2, batching=True, auto=False, chunk_size=1000)
     for length in (6000, 900, 2500):
         live.submit(RequestSpec(length))
-    live.advance(until=4.0)
+    run = DryRun(live)
+    run.run(until=4.0)
+    actions = [len(live.rank_actions(rank)) for rank in range(2)]
     twin = live.fork(live.controller.chunker, live.controller.token_budget)
     for planner in (live, twin):
         planner.submit(RequestSpec(3000, 4.0))
-        planner.advance()
+    run.run()
+    dry_run(twin)
     assert twin.request_finish == live.request_finish
-    assert twin.rank_actions(0) == [] and twin.timeline == []
+    # The fork's streams are what it ran after the fork, as the live planner's tail is.
+    assert [list(map(str, twin.rank_actions(rank))) for rank in range(2)] == [
+        list(map(str, live.rank_actions(rank)[actions[rank]:])) for rank in range(2)]
+    assert twin.timeline == []

@@ -1,15 +1,17 @@
-"""An external planner (no clock of its own, completions reported by its executor) decides as
-the estimated planner does on the same durations, and follows the reported times when they
-depart from its estimate."""
+"""The planner (no clock of its own, completions reported by its executor) decides the same
+when two different executors report the same durations: a small one below that sees no wire,
+and the engine's dry run (``schedule.dry_run``); it follows the reported times when they depart
+from its estimate, and a fork of it mid-run plans on as a fork of the dry run does."""
 
 from __future__ import annotations
 
 import heapq
+import inspect
 from dataclasses import dataclass
 
 import pytest
 
-from sglang_vpp.schedule import LinearAttentionCost, Planner, RequestSpec, controller_config
+from sglang_vpp.schedule import DryRun, LinearAttentionCost, Planner, RequestSpec, controller_config, dry_run
 from sglang_vpp.schedule.cost import StageCostModel
 from sglang_vpp.schedule.factory import policy_layout
 from sglang_vpp.schedule.ir import ActionKind
@@ -42,21 +44,21 @@ def _requests():
             RequestSpec(2500, 0.02)]
 
 
-def _estimated(mode, num_ranks, batching, durations):
-    planner = Planner(_config(mode, num_ranks, batching), durations=durations)
+def _dry_run(mode, num_ranks, batching, durations, until=None):
+    planner = Planner(_config(mode, num_ranks, batching), sees_transfers=True)
     for request in _requests():
         planner.submit(request)
-    planner.advance()
+    DryRun(planner, durations).run(until)
     return planner
 
 
 def _driven(mode, num_ranks, batching, durations, instants=None):
-    """An external planner fed by a small executor: each rank runs its actions in order, a
-    compute takes ``durations``' time, a hand-off none; reports due at one time are given
-    together, then the planner decides at that time. ``instants``: stop once that many
-    instants have passed (work still in flight)."""
+    """A planner fed by a small executor: each rank runs its actions in order, a compute takes
+    ``durations``' time, a hand-off none; reports due at one time are given together, then the
+    planner decides at that time. ``instants``: stop once that many instants have passed (work
+    still in flight)."""
     config = _config(mode, num_ranks, batching)
-    planner = Planner(config, external=True)
+    planner = Planner(config)
     pending = list(_requests())
     stages = config.layout.stages
     chunks = {}
@@ -100,21 +102,24 @@ def _streams(planner):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("num_ranks", [2, 3])
 @pytest.mark.parametrize("batching", [False, True])
-def test_reported_estimates_give_the_estimated_plan(mode, num_ranks, batching):
-    estimated = _estimated(mode, num_ranks, batching, ESTIMATE)
+def test_reported_estimates_give_the_dry_run(mode, num_ranks, batching):
+    planned = _dry_run(mode, num_ranks, batching, ESTIMATE)
     driven = _driven(mode, num_ranks, batching, ESTIMATE)
-    assert _streams(driven) == _streams(estimated)
-    assert driven.request_finish == pytest.approx(estimated.request_finish)
+    assert _streams(driven) == _streams(planned)
+    assert driven.request_finish == pytest.approx(planned.request_finish)
+    assert len(driven.request_finish) == len(_requests())
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_decisions_follow_the_reported_times(mode):
-    """Rank 1 three times slower than estimated: the external planner decides on the reported
-    times, as the estimated planner does when it is given those durations."""
+    """Rank 1 three times slower than estimated: the planner decides on the reported times, as
+    the dry run given those durations does (the controller still deciding with its estimate)."""
     slow = SlowRank(ESTIMATE, 1, 3.0)
     driven = _driven(mode, 2, True, slow)
-    assert _streams(driven) == _streams(_estimated(mode, 2, True, slow))
-    assert driven.request_finish == pytest.approx(_estimated(mode, 2, True, slow).request_finish)
+    planned = _dry_run(mode, 2, True, slow)
+    assert _streams(driven) == _streams(planned)
+    assert driven.request_finish == pytest.approx(planned.request_finish)
+    assert driven.request_finish != pytest.approx(_dry_run(mode, 2, True, ESTIMATE).request_finish)
 
 
 def test_a_slow_rank_changes_the_fold_back_order():
@@ -127,39 +132,53 @@ def test_a_slow_rank_changes_the_fold_back_order():
 
 
 def test_reports_must_follow_emitted_actions():
-    planner = Planner(_config("vpp-async", 2, False), external=True)
+    planner = Planner(_config("vpp-async", 2, False))
     with pytest.raises(ValueError, match="only 0 were emitted"):
         planner.action_done(0, 0.0)
-    with pytest.raises(ValueError, match="pass until"):
-        planner.advance()
-    estimated = Planner(_config("vpp-async", 2, False))
-    with pytest.raises(ValueError, match="estimated clock"):
-        estimated.action_done(0, 0.0)
-    with pytest.raises(ValueError, match="durations"):
-        Planner(_config("vpp-async", 2, False), durations=ESTIMATE, external=True)
+    with pytest.raises(ValueError, match="sees_transfers"):
+        planner.transfer_done(0, (0, 0), 0.0)
+    with pytest.raises(ValueError, match="sees transfers"):
+        dry_run(planner)
 
 
 @pytest.mark.parametrize("mode", ["vpp", "vpp-stream", "vpp-pack", "cpp"])
 @pytest.mark.parametrize("num_ranks", [2, 3])
 @pytest.mark.parametrize("instants", [3, 7])
-def test_a_fork_of_an_external_planner_plans_on_as_the_estimated_clock_would(mode, num_ranks, instants):
-    """Mid-run, with work in flight on several ranks, a fork of the external planner (its
-    in-flight work ends at its estimated ends) plans the rest, and a request sent now, exactly
-    as a fork of the planner on its own clock at the same moment does; neither fork touches
-    its original."""
+def test_a_fork_mid_run_plans_on_as_a_fork_of_the_dry_run(mode, num_ranks, instants):
+    """Mid-run, with work in flight on several ranks, a fork of the driven planner (its in-flight
+    work ends at its estimated ends, hand-offs on their way are carried) plans the rest, and a
+    request sent now, exactly as a fork of the dry run stopped at the same moment does, and as
+    the dry run itself goes on; neither fork touches its original."""
     driven = _driven(mode, num_ranks, True, ESTIMATE, instants=instants)
     assert not driven.settled
-    clocked = Planner(_config(mode, num_ranks, True))
+    planned = Planner(_config(mode, num_ranks, True), sees_transfers=True)
     for request in driven.requests:
-        clocked.submit(RequestSpec(request.length, request.arrival))
-    clocked.advance(until=driven.now)
-    assert _streams(clocked) == _streams(driven)
+        planned.submit(RequestSpec(request.length, request.arrival))
+    run = DryRun(planned)
+    run.run(until=driven.now)
+    assert _streams(planned) == _streams(driven)
     before = (_streams(driven), dict(driven.request_finish), list(driven._reported), driven.now)
-    twins = [planner.fork(planner.config.chunker, None) for planner in (driven, clocked)]
+    twins = [planner.fork(planner.config.chunker, None) for planner in (driven, planned)]
     for twin in twins:
         twin.submit(RequestSpec(2000, driven.now))
-        twin.advance()
+        dry_run(twin)
     assert len(twins[0].request_finish) == len(driven.requests) + 1
     assert twins[0].request_finish == pytest.approx(twins[1].request_finish, rel=1e-12)
-    assert not twins[0].external and driven.external
     assert (_streams(driven), dict(driven.request_finish), list(driven._reported), driven.now) == before
+    planned.submit(RequestSpec(2000, driven.now))
+    run.run()
+    assert planned.request_finish == pytest.approx(twins[1].request_finish, rel=1e-12)
+
+
+def test_the_planner_has_no_clock_of_its_own():
+    """Advanced to any time, a planner finishes nothing its executor has not reported: it emits
+    the first actions and waits; only reports (here the dry run's engine) move work on."""
+    planner = Planner(_config("vpp-stream", 2, True), sees_transfers=True)
+    for request in _requests():
+        planner.submit(request)
+    planner.advance(until=1e9)
+    emitted = [len(planner.rank_actions(rank)) for rank in range(2)]
+    assert emitted[0] > 0 and not planner.request_finish and not planner.settled
+    planner.advance(until=2e9)
+    assert [len(planner.rank_actions(rank)) for rank in range(2)] == emitted
+    assert "durations" not in inspect.signature(Planner).parameters

@@ -7,8 +7,10 @@ from sglang_vpp.schedule import (
     ControllerConfig,
     RequestSpec,
     build_layout,
+    DryRun,
     build_schedule,
     check_deadlock,
+    dry_run,
     get_policy,
     schedule_from_planner,
     validate_schedule,
@@ -22,36 +24,39 @@ def _config(policy="vpp-pack", num_ranks=2):
 
 def test_incremental_equals_offline_when_all_known_up_front():
     requests = [RequestSpec(300), RequestSpec(200), RequestSpec(500)]
-    planner = Planner(_config())
+    planner = Planner(_config(), sees_transfers=True)
     for r in requests:
         planner.submit(r)
-    planner.advance()
+    dry_run(planner)
     offline = build_schedule("vpp-pack", 2, 8, requests, 64)
     assert tuple(tuple(planner.rank_actions(r)) for r in range(2)) == offline.rank_actions
 
 
 def test_requests_submitted_while_others_run():
-    planner = Planner(_config())
+    planner = Planner(_config(), sees_transfers=True)
     planner.submit(RequestSpec(640))
-    planner.advance(until=planner.now)  # plan only what can start now
-    first = [planner.take_new_actions(r) for r in range(2)]
+    run = DryRun(planner)
+    run.run(until=planner.now)  # plan only what can start now
+    first = [list(planner.rank_actions(r)) for r in range(2)]
     assert first[0] and not any(a.request_index == 1 for acts in first for a in acts)
-    planner.advance()  # run the first request to the end
+    run.run()  # run the first request to the end
+    assert planner.settled
+    taken = [len(planner.rank_actions(r)) for r in range(2)]
     planner.submit(RequestSpec(320, arrival=planner.now))
-    planner.advance()
+    run.run()
     plan = schedule_from_planner(planner)
     validate_schedule(plan)
     assert not check_deadlock(plan).deadlock
     assert {c.request_index for c in plan.chunks} == {0, 1}
-    new = [planner.take_new_actions(r) for r in range(2)]
+    new = [planner.rank_actions(r)[taken[r]:] for r in range(2)]
     assert any(a.request_index == 1 for acts in new for a in acts)
 
 
 def test_arrival_time_delays_admission():
-    planner = Planner(_config("cpp"))
+    planner = Planner(_config("cpp"), sees_transfers=True)
     planner.submit(RequestSpec(64))
     planner.submit(RequestSpec(64, arrival=1.0))
-    planner.advance()
+    dry_run(planner)
     start_r1 = min(e.start for e in planner.timeline if e.request_index == 1)
     assert start_r1 >= 1.0
 
@@ -65,9 +70,9 @@ def test_closed_loop_source_submits_on_completion():
         still_to_send[0] -= 1
         return [RequestSpec(128, arrival=finish)]
 
-    planner = Planner(_config(), on_complete=on_complete)
+    planner = Planner(_config(), on_complete=on_complete, sees_transfers=True)
     planner.submit(RequestSpec(128))
-    planner.advance()
+    dry_run(planner)
     assert len(planner.requests) == 4
     assert sorted(planner.request_finish) == [0, 1, 2, 3]
     for i in range(1, 4):

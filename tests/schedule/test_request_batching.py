@@ -8,6 +8,7 @@ from sglang_vpp.schedule import (
     LinearAttentionCost,
     MicroBatch,
     Planner,
+    dry_run,
     ControllerConfig,
     RequestSpec,
     build_layout,
@@ -28,10 +29,10 @@ def _plan(mode, lengths, budget, num_ranks=2, arrivals=None):
     layout = build_layout(num_ranks, 4 * num_ranks, spec.layout_kind)
     cost = LinearAttentionCost()
     chunker = default_chunker(spec, 512, layout, cost, max(lengths))
-    planner = Planner(ControllerConfig(spec, layout, chunker, cost, token_budget=budget))
+    planner = Planner(ControllerConfig(spec, layout, chunker, cost, token_budget=budget), sees_transfers=True)
     for i, length in enumerate(lengths):
         planner.submit(RequestSpec(length, arrivals[i] if arrivals else 0.0))
-    planner.advance()
+    dry_run(planner)
     return planner, schedule_from_planner(planner)
 
 

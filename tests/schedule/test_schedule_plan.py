@@ -55,9 +55,11 @@ def test_every_policy_is_valid_and_deadlock_free(policy, num_ranks, num_chunks, 
 @pytest.mark.parametrize("policy", ["vpp-async", "vpp-pack"])
 @pytest.mark.parametrize("num_ranks", [2, 3, 4])
 def test_single_group_bidirectional_async_deadlocks_with_cycle(policy, num_ranks):
-    """Negative control: the same streams on ONE group per pair pair up out of order."""
+    """Negative control: both directions' hand-offs on ONE group per pair pair up out of order.
+    The dry run (the engine, pairing each link in order as NCCL/HCCL do) stops there, and the
+    streams emitted up to that point deadlock in a two-rank cycle."""
     plan = _plan(policy, num_ranks, 8, 2, num_groups=1)
-    assert not find_issues(plan)  # each direction is still consistent on its own
+    assert find_issues(plan)  # cut short: some stages never run
     report = check_deadlock(plan)
     assert report.deadlock
     assert len(report.cycle) == 2

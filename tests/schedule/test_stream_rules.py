@@ -10,6 +10,7 @@ from sglang_vpp.schedule import (
     FixedChunker,
     MicroBatch,
     Planner,
+    dry_run,
     ControllerConfig,
     RequestSpec,
     StageCostModel,
@@ -136,10 +137,11 @@ def test_other_ranks_order_as_vpp_async_whatever_is_in_flight():
 
 def _plan(mode: str, lengths: list[int]) -> Planner:
     spec = get_policy(mode)
-    planner = Planner(ControllerConfig(spec, build_layout(2, 8, spec.layout_kind), FixedChunker(64), UnitStage()))
+    planner = Planner(ControllerConfig(spec, build_layout(2, 8, spec.layout_kind), FixedChunker(64), UnitStage()),
+                      sees_transfers=True)
     for length in lengths:
         planner.submit(RequestSpec(length))
-    planner.advance()
+    dry_run(planner)
     return planner
 
 

@@ -52,7 +52,7 @@ def replan(workload: ServerWorkload, monkeypatch) -> tuple[list[DecisionRecorder
                        planner_cost=cost, fold=str(layout.fold))
         # The runtime's planner decides on its executor's reports; the simulator's live engine
         # stands in for the executor here (durations from the same cost table).
-        planner = Planner(run_controller_config(spec, layout), external=True, sees_transfers=True)
+        planner = Planner(run_controller_config(spec, layout), sees_transfers=True)
         # Admit the burst as rank 0 does: sized together (Sent), then submitted.
         LiveSituation(planner).sent([RequestSpec(n, 0.0) for n in workload.lengths])
         for n in workload.lengths:

@@ -14,7 +14,7 @@ Data flow::
         -> ranks 1.. ``FollowerFeed``: apply the same ops in the same order
         -> each rank: ``planner.take_new_actions(rank)`` -> its queue -> ``next_action()``
 
-The planner is external (``Planner(external=True)``): it has no clock of its own, every action it
+The planner has no clock of its own (``Planner``): every action it
 emits is in flight until its rank reports it done, and it decides from the reported times (an
 async send counts as done once posted). Nothing is planned ahead on an estimate: a request that
 arrives while others run is submitted when it arrives and planned behind the work in flight (and
@@ -114,7 +114,7 @@ def run_controller_config(spec: RunSpec, layout: Layout) -> ControllerConfig:
 
 def make_planner(spec: RunSpec, layout: Layout) -> Planner:
     """The planner every rank builds identically from the spec."""
-    return Planner(run_controller_config(spec, layout), external=True)
+    return Planner(run_controller_config(spec, layout))
 
 
 class PlanFeed(ABC):

@@ -1,9 +1,11 @@
 """The schedule core: pure Python, no torch.
 
 Data flow: ``RequestSpec`` -> chunker (``chunking``) -> ``Planner`` (drives the ``Controller``, which
-decides admission and order from the ``policies``, durations estimated by a ``StageCostModel``) -> ``Schedule`` (per-rank ``Action``
-streams on a ``Layout``) -> ``validate_schedule`` and ``check_deadlock`` -> executors
-(``sglang_vpp.sim``, ``sglang_vpp.runtime``, ``sglang_vpp.sglang_plugin``).
+decides admission and order from the ``policies`` with a ``StageCostModel`` estimate, at the times
+its executor reports) -> per-rank ``Action`` streams on a ``Layout``, executed as they grow by the
+event ``Engine`` (``dry_run``: on the estimate; the simulator: on a hardware model) or the
+reference runtime -> ``Schedule`` -> ``validate_schedule`` and ``check_deadlock``. The SGLang
+plugin asks the ``Controller`` directly.
 """
 
 from .balance import BALANCE_MODES, balance_split, estimated_makespan
@@ -46,7 +48,9 @@ from .layout import Fold, Layout, LayoutKind, StageSpec, build_layout, even_spli
 from .factory import ControllerConfig, build_controller, controller_config, default_chunker, plan_stages, policy_layout
 from .planner import Planner, TimelineEntry
 from .policies import FOLDBACK_MODES, POLICIES, CommSemantics, Policy, PolicySpec, Priority, get_policy, parse_policies
-from .schedule import Schedule, build_schedule, schedule_from_planner
+from .schedule import Schedule, schedule_from_planner
+from .dry_run import DryRun, build_schedule, dry_run
+from .engine import Engine
 from .text import format_grid, parse_rank_lines, schedule_from_json, schedule_to_json, schedule_to_text
 from .validate import ValidationIssue, find_issues, validate_schedule
 
@@ -59,7 +63,7 @@ __all__ = [
     "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout", "Fold", "parse_fold", "stage_count", "plan_stages", "policy_layout",
     "even_split", "FOLDBACK_MODES", "Planner", "ControllerConfig", "build_controller", "controller_config",
     "TimelineEntry", "POLICIES", "CommSemantics", "Policy",
-    "PolicySpec", "Priority", "get_policy", "parse_policies", "Schedule", "build_schedule",
+    "PolicySpec", "Priority", "get_policy", "parse_policies", "Schedule", "build_schedule", "DryRun", "dry_run", "Engine",
     "default_chunker", "schedule_from_planner", "format_grid", "parse_rank_lines",
     "schedule_from_json", "schedule_to_json", "schedule_to_text", "ValidationIssue", "find_issues",
     "validate_schedule",

@@ -10,9 +10,9 @@ completion (TTFT) against the best candidate of each, is smallest (``score``): a
 wins throughput by 1 % but costs 10 % TTFT loses to one within 3 % of both. Scores within
 ``TIE_TOLERANCE`` tie; the smaller makespan, then the smaller size decide. A fold-back mode with
 fixed chunks also weighs vpp-taper's cut (``factory.tapered_chunker``) near the best fixed size
-(``AutoSizer._taper_sizes``); ``AutoChoice.tapered`` says which cut was chosen. The planner's estimated
-clock is the simulator's engine without its transport detail, so the choice is what a
-simulator sweep over the candidates finds best for that situation (``benchmarks/auto_sweep.py``
+(``AutoSizer._taper_sizes``); ``AutoChoice.tapered`` says which cut was chosen. Each plan is a dry run
+(``dry_run``: the simulator's engine on the estimate, without its accounting), so the choice
+is what a simulator sweep over the candidates finds best for that situation (``benchmarks/auto_sweep.py``
 and ``tests/schedule/test_auto_size.py`` check it).
 
 Only the prompt lengths, the planner's state (``choose_live``) and the cost estimate enter the
@@ -44,6 +44,7 @@ from .cost import StageCostModel
 from .errors import ChunkingError
 from .ir import RequestSpec
 from .layout import Layout, LayoutKind
+from .dry_run import dry_run
 from .planner import Planner
 from .policies import PolicySpec
 from .factory import ControllerConfig, default_chunker, tapered_chunker
@@ -182,7 +183,7 @@ class AutoSizer:
         return choice
 
     def choose_live(self, planner: Planner, arriving: Sequence[tuple[int, float]], to_come: int = 0) -> AutoChoice:
-        """The best candidate for ``arriving`` (prompt length, arrival on the planner's clock),
+        """The best candidate for ``arriving`` (prompt length, arrival on the executor's clock),
         planned from where ``planner`` is now: the requests in flight keep the chunks they were
         cut into and the progress they made, the pipeline stays as busy as it is, and only the
         arriving requests' chunks and the batch budget from now on take the candidate size. The
@@ -203,7 +204,7 @@ class AutoSizer:
             twin = follow.twin = planner.fork(chunker, size if self.batch else None, follow)
             for length, arrival in arriving:
                 twin.submit(RequestSpec(int(length), max(float(arrival), now)))
-            twin.advance()
+            dry_run(twin)
             left = [twin.request_finish[i] - now for i in range(len(twin.requests)) if i not in done]
             return size, max(left), sum(left) / len(left)
 
@@ -263,10 +264,10 @@ class AutoSizer:
     def _plan(self, chunker: Chunker, size: int, situation: tuple[int, ...]) -> tuple[float, float]:
         config = ControllerConfig(self.policy, self.layout, chunker, self.cost, self.max_in_flight,
                                   token_budget=size if self.batch else None)
-        planner = Planner(config)
+        planner = Planner(config, sees_transfers=True)
         for length in situation:
             planner.submit(RequestSpec(length))
-        planner.advance()
+        dry_run(planner)
         finish = planner.request_finish
         return max(finish.values()), sum(finish.values()) / len(finish)
 
@@ -432,7 +433,7 @@ class LiveSituation:
         self.planner = planner
 
     def sent(self, requests: Sequence[RequestSpec], to_come: int = 0) -> int | None:
-        """``requests`` (length, arrival on the planner's clock) were sent, before they are
+        """``requests`` (length, arrival on the executor's clock) were sent, before they are
         submitted; an arrival before the planner's present counts as the present. ``to_come``:
         how many more requests a closed loop will send, one per completion (0: unknown or
         none). Returns the size chosen."""

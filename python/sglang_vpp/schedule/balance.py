@@ -25,7 +25,7 @@ from .factory import policy_layout
 from .ir import RequestSpec
 from .layout import Fold
 from .policies import PolicySpec
-from .schedule import build_schedule
+from .dry_run import build_schedule
 
 __all__ = ["BALANCE_MODES", "balance_split", "estimated_makespan"]
 
@@ -35,7 +35,7 @@ BALANCE_MODES = ("even", "auto")
 def estimated_makespan(policy: PolicySpec, num_ranks: int, num_layers: int, requests: Sequence[RequestSpec],
                        chunk_size: int, cost: StageCostModel, split: Sequence[int] | None,
                        fold: Fold | str = Fold.SPLIT) -> float:
-    """End of the last compute on the planner's estimated clock for this split (None: even)."""
+    """End of the last compute of the dry run for this split (None: even)."""
     schedule = build_schedule(policy, num_ranks, num_layers, list(requests), chunk_size,
                               None if split is None else list(split), cost, fold=fold)
     return max((entry.end for entry in schedule.estimated_timeline), default=0.0)

@@ -1,7 +1,7 @@
 """The online controller: the one place where admission, packing and per-rank order are decided.
 
-Every executor asks the same object the same questions: the planner (on its estimated clock,
-hence the simulator and the reference runtime) and the SGLang loops (leader and followers).
+Every executor asks the same object the same questions: the planner (driven by the event
+engine: the dry run and the simulator; or by the reference runtime) and the SGLang loops (leader and followers).
 
 - ``admission(mb)``: may micro-batch ``mb`` enter stage 0 now? ``NO``, ``YES`` or ``PACKED``.
 - ``on_admitted(mb, decision)`` / ``on_left(seq)``: what entered stage 0 and what left the last

@@ -25,23 +25,24 @@ __all__ = ["Lowering"]
 
 class Lowering:
     def __init__(self, controller: Controller) -> None:
-        self._controller = controller
         self.actions: list[list[Action]] = [[] for _ in range(controller.layout.num_ranks)]
+        # A stage's hand-off is fixed by the layout and the policy: asked once per stage.
+        self._hand_offs = [controller.hand_off(stage) for stage in range(controller.layout.num_stages)]
 
     def compute(self, rank: int, stage: int, chunk: ChunkSpec) -> None:
         """Stage ``stage`` of ``chunk`` on ``rank``, with its ``async`` receive and send."""
         request, index = chunk.request_index, chunk.chunk_index
-        incoming = self._controller.hand_off(stage - 1) if stage > 0 else None
+        incoming = self._hand_offs[stage - 1] if stage > 0 else None
         if incoming is not None and incoming.semantics is CommSemantics.ASYNC:
             self.actions[rank].append(recv(stage - 1, request, index, incoming.src_rank, incoming.group))
         self.actions[rank].append(compute_action(stage, request, index))
-        outgoing = self._controller.hand_off(stage)
+        outgoing = self._hand_offs[stage]
         if outgoing is not None and outgoing.semantics is CommSemantics.ASYNC:
             self.actions[rank].append(send(stage, request, index, outgoing.dst_rank, outgoing.group))
 
     def handoff(self, stage: int, chunk: ChunkSpec) -> None:
         """A ``blocking`` hand-off of ``stage``'s output (both ends at once)."""
-        hand = self._controller.hand_off(stage)
+        hand = self._hand_offs[stage]
         assert hand is not None and hand.semantics is CommSemantics.BLOCKING, (stage, hand)
         self.actions[hand.src_rank].append(send(stage, chunk.request_index, chunk.chunk_index, hand.dst_rank, hand.group))
         self.actions[hand.dst_rank].append(recv(stage, chunk.request_index, chunk.chunk_index, hand.src_rank, hand.group))

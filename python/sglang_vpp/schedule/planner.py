@@ -1,48 +1,43 @@
-"""The planner: turns requests into per-rank action streams, offline or online.
+"""The planner: turns requests into per-rank action streams as its executor reports completions.
 
 Data flow: ``submit(RequestSpec)`` chunks the request (``Controller.next_chunk_size``, with the
-config's chunker) and appends its chunks to the global chunk sequence; ``advance()`` list-schedules the sequence on an *estimated*
-clock (the ``StageCostModel`` given in its ``ControllerConfig``) and appends actions to each rank's
-stream. Every rank that calls the same methods in the same order gets the same streams, which is
-how SGLang-style replicated schedulers stay in step without exchanging decisions.
+config's chunker) and appends its chunks to the global chunk sequence; ``advance(until)`` takes
+every decision possible at the executor's time with what has been reported and appends actions
+to each rank's stream; the executor reports each action as it ends (``action_done``: this rank
+finished its next action at this time; an ``async`` send once posted) and, if it sees the wire
+(``sees_transfers``), each ``async`` hand-off's arrival (``transfer_done``). The planner has no
+clock of its own: everything it emits is in flight until reported. Every rank that calls the
+same methods in the same order gets the same streams, which is how SGLang-style replicated
+schedulers stay in step without exchanging decisions. Executors: the event engine
+(``engine.py``: the dry run, ``dry_run.py``, on the controller's estimate; ``auto``'s what-ifs;
+the simulator) and the reference runtime (``runtime/control.py``: its ranks' real completions).
 
-The planner is a driver of the ``Controller`` (``controller.py``) on the estimated clock: the
-controller decides admission (in-flight limit, request barrier, packing), the order in which a
-rank runs its ready stages, the chunk sizes and each hand-off's group and semantics; the planner
-supplies arrivals and completion times, decides when blocking hand-offs pair up, and passes each decision to ``Lowering`` (``lowering.py``), which
-writes the per-rank actions:
+The planner is a driver of the ``Controller`` (``controller.py``): the controller decides
+admission (in-flight limit, request barrier, packing), the order in which a rank runs its ready
+stages, the chunk sizes and each hand-off's group and semantics; the planner supplies arrivals
+and completion times, decides when blocking hand-offs pair up, and passes each decision to
+``Lowering`` (``lowering.py``), which writes the per-rank actions:
 
 - Every stage processes chunks in sequence order (request-major). Hence each communicator sees
   sends and receives in the same order on both ends, and a chunk's KV prefix on a stage is always
   built before the chunk needs it.
 - Stage 0 offers a chunk to the controller once its request has arrived; a chunk leaves the
-  controller's in-flight set when its last stage ends on the estimated clock.
+  controller's in-flight set when its last stage is reported done.
 - With a token budget (``ControllerConfig.token_budget``), a chunk that stage 0 starts takes the
   following whole requests that have arrived into its forward while the controller lets them join
   (``Controller.joins_batch``) and still admits the grown micro-batch; their chunks leave the
   sequence and ride in the lead's ``ChunkSpec.batch``.
 - ``async`` policies post a send right after the compute that produced it and receive right
-  before the compute that consumes it (``Lowering.compute``). ``blocking`` policies pair each hand-off on both ranks at
-  the same moment (a rendezvous); when two neighbours hold outputs for each other, the fold-back
-  (higher-stage) one goes first. Because both ends of every pair are emitted at one point of a
-  single global order, blocking streams can always be executed without deadlock.
+  before the compute that consumes it (``Lowering.compute``). ``blocking`` policies pair each
+  hand-off on both ranks at the same moment (a rendezvous); when two neighbours hold outputs for
+  each other, the fold-back (higher-stage) one goes first. Because both ends of every pair are
+  emitted at one point of a single global order, blocking streams can always be executed without
+  deadlock.
 
-On the clock, a hand-off takes ``transfer_cost`` once its communicator (``ir.link_key``) has
-ended the previous transfer: transfers on one communicator pair in order, as on NCCL/HCCL and in
-the simulator's engine, so a dry run on the simulated durations decides at the times the
-simulation reports (``tests/sim/test_one_clock.py``).
-
-The estimated clock only orders work; executors (simulator, runtime, SGLang) keep their own time.
-
-Two sources of completion times, one decision path: on the estimated clock (the default) a
-compute ends ``stage_cost`` after it starts and a hand-off when ``transfer_span`` says; an
-``external`` planner has no clock of its own: everything it emits is in flight until its executor
-reports it (``action_done``: this rank finished its next action at this time), and ``advance``
-decides at the executor's time with what has been reported. The consequences of a compute ending
-(the next stage's input ready, the request complete, a blocking output offered) are applied by
-one method (``_produced``) in both, at decision time with the estimated end or at the report with
-the real one. The simulator's engine (``sim/engine.py`` ``simulate_live``) and the reference
-runtime (``runtime/control.py``: its ranks' real completions) run an external planner.
+The consequences of a compute ending (the next stage's input ready, the request complete, a
+blocking output offered) are applied by one method (``_produced``). A ``fork`` (the what-if an
+``auto`` chunker scores) takes over the work in flight at its estimated ends and plans on from
+the present on the engine; only a fork holds state dated ahead of its present.
 """
 
 from __future__ import annotations
@@ -56,17 +51,17 @@ from typing import Callable
 
 from .chunking import Chunker
 from .controller import Admission, Controller, MicroBatch
-from .cost import StageCostModel
 from .factory import ControllerConfig, build_controller
-from .ir import Action, ActionKind, ChunkSpec, RequestSpec, link_key, transfer_span
+from .ir import Action, ActionKind, ChunkSpec, RequestSpec, link_key, send, transfer_span
 from .lowering import Lowering
+from .policies import CommSemantics
 
 __all__ = ["Planner", "TimelineEntry"]
 
 
 @dataclass(frozen=True, slots=True)
 class TimelineEntry:
-    """One compute on the planner's estimated clock."""
+    """One compute as its executor reported it (start, end)."""
 
     rank: int
     stage_index: int
@@ -83,25 +78,14 @@ class Planner:
         self,
         config: ControllerConfig,
         on_complete: Callable[[int, float], list[RequestSpec]] | None = None,
-        durations: StageCostModel | None = None,
-        external: bool = False,
         sees_transfers: bool = False,
     ) -> None:
-        """``durations``: how long work takes on this dry run's clock; None: the controller's
-        estimate (``config.cost``). A what-if passes other durations (e.g. jittered ones) while
-        the controller keeps deciding with its estimate, as a server's does. ``external``: no
-        clock of its own; completions come from ``action_done`` (module docstring).
-        ``sees_transfers`` (external only): the executor also reports when each ``async``
-        hand-off has arrived (``transfer_done``), and the next stage waits for that report; an
+        """``on_complete(request, t)``: the requests a completion sends (a closed loop).
+        ``sees_transfers``: the executor also reports when each ``async`` hand-off has arrived
+        (``transfer_done``), and the next stage waits for that report (the engine does); an
         executor that cannot see the wire leaves it off, and the consumer's receive waits."""
-        if external and durations is not None:
-            raise ValueError("an external planner takes its durations from its executor's reports, not a cost model")
-        if sees_transfers and not external:
-            raise ValueError("sees_transfers is for an external planner; the estimated clock times its transfers")
         self.config = config
-        self.external = external
-        self._sees_transfers = sees_transfers
-        self._durations = durations if durations is not None else config.cost
+        self.sees_transfers = sees_transfers
         self._on_complete = on_complete
         layout = config.layout
         self._num_ranks = layout.num_ranks
@@ -124,22 +108,28 @@ class Planner:
         self._offer: list[tuple[int, int] | None] = [None] * self._num_ranks
         self._completions: list[tuple[float, int]] = []
         self._finishing: list[tuple[float, int, ChunkSpec]] = []
-        """Estimated clock: last chunks whose end the clock has not reached (``_finish_due``)."""
+        """A fork's last chunks in flight, finishing at their estimated ends (``_finish_due``)."""
         self._stage_link = _stage_links(self.controller)
         self._link_free: dict[tuple[str, int, int], float] = {}
         self.request_finish: dict[int, float] = {}
         self.timeline: list[TimelineEntry] = []
         self._records_timeline = True
         self.now = 0.0
-        # External planners only, keyed by (rank, step in its stream): how many of each rank's
-        # actions are reported done; the sequence position of each unreported compute and
-        # blocking receive (what its report completes) and when it started; the estimated end
-        # of each unreported compute and blocking hand-off (what a fork assumes until reported).
+        self._estimated_until = 0.0
+        """A fork: when the last of the work it took over in flight ends (``_finish_in_flight``);
+        until then some of its state is dated ahead of its present."""
+        self.carried_sends: list[tuple[Action, float]] = []
+        """A fork's ``async`` hand-offs sent before it and not received yet, with their arrival:
+        the engine that runs the fork pairs the receives it emits with them."""
+        # Keyed by (rank, step in its stream): how many of each rank's actions are reported done;
+        # the sequence position of each unreported compute and blocking receive (what its report
+        # completes) and when it started; the estimated end of each unreported compute and
+        # blocking hand-off (what a fork assumes until reported).
         self._reported = [0] * self._num_ranks
         self._in_flight: dict[tuple[int, int], int] = {}
         self._started: dict[tuple[int, int], float] = {}
         self._estimated_end: dict[tuple[int, int], float] = {}
-        # An external planner that sees transfers: the position of each async hand-off in flight.
+        # A planner that sees transfers: the position of each async hand-off in flight.
         self._in_transit: dict[tuple[int, tuple[int, int]], int] = {}
 
     # ----------------------------------------------------------------- public API
@@ -162,26 +152,12 @@ class Planner:
             chunk_index += 1
         return index
 
-    def advance(self, until: float | None = None) -> None:
-        """Plan every decision whose estimated time is <= ``until`` (all known work if None).
-        External: every decision possible at ``until`` with what has been reported."""
-        if self.external:
-            if until is None:
-                raise ValueError("an external planner advances to its executor's time: pass until")
-            self.now = max(self.now, until)
-            self._settle(self.now)
-            return
-        while True:
-            self._finish_due(self.now)
-            self._settle(self.now)
-            if self._finishing and self._finishing[0][0] <= self.now:
-                continue  # finished by a zero-time stage just decided
-            upcoming = self.next_event_time()
-            if upcoming is None or (until is not None and upcoming > until):
-                break
-            self.now = upcoming
-        if until is None:
-            assert all(p == len(self.sequence) for p in self._next_position), self._stuck_state()
+    def advance(self, until: float) -> None:
+        """Take every decision possible at the executor's time ``until`` with what has been
+        reported."""
+        self.now = max(self.now, until)
+        self._finish_due(self.now)
+        self._settle(self.now)
 
     def rank_actions(self, rank: int) -> list[Action]:
         return self._actions[rank]
@@ -193,11 +169,9 @@ class Planner:
         return new
 
     def action_done(self, rank: int, t: float) -> None:
-        """External planners: ``rank`` finished its next unreported action (stream order) at
-        ``t``; an ``async`` send counts as finished once posted. A rank is free again once all
-        its actions are reported."""
-        if not self.external:
-            raise ValueError("action_done is for an external planner; this one runs on its estimated clock")
+        """``rank`` finished its next unreported action (stream order) at ``t``; an ``async``
+        send counts as finished once posted. A rank is free again once all its actions are
+        reported."""
         step = self._reported[rank]
         if step >= len(self._actions[rank]):
             raise ValueError(f"rank {rank} reported action {step}, but only {len(self._actions[rank])} were emitted")
@@ -208,7 +182,8 @@ class Planner:
 
     def _report(self, rank: int, t: float, finish_now: bool) -> None:
         """Apply ``rank``'s next action ending at ``t``; ``finish_now``: a request it completes is
-        finished at once (a report at its time) rather than when the clock reaches ``t``."""
+        finished at once (a report at its time) rather than when the present reaches ``t`` (a
+        fork's work in flight, ``_finish_in_flight``)."""
         step = self._reported[rank]
         action = self._actions[rank][step]
         self._reported[rank] = step + 1
@@ -231,34 +206,36 @@ class Planner:
                 self._ready_at[stage][position] = t
 
     def transfer_done(self, stage: int, key: tuple[int, int], t: float) -> None:
-        """External planners that see transfers: ``stage``'s output for the micro-batch ``key``
-        has arrived at the next rank at ``t`` (``async`` hand-offs; others are ignored)."""
-        if not self._sees_transfers:
-            raise ValueError("transfer_done is for an external planner built with sees_transfers=True")
+        """Planners that see transfers: ``stage``'s output for the micro-batch ``key`` has
+        arrived at the next rank at ``t`` (``async`` hand-offs; others are ignored)."""
+        if not self.sees_transfers:
+            raise ValueError("transfer_done is for a planner built with sees_transfers=True")
         position = self._in_transit.pop((stage, key), None)
         if position is not None:
             self._ready_at[stage][position] = t
 
     def reported(self, rank: int) -> int:
-        """How many of ``rank``'s actions are reported done (external planners)."""
+        """How many of ``rank``'s actions are reported done."""
         return self._reported[rank]
 
     @property
     def settled(self) -> bool:
-        """Every chunk submitted has run on every stage, and (external) every action is reported."""
+        """Every chunk submitted has run on every stage, and every action is reported."""
         if any(p < len(self.sequence) for p in self._next_position) or any(self._offer) or self._finishing:
             return False
-        return not self.external or all(self._reported[r] == len(self._actions[r]) for r in range(self._num_ranks))
+        return all(self._reported[r] == len(self._actions[r]) for r in range(self._num_ranks))
 
     def chunk(self, position: int) -> ChunkSpec:
         return self.sequence[position]
 
     def fork(self, chunker: Chunker | None, token_budget: int | None,
              on_complete: Callable[[int, float], list[RequestSpec]] | None = None) -> Planner:
-        """A copy that plans on from this state on the controller's estimate, with ``chunker``
-        and ``token_budget`` for what is submitted or batched from now on: the what-if an ``auto``
-        chunker scores (``auto_size.AutoSizer.choose_live``). It writes no actions the executors
-        see and records no timeline; ``on_complete`` replaces the executor's callback."""
+        """A copy that plans on from this state, with ``chunker`` and ``token_budget`` for what is
+        submitted or batched from now on: the what-if an ``auto`` chunker scores
+        (``auto_size.AutoSizer.choose_live``), run by ``dry_run.dry_run`` on the controller's
+        estimate. Work in flight ends at its estimated end (``_finish_in_flight``); the fork's
+        streams hold only what it emits from now on (``carried_sends``: the hand-offs on their
+        way); it records no timeline; ``on_complete`` replaces the executor's callback."""
         twin = copy.copy(self)
         # Every list and dict of the plan's state is copied (one level into lists of lists), so
         # a field added to the planner moves on independently in the fork without being named
@@ -277,26 +254,26 @@ class Planner:
         twin.controller = copy.deepcopy(live, shared)
         twin.controller.chunker = chunker
         twin.controller.token_budget = token_budget
-        twin._durations = self.config.cost
         twin._on_complete = on_complete
         twin._blocking = twin.controller.blocking
         # Nobody reads a fork's timeline: it writes none.
         twin.timeline = []
         twin._records_timeline = False
-        if self.external:
-            twin._finish_in_flight()
-        # Nobody runs a fork's actions: it writes none.
-        twin._lowering = _Unlowered(twin.controller)
+        twin._finish_in_flight()
+        twin.carried_sends = twin._sends_on_their_way()
+        # The fork's streams start empty (every action before is reported).
+        twin._lowering = Lowering(twin.controller)
         twin._actions = twin._lowering.actions
         twin._taken = [0] * self._num_ranks
+        twin._reported = [0] * self._num_ranks
+        twin.sees_transfers = True
         return twin
 
     def _finish_in_flight(self) -> None:
-        """Turn an external planner into one on the estimated clock, at its present: every
-        unreported action ends at its estimated end (an ``async`` receive or send with the
-        rank's previous action), in time order, and a request it completes finishes when the
-        clock gets there; every ``async`` hand-off on the wire arrives by the link rule; a fork
-        (``fork``) then plans on from there."""
+        """A fork's present: every unreported action ends at its estimated end (an ``async``
+        receive or send with the rank's previous action), in time order, and a request it
+        completes finishes when the present gets there (``_finish_due``); every ``async``
+        hand-off on the wire arrives by the link rule."""
         reports = []
         for rank in range(self._num_ranks):
             running = self.now
@@ -305,12 +282,31 @@ class Planner:
                 reports.append((running, rank, step))
         for t, rank, _ in sorted(reports):
             self._report(rank, t, finish_now=False)
+        ends = [t for t, _, _ in reports]
         for (stage, _), position in sorted(self._in_transit.items(), key=lambda item: item[1]):
             produced = self._finish[stage][position]
             assert produced is not None, (stage, position)
-            self._ready_at[stage][position] = self._transfer_end(stage, self.sequence[position], produced)
+            arrival = self._ready_at[stage][position] = self._transfer_end(stage, self.sequence[position], produced)
+            ends.append(arrival)
         self._in_transit.clear()
-        self.external = self._sees_transfers = False
+        self._estimated_until = max(ends, default=self.now)
+
+    def _sends_on_their_way(self) -> list[tuple[Action, float]]:
+        """After ``_finish_in_flight``: every ``async`` hand-off whose producer has run and whose
+        consumer has not (its receive is still to be emitted), with its arrival, in each link's
+        order (the sequence's)."""
+        carried = []
+        for stage in range(self._num_stages - 1):
+            hand = self.controller.hand_off(stage)
+            if hand is None or hand.semantics is not CommSemantics.ASYNC:
+                continue
+            for position in range(self._next_position[stage + 1], self._next_position[stage]):
+                chunk = self.sequence[position]
+                arrival = self._ready_at[stage][position]
+                assert arrival is not None and arrival < math.inf, (stage, position)
+                carried.append((position, stage, send(stage, chunk.request_index, chunk.chunk_index, hand.dst_rank,
+                                                      hand.group), arrival))
+        return [(action, arrival) for _, _, action, arrival in sorted(carried, key=lambda c: (c[0], c[1]))]
 
     # ----------------------------------------------------------------- the event loop
     def _settle(self, now: float) -> None:
@@ -322,20 +318,25 @@ class Planner:
                     acted = True
 
     def next_event_time(self) -> float | None:
-        """Estimated time of the next planning decision after ``now`` (None: nothing pending)."""
-        times = [t for t in self._rank_free if self.now < t < math.inf]
-        times += [t for t, _ in self._completions if t > self.now]
-        times += [t for t, _, _ in self._finishing if t > self.now]
-        for stage in range(self._num_stages):
-            position = self._next_position[stage]
-            if position < len(self.sequence):
-                if stage == 0:
-                    arrival = self.requests[self.sequence[position].request_index].arrival
-                    if arrival > self.now:
-                        times.append(arrival)
-                else:
+        """The next time after ``now`` that a decision is due which no report will announce: the
+        next request's arrival and, in a fork, the estimated ends of the work it took over in
+        flight (None: nothing due)."""
+        now = self.now
+        times = []
+        position = self._next_position[0]
+        if position < len(self.sequence):
+            arrival = self.requests[self.sequence[position].request_index].arrival
+            if arrival > now:
+                times.append(arrival)
+        if now < self._estimated_until:
+            times += [t for t in self._rank_free if now < t < math.inf]
+            times += [t for t, _ in self._completions if t > now]
+            times += [t for t, _, _ in self._finishing if t > now]
+            for stage in range(1, self._num_stages):
+                position = self._next_position[stage]
+                if position < len(self.sequence):
                     ready = self._ready_at[stage - 1][position]
-                    if ready is not None and self.now < ready < math.inf:
+                    if ready is not None and now < ready < math.inf:
                         times.append(ready)
         return min(times) if times else None
 
@@ -420,22 +421,13 @@ class Planner:
             self.controller.on_admitted(micro_batch, self.controller.admission(micro_batch))
         self._lowering.compute(rank, stage, chunk)
         self._next_position[stage] = position + 1
-        cost = self._stage_cost(stage, chunk)
-        if self.external:
-            # In flight until the executor reports it; the estimate is what a fork assumes.
-            step = self._step_of(rank, ActionKind.COMPUTE)
-            self._in_flight[(rank, step)] = position
-            self._started[(rank, step)] = now
-            # The rank is free (every action reported) whenever it is given work.
-            self._estimated_end[(rank, step)] = now + cost
-            self._rank_free[rank] = math.inf
-            return
-        end = now + cost
-        if self._records_timeline:
-            self.timeline.append(TimelineEntry(rank, stage, chunk.request_index, chunk.chunk_index, now, end))
-        self._finish[stage][position] = end
-        self._rank_free[rank] = end
-        self._produced(rank, stage, position, end, finish_now=False)
+        # In flight until the executor reports it; the estimate is what a fork assumes.
+        step = self._step_of(rank, ActionKind.COMPUTE)
+        self._in_flight[(rank, step)] = position
+        self._started[(rank, step)] = now
+        # The rank is free (every action reported) whenever it is given work.
+        self._estimated_end[(rank, step)] = now + self.config.cost.stage_cost(self.config.layout.stages[stage], chunk)
+        self._rank_free[rank] = math.inf
 
     def _produced(self, rank: int, stage: int, position: int, end: float, finish_now: bool) -> None:
         """``stage`` of the chunk at ``position`` ended on ``rank`` at ``end``: the next stage's
@@ -455,18 +447,13 @@ class Planner:
             self._ready_at[stage][position] = end
         elif self._blocking:
             self._offer[rank] = (stage, position)
-        elif self.external:
-            # Ready once the executor says it arrived; one that cannot see the wire lets the
-            # consumer's receive wait for it.
-            if self._sees_transfers:
-                self._ready_at[stage][position] = math.inf
-                self._in_transit[(stage, chunk.key)] = position
-            else:
-                self._ready_at[stage][position] = end
+        elif self.sees_transfers:
+            # Ready once the executor says it arrived.
+            self._ready_at[stage][position] = math.inf
+            self._in_transit[(stage, chunk.key)] = position
         else:
-            # The receive is always posted (the transport keeps one per link), so the transfer
-            # starts once the send is posted and the link is free.
-            self._ready_at[stage][position] = self._transfer_end(stage, chunk, end)
+            # An executor that cannot see the wire lets the consumer's receive wait for it.
+            self._ready_at[stage][position] = end
 
     def _step_of(self, rank: int, kind: ActionKind) -> int:
         """Index in ``rank``'s stream of the last action of ``kind`` just lowered."""
@@ -502,19 +489,13 @@ class Planner:
         chunk = self.sequence[position]
         self._lowering.handoff(stage, chunk)
         self._offer[src] = None
-        if self.external:
-            # Both ranks are free (every action reported) when a hand-off pairs them.
-            end = now + self._durations.transfer_cost(self.config.layout.stages[stage], chunk)
-            receive = (dst, self._step_of(dst, ActionKind.RECV))
-            self._in_flight[receive] = position
-            self._estimated_end[receive] = self._estimated_end[(src, self._step_of(src, ActionKind.SEND))] = end
-            self._rank_free[src] = self._rank_free[dst] = math.inf
-            self._ready_at[stage][position] = math.inf
-            return
-        end = self._transfer_end(stage, chunk, now)
-        self._rank_free[src] = max(self._rank_free[src], end)
-        self._rank_free[dst] = max(self._rank_free[dst], end)
-        self._ready_at[stage][position] = end
+        # Both ranks are free (every action reported) when a hand-off pairs them.
+        end = now + self.config.cost.transfer_cost(self.config.layout.stages[stage], chunk)
+        receive = (dst, self._step_of(dst, ActionKind.RECV))
+        self._in_flight[receive] = position
+        self._estimated_end[receive] = self._estimated_end[(src, self._step_of(src, ActionKind.SEND))] = end
+        self._rank_free[src] = self._rank_free[dst] = math.inf
+        self._ready_at[stage][position] = math.inf
 
     def _finish_due(self, now: float) -> None:
         while self._finishing and self._finishing[0][0] <= now:
@@ -539,9 +520,6 @@ class Planner:
     def _consumer_rank(self, stage: int) -> int | None:
         return None if stage == self._num_stages - 1 else self._stage_rank[stage + 1]
 
-    def _stage_cost(self, stage: int, chunk: ChunkSpec) -> float:
-        return self._durations.stage_cost(self.config.layout.stages[stage], chunk)
-
     def _transfer_end(self, stage: int, chunk: ChunkSpec, posted: float) -> float:
         """When the hand-off of ``stage``'s output for ``chunk`` ends, both ends posted at
         ``posted``: a communicator is one in-order stream (``link_key``), so the transfer also
@@ -549,11 +527,12 @@ class Planner:
         key = self._stage_link[stage]
         assert key is not None, stage
         _, end = transfer_span(posted, self._link_free.get(key, 0.0),
-                               self._durations.transfer_cost(self.config.layout.stages[stage], chunk))
+                               self.config.cost.transfer_cost(self.config.layout.stages[stage], chunk))
         self._link_free[key] = end
         return end
 
-    def _stuck_state(self) -> str:
+    def stuck_state(self) -> str:
+        """Where the planning stopped (for an error)."""
         return (
             f"planner stopped with work left: next positions {self._next_position}, "
             f"sequence length {len(self.sequence)}, offers {self._offer}, rank free {self._rank_free}, now {self.now}"
@@ -572,12 +551,3 @@ def _stage_links(controller: Controller) -> list[tuple[str, int, int] | None]:
         links.append(None if hand is None else link_key(hand.group, hand.src_rank, hand.dst_rank))
     return links
 
-
-class _Unlowered(Lowering):
-    """A fork's lowering: the decisions are made, no action is written (``Planner.fork``)."""
-
-    def compute(self, rank: int, stage: int, chunk: ChunkSpec) -> None:
-        pass
-
-    def handoff(self, stage: int, chunk: ChunkSpec) -> None:
-        pass

@@ -1,24 +1,20 @@
 """``Schedule``: the per-rank action streams of one plan, plus what is needed to read them.
 
-``build_schedule`` is the offline entry point: layout, then the controller configuration of
-``factory.py``, then the planner run to completion. Text and JSON forms live in ``text.py``.
+``schedule_from_planner`` reads one off a planner; ``dry_run.build_schedule`` is the offline
+entry point. Text and JSON forms live in ``text.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
 
-from .chunking import Chunker
 from .controller import hand_off_groups
-from .cost import StageCostModel
-from .factory import controller_config, policy_layout
 from .ir import Action, ChunkSpec, RequestSpec
-from .layout import Fold, Layout
+from .layout import Layout
 from .planner import Planner, TimelineEntry
-from .policies import CommSemantics, Policy, PolicySpec, get_policy
+from .policies import CommSemantics, Policy
 
-__all__ = ["Schedule", "build_schedule", "schedule_from_planner"]
+__all__ = ["Schedule", "schedule_from_planner"]
 
 
 @dataclass(frozen=True)
@@ -54,37 +50,6 @@ class Schedule:
             cache = {c.key: c for c in self.chunks}
             object.__setattr__(self, "_chunks_by_key", cache)
         return cache
-
-
-def build_schedule(
-    policy: str | Policy | PolicySpec,
-    num_ranks: int,
-    num_layers: int,
-    requests: Sequence[RequestSpec | int],
-    chunk_size: int,
-    split: Sequence[int] | None = None,
-    cost: StageCostModel | None = None,
-    chunker: Chunker | None = None,
-    num_groups: int | None = None,
-    max_in_flight: int | None = None,
-    batching: bool = False,
-    fold: Fold | str = Fold.SPLIT,
-) -> Schedule:
-    """Plan ``requests`` (lengths or ``RequestSpec``) end to end for one policy. ``batching``
-    off by default: one request per forward, the reference runtime's ``--no-batch-requests``
-    (``factory.controller_config``); the runtime's default batches, as ``batching=True`` plans.
-    ``fold``: a fold-back mode's fold (``factory.policy_layout``)."""
-    spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
-    layout = policy_layout(spec, num_ranks, num_layers, split, fold)
-    specs = [r if isinstance(r, RequestSpec) else RequestSpec(int(r)) for r in requests]
-    config = controller_config(spec, layout, chunk_size, cost, max((r.length for r in specs), default=1),
-                               batching=batching, max_in_flight=max_in_flight, num_groups=num_groups,
-                               chunker=chunker)
-    planner = Planner(config)
-    for request in specs:
-        planner.submit(request)
-    planner.advance()
-    return schedule_from_planner(planner)
 
 
 def schedule_from_planner(planner: Planner) -> Schedule:

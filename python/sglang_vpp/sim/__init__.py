@@ -1,8 +1,9 @@
-"""The simulator: executes the schedule core's per-rank action streams on a virtual clock.
+"""The simulator: the schedule core's event engine on hardware cost models, with the accounting.
 
-Data flow: workload (``workloads``) -> ``Planner`` / ``build_schedule`` (``sglang_vpp.schedule``,
-with a cost model as its estimate) -> ``Schedule`` -> ``simulate_schedule`` (``engine``, durations
-from a ``StageCostModel``: ``cost_model``) -> ``SimResult`` -> metrics, tables, ``trace``.
+Data flow: workload (``workloads``) -> ``Planner`` (``sglang_vpp.schedule``, with a cost model as
+its estimate) -> ``simulate_live`` (``engine``: ``schedule.Engine`` plus the accounting,
+durations from a ``StageCostModel``: ``cost``), or given streams -> ``simulate_schedule`` ->
+``SimResult`` -> metrics, tables, ``trace``.
 No torch; matplotlib only inside ``trace.write_gantt_png``.
 """
 

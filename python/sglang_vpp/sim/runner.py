@@ -1,6 +1,6 @@
-"""Run workloads on the one event-time engine: one mode, one chunk size.
+"""Run workloads on the one event engine: one mode, one chunk size.
 
-Data flow: ``Workload`` -> the schedule core's ``Planner`` (external: no clock of its own) ->
+Data flow: ``Workload`` -> the schedule core's ``Planner`` (no clock of its own) ->
 ``simulate_live`` (the engine executes what the planner emits and reports every action and
 transfer as it ends; after each instant the controller is asked for admission, order and
 closed-loop release, as a server's would be; the durations are the run's (``durations``: the
@@ -13,9 +13,8 @@ cause) -> the emitted ``Schedule``, validated and deadlock-checked afterwards ->
 
 ``run_engine`` is the entry point for any pair of estimate and durations; ``run_mode`` is the
 simulator's (the estimate is the hardware cost model itself). ``plan_workload`` is the dry run
-on the planner's own clock (what ``schedule`` and ``check`` print): the same decisions at the
-same times, without the execution (``tests/sim/test_one_clock.py``; not for zero-duration work,
-nor for ``auto`` under jitter: docs/architecture.md).
+(``schedule.dry_run``: the same engine without the simulator's accounting): the same decisions
+at the same times (``tests/sim/test_one_clock.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from ..schedule import (
     Fold,
     StageCostModel,
     controller_config,
+    dry_run,
     get_policy,
     policy_layout,
     schedule_from_planner,
@@ -174,13 +174,11 @@ def _auto_choices(planner: Planner) -> tuple[tuple[int, ...], tuple[bool, ...]]:
 
 def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig,
                   num_layers: int, durations: StageCostModel | None = None) -> PlannedWorkload:
-    """The dry run of ``workload`` for ``mode``: the planner on its own clock, deciding with
-    ``cost`` at the times ``durations`` gives (default: ``stage_durations(cost, config)``). The
-    engine (``run_engine``) takes the same decisions at the same times
-    (``tests/sim/test_one_clock.py``); this is the plan without the execution's accounting."""
-    planner = _workload_planner(mode, workload, cost, config, num_layers,
-                                durations=durations if durations is not None else stage_durations(cost, config))
-    planner.advance()
+    """The dry run of ``workload`` for ``mode`` (``schedule.dry_run``): the engine without the
+    simulator's accounting, the controller deciding with ``cost`` at the times ``durations``
+    gives (default: ``stage_durations(cost, config)``): ``run_engine``'s plan."""
+    planner = _workload_planner(mode, workload, cost, config, num_layers, sees_transfers=True)
+    dry_run(planner, durations if durations is not None else stage_durations(cost, config))
     schedule = schedule_from_planner(planner)
     assert len(schedule.requests) == len(workload.requests), (len(schedule.requests), len(workload.requests))
     return PlannedWorkload(schedule, *_auto_choices(planner))
@@ -191,7 +189,7 @@ def run_engine(mode: str, workload: Workload, config: RunConfig, num_layers: int
     """Run ``workload`` on the engine: the controller decides with ``estimate`` at each instant
     of the simulation, whose durations come from ``durations`` (a cost model, a jittered one, a
     table of measured ones); the streams it emitted are validated afterwards."""
-    planner = _workload_planner(mode, workload, estimate, config, num_layers, external=True, sees_transfers=True)
+    planner = _workload_planner(mode, workload, estimate, config, num_layers, sees_transfers=True)
     sim = simulate_live(planner, durations, config.sim)
     schedule = schedule_from_planner(planner)
     if sim.ok and config.sim.check_deadlock:

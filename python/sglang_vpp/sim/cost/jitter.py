@@ -3,7 +3,7 @@
 Each stage compute of each chunk takes the base model's time (every component of its
 breakdown) times ``max(0.05, 1 + spread * z)``, ``z`` standard normal, drawn once per
 (seed, stage, request, chunk): the same work has the same duration wherever it is asked for,
-so the planner's clock and the simulator's agree. Transfers are not jittered. The spread is an
+so a dry run and a simulation on these durations agree. Transfers are not jittered. The spread is an
 assumption to explore (``simulate --jitter``), not a fitted property of any hardware.
 """
 

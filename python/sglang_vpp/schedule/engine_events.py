@@ -1,11 +1,11 @@
-"""Engine events: each ``handle`` advances the simulation and returns the events it causes.
+"""Engine events: each ``handle`` advances the engine and returns the events it causes.
 
 The heap loop in ``engine.py`` pops the earliest event and pushes what its handler returns
 (Vidur's shape). Two events suffice to execute given streams: a rank becoming free to issue its
 next action, and a transfer finishing (which frees the ranks held by its send or receive). A
 live run (the engine asking the planner as it goes) adds two: a compute ending (the planner
 learns it before the rank goes on) and a wake-up at a time the planner has something to decide
-(an arrival).
+(an arrival, or work a what-if's fork left in flight ending).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .communicator import Communicator
     from .engine import Engine
+    from .links import Link
 
 __all__ = ["ComputeDoneEvent", "Event", "PlanEvent", "RankReadyEvent", "TransferDoneEvent"]
 
@@ -40,13 +40,13 @@ class RankReadyEvent(Event):
 
 @dataclass(slots=True)
 class TransferDoneEvent(Event):
-    """Transfer ``index`` on ``communicator`` has ended; wake the ranks it held."""
+    """Transfer ``index`` on ``link`` has ended; wake the ranks it held."""
 
-    communicator: "Communicator"
+    link: "Link"
     index: int
 
     def handle(self, engine: "Engine") -> list[Event]:
-        return engine.finish_transfer(self.communicator, self.index, self.time)
+        return engine.finish_transfer(self.link, self.index, self.time)
 
 
 @dataclass(slots=True)
@@ -61,8 +61,8 @@ class ComputeDoneEvent(Event):
 
 @dataclass(slots=True)
 class PlanEvent(Event):
-    """Live runs: the planner has a decision due at this time (an arrival): the engine asks it
-    after this instant."""
+    """Live runs: the planner has a decision due at this time: the engine asks it after this
+    instant."""
 
     def handle(self, engine: "Engine") -> list[Event]:
         return engine.wake()

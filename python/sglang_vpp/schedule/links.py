@@ -1,10 +1,10 @@
-"""``Communicator``: one group on one pair of neighbouring ranks, an in-order rendezvous stream.
+"""``Link``: one group on one pair of neighbouring ranks, an in-order rendezvous stream, as the engine times it.
 
-Both ends' operations on a communicator are known up front (they are the comm actions of the two
+Both ends' operations on a link are known up front (they are the comm actions of the two
 ranks' streams that name this group and peer, in stream order), so pairing is static: the i-th
 operation of one end pairs with the i-th of the other, as HCCL/NCCL pair point-to-point calls.
 What the engine fills in is time: when each operation is posted, and from that when each
-transfer starts (both ends posted and the previous transfer on this communicator done: one
+transfer starts (both ends posted and the previous transfer on this link done: one
 ordered stream) and ends (start + transfer cost).
 """
 
@@ -12,32 +12,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..schedule import Action, ActionKind
-from ..schedule.ir import link_key
+from .ir import Action, ActionKind, link_key
 
-__all__ = ["CommOp", "Communicator"]
+__all__ = ["LinkOp", "Link"]
 
 
 @dataclass(slots=True, eq=False)
-class CommOp:
+class LinkOp:
     """One send or receive of one rank, as the engine tracks it."""
 
     rank: int
     step: int
     action: Action
     index: int
-    """Position among this rank's operations on the communicator (its pair index)."""
+    """Position among this rank's operations on the link (its pair index)."""
     post_time: float | None = None
 
 
 @dataclass(slots=True, eq=False)
-class Communicator:
+class Link:
     """See the module docstring. ``low``/``high`` are the two ranks."""
 
     group: str
     low: int
     high: int
-    ops: dict[int, list[CommOp]] = field(default_factory=dict)
+    ops: dict[int, list[LinkOp]] = field(default_factory=dict)
     starts: list[float] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)
     """Start and end of transfer i, for the pairs resolved so far (a prefix, in order)."""
@@ -50,7 +49,7 @@ class Communicator:
     def num_pairs(self) -> int:
         return min(len(self.ops[self.low]), len(self.ops[self.high]))
 
-    def pair(self, index: int) -> tuple[CommOp, CommOp] | None:
+    def pair(self, index: int) -> tuple[LinkOp, LinkOp] | None:
         """(send, recv) of pair ``index``, or None when the two heads do not match (a deadlock)."""
         a, b = self.ops[self.low][index], self.ops[self.high][index]
         if a.action.key != b.action.key or {a.action.kind, b.action.kind} != {ActionKind.SEND, ActionKind.RECV}:

@@ -1,0 +1,87 @@
+"""The planner's dry run: the engine (``engine.py``) executing what the planner emits, on the
+controller's own estimates.
+
+Nothing is planned on a clock of the planner's own: ``build_schedule`` (the ``schedule`` and
+``check`` commands, the reference runtime's plan before it runs), ``auto``'s what-ifs
+(``auto_size``: a situation from an empty pipeline, or a fork of a running planner) and the
+simulator (``sim/engine.py``, with a hardware cost model and its accounting) run one engine, so
+a dry run on the simulator's durations decides exactly as the simulation does
+(``tests/sim/test_one_clock.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .chunking import Chunker
+from .cost import StageCostModel
+from .deadlock import DeadlockReport, check_deadlock
+from .engine import Engine
+from .errors import ScheduleError
+from .factory import controller_config, policy_layout
+from .ir import RequestSpec
+from .layout import Fold
+from .planner import Planner
+from .policies import Policy, PolicySpec, get_policy
+from .schedule import Schedule, schedule_from_planner
+
+__all__ = ["DryRun", "build_schedule", "dry_run"]
+
+
+class DryRun:
+    """A planner's dry run that can stop at a time and go on: ``run(until)``; what is submitted
+    to the planner in between runs too (a what-if forked mid-run, a test)."""
+
+    def __init__(self, planner: Planner, durations: StageCostModel | None = None) -> None:
+        """``planner``: a fresh one, built with ``sees_transfers=True``, or a ``Planner.fork``;
+        ``durations``: how long each action takes (None: the controller's estimate,
+        ``config.cost``)."""
+        self.planner = planner
+        self.engine = Engine(None, durations if durations is not None else planner.config.cost, planner=planner)
+
+    def run(self, until: float | None = None) -> DeadlockReport | None:
+        """Run through ``until`` (None: to the end). Returns None, or at the end the deadlock of
+        the streams emitted (hand-offs of both directions on one group pair out of order: the
+        checker's negative control). ScheduleError if the planner is stuck with streams that do
+        not deadlock (a controller that never admits its work)."""
+        stall = self.engine.execute(until)
+        if stall is not None and not check_deadlock(self.engine.schedule).deadlock:
+            raise ScheduleError(self.planner.stuck_state())
+        return stall
+
+
+def dry_run(planner: Planner, durations: StageCostModel | None = None) -> DeadlockReport | None:
+    """Run everything submitted to ``planner`` (more may follow from its completion callback) to
+    the end: ``DryRun(planner, durations).run()``."""
+    return DryRun(planner, durations).run()
+
+
+def build_schedule(
+    policy: str | Policy | PolicySpec,
+    num_ranks: int,
+    num_layers: int,
+    requests: Sequence[RequestSpec | int],
+    chunk_size: int,
+    split: Sequence[int] | None = None,
+    cost: StageCostModel | None = None,
+    chunker: Chunker | None = None,
+    num_groups: int | None = None,
+    max_in_flight: int | None = None,
+    batching: bool = False,
+    fold: Fold | str = Fold.SPLIT,
+) -> Schedule:
+    """Plan ``requests`` (lengths or ``RequestSpec``) end to end for one policy by a dry run.
+    ``batching`` off by default: one request per forward, the reference runtime's
+    ``--no-batch-requests`` (``factory.controller_config``); the runtime's default batches, as
+    ``batching=True`` plans. ``fold``: a fold-back mode's fold (``factory.policy_layout``)."""
+    spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
+    layout = policy_layout(spec, num_ranks, num_layers, split, fold)
+    specs = [r if isinstance(r, RequestSpec) else RequestSpec(int(r)) for r in requests]
+    config = controller_config(spec, layout, chunk_size, cost, max((r.length for r in specs), default=1),
+                               batching=batching, max_in_flight=max_in_flight, num_groups=num_groups,
+                               chunker=chunker)
+    planner = Planner(config, sees_transfers=True)
+    for request in specs:
+        planner.submit(request)
+    dry_run(planner)
+    return schedule_from_planner(planner)
