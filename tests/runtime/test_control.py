@@ -113,7 +113,7 @@ def test_late_arrival_is_planned_consistently(mode):
 
 def test_rank0_waits_for_the_followers_report():
     """vpp folds the last stage back onto rank 0: rank 0 gets its last-stage compute only once
-    rank 1 has reported its stage, at the reported time (no plan on the estimated clock)."""
+    rank 1 has reported its stage, at the reported time (no plan ahead on the estimate)."""
     spec = _spec("vpp", 2, [100], 100)
     now = [0.0]
     layout, coordinator, (follower,) = _feeds(spec, clock=lambda: now[0])

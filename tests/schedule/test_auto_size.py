@@ -157,7 +157,7 @@ def test_bad_situations_are_refused():
     ("vpp-pack", 2, "short", 4 << 10),
 ])
 def test_auto_matches_the_best_of_a_simulator_sweep(mode, num_ranks, kind, length):
-    """The planner's estimated clock stands for the engine: by the same score (the larger
+    """auto's plans are dry runs on the estimate: by the same score (the larger
     relative loss in makespan and mean TTFT), auto's simulated run is the best of a simulator
     sweep over the candidates from 2K (within the tie tolerance plus 0.5 %; auto may also pick
     a smaller one)."""

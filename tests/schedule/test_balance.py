@@ -13,7 +13,7 @@ class LinearTau(StageCostModel):
 
 
 def _fold_windows(plan, fold_stage):
-    timeline = plan.estimated_timeline
+    timeline = plan.timeline
     folds = sorted(e.end for e in timeline if e.stage_index == fold_stage)
     for start, end in zip(folds, folds[1:]):
         busy = [sum(max(0.0, min(e.end, end) - max(e.start, start)) for e in timeline if e.rank == r)
@@ -43,7 +43,7 @@ def test_contiguous_cpp_is_not_balanced(num_ranks):
 def test_p2_worked_example_k3():
     """t = 1, k = 3: pp1 runs s1, s2 of C3 (8) while pp0 runs s3/C2 (3) + s0/C4 (5)."""
     plan = build_schedule("vpp-async", 2, 4, [12], 1, cost=LinearTau())
-    timeline = plan.estimated_timeline
+    timeline = plan.timeline
     c3 = [e for e in timeline if e.rank == 1 and e.chunk_index == 3]
     start, end = min(e.start for e in c3), max(e.end for e in c3)
     assert end - start == 8
@@ -52,7 +52,7 @@ def test_p2_worked_example_k3():
 
 
 def _makespan(plan):
-    return max(e.end for e in plan.estimated_timeline)
+    return max(e.end for e in plan.timeline)
 
 
 def test_uniform_tau_ties_cpp_and_vpp():
@@ -71,8 +71,8 @@ def test_packing_fills_drain_window():
     packed = build_schedule("vpp-pack", 2, 4, requests, 1, cost=LinearTau())
     assert _makespan(packed) < _makespan(plain)
     # Some chunk of request 1 enters stage 0 before request 0 leaves the last stage.
-    finish_r0 = max(e.end for e in packed.estimated_timeline if e.request_index == 0)
-    early = [e for e in packed.estimated_timeline if e.request_index == 1 and e.stage_index == 0 and e.start < finish_r0]
+    finish_r0 = max(e.end for e in packed.timeline if e.request_index == 0)
+    early = [e for e in packed.timeline if e.request_index == 1 and e.stage_index == 0 and e.start < finish_r0]
     assert len(early) >= 2
     # Earliest chunks first: the packed ones are request 1's leading chunks.
     assert sorted(e.chunk_index for e in early) == list(range(len(early)))
@@ -81,17 +81,17 @@ def test_packing_fills_drain_window():
 def test_packing_reproduces_method_worked_example():
     """N = 8, t = 1: the drain window is (N + 1) t = 9; C'0 + C'1 + C'2 = 6 fits, C'3 (4) does not."""
     plan = build_schedule("vpp-pack", 2, 4, [8, 8], 1, cost=LinearTau())
-    timeline = plan.estimated_timeline
+    timeline = plan.timeline
     finish_r0 = max(e.end for e in timeline if e.request_index == 0)
     packed = sorted(e.chunk_index for e in timeline
                     if e.request_index == 1 and e.stage_index == 0 and e.start < finish_r0)
     assert packed == [0, 1, 2]
     barrier = build_schedule("vpp-async", 2, 4, [8, 8], 1, cost=LinearTau())
-    assert not [e for e in barrier.estimated_timeline
-                if e.request_index == 1 and e.start < max(x.end for x in barrier.estimated_timeline if x.request_index == 0)]
+    assert not [e for e in barrier.timeline
+                if e.request_index == 1 and e.start < max(x.end for x in barrier.timeline if x.request_index == 0)]
 
 
 def test_cpp_streams_requests_but_vpp_modes_run_one_v_per_request():
     plan = build_schedule("cpp", 2, 4, [4, 4], 1, cost=LinearTau())
-    finish_r0 = max(e.end for e in plan.estimated_timeline if e.request_index == 0)
-    assert any(e.request_index == 1 and e.start < finish_r0 for e in plan.estimated_timeline)
+    finish_r0 = max(e.end for e in plan.timeline if e.request_index == 0)
+    assert any(e.request_index == 1 and e.start < finish_r0 for e in plan.timeline)

@@ -27,7 +27,7 @@ def _rows():
                 "computes": kinds.count(ActionKind.COMPUTE),
                 "sends": kinds.count(ActionKind.SEND),
                 "max_rank_steps": max(len(a) for a in plan.rank_actions),
-                "est_makespan": f"{max(e.end for e in plan.estimated_timeline):.9g}",
+                "est_makespan": f"{max(e.end for e in plan.timeline):.9g}",
             })
     return rows
 

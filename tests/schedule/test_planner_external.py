@@ -182,3 +182,49 @@ def test_the_planner_has_no_clock_of_its_own():
     planner.advance(until=2e9)
     assert [len(planner.rank_actions(rank)) for rank in range(2)] == emitted
     assert "durations" not in inspect.signature(Planner).parameters
+
+
+SLOW_LINKS = LinearAttentionCost(fixed_per_chunk=2e-4, transfer_per_token=1e-4)
+"""Hand-offs about as long as computes: transfers queue on their link."""
+
+
+@pytest.mark.parametrize("mode", ["cpp", "vpp", "vpp-async", "vpp-stream"])
+@pytest.mark.parametrize("num_ranks", [2, 4])
+@pytest.mark.parametrize("share", [0.15, 0.45])
+def test_a_fork_on_slow_links_plans_on_exactly_as_the_dry_run_goes_on(mode, num_ranks, share):
+    """Forked mid-run with hand-offs on the wire and links busy, the fork's dry run (the in-flight
+    hand-offs carried into its engine, each timed behind its link's last reported transfer)
+    finishes every request when the dry run itself, going on with the same request, does."""
+    def planner():
+        layout = policy_layout(get_policy(mode), num_ranks, 4 * num_ranks, None, "split")
+        planned = Planner(controller_config(mode, layout, 1024, SLOW_LINKS, 8192, batching=True), sees_transfers=True)
+        for request in _requests():
+            planned.submit(request)
+        return planned
+
+    whole = planner()
+    dry_run(whole)
+    planned = planner()
+    run = DryRun(planned)
+    run.run(until=share * max(whole.request_finish.values()))
+    twin = planned.fork(planned.config.chunker, None)
+    twin.submit(RequestSpec(2000, planned.now))
+    dry_run(twin)
+    planned.submit(RequestSpec(2000, planned.now))
+    run.run()
+    assert twin.request_finish == pytest.approx(planned.request_finish, rel=1e-12, abs=1e-15)
+
+
+def test_a_dry_run_that_cannot_go_on_names_the_planner_state():
+    """A controller that never admits its work: the dry run stops with the planner's state, not
+    a deadlock report, even where deadlocking streams are allowed (the checker's negative control
+    is the only stall a dry run returns)."""
+    from sglang_vpp.schedule.controller import Admission
+    from sglang_vpp.schedule.errors import ScheduleError
+
+    for allow in (False, True):
+        planner = Planner(_config("vpp-pack", 2, False), sees_transfers=True)
+        planner.controller.admission = lambda mb: Admission.NO
+        planner.submit(RequestSpec(3000))
+        with pytest.raises(ScheduleError, match="no rank can go on.*next positions"):
+            dry_run(planner, allow_deadlock=allow)

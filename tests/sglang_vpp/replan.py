@@ -36,7 +36,7 @@ def replan(workload: ServerWorkload, monkeypatch) -> tuple[list[DecisionRecorder
         layout = workload.layout()
         cost = workload.cost_model()
         pp = layout.num_ranks
-        # The simulator: plans and executes the streams on its own clock.
+        # The simulator: decides as it executes the streams on the recorded costs.
         sim_run = run_mode(workload.mode, Workload("server", tuple(RequestSpec(n) for n in workload.lengths)), cost,
                            RunConfig(pp, workload.chunk_size, workload.stage_layers, max_in_flight=workload.inputs.get("max_in_flight"),
                                      fold=layout.fold),

@@ -115,7 +115,7 @@ def test_the_simulation_starts_every_compute_when_the_dry_run_does(mode, num_ran
     schedule = build_schedule(mode, num_ranks, 48, [65536, 32768, 100000], 8192, cost=cost)
     result, emitted = _live(mode, num_ranks, 48, [65536, 32768, 100000], 8192, cost)
     assert emitted.rank_actions == schedule.rank_actions
-    planned = {(e.stage_index, e.request_index, e.chunk_index): e.start for e in schedule.estimated_timeline}
+    planned = {(e.stage_index, e.request_index, e.chunk_index): e.start for e in schedule.timeline}
     executed = {(s.stage_index, s.request_index, s.chunk_index): s.start
                 for s in result.timeline if s.kind is SliceKind.COMPUTE}
     assert executed.keys() == planned.keys()

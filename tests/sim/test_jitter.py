@@ -42,11 +42,11 @@ def test_draws_are_per_seed_stage_and_chunk() -> None:
 
 
 @pytest.mark.parametrize("mode", ["cpp", "dcpp", "vpp", "vpp-pack"])
-def test_planner_clock_and_simulator_use_the_same_jittered_durations(mode: str) -> None:
+def test_the_dry_run_and_the_simulator_use_the_same_jittered_durations(mode: str) -> None:
     result = _run(mode, 0.05, seed=3)
     dry_run = plan_workload(mode, WORK, COST, RunConfig(2, 4096, jitter=0.05, jitter_seed=3), 16).schedule
     planned = {(e.rank, e.stage_index, e.request_index, e.chunk_index): e.end - e.start
-               for e in dry_run.estimated_timeline}
+               for e in dry_run.timeline}
     simulated = {(s.rank, s.stage_index, s.request_index, s.chunk_index): s.end - s.start
                  for s in result.sim.timeline if s.kind == "compute"}
     assert planned.keys() == simulated.keys()

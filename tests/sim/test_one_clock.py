@@ -1,12 +1,13 @@
-"""The simulator's clock is the dry run's: the controller decides at the simulated event times.
+"""The simulator's clock is the dry run's: one engine, the controller deciding at its event times.
 
-The simulation (``run_mode``: the engine executes what an external planner emits and reports
-every completion to it; the controller is asked after every instant) and the dry run
-(``plan_workload``: the planner on its own clock with the same durations, transfers queued on
-their communicator by the same rule) are two drivers of one controller. They must take the same
-decisions at the same times: the same streams, every compute starting and ending where the dry
-run put it. With jitter the controller reacts: it orders work differently from the unjittered
-plan."""
+The simulation (``run_mode``: the schedule core's engine with the simulator's accounting
+executes what the planner emits and reports every completion to it; the controller is asked
+after every instant) and the dry run (``plan_workload``: the same engine without the
+accounting, on the same durations) must take the same decisions at the same times: the same
+streams, every compute starting and ending where the dry run put it. The accounting decides
+nothing. With jitter the controller reacts: it orders work differently from the unjittered
+plan. (That the planner decides alike whoever reports the times: ``tests/schedule/
+test_planner_external.py``.)"""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _run_both(mode: str, workload, cost, config: RunConfig):
     dry_run = plan_workload(mode, workload, cost, config, 16).schedule
     assert dry_run.rank_actions == result.schedule.rank_actions, mode
     planned = {(e.rank, e.stage_index, e.request_index, e.chunk_index): (e.start, e.end)
-               for e in dry_run.estimated_timeline}
+               for e in dry_run.timeline}
     simulated = {(s.rank, s.stage_index, s.request_index, s.chunk_index): (s.start, s.end)
                  for s in result.sim.timeline if s.kind == "compute"}
     return planned, simulated, result
@@ -83,7 +84,7 @@ def test_recorded_durations_reproduce_a_run(mode: str) -> None:
 
 
 @pytest.mark.parametrize(("mode", "pp", "seed"), [("vpp-stream", 2, 4), ("vpp-pack", 4, 1), ("vpp-stream", 4, 7)])
-def test_auto_sizes_each_closed_loop_request_alike_on_both_clocks(mode: str, pp: int, seed: int) -> None:
+def test_auto_sizes_each_closed_loop_request_alike_in_the_dry_run_and_the_simulation(mode: str, pp: int, seed: int) -> None:
     """A closed loop sends its next request when a completion is reported (the simulation) or
     when the dry run's clock reaches it, and ``auto`` sizes it from the state at that moment,
     scoring what-ifs in which the work in flight ends at its estimated ends: the same sizes,

@@ -297,7 +297,7 @@ class CoordinatorFeed(_PlannerFeed):
             self._news_at = time.monotonic()
         elif self._stalled():
             raise RuntimeError(f"rank 0: every action is reported but the planner has work it cannot place: "
-                               f"{self.planner._stuck_state()}. Fix: a planner bug; report it with this state")
+                               f"{self.planner.stuck_state()}. Fix: a planner bug; report it with this state")
         elif time.monotonic() - self._news_at > self._timeout_s:
             raise TimeoutError(
                 f"rank 0: no completion report for {self._timeout_s:.0f}s while work is in flight; a rank "

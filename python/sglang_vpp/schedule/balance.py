@@ -11,8 +11,8 @@ it fixes the second kind fully and the first only as far as shifting work to the
 helps.
 
 ``balance_split`` searches per-stage layer counts by greedy moves of one layer between adjacent
-virtual stages, keeping a move only when the planner's own estimated makespan (the same
-``StageCostModel`` the planner orders work with) shrinks. It is deterministic, pure Python, and
+virtual stages, keeping a move only when the makespan of the dry run on the estimate (the same
+``StageCostModel`` the controller orders work with) shrinks. It is deterministic, pure Python, and
 only chooses the ``split`` that ``build_layout`` then uses: the planner's rules are unchanged.
 """
 
@@ -38,7 +38,7 @@ def estimated_makespan(policy: PolicySpec, num_ranks: int, num_layers: int, requ
     """End of the last compute of the dry run for this split (None: even)."""
     schedule = build_schedule(policy, num_ranks, num_layers, list(requests), chunk_size,
                               None if split is None else list(split), cost, fold=fold)
-    return max((entry.end for entry in schedule.estimated_timeline), default=0.0)
+    return max((entry.end for entry in schedule.timeline), default=0.0)
 
 
 def balance_split(policy: PolicySpec, num_ranks: int, num_layers: int, requests: Sequence[RequestSpec],

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from .chunking import Chunker
 from .cost import StageCostModel
-from .deadlock import DeadlockReport, check_deadlock
+from .deadlock import DeadlockReport
 from .engine import Engine
 from .errors import ScheduleError
 from .factory import controller_config, policy_layout
@@ -32,28 +32,33 @@ class DryRun:
     """A planner's dry run that can stop at a time and go on: ``run(until)``; what is submitted
     to the planner in between runs too (a what-if forked mid-run, a test)."""
 
-    def __init__(self, planner: Planner, durations: StageCostModel | None = None) -> None:
+    def __init__(self, planner: Planner, durations: StageCostModel | None = None, *,
+                 allow_deadlock: bool = False) -> None:
         """``planner``: a fresh one, built with ``sees_transfers=True``, or a ``Planner.fork``;
         ``durations``: how long each action takes (None: the controller's estimate,
-        ``config.cost``)."""
+        ``config.cost``). ``allow_deadlock``: streams that deadlock by themselves (hand-offs of
+        both directions on one group pair out of order: the checker's negative control) end the
+        run with their report instead of an error."""
         self.planner = planner
+        self.allow_deadlock = allow_deadlock
         self.engine = Engine(None, durations if durations is not None else planner.config.cost, planner=planner)
 
     def run(self, until: float | None = None) -> DeadlockReport | None:
-        """Run through ``until`` (None: to the end). Returns None, or at the end the deadlock of
-        the streams emitted (hand-offs of both directions on one group pair out of order: the
-        checker's negative control). ScheduleError if the planner is stuck with streams that do
-        not deadlock (a controller that never admits its work)."""
+        """Run through ``until`` (None: to the end). Returns None, or (``allow_deadlock``) the
+        deadlock of the streams emitted. ScheduleError for any other stall: work the planner
+        cannot place (a controller that never admits it) names the planner's state."""
         stall = self.engine.execute(until)
-        if stall is not None and not check_deadlock(self.engine.schedule).deadlock:
-            raise ScheduleError(self.planner.stuck_state())
-        return stall
+        if stall is None or (self.allow_deadlock and self.engine.streams_deadlock):
+            return stall
+        why = "the streams deadlock" if self.engine.streams_deadlock else "no rank can go on"
+        raise ScheduleError(f"the dry run stalled ({why}): {self.planner.stuck_state()}")
 
 
-def dry_run(planner: Planner, durations: StageCostModel | None = None) -> DeadlockReport | None:
+def dry_run(planner: Planner, durations: StageCostModel | None = None, *,
+            allow_deadlock: bool = False) -> DeadlockReport | None:
     """Run everything submitted to ``planner`` (more may follow from its completion callback) to
-    the end: ``DryRun(planner, durations).run()``."""
-    return DryRun(planner, durations).run()
+    the end: ``DryRun(planner, durations, allow_deadlock=...).run()``."""
+    return DryRun(planner, durations, allow_deadlock=allow_deadlock).run()
 
 
 def build_schedule(
@@ -83,5 +88,6 @@ def build_schedule(
     planner = Planner(config, sees_transfers=True)
     for request in specs:
         planner.submit(request)
-    dry_run(planner)
+    # The streams of a deadlocking configuration are what ``check`` reports on.
+    dry_run(planner, allow_deadlock=True)
     return schedule_from_planner(planner)

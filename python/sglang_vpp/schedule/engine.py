@@ -63,7 +63,7 @@ from .policies import CommSemantics
 from .schedule import Schedule, schedule_from_planner
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .planner import Planner
+    from .planner import CarriedSend, Planner
 
 __all__ = ["Engine"]
 
@@ -127,13 +127,15 @@ class Engine:
         self.op_link: dict[int, Link] = {}
         self.links: dict[tuple[str, int, int], Link] = {}
         self.num_transfers = 0
+        self.streams_deadlock = False
+        """After a stall: the streams emitted deadlock by themselves (``check_deadlock``)."""
         self.start_s = min(self.arrival.values(), default=0.0)
         """Time is accounted from the first arrival: before it there is no work to idle on."""
         self._heap: list[tuple[float, int, Event]] = []
         self._counter = itertools.count()
         if planner is not None:
-            for send, end in planner.carried_sends:
-                self._seed_transfer(send, end)
+            for carried in planner.carried_sends:
+                self._seed_transfer(carried)
         for rank in range(self.num_ranks):
             self._add_ops(rank, 0)
         if self.prepost and planner is None:
@@ -174,15 +176,22 @@ class Engine:
             self.links[link.key] = link
         return link
 
-    def _seed_transfer(self, send: Action, end: float) -> None:
-        """A fork's hand-off whose send was emitted before the fork and whose receive was not:
-        it arrives at ``end``, and the receive the fork emits pairs with it."""
+    def _seed_transfer(self, carried: CarriedSend) -> None:
+        """A fork's hand-off whose send was emitted before the fork and whose receive was not
+        (``Planner.carried_sends``): the receive the fork emits pairs with it. It arrived at
+        ``carried.time``, or was posted then and is timed on its link like any other."""
+        send = carried.send
         rank = self.stages[send.stage_index].rank
-        link = self._link(send.group, rank, send.peer)
-        op = LinkOp(rank, -1, send, len(link.ops[rank]), post_time=end)
+        link = self.links.get(link_key(send.group, rank, send.peer))
+        if link is None:
+            link = self._link(send.group, rank, send.peer)
+            link.free_at = self.planner.link_free_at(link.key)
+        # Not in the fork's streams: no step (-1).
+        op = LinkOp(rank, -1, send, len(link.ops[rank]), post_time=carried.time)
         link.ops[rank].append(op)
-        link.starts.append(end)
-        link.ends.append(end)
+        if carried.arrived:
+            link.starts.append(carried.time)
+            link.ends.append(carried.time)
 
     def _add_ops(self, rank: int, start: int) -> list[Link]:
         """Register the comm actions of ``rank``'s stream from ``start`` with their links
@@ -230,9 +239,10 @@ class Engine:
             heapq.heappush(self._heap, (event.time, next(self._counter), event))
 
     def execute(self, until: float | None = None) -> DeadlockReport | None:
-        """Run to the end (None, or what stalled), or (``until``) through every event up to that
-        time and stop there; a later call goes on, with whatever was submitted to the planner
-        meanwhile."""
+        """Run to the end (None, or what stalled: ``streams_deadlock`` says whether the streams
+        emitted deadlock by themselves), or (``until``) through every event up to that time and
+        stop there. A later call goes on from the planner's present (its last decision, at or
+        before ``until``), with whatever was submitted to it meanwhile."""
         heap = self._heap
         if self.planner is not None:
             self._record_arrivals()
@@ -264,6 +274,8 @@ class Engine:
             # gives work only to a rank that has, so there is nothing to decide yet.
             return []
         planner.advance(until=now)
+        if len(self.arrival) < len(planner.requests):
+            self._record_arrivals()  # a fork's completion, due now, sent more
         events: list[Event] = []
         touched: dict[tuple[str, int, int], Link] = {}
         for rank in range(self.num_ranks):
@@ -400,7 +412,7 @@ class Engine:
                 posted = send.post_time
             else:
                 break
-            previous = link.ends[-1] if link.ends else 0.0
+            previous = link.ends[-1] if link.ends else link.free_at
             stage_index, request_index, chunk_index = send.action.key
             chunk = self.chunks[(request_index, chunk_index)]
             start, end = transfer_span(max(send.post_time, posted), previous,
@@ -436,12 +448,13 @@ class Engine:
         for part in self.chunks[action.chunk_key].parts:
             request = part.request_index
             if request not in self.release:
-                self.release[request] = self.arrival.get(request, 0.0)
+                self.release[request] = self.arrival[request]
             released = max(released, self.release[request])
         return released, max(released, now if self.planner is not None else 0.0)
 
     def _stall_report(self) -> DeadlockReport:
         report = check_deadlock(self.schedule)
+        self.streams_deadlock = report.deadlock
         if report.deadlock:
             return report
         blocked = []

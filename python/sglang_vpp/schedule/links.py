@@ -1,11 +1,11 @@
 """``Link``: one group on one pair of neighbouring ranks, an in-order rendezvous stream, as the engine times it.
 
-Both ends' operations on a link are known up front (they are the comm actions of the two
-ranks' streams that name this group and peer, in stream order), so pairing is static: the i-th
-operation of one end pairs with the i-th of the other, as HCCL/NCCL pair point-to-point calls.
-What the engine fills in is time: when each operation is posted, and from that when each
-transfer starts (both ends posted and the previous transfer on this link done: one
-ordered stream) and ends (start + transfer cost).
+A link's operations are the comm actions of the two ranks' streams that name this group and
+peer, in stream order (given up front, or registered as a live run's streams grow), and the
+i-th operation of one end pairs with the i-th of the other, as HCCL/NCCL pair point-to-point
+calls. What the engine fills in is time: when each operation is posted, and from that when each
+transfer starts (both ends posted and the previous transfer on this link done: one ordered
+stream) and ends (start + transfer cost).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ class LinkOp:
 
     rank: int
     step: int
+    """Its index in the rank's stream; -1 for a send a fork carries from before it
+    (``Planner.carried_sends``)."""
     action: Action
     index: int
     """Position among this rank's operations on the link (its pair index)."""
@@ -37,6 +39,9 @@ class Link:
     low: int
     high: int
     ops: dict[int, list[LinkOp]] = field(default_factory=dict)
+    free_at: float = 0.0
+    """When the transfer before this engine's first one ended (a fork's link: the planner's
+    last reported arrival on it, ``Planner.link_free_at``)."""
     starts: list[float] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)
     """Start and end of transfer i, for the pairs resolved so far (a prefix, in order)."""
@@ -44,10 +49,6 @@ class Link:
     @property
     def key(self) -> tuple[str, int, int]:
         return link_key(self.group, self.low, self.high)
-
-    @property
-    def num_pairs(self) -> int:
-        return min(len(self.ops[self.low]), len(self.ops[self.high]))
 
     def pair(self, index: int) -> tuple[LinkOp, LinkOp] | None:
         """(send, recv) of pair ``index``, or None when the two heads do not match (a deadlock)."""
@@ -58,6 +59,3 @@ class Link:
 
     def end_of(self, index: int) -> float | None:
         return self.ends[index] if index < len(self.ends) else None
-
-    def describe(self) -> str:
-        return f"group {self.group} between ranks {self.low} and {self.high}"

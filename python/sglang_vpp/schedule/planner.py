@@ -52,11 +52,11 @@ from typing import Callable
 from .chunking import Chunker
 from .controller import Admission, Controller, MicroBatch
 from .factory import ControllerConfig, build_controller
-from .ir import Action, ActionKind, ChunkSpec, RequestSpec, link_key, send, transfer_span
+from .ir import Action, ActionKind, ChunkSpec, RequestSpec, link_key, send
 from .lowering import Lowering
 from .policies import CommSemantics
 
-__all__ = ["Planner", "TimelineEntry"]
+__all__ = ["CarriedSend", "Planner", "TimelineEntry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +69,16 @@ class TimelineEntry:
     chunk_index: int
     start: float
     end: float
+
+
+@dataclass(frozen=True, slots=True)
+class CarriedSend:
+    """An ``async`` hand-off a fork takes over: sent before the fork, its receive not emitted."""
+
+    send: Action
+    time: float
+    """Its arrival if ``arrived``, else when it was posted (its producer's end)."""
+    arrived: bool
 
 
 class Planner:
@@ -118,7 +128,7 @@ class Planner:
         self._estimated_until = 0.0
         """A fork: when the last of the work it took over in flight ends (``_finish_in_flight``);
         until then some of its state is dated ahead of its present."""
-        self.carried_sends: list[tuple[Action, float]] = []
+        self.carried_sends: list[CarriedSend] = []
         """A fork's ``async`` hand-offs sent before it and not received yet, with their arrival:
         the engine that runs the fork pairs the receives it emits with them."""
         # Keyed by (rank, step in its stream): how many of each rank's actions are reported done;
@@ -213,6 +223,8 @@ class Planner:
         position = self._in_transit.pop((stage, key), None)
         if position is not None:
             self._ready_at[stage][position] = t
+            link = self._stage_link[stage]
+            self._link_free[link] = max(self._link_free.get(link, 0.0), t)
 
     def reported(self, rank: int) -> int:
         """How many of ``rank``'s actions are reported done."""
@@ -273,7 +285,7 @@ class Planner:
         """A fork's present: every unreported action ends at its estimated end (an ``async``
         receive or send with the rank's previous action), in time order, and a request it
         completes finishes when the present gets there (``_finish_due``); every ``async``
-        hand-off on the wire arrives by the link rule."""
+        hand-off on the wire is carried to the fork's engine (``_sends_on_their_way``)."""
         reports = []
         for rank in range(self._num_ranks):
             running = self.now
@@ -282,19 +294,15 @@ class Planner:
                 reports.append((running, rank, step))
         for t, rank, _ in sorted(reports):
             self._report(rank, t, finish_now=False)
-        ends = [t for t, _, _ in reports]
-        for (stage, _), position in sorted(self._in_transit.items(), key=lambda item: item[1]):
-            produced = self._finish[stage][position]
-            assert produced is not None, (stage, position)
-            arrival = self._ready_at[stage][position] = self._transfer_end(stage, self.sequence[position], produced)
-            ends.append(arrival)
-        self._in_transit.clear()
-        self._estimated_until = max(ends, default=self.now)
+        self._estimated_until = max((t for t, _, _ in reports), default=self.now)
 
-    def _sends_on_their_way(self) -> list[tuple[Action, float]]:
+    def _sends_on_their_way(self) -> list[CarriedSend]:
         """After ``_finish_in_flight``: every ``async`` hand-off whose producer has run and whose
-        consumer has not (its receive is still to be emitted), with its arrival, in each link's
-        order (the sequence's)."""
+        consumer has not (its receive is still to be emitted), in each link's order (the
+        sequence's): arrived (reported by an executor that sees the wire), or posted when its
+        producer ended and left for the fork's engine to time behind its link's last transfer
+        (also every one of an executor that cannot see the wire: whether it has arrived is
+        unknown)."""
         carried = []
         for stage in range(self._num_stages - 1):
             hand = self.controller.hand_off(stage)
@@ -302,11 +310,23 @@ class Planner:
                 continue
             for position in range(self._next_position[stage + 1], self._next_position[stage]):
                 chunk = self.sequence[position]
+                action = send(stage, chunk.request_index, chunk.chunk_index, hand.dst_rank, hand.group)
                 arrival = self._ready_at[stage][position]
-                assert arrival is not None and arrival < math.inf, (stage, position)
-                carried.append((position, stage, send(stage, chunk.request_index, chunk.chunk_index, hand.dst_rank,
-                                                      hand.group), arrival))
-        return [(action, arrival) for _, _, action, arrival in sorted(carried, key=lambda c: (c[0], c[1]))]
+                assert arrival is not None, (stage, position)
+                if self.sees_transfers and arrival < math.inf:
+                    carried.append((position, stage, CarriedSend(action, arrival, arrived=True)))
+                    continue
+                produced = self._finish[stage][position]
+                assert produced is not None, (stage, position)
+                self._ready_at[stage][position] = math.inf
+                self._in_transit[(stage, chunk.key)] = position
+                carried.append((position, stage, CarriedSend(action, produced, arrived=False)))
+        return [entry for _, _, entry in sorted(carried, key=lambda c: (c[0], c[1]))]
+
+    def link_free_at(self, key: tuple[str, int, int]) -> float:
+        """When the last ``async`` hand-off reported on link ``key`` (``ir.link_key``) arrived
+        (0 if none): where the link of a fork's engine starts."""
+        return self._link_free.get(key, 0.0)
 
     # ----------------------------------------------------------------- the event loop
     def _settle(self, now: float) -> None:
@@ -520,17 +540,6 @@ class Planner:
     def _consumer_rank(self, stage: int) -> int | None:
         return None if stage == self._num_stages - 1 else self._stage_rank[stage + 1]
 
-    def _transfer_end(self, stage: int, chunk: ChunkSpec, posted: float) -> float:
-        """When the hand-off of ``stage``'s output for ``chunk`` ends, both ends posted at
-        ``posted``: a communicator is one in-order stream (``link_key``), so the transfer also
-        waits for the previous one on it to end, as the engine and NCCL/HCCL pair them."""
-        key = self._stage_link[stage]
-        assert key is not None, stage
-        _, end = transfer_span(posted, self._link_free.get(key, 0.0),
-                               self.config.cost.transfer_cost(self.config.layout.stages[stage], chunk))
-        self._link_free[key] = end
-        return end
-
     def stuck_state(self) -> str:
         """Where the planning stopped (for an error)."""
         return (
@@ -540,11 +549,8 @@ class Planner:
 
 
 def _stage_links(controller: Controller) -> list[tuple[str, int, int] | None]:
-    """Each stage's hand-off communicator (None: no hand-off). The planner times an ``async``
-    transfer when its send is posted, in its stage's order: the communicator's pairing order
-    wherever a communicator carries one stage's hand-offs (every ``async`` policy: one direction
-    per group). Async hand-offs of both directions on one group pair out of order, and
-    ``check_deadlock`` refuses such streams before anything runs them."""
+    """Each stage's hand-off communicator (None: no hand-off): where the planner notes when a
+    link's last reported hand-off arrived (``link_free_at``)."""
     links = []
     for stage in range(controller.layout.num_stages):
         hand = controller.hand_off(stage)

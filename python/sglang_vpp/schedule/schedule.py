@@ -28,7 +28,8 @@ class Schedule:
     comm_semantics: CommSemantics
     groups: tuple[str, ...]
     requests: tuple[RequestSpec, ...] = ()
-    estimated_timeline: tuple[TimelineEntry, ...] = field(default=(), compare=False, repr=False)
+    timeline: tuple[TimelineEntry, ...] = field(default=(), compare=False, repr=False)
+    """Every compute as its executor reported it (a dry run: on the controller's estimate)."""
 
     def __post_init__(self) -> None:
         assert len(self.rank_actions) == self.layout.num_ranks
@@ -63,5 +64,5 @@ def schedule_from_planner(planner: Planner) -> Schedule:
         comm_semantics=config.policy.comm_semantics,
         groups=groups if config.layout.num_ranks > 1 else (),
         requests=tuple(planner.requests),
-        estimated_timeline=tuple(planner.timeline),
+        timeline=tuple(planner.timeline),
     )

@@ -54,8 +54,6 @@ class SimEngine(Engine):
         arrivals: Mapping[int, float] | None = None,
         planner: Planner | None = None,
     ) -> None:
-        if planner is not None and not planner.sees_transfers:
-            raise SimError("a live run needs a planner that sees transfers (Planner(config, sees_transfers=True))")
         self.config = config
         try:
             super().__init__(schedule, cost, planner=planner, prepost_recvs=config.prepost_recvs, arrivals=arrivals)

@@ -137,7 +137,7 @@ def stage_durations(cost: StageCostModel, config: RunConfig) -> StageCostModel:
 
 
 def _workload_planner(mode: str, workload: Workload, estimate: StageCostModel, config: RunConfig,
-                      num_layers: int, **planner_options) -> Planner:
+                      num_layers: int) -> Planner:
     """``mode``'s planner with ``workload`` submitted: a closed-loop workload sends its next
     request from the completion callback (at the completion's time), and ``auto`` sees every
     send (``LiveSituation``)."""
@@ -159,7 +159,7 @@ def _workload_planner(mode: str, workload: Workload, estimate: StageCostModel, c
     planner = Planner(controller_config(spec, layout, config.chunk_size, estimate, workload.max_length,
                                         batching=config.batch_requests, max_in_flight=config.max_in_flight,
                                         auto_chunk=config.auto_chunk),
-                      on_complete=on_complete, **planner_options)
+                      on_complete=on_complete, sees_transfers=True)
     situation = LiveSituation(planner)
     situation.sent(first, len(pending) if workload.concurrency is not None else 0)
     for request in first:
@@ -177,7 +177,7 @@ def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: R
     """The dry run of ``workload`` for ``mode`` (``schedule.dry_run``): the engine without the
     simulator's accounting, the controller deciding with ``cost`` at the times ``durations``
     gives (default: ``stage_durations(cost, config)``): ``run_engine``'s plan."""
-    planner = _workload_planner(mode, workload, cost, config, num_layers, sees_transfers=True)
+    planner = _workload_planner(mode, workload, cost, config, num_layers)
     dry_run(planner, durations if durations is not None else stage_durations(cost, config))
     schedule = schedule_from_planner(planner)
     assert len(schedule.requests) == len(workload.requests), (len(schedule.requests), len(workload.requests))
@@ -189,7 +189,7 @@ def run_engine(mode: str, workload: Workload, config: RunConfig, num_layers: int
     """Run ``workload`` on the engine: the controller decides with ``estimate`` at each instant
     of the simulation, whose durations come from ``durations`` (a cost model, a jittered one, a
     table of measured ones); the streams it emitted are validated afterwards."""
-    planner = _workload_planner(mode, workload, estimate, config, num_layers, sees_transfers=True)
+    planner = _workload_planner(mode, workload, estimate, config, num_layers)
     sim = simulate_live(planner, durations, config.sim)
     schedule = schedule_from_planner(planner)
     if sim.ok and config.sim.check_deadlock:
