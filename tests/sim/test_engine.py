@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sglang_vpp.schedule import (LinearAttentionCost, Planner, RequestSpec, build_schedule, controller_config, get_policy,
+                                 schedule_from_json, schedule_to_json,
                                  policy_layout, schedule_from_planner)
 from sglang_vpp.sim import SimConfig, SimDeadlockError, SliceKind, simulate_schedule
 from sglang_vpp.sim.engine import simulate_live
@@ -149,3 +152,15 @@ def test_stage_zero_starts_when_the_controller_admitted_it():
     assert start(live, "0F0.2") == pytest.approx(4.0)
     assert live.per_rank[0].idle_by_cause["admission"] > 0
     assert free.per_rank[0].idle_by_cause["admission"] == 0
+
+def test_given_streams_that_name_no_requests_start_at_once():
+    """A JSON schedule without its requests (hand-written streams) runs: every request is there
+    from the start, as without arrivals."""
+    schedule = build_schedule("cpp", 2, 4, [200], 100)
+    data = schedule_to_json(schedule)
+    data = data if isinstance(data, dict) else json.loads(data)
+    data.pop("requests")
+    bare = schedule_from_json(data)
+    assert bare.requests == ()
+    cost = ConstCost(1.0)
+    assert simulate_schedule(bare, cost).makespan_s == pytest.approx(simulate_schedule(schedule, cost).makespan_s)

@@ -448,7 +448,9 @@ class Engine:
         for part in self.chunks[action.chunk_key].parts:
             request = part.request_index
             if request not in self.release:
-                self.release[request] = self.arrival[request]
+                # Given streams may name no requests (hand-written, a JSON schedule without
+                # them): such a request is there from the start.
+                self.release[request] = self.arrival.get(request, 0.0)
             released = max(released, self.release[request])
         return released, max(released, now if self.planner is not None else 0.0)
 
