@@ -2,7 +2,7 @@
 controller's own estimates.
 
 Nothing is planned on a clock of the planner's own: ``build_schedule`` (the ``schedule`` and
-``check`` commands, the reference runtime's plan before it runs), ``auto``'s what-ifs
+``check`` commands), ``auto``'s what-ifs
 (``auto_size``: a situation from an empty pipeline, or a fork of a running planner) and the
 simulator (``sim/engine.py``, with a hardware cost model and its accounting) run one engine, so
 a dry run on the simulator's durations decides exactly as the simulation does

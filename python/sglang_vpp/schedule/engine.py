@@ -274,8 +274,7 @@ class Engine:
             # gives work only to a rank that has, so there is nothing to decide yet.
             return []
         planner.advance(until=now)
-        if len(self.arrival) < len(planner.requests):
-            self._record_arrivals()  # a fork's completion, due now, sent more
+        self._record_arrivals()
         events: list[Event] = []
         touched: dict[tuple[str, int, int], Link] = {}
         for rank in range(self.num_ranks):
@@ -371,8 +370,7 @@ class Engine:
         """Live runs: report ``rank``'s last finished action to the planner."""
         if self.planner is not None:
             self.planner.action_done(rank, now)
-            if len(self.arrival) < len(self.planner.requests):
-                self._record_arrivals()
+            self._record_arrivals()
             self._news = True
 
     def wake(self) -> list[Event]:
@@ -381,7 +379,8 @@ class Engine:
         return []
 
     def _record_arrivals(self) -> None:
-        # A completion may have sent the closed loop's next request.
+        """The arrivals of requests submitted since: a completion (reported, or a fork's due
+        now) may have sent a closed loop's next request, or a caller between two runs."""
         requests = self.planner.requests
         for request in range(len(self.arrival), len(requests)):
             self.arrival.setdefault(request, float(requests[request].arrival))
