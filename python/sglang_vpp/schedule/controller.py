@@ -317,6 +317,19 @@ class Controller:
         return self.decode.joins(held, running, in_flight)
 
     # ----------------------------------------------------------------- order
+    def ready_items(self, rank: int, back_seq: int | None, forward_seq: int | None) -> list[tuple[int, int]]:
+        """The ``(stage, seq)`` items ``rank`` lists as ready when micro-batch ``back_seq`` has
+        come back up the V to it and ``forward_seq`` is there to go down (rank 0: the batch it
+        holds for stage 0), in the order a server's loop lists them, records them (``pick``
+        records) and replays them: the rank's later stage first."""
+        stages = self.layout.stages_of(rank)
+        ready = []
+        if back_seq is not None:
+            ready.append((stages[-1], back_seq))
+        if forward_seq is not None:
+            ready.append((stages[0], forward_seq))
+        return ready
+
     def pick(self, rank: int, ready: Sequence[tuple[int, int]]) -> tuple[int, int]:
         """The ``(stage, seq)`` that ``rank`` runs first among ``ready``."""
         assert ready, "pick needs at least one ready item"

@@ -10,9 +10,11 @@ Two ways in, one loop:
 
 - live (``planner``: a planner that sees transfers): the planner emits each rank's
   next actions when the controller decides them; the engine executes them and reports every
-  action and transfer to the planner as it ends; after every instant that had events the
+  action and transfer to the planner as it ends; after every instant that brought news (a
+  report, a hand-off arriving at a rank with nothing to run, a time the planner named) the
   controller is asked again (admission, the in-flight window, the order of a rank's ready
-  stages, closed-loop release), as a server's loop asks it.
+  stages, closed-loop release), as a server's loop asks it. Nothing else changes what it can
+  decide: a busy rank's arrivals wait for its own report.
 - given (``schedule``): streams given in advance run exactly as given; nothing is decided.
 
 Data flow: -> ``Engine`` (ranks, ``Link`` objects built from the streams as they grow) -> heap
@@ -351,7 +353,10 @@ class Engine:
             send = next(side[index] for side in link.ops.values()
                         if index < len(side) and side[index].action.kind is ActionKind.SEND)
             self.planner.transfer_done(send.action.stage_index, send.action.chunk_key, now)
-            self._news = True
+            # An arrival changes only what its receiver can run: news for the planner if the
+            # receiver has nothing to run (a busy receiver's report will ask it anyway).
+            if self.idle_since[link.high + link.low - send.rank] is not None:
+                self._news = True
         for side in (link.ops[link.low], link.ops[link.high]):
             if index >= len(side):
                 continue  # a live receive not emitted yet (its data is there now)

@@ -382,11 +382,9 @@ class ServerModel:
         """The rank's ready ``(stage, seq)`` items in the order its loop lists them."""
         if state.index >= self.timings.count(state.rank):
             return []
-        ready = []
+        back = self._visible(time, state, "bwd")
+        forward = None
         if state.rank == 0:
-            back = self._visible(time, state, "bwd")
-            if back is not None:
-                ready.append((self.last, back[1]))
             held = self._build(time)
             if held is not None:
                 if state.controller.admission(held.mb) is Admission.NO:
@@ -394,16 +392,11 @@ class ServerModel:
                         self._hold_recorded = True
                         self._decision(state, {"kind": HOLD, **micro_batch_record(held.mb)})
                 else:
-                    ready.append((0, held.mb.seq))
-            return ready
-        up = self.last - state.rank
-        back = self._visible(time, state, "bwd")
-        if back is not None:
-            ready.append((up, back[1]))
-        forward = self._visible(time, state, "fwd")
-        if forward is not None:
-            ready.append((state.rank, forward[1]))
-        return ready
+                    forward = held.mb.seq
+        else:
+            visible = self._visible(time, state, "fwd")
+            forward = None if visible is None else visible[1]
+        return state.controller.ready_items(state.rank, None if back is None else back[1], forward)
 
     def _next_build_after(self) -> Build | None:
         return self.builds[self._next_build] if self._held is None and self._next_build < len(self.builds) else None

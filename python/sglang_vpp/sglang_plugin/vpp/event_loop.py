@@ -305,12 +305,9 @@ class LeaderLoop(_LoopBase):
         # Every step ingests: aborts, pauses and a PD prefill's bootstrap and transfer polls ride
         # on it (skipping it on busy steps saved nothing measurable, docs/cpu-measurements.md).
         self._ingest()
-        ready = []
-        if ready_bwd:
-            ready.append((self.last_stage, self.bwd_items[0].seq))
         held = self._admissible()
-        if held is not None:
-            ready.append((0, held.micro_batch.seq))
+        ready = self.controller.ready_items(self.rank, self.bwd_items[0].seq if ready_bwd else None,
+                                            None if held is None else held.micro_batch.seq)
         if not ready:
             return False
         stage, _ = self._pick(ready)
@@ -455,11 +452,8 @@ class FollowerLoop(_LoopBase):
             if ready_fwd and self.fwd_items[0].seq < 0:
                 self._on_forward(self.fwd_items.popleft())
                 continue
-            ready = []
-            if ready_bwd:
-                ready.append((self.up_stage, self.bwd_items[0].seq))
-            if ready_fwd:
-                ready.append((self.down_stage, self.fwd_items[0].seq))
+            ready = self.controller.ready_items(self.rank, self.bwd_items[0].seq if ready_bwd else None,
+                                                self.fwd_items[0].seq if ready_fwd else None)
             if not ready:
                 continue
             # By queue, not by stage: the last rank's one stage under a fused fold is both.
