@@ -134,3 +134,23 @@ def test_batch_budget_is_the_next_cut_or_a_whole_chunk_when_the_request_ends():
     assert controller.batch_budget(0, 300, 16384) == 64  # a middle chunk: its own size
     assert controller.batch_budget(256, 44, 16384) == 64  # the last piece: the rest is fillable
     assert controller.batch_budget(256, 44, 50) == 50  # never above SGLang's prefill limit
+
+
+@pytest.mark.parametrize("fold", ["split", "fused"])
+def test_ready_items_list_the_item_come_back_first_at_each_ranks_own_stages(fold):
+    """The order a server rank lists its ready items in (its trace's ``pick`` records): the
+    micro-batch come back up the V at the rank's later stage, then the one going down at its
+    earlier stage (rank 0: the held batch at stage 0); the fused fold's last rank has one
+    stage for both."""
+    pp = 3
+    layout = build_layout(pp, 4 * pp, "vpp", fold=fold)
+    controller = Controller(get_policy("vpp-stream"), layout, LinearTau())
+    last = layout.last_stage
+    assert controller.ready_items(0, 7, 9) == [(last, 7), (0, 9)]
+    assert controller.ready_items(1, 4, None) == [(last - 1, 4)]
+    assert controller.ready_items(1, None, 5) == [(1, 5)]
+    assert controller.ready_items(1, None, None) == []
+    fold_rank = pp - 1
+    expected = [(last - fold_rank, 2), (fold_rank, 3)]
+    assert controller.ready_items(fold_rank, 2, 3) == expected
+    assert (expected[0][0] == expected[1][0]) == (fold == "fused")
