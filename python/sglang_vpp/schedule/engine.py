@@ -278,15 +278,15 @@ class Engine:
         planner.advance(until=now)
         self._record_arrivals()
         events: list[Event] = []
-        touched: dict[tuple[str, int, int], Link] = {}
+        touched: dict[Link, None] = {}  # in first-touched order
         for rank in range(self.num_ranks):
             start = self._registered[rank]
             if len(self.actions[rank]) == start:
                 continue
-            touched.update((link.key, link) for link in self._add_ops(rank, start))
+            touched.update(dict.fromkeys(self._add_ops(rank, start)))
             if self.idle_since[rank] is not None:
                 events.append(RankReadyEvent(now, rank))
-        for link in touched.values():
+        for link in touched:
             events += self._resolve(link)
         upcoming = planner.next_event_time()
         if upcoming is not None and upcoming not in self._wakes:

@@ -141,6 +141,7 @@ class Planner:
         self._estimated_end: dict[tuple[int, int], float] = {}
         # A planner that sees transfers: the position of each async hand-off in flight.
         self._in_transit: dict[tuple[int, tuple[int, int]], int] = {}
+        self._last_micro_batch: tuple[ChunkSpec, MicroBatch] | None = None
 
     # ----------------------------------------------------------------- public API
     def submit(self, request: RequestSpec) -> int:
@@ -370,10 +371,14 @@ class Planner:
                     if self._rank_free[peer] <= now:
                         self._handoff(peer, rank, offer, now)
                         return True
-        candidates = [c for c in (self._candidate(stage, now) for stage in self._rank_stages[rank]) if c]
+        candidates = []
+        for stage in self._rank_stages[rank]:
+            candidate = self._candidate(stage, now)
+            if candidate is not None:
+                candidates.append(candidate)
         if not candidates:
             return False
-        stage, position = self.controller.pick(rank, candidates)
+        stage, position = candidates[0] if len(candidates) == 1 else self.controller.pick(rank, candidates)
         self._run(rank, stage, position, now)
         return True
 
@@ -396,8 +401,14 @@ class Planner:
 
     def _micro_batch(self, position: int) -> MicroBatch:
         chunk = self.sequence[position]
-        return MicroBatch(position, frozenset(part.request_index for part in chunk.parts), chunk.start,
-                          chunk.total_tokens, chunk.is_last, chunk_index=chunk.chunk_index, batch=chunk.batch)
+        # Stage 0's head is asked about at every settle until admitted: build it once.
+        last = self._last_micro_batch
+        if last is not None and last[0] is chunk and last[1].seq == position:
+            return last[1]
+        micro_batch = MicroBatch(position, frozenset(part.request_index for part in chunk.parts), chunk.start,
+                                 chunk.total_tokens, chunk.is_last, chunk_index=chunk.chunk_index, batch=chunk.batch)
+        self._last_micro_batch = (chunk, micro_batch)
+        return micro_batch
 
     def _form_batch(self, position: int, now: float) -> None:
         """Grow the micro-batch at ``position`` (about to enter stage 0) by the whole requests
