@@ -164,3 +164,18 @@ def test_given_streams_that_name_no_requests_start_at_once():
     assert bare.requests == ()
     cost = ConstCost(1.0)
     assert simulate_schedule(bare, cost).makespan_s == pytest.approx(simulate_schedule(schedule, cost).makespan_s)
+
+
+def test_a_planner_that_never_admits_is_named_not_reported_as_a_deadlock():
+    """Work the controller never lets in leaves every rank without work and nothing blocked:
+    the simulation says where the planner stopped instead of reporting a deadlock of no ranks."""
+    from sglang_vpp.schedule import Admission
+    from sglang_vpp.sim import SimError
+
+    cost = LinearAttentionCost()
+    layout = policy_layout(get_policy("vpp-async"), 2, 8, None, "split")
+    planner = Planner(controller_config("vpp-async", layout, 1024, cost, 4096, batching=False), sees_transfers=True)
+    planner.submit(RequestSpec(4096))
+    planner.controller.admission = lambda micro_batch: Admission.NO
+    with pytest.raises(SimError, match="stalled with no rank blocked: planner stopped with work left"):
+        simulate_live(planner, cost)

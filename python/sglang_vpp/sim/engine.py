@@ -189,6 +189,10 @@ def simulate_live(planner: Planner, durations: StageCostModel, config: SimConfig
     config = config or SimConfig()
     engine = SimEngine(None, durations, config, planner=planner)
     result = engine.run()
+    if result.deadlock is not None and not engine.streams_deadlock and not result.deadlock.blocked:
+        # Every rank ran all it was given and the planner holds work it does not place: not a
+        # deadlock of the streams, a controller that never lets the work in.
+        raise SimError(f"the simulation stalled with no rank blocked: {planner.stuck_state()}")
     if result.deadlock is None and config.check_deadlock:
         report = check_deadlock(engine.schedule)
         if report.deadlock:
