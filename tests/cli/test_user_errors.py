@@ -403,3 +403,12 @@ def test_a_plot_path_that_is_a_directory_is_refused_not_written_next_to_it(tmp_p
     result = CliRunner().invoke(app, ["simulate", "--seq-len", "8k", "--modes", "cpp", "--plot", str(folder)])
     _assert_one_line_error(result, "is a directory")
     assert not (tmp_path / "plots.png").exists()
+
+
+def test_bench_on_a_model_dir_whose_config_is_not_an_object_is_one_line_exit_2(tmp_path):
+    (tmp_path / "config.json").write_text("[]")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    result = CliRunner().invoke(app, [*_BENCH, "--model", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert lines == [f"error: --model {tmp_path}: config.json holds list [], not the model's object of settings"]

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ...schedule import StageSpec
-from ..errors import ModelPathError
+from ..errors import ModelConfigError, ModelPathError
 from .config import PRESETS, ModelConfig, preset_config
 from .stage_model import StageModel
 
@@ -74,7 +74,10 @@ def resolve_model(model: str, seed: int = 0, num_layers: int | None = None) -> M
                 f"--model {model}: no *.safetensors weights in the directory; save the model with "
                 "save_pretrained(..., safe_serialization=True)"
             )
-        config = ModelConfig.from_hf_dict(data)
+        try:
+            config = ModelConfig.from_hf_dict(data)
+        except ModelConfigError as error:
+            raise ModelPathError(f"--model {model}: {error}") from None
         if num_layers is not None:
             config = config.with_layers(num_layers)
         return ModelSource(model, config, path, seed)
