@@ -237,3 +237,20 @@ def test_a_malformed_config_json_is_a_model_error_naming_the_key(tmp_path, edit,
     with pytest.raises(ModelPathError) as error:
         resolve_model(str(tmp_path))
     assert message in str(error.value) and str(error.value).startswith(f"--model {tmp_path}: ")
+
+
+def test_unreadable_weights_or_another_models_config_are_refused_before_any_work(tmp_path):
+    """A corrupt weights file failed only in the rank processes after they started; a config.json
+    with another model's sizes built those sizes first (a 2**40-wide layer: out of memory)."""
+    source = resolve_model("tiny-qwen3", num_layers=2)
+    save_checkpoint(full_model(source), tmp_path)
+    assert resolve_model(str(tmp_path)).config.num_hidden_layers == 2
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": 2**40}))
+    with pytest.raises(ModelPathError, match=r"holds model.embed_tokens.weight of shape \[512, 64\], but config.json "
+                       r"gives \[vocab_size, hidden_size\] \[512, 1099511627776\]"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ModelPathError, match="model.safetensors is not a readable safetensors file"):
+        resolve_model(str(tmp_path))
