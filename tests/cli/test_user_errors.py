@@ -92,6 +92,8 @@ CASES = [
      "is a malformed sglang-vpp.fitted-cost file (ValueError: coefficient d is -0.01, not a finite number >= 0)"),
     (["simulate", "--costs", "INF_COUNT", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "is a malformed sglang-vpp.fitted-cost file (OverflowError: cannot convert float infinity to integer)"),
+    (["simulate", "--costs", "INF_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.table-cost file (OverflowError: cannot convert float infinity to integer)"),
     (["simulate", "--costs", "NEG_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "is a malformed sglang-vpp.table-cost file (ValueError: a time of -1.0 s, not a finite number >= 0)"),
     (["simulate", "--seq-len", "8k", "--json", "/dev/null/out.json"], "--json"),
@@ -305,6 +307,7 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
              "NEG_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 0, "b": 1e-6, "d": -0.01}}\n',
              "INF_COUNT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 0, "b": 1e-6, "d": 0, '
                           '"num_samples": Infinity}}\n',
+             "INF_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[Infinity, 0, 0, 1]]}\n',
              "NEG_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, -1]]}\n',
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n',
              "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n', "LIST.json": "[]\n"}
