@@ -132,3 +132,27 @@ def test_cli_killed_rank_exits_nonzero_without_strays():
     assert "error: pipelined run failed (mode vpp-pack, pp 2" in err
     assert "rank 0 failed: process died (killed by SIGKILL)" in err
     assert seen and _all_dead(sorted(seen))
+
+
+def test_a_rank_whose_launcher_died_before_it_started_exits_at_once(tmp_path):
+    """A launcher killed (``timeout``'s SIGTERM) while its ranks still imported left them orphaned
+    before they asked to die with it: they waited for the rendezvous, then for jobs, forever.
+    Here the rank is told its launcher is a process that is not its parent."""
+    import multiprocessing as mp
+
+    from sglang_vpp.runtime.launcher import PoolSpec
+    from sglang_vpp.runtime.rank_main import rank_main
+
+    ctx = mp.get_context("spawn")
+    queue, event = ctx.Queue(), ctx.Event()
+    gone = 1 if os.getpid() != 1 else 2  # a pid that is not the rank's parent
+    process = ctx.Process(target=rank_main, daemon=True,
+                          args=(0, PoolSpec(2, timeouts=FAST), str(tmp_path), queue, [queue, queue], queue, event,
+                                gone))
+    process.start()
+    process.join(timeout=120)  # spawn's imports take seconds; the rendezvous alone would wait startup_s (180 s)
+    alive = process.is_alive()
+    if alive:
+        process.kill()
+    assert not alive and process.exitcode == 1
+    assert not (tmp_path / "rendezvous").exists()
