@@ -147,9 +147,12 @@ def _edited(index, **fields):
     (_edited(0, start=-1), CONTROLLER, "start must be a whole number >= 0, got -1"),
     (_edited(0, requests="a"), CONTROLLER, "requests must be a list of request ids"),
     (_edited(3, chosen=[]), CONTROLLER, "chosen must be a [stage, micro-batch] pair, got []"),
+    (_edited(3, ready=[[10**30, 0], [0, 2]]), CONTROLLER, "a ready item names a stage outside 0..3"),
+    (_edited(3, ready=[[-1, 0], [0, 2]]), CONTROLLER, "a ready item names a stage outside 0..3"),
     (LEADER, {**CONTROLLER, "pp_size": 10**30}, "controller pp_size is 1000000000000000000000000000000, not at "
      "most the 4 stages of stage_layers"),
-], ids=["seq inf", "seq fraction", "negative start", "requests text", "pick of no item", "pp_size huge"])
+], ids=["seq inf", "seq fraction", "negative start", "requests text", "pick of no item", "stage huge", "stage negative",
+        "pp_size huge"])
 def test_a_malformed_decision_is_one_error_exit_2_not_a_traceback(tmp_path, leader, controller, message):
     result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path, leader, controller)])
     assert result.exit_code == 2, result.output

@@ -276,6 +276,10 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
                 ready = [(int(stage), int(seq)) for stage, seq in record["ready"]]
                 if not ready:
                     raise ValueError("a pick needs at least one ready item")
+                stages = controller.layout.num_stages
+                if any(not 0 <= stage < stages or seq < 0 for stage, seq in ready):
+                    raise ValueError(f"a ready item names a stage outside 0..{stages - 1} or a negative "
+                                     "micro-batch")
                 expected_item = controller.pick(rank, ready)
                 observed_item = tuple(int(x) for x in record["chosen"])
                 if len(observed_item) != 2:
