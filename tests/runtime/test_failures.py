@@ -156,3 +156,31 @@ def test_a_rank_whose_launcher_died_before_it_started_exits_at_once(tmp_path):
         process.kill()
     assert not alive and process.exitcode == 1
     assert not (tmp_path / "rendezvous").exists()
+
+
+def test_cli_bench_stopped_by_sigterm_leaves_no_rank_and_no_pool_directory(tmp_path):
+    """``timeout``'s SIGTERM ended the launcher without unwinding: the rank pool's directory
+    (rendezvous file, every run's outputs) stayed in /tmp."""
+    import signal
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sglang_vpp.cli.app", "bench", "--quiet", "--seq-len", "4k", "--chunk-size", "32",
+         "--requests", "2", "--modes", "cpp,vpp", "--repeat", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    parent = psutil.Process(process.pid)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("sglang-vpp-*/outputs-*")) and process.poll() is None:  # a run is under way
+        seen |= {child.pid for child in parent.children(recursive=True)}
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    seen |= {child.pid for child in parent.children(recursive=True)}
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, (out, err)
+    assert "Traceback" not in err, err
+    deadline = time.monotonic() + 10  # a rank killed as its launcher exits may take a moment to go
+    while not _all_dead(sorted(seen)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert seen and _all_dead(sorted(seen))
+    assert not list(tmp_path.glob("sglang-vpp-*")), list(tmp_path.iterdir())
