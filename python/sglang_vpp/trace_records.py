@@ -126,8 +126,22 @@ def micro_batch_record(mb: MicroBatch, names: Sequence[str] | None = None) -> di
 
 
 def micro_batch_from_record(record: dict) -> MicroBatch:
-    return MicroBatch(int(record["seq"]), frozenset(record["requests"]), int(record["start"]), int(record["tokens"]),
-                      bool(record["ends_request"]), bool(record["prefill"]))
+    """The micro-batch of an ``admit`` / ``hold`` record; ValueError for a field that is not a
+    whole number in its range (``int()`` alone would truncate ``1.5`` into another micro-batch's
+    number, and a negative prefix fails deep in the controller)."""
+    requests = record["requests"]
+    if not isinstance(requests, list):
+        raise ValueError(f"requests must be a list of request ids, got {requests!r}")
+    return MicroBatch(_whole(record, "seq", 0), frozenset(requests), _whole(record, "start", 0),
+                      _whole(record, "tokens", 0), bool(record["ends_request"]), bool(record["prefill"]))
+
+
+def _whole(record: dict, key: str, least: int) -> int:
+    value = record[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
+            float("inf"), float("-inf")) or value != int(value) or value < least:
+        raise ValueError(f"{key} must be a whole number >= {least}, got {value!r}")
+    return int(value)
 
 
 def cost_record(cost: StageCostModel) -> dict:

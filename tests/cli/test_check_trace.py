@@ -133,3 +133,36 @@ def test_a_malformed_record_is_one_error_exit_2(tmp_path, leader, controller, me
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def _edited(index, **fields):
+    decisions = [dict(record) for record in LEADER]
+    decisions[index] = {**decisions[index], **fields}
+    return decisions
+
+
+@pytest.mark.parametrize("leader,controller,message", [
+    (_edited(0, seq=float("inf")), CONTROLLER, "seq must be a whole number >= 0, got inf"),
+    (_edited(0, seq=1.5), CONTROLLER, "seq must be a whole number >= 0, got 1.5"),
+    (_edited(0, start=-1), CONTROLLER, "start must be a whole number >= 0, got -1"),
+    (_edited(0, requests="a"), CONTROLLER, "requests must be a list of request ids"),
+    (_edited(3, chosen=[]), CONTROLLER, "chosen must be a [stage, micro-batch] pair, got []"),
+    (_edited(3, ready=[[10**30, 0], [0, 2]]), CONTROLLER, "a ready item names a stage outside 0..3"),
+    (_edited(3, ready=[[-1, 0], [0, 2]]), CONTROLLER, "a ready item names a stage outside 0..3"),
+    (LEADER, {**CONTROLLER, "pp_size": 10**30}, "controller pp_size is 1000000000000000000000000000000, not at "
+     "most the 4 stages of stage_layers"),
+], ids=["seq inf", "seq fraction", "negative start", "requests text", "pick of no item", "stage huge", "stage negative",
+        "pp_size huge"])
+def test_a_malformed_decision_is_one_error_exit_2_not_a_traceback(tmp_path, leader, controller, message):
+    result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path, leader, controller)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_a_micro_batch_admitted_twice_while_in_flight_is_a_divergence(tmp_path):
+    result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path, _edited(1, seq=0))])
+    assert result.exit_code == 1, result.output
+    assert ("rank 0, decision 1, micro-batch 0: controller expected a micro-batch not already in flight, "
+            "server did admit micro-batch 0 again while it was in flight") in result.output

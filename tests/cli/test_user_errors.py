@@ -86,7 +86,14 @@ CASES = [
     (["simulate", "--costs", "BAD_TABLE"], "is a malformed sglang-vpp.table-cost file"),
     # Unchecked, a NaN coefficient ends in a traceback and a negative measured time in negative TTFTs.
     (["simulate", "--costs", "NAN_FIT", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
-     "is a malformed sglang-vpp.fitted-cost file (ValueError: coefficient d is nan, not a finite number)"),
+     "is a malformed sglang-vpp.fitted-cost file (ValueError: coefficient d is nan, not a finite number >= 0)"),
+    # A negative coefficient (the fit writes none) gave negative TTFTs and compute times.
+    (["simulate", "--costs", "NEG_FIT", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.fitted-cost file (ValueError: coefficient d is -0.01, not a finite number >= 0)"),
+    (["simulate", "--costs", "INF_COUNT", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.fitted-cost file (OverflowError: cannot convert float infinity to integer)"),
+    (["simulate", "--costs", "INF_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.table-cost file (OverflowError: cannot convert float infinity to integer)"),
     (["simulate", "--costs", "NEG_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "is a malformed sglang-vpp.table-cost file (ValueError: a time of -1.0 s, not a finite number >= 0)"),
     (["simulate", "--seq-len", "8k", "--json", "/dev/null/out.json"], "--json"),
@@ -297,6 +304,10 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
              "BAD_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 1}}\n',
              "BAD_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 1]]}\n',
              "NAN_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 0, "b": 1e-6, "d": NaN}}\n',
+             "NEG_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 0, "b": 1e-6, "d": -0.01}}\n',
+             "INF_COUNT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 0, "b": 1e-6, "d": 0, '
+                          '"num_samples": Infinity}}\n',
+             "INF_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[Infinity, 0, 0, 1]]}\n',
              "NEG_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, -1]]}\n',
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n',
              "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n', "LIST.json": "[]\n"}
@@ -403,3 +414,12 @@ def test_a_plot_path_that_is_a_directory_is_refused_not_written_next_to_it(tmp_p
     result = CliRunner().invoke(app, ["simulate", "--seq-len", "8k", "--modes", "cpp", "--plot", str(folder)])
     _assert_one_line_error(result, "is a directory")
     assert not (tmp_path / "plots.png").exists()
+
+
+def test_bench_on_a_model_dir_whose_config_is_not_an_object_is_one_line_exit_2(tmp_path):
+    (tmp_path / "config.json").write_text("[]")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    result = CliRunner().invoke(app, [*_BENCH, "--model", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert lines == [f"error: --model {tmp_path}: config.json holds list [], not the model's object of settings"]

@@ -132,3 +132,55 @@ def test_cli_killed_rank_exits_nonzero_without_strays():
     assert "error: pipelined run failed (mode vpp-pack, pp 2" in err
     assert "rank 0 failed: process died (killed by SIGKILL)" in err
     assert seen and _all_dead(sorted(seen))
+
+
+def test_a_rank_whose_launcher_died_before_it_started_exits_at_once(tmp_path):
+    """A launcher killed (``timeout``'s SIGTERM) while its ranks still imported left them orphaned
+    before they asked to die with it: they waited for the rendezvous, then for jobs, forever.
+    Here the rank is told its launcher is a process that is not its parent."""
+    import multiprocessing as mp
+
+    from sglang_vpp.runtime.launcher import PoolSpec
+    from sglang_vpp.runtime.rank_main import rank_main
+
+    ctx = mp.get_context("spawn")
+    queue, event = ctx.Queue(), ctx.Event()
+    gone = 1 if os.getpid() != 1 else 2  # a pid that is not the rank's parent
+    process = ctx.Process(target=rank_main, daemon=True,
+                          args=(0, PoolSpec(2, timeouts=FAST), str(tmp_path), queue, [queue, queue], queue, event,
+                                gone))
+    process.start()
+    process.join(timeout=120)  # spawn's imports take seconds; the rendezvous alone would wait startup_s (180 s)
+    alive = process.is_alive()
+    if alive:
+        process.kill()
+    assert not alive and process.exitcode == 1
+    assert not (tmp_path / "rendezvous").exists()
+
+
+def test_cli_bench_stopped_by_sigterm_leaves_no_rank_and_no_pool_directory(tmp_path):
+    """``timeout``'s SIGTERM ended the launcher without unwinding: the rank pool's directory
+    (rendezvous file, every run's outputs) stayed in /tmp."""
+    import signal
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sglang_vpp.cli.app", "bench", "--quiet", "--seq-len", "4k", "--chunk-size", "32",
+         "--requests", "2", "--modes", "cpp,vpp", "--repeat", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    parent = psutil.Process(process.pid)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("sglang-vpp-*/outputs-*")) and process.poll() is None:  # a run is under way
+        seen |= {child.pid for child in parent.children(recursive=True)}
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    seen |= {child.pid for child in parent.children(recursive=True)}
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, (out, err)
+    assert "Traceback" not in err, err
+    deadline = time.monotonic() + 10  # a rank killed as its launcher exits may take a moment to go
+    while not _all_dead(sorted(seen)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert seen and _all_dead(sorted(seen))
+    assert not list(tmp_path.glob("sglang-vpp-*")), list(tmp_path.iterdir())

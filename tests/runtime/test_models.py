@@ -213,3 +213,44 @@ def test_executor_runs_batched_forwards_as_the_reference(preset):
     got = [RequestOutput(k, h, l) for k, (h, l) in sorted(executor.final_outputs().items())]
     want = reference_forward(source, lengths, chunks=schedule.chunks).outputs
     assert max_abs_diff(got, want) == 0.0
+
+
+@pytest.mark.parametrize("edit,message", [
+    (None, "config.json holds list [], not the model's object of settings"),
+    ({"hidden_size": None}, "config.json hidden_size is None, not a whole number"),
+    ({"num_hidden_layers": float("inf")}, "config.json num_hidden_layers is inf, not a whole number"),
+    ({"vocab_size": 1.5}, "config.json vocab_size is 1.5, not a whole number"),
+    ({"num_attention_heads": 0}, "num_attention_heads must be >= 1, got 0"),
+    ({"num_key_value_heads": -1}, "num_key_value_heads must be >= 1, got -1"),
+    ({"intermediate_size": 0}, "intermediate_size must be >= 1, got 0"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, "rope_theta must be > 0"),
+    ({"rope_scaling": "yarn"}, "config.json rope_scaling is 'yarn', not an object of RoPE parameters"),
+    ({"num_hidden_layers": 10**30}, "num_hidden_layers must be at most 4096"),
+], ids=["not an object", "size null", "layers inf", "vocab fraction", "no heads", "negative kv heads",
+        "no mlp", "rope theta 0", "rope_scaling text", "layers huge"])
+def test_a_malformed_config_json_is_a_model_error_naming_the_key(tmp_path, edit, message):
+    """Unchecked, these were a TypeError, OverflowError, ZeroDivisionError or AttributeError
+    traceback, or a rank process that died building 10**30 layers."""
+    config = [] if edit is None else {**PRESETS["tiny-qwen3"], **edit}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelPathError) as error:
+        resolve_model(str(tmp_path))
+    assert message in str(error.value) and str(error.value).startswith(f"--model {tmp_path}: ")
+
+
+def test_unreadable_weights_or_another_models_config_are_refused_before_any_work(tmp_path):
+    """A corrupt weights file failed only in the rank processes after they started; a config.json
+    with another model's sizes built those sizes first (a 2**40-wide layer: out of memory)."""
+    source = resolve_model("tiny-qwen3", num_layers=2)
+    save_checkpoint(full_model(source), tmp_path)
+    assert resolve_model(str(tmp_path)).config.num_hidden_layers == 2
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": 2**40}))
+    with pytest.raises(ModelPathError, match=r"holds model.embed_tokens.weight of shape \[512, 64\], but config.json "
+                       r"gives \[vocab_size, hidden_size\] \[512, 1099511627776\]"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ModelPathError, match="model.safetensors is not a readable safetensors file"):
+        resolve_model(str(tmp_path))

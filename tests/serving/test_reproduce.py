@@ -206,3 +206,19 @@ def test_a_compute_the_server_ran_at_another_stage_is_a_difference(tmp_path):
     result = reproduce_trace(trace)
     assert not result.ok and result.difference.describe().startswith(
         "rank 0, compute record 0: engine expected 0F0, server recorded 3F0"), result.difference.describe()
+
+
+def test_records_that_end_between_the_two_stages_of_the_fold_are_a_difference(tmp_path):
+    """The engine read the fold's second stage's start from a record the server never wrote: an
+    IndexError traceback."""
+    trace, _ = _synthetic(tmp_path, "vpp-pack")
+    path = records_file(trace, 1)
+    data = json.loads(path.read_text())
+    last = data["records"].pop()
+    assert last["stage"] == 2  # rank 1's second stage of the fold, run right after its first
+    path.write_text(json.dumps(data))
+    out = CliRunner().invoke(app, ["check", "--trace", str(trace), "--reproduce"])
+    assert out.exit_code == 1, out.output
+    index = len(data["records"])
+    assert f"REPRODUCE DIFFERENCE at rank 1, compute record {index}:" in out.output, out.output
+    assert f"engine expected 2F{last['seq']}" in out.output and "nothing (its records end)" in out.output

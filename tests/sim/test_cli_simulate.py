@@ -206,3 +206,14 @@ def test_costs_of_another_depth_than_the_model_are_warned_about(tmp_path, model,
                             "has 61: the measured per-layer cost is scaled to 61 layers"]
     else:
         assert not warnings and not result.stderr.strip()
+
+
+def test_a_size_given_twice_runs_once(tmp_path):
+    """Like a mode given twice: 1k,auto,1024 printed and wrote the 1k rows twice."""
+    out = tmp_path / "out.json"
+    result = RUNNER.invoke(app, ["simulate", "--seq-len", "8k,8192", "--sweep-chunk", "1k,auto,1024", "--modes", "cpp",
+                                 "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["seq_len"], r["chunk_size"] if not r.get("auto_chunk_sizes") else "auto") for r in rows] == [
+        (8192, 1024), (8192, "auto")]

@@ -215,8 +215,12 @@ def bench(
                  f"{'auto' if auto else config.chunk_size}, {device_kind} / {backend or BACKEND_FOR_DEVICE[device_kind]}, repeat {repeat}"
                  + (", fused fold" if config.fold == "fused" else ""),
                  err=True)
+    from ..serving.termination import stop_signals_as_exit
+
     try:
-        with _RichProgress(enabled=not quiet) as progress:
+        # SIGTERM (`timeout`, a job scheduler) or SIGHUP unwinds through the rank pool's close,
+        # which stops the ranks and removes its directory (with the runs' outputs) from /tmp.
+        with stop_signals_as_exit(), _RichProgress(enabled=not quiet) as progress:
             report = run_bench(config, progress)
     except RankFailedError as error:
         typer.echo(f"error: {error}", err=True)

@@ -23,7 +23,8 @@ def _sizes(text: str, what: str, auto: bool = False) -> list:
              for part in text.split(",") if part.strip()]
     if not sizes:
         raise ValueError(f"{what} needs at least one size, e.g. 24k or 8k,16k")
-    return sizes
+    # Once each, as --modes: a repeated size (1k,auto,1k or 1k,1024) would run and print again.
+    return list(dict.fromkeys(sizes))
 
 
 def _cost_model(model_spec, hardware_spec, tp: Optional[int], costs: Optional[Path]):

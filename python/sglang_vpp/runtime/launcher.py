@@ -21,6 +21,7 @@ Failure policy (what "a crashed rank stops the run" means here):
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue as queue_module
 import shutil
 import signal
@@ -118,7 +119,7 @@ class RankPool:
         self.processes = [
             ctx.Process(target=rank_main, name=f"sglang-vpp-rank{rank}", daemon=True,
                         args=(rank, pool, str(self.directory), self._jobs[rank], self._control,
-                              self._results, self._abort))
+                              self._results, self._abort, os.getpid()))
             for rank in range(pool.num_ranks)
         ]
         for process in self.processes:

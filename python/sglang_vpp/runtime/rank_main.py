@@ -42,9 +42,15 @@ def _format_error(error: BaseException) -> str:
 
 
 def rank_main(rank: int, pool: Any, pool_dir: str, jobs: Any, control_queues: list[Any],
-              result_queue: Any, abort_event: Any) -> None:
-    """Entry point of rank ``rank`` (see the module docstring)."""
+              result_queue: Any, abort_event: Any, launcher_pid: int | None = None) -> None:
+    """Entry point of rank ``rank`` (see the module docstring). ``launcher_pid``: the process
+    that started this one (None: this process's parent now)."""
     die_with_parent()
+    parent = os.getppid() if launcher_pid is None else launcher_pid
+    if os.getppid() != parent:
+        # The launcher died (e.g. SIGTERM from `timeout`) while this process was still importing,
+        # before it asked to die with it: nothing will ever send it a job or stop it.
+        os._exit(1)
     run_id = 0
     comm = None
     try:
@@ -61,7 +67,6 @@ def rank_main(rank: int, pool: Any, pool_dir: str, jobs: Any, control_queues: li
         )
         comm = create_communicator(pool.backend_name, CommConfig(group_names=ALL_GROUPS, timeout_s=pool.timeouts.comm_s))
         result_queue.put(("up", 0, rank))
-        parent = os.getppid()
         while True:
             job = _next_job(jobs, parent)
             if job is None:

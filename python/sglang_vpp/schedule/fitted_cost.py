@@ -54,10 +54,12 @@ class Coefficients:
 
 
 def _finite(data: dict, key: str) -> float:
-    """A coefficient of a cost file: NaN or infinity would turn every simulated time into one."""
+    """A coefficient of a cost file: NaN or infinity would turn every simulated time into one, and
+    a negative one (the fit never writes one: ``sim/cost/fitted.py`` fits non-negative
+    coefficients) into negative stage times, TTFTs and compute."""
     value = float(data[key])
-    if not math.isfinite(value):
-        raise ValueError(f"coefficient {key} is {value}, not a finite number")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"coefficient {key} is {value}, not a finite number >= 0")
     return value
 
 
@@ -130,7 +132,7 @@ class FittedCostModel(StageCostModel):
                 if transfer else None,
                 dict(data.get("meta", {})),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:  # Overflow: int(inf)
             raise CostModelError(f"a malformed {FITTED_FORMAT} file ({type(error).__name__}: {error}); write it "
                                  "again with sglang-vpp bench --costs FILE") from None
 

@@ -166,6 +166,8 @@ def _check_plan_inputs(inputs: object, path: Path) -> None:
             or any(type(n) is not int or n < 1 for n in stage_layers)):
         raise bad("stage_layers", stage_layers, "a list of each stage's layer count, whole numbers >= 1 "
                   "(e.g. [2, 2, 2, 2])")
+    if pp_size > len(stage_layers):  # every rank runs a stage; a huge count would be planned rank by rank
+        raise bad("pp_size", pp_size, f"at most the {len(stage_layers)} stages of stage_layers")
     for field, least in (("chunk_size", 0), ("auto_chunk_cap", 1), ("max_in_flight", 1)):
         value = inputs.get(field)  # absent or null: a server that recorded none
         if value is not None and (type(value) is not int or value < least):
@@ -242,6 +244,9 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
                 if observed is not expected:
                     return Divergence(rank, index, mb.seq, _admission_text(expected), _admission_text(observed))
                 if observed is not Admission.NO:
+                    if mb.seq in controller.in_flight_seqs:
+                        return Divergence(rank, index, mb.seq, "a micro-batch not already in flight",
+                                          f"admit micro-batch {mb.seq} again while it was in flight")
                     divergence = _over_budget(controller, rank, index, mb)
                     if divergence is not None:
                         return divergence
@@ -271,14 +276,20 @@ def _replay_rank(controller: Controller, rank: int, decisions: list[dict]) -> Di
                 ready = [(int(stage), int(seq)) for stage, seq in record["ready"]]
                 if not ready:
                     raise ValueError("a pick needs at least one ready item")
+                stages = controller.layout.num_stages
+                if any(not 0 <= stage < stages or seq < 0 for stage, seq in ready):
+                    raise ValueError(f"a ready item names a stage outside 0..{stages - 1} or a negative "
+                                     "micro-batch")
                 expected_item = controller.pick(rank, ready)
                 observed_item = tuple(int(x) for x in record["chosen"])
+                if len(observed_item) != 2:
+                    raise ValueError(f"chosen must be a [stage, micro-batch] pair, got {record['chosen']!r}")
                 if observed_item != expected_item:
                     return Divergence(rank, index, None, f"run {_item_text(expected_item)} first of {_items_text(ready)}",
                                       f"{_item_text(observed_item)} first")
             else:
                 raise TraceError(f"rank {rank}, decision {index}: unknown kind {kind!r}")
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # OverflowError: int(inf)
             if isinstance(exc, TraceError):
                 raise
             raise TraceError(f"rank {rank}, decision {index}: unreadable record {record!r} ({exc!r})") from None

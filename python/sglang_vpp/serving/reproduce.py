@@ -428,6 +428,9 @@ class ServerModel:
         end = self._compute(state, stage, seq, start, time)
         if stage + 1 < self.layout.num_stages and self.layout.stages[stage + 1].rank == state.rank:
             # [Note: fold point has no comm]: the next stage runs at once, without a poll.
+            if state.index >= self.timings.count(state.rank):  # chain_s reads the record it would be
+                raise _Stop(Difference(state.rank, "compute", state.index, f"{stage + 1}F{seq}",
+                                       "nothing (its records end)"))
             start = end + self.timings.chain_s(state.rank, state.index)
             stage += 1
             end = self._compute(state, stage, seq, start, None)

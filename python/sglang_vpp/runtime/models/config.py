@@ -82,9 +82,18 @@ class ModelConfig:
                 f"model_type {self.model_type!r} is not supported by the reference runtime; "
                 f"supported: {', '.join(ARCHITECTURES)}"
             )
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim"):
             if getattr(self, name) < 1:
                 raise ModelConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        from ...sim.physical_ranges import PHYSICAL_RANGES
+
+        most_layers = int(PHYSICAL_RANGES["models"]["num_layers"].high)
+        if self.num_hidden_layers > most_layers:  # what --layers takes: a typo would build layers without end
+            raise ModelConfigError(f"num_hidden_layers must be at most {most_layers}, got {self.num_hidden_layers}")
+        if not (self.rope_theta > 0 and self.rms_norm_eps >= 0):
+            raise ModelConfigError(f"rope_theta must be > 0 and rms_norm_eps >= 0, got {self.rope_theta} and "
+                                   f"{self.rms_norm_eps}")
         if not self.is_mla and self.num_attention_heads % self.num_key_value_heads:
             raise ModelConfigError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -120,6 +129,9 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, data: dict[str, Any]) -> ModelConfig:
         """Read a transformers ``config.json`` dict; unknown keys are ignored."""
+        if not isinstance(data, dict):
+            raise ModelConfigError(f"config.json holds {type(data).__name__} {data!r:.60}, not the model's object "
+                                   "of settings")
         model_type = data.get("model_type")
         if model_type not in ARCHITECTURES:
             raise ModelConfigError(
@@ -132,21 +144,23 @@ class ModelConfig:
                 f"hidden_act={data['hidden_act']!r} is not supported by the reference runtime (SwiGLU with silu only)"
             )
         try:
-            hidden = int(data["hidden_size"])
-            heads = int(data["num_attention_heads"])
+            hidden = _int(data, "hidden_size")
+            heads = _int(data, "num_attention_heads")
+            if heads < 1:  # the head_dim default divides by it
+                raise ModelConfigError(f"num_attention_heads must be >= 1, got {heads}")
             common: dict[str, Any] = dict(
                 model_type=model_type,
-                vocab_size=int(data["vocab_size"]),
+                vocab_size=_int(data, "vocab_size"),
                 hidden_size=hidden,
-                intermediate_size=int(data["intermediate_size"]),
-                num_hidden_layers=int(data["num_hidden_layers"]),
+                intermediate_size=_int(data, "intermediate_size"),
+                num_hidden_layers=_int(data, "num_hidden_layers"),
                 num_attention_heads=heads,
-                num_key_value_heads=int(data.get("num_key_value_heads") or heads),
-                head_dim=int(data.get("head_dim") or hidden // heads),
-                rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(_rope_theta(data)),
+                num_key_value_heads=_int(data, "num_key_value_heads", heads, if_falsy=True),
+                head_dim=_int(data, "head_dim", hidden // heads, if_falsy=True),
+                rms_norm_eps=_float(data, "rms_norm_eps", 1e-6),
+                rope_theta=_float({"rope_theta": _rope_theta(data)}, "rope_theta", None),
                 tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
-                initializer_range=float(data.get("initializer_range", 0.02)),
+                initializer_range=_float(data, "initializer_range", 0.02),
                 extra=dict(data),
             )
         except KeyError as missing:
@@ -161,10 +175,10 @@ class ModelConfig:
         if model_type == "qwen3_moe":
             common.update(
                 num_experts=_num_experts(data),
-                num_experts_per_tok=int(data.get("num_experts_per_tok", 0)),
-                moe_intermediate_size=int(data.get("moe_intermediate_size", 0)),
+                num_experts_per_tok=_int(data, "num_experts_per_tok", 0),
+                moe_intermediate_size=_int(data, "moe_intermediate_size", 0),
                 norm_topk_prob=bool(data.get("norm_topk_prob", False)),
-                decoder_sparse_step=int(data.get("decoder_sparse_step", 1)),
+                decoder_sparse_step=_int(data, "decoder_sparse_step", 1),
                 mlp_only_layers=tuple(int(i) for i in data.get("mlp_only_layers") or ()),
             )
         if model_type == "deepseek_v3":
@@ -172,19 +186,19 @@ class ModelConfig:
             common.update(
                 num_key_value_heads=heads,
                 num_experts=_num_experts(data),
-                num_experts_per_tok=int(data.get("num_experts_per_tok", 0)),
-                moe_intermediate_size=int(data.get("moe_intermediate_size", 0)),
+                num_experts_per_tok=_int(data, "num_experts_per_tok", 0),
+                moe_intermediate_size=_int(data, "moe_intermediate_size", 0),
                 norm_topk_prob=bool(data.get("norm_topk_prob", True)),
-                first_k_dense_replace=int(data.get("first_k_dense_replace", 0)),
-                n_shared_experts=int(data.get("n_shared_experts", 0)),
-                n_group=int(data.get("n_group") or 1),
-                topk_group=int(data.get("topk_group") or 1),
-                routed_scaling_factor=float(data.get("routed_scaling_factor", 1.0)),
-                q_lora_rank=int(q_lora) if q_lora is not None else None,
-                kv_lora_rank=int(data["kv_lora_rank"]),
-                qk_rope_head_dim=int(data["qk_rope_head_dim"]),
-                qk_nope_head_dim=int(data["qk_nope_head_dim"]),
-                v_head_dim=int(data["v_head_dim"]),
+                first_k_dense_replace=_int(data, "first_k_dense_replace", 0),
+                n_shared_experts=_int(data, "n_shared_experts", 0),
+                n_group=_int(data, "n_group", 1, if_falsy=True),
+                topk_group=_int(data, "topk_group", 1, if_falsy=True),
+                routed_scaling_factor=_float(data, "routed_scaling_factor", 1.0),
+                q_lora_rank=_int(data, "q_lora_rank") if q_lora is not None else None,
+                kv_lora_rank=_int(data, "kv_lora_rank"),
+                qk_rope_head_dim=_int(data, "qk_rope_head_dim"),
+                qk_nope_head_dim=_int(data, "qk_nope_head_dim"),
+                v_head_dim=_int(data, "v_head_dim"),
                 rope_interleave=bool(data.get("rope_interleave", True)),
             )
         return cls(**common)
@@ -239,11 +253,37 @@ class ModelConfig:
         return out
 
 
+_REQUIRED = object()
+
+
+def _number(data: dict[str, Any], key: str, default: Any, if_falsy: bool, kind: type) -> Any:
+    """``data[key]`` as ``kind`` (``default`` when absent, or when falsy with ``if_falsy``);
+    ModelConfigError naming the key for a value that is not a finite number of that kind (a
+    bare ``int(None)`` or ``int(inf)`` names neither the key nor the file)."""
+    value = data.get(key, default) if default is not _REQUIRED else data[key]
+    if if_falsy and not value:
+        value = default
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if number is None or number != number or number in (float("inf"), float("-inf")) or (
+            kind is int and number != int(number)):
+        what = "a whole number" if kind is int else "a finite number"
+        raise ModelConfigError(f"config.json {key} is {value!r}, not {what}")
+    return kind(number)
+
+
+def _int(data: dict[str, Any], key: str, default: Any = _REQUIRED, if_falsy: bool = False) -> int:
+    return _number(data, key, default, if_falsy, int)
+
+
+def _float(data: dict[str, Any], key: str, default: Any = _REQUIRED) -> float:
+    return _number(data, key, default, False, float)
+
+
 def _num_experts(data: dict[str, Any]) -> int:
     # transformers 5 writes ``num_local_experts`` (its attribute map aliases the model's own name).
     for key in ("num_experts", "n_routed_experts", "num_local_experts"):
         if data.get(key):
-            return int(data[key])
+            return _int(data, key)
     return 0
 
 
@@ -255,6 +295,8 @@ def _rope_theta(data: dict[str, Any]) -> float:
 def _check_rope(data: dict[str, Any]) -> None:
     for key in ("rope_parameters", "rope_scaling"):
         params = data.get(key) or {}
+        if not isinstance(params, dict):
+            raise ModelConfigError(f"config.json {key} is {params!r}, not an object of RoPE parameters")
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type not in ("default", None):
             raise ModelConfigError(

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ...schedule import StageSpec
-from ..errors import ModelPathError
+from ..errors import ModelConfigError, ModelPathError
 from .config import PRESETS, ModelConfig, preset_config
 from .stage_model import StageModel
 
@@ -74,7 +74,11 @@ def resolve_model(model: str, seed: int = 0, num_layers: int | None = None) -> M
                 f"--model {model}: no *.safetensors weights in the directory; save the model with "
                 "save_pretrained(..., safe_serialization=True)"
             )
-        config = ModelConfig.from_hf_dict(data)
+        try:
+            config = ModelConfig.from_hf_dict(data)
+        except ModelConfigError as error:
+            raise ModelPathError(f"--model {model}: {error}") from None
+        _check_weights_header(model, path, config)
         if num_layers is not None:
             config = config.with_layers(num_layers)
         return ModelSource(model, config, path, seed)
@@ -134,6 +138,29 @@ def _tied_source(config: ModelConfig, name: str) -> str:
 
 
 # ----------------------------------------------------------------------------- checkpoints
+def _check_weights_header(model: str, path: Path, config: ModelConfig) -> None:
+    """Read every weights file's header (no tensor data) and the embedding's shape: a corrupt
+    file, or a config.json of another model, is one error before any work starts, not a rank
+    that fails (or a host that runs out of memory building the config's sizes) after the start."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in _safetensors_files(path):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                shape = (handle.get_slice(_EMBEDDING).get_shape() if _EMBEDDING in handle.keys() else None)
+        except (SafetensorError, OSError) as error:
+            raise ModelPathError(f"--model {model}: {file.name} is not a readable safetensors file ({error}); "
+                                 "save the model with save_pretrained(..., safe_serialization=True)") from None
+        expected = [config.vocab_size, config.hidden_size]
+        if shape is not None and list(shape) != expected:
+            raise ModelPathError(f"--model {model}: {file.name} holds {_EMBEDDING} of shape {list(shape)}, but "
+                                 f"config.json gives [vocab_size, hidden_size] {expected}; the config is another "
+                                 "model's")
+
+
+_EMBEDDING = "model.embed_tokens.weight"
+
+
 def _safetensors_files(path: Path) -> list[Path]:
     return sorted(path.glob("*.safetensors"))
 

@@ -90,7 +90,7 @@ class TableCostModel(StageCostModel):
 
         try:
             return cls(read(data.get("compute", [])), read(data.get("transfer", [])), fallback)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, OverflowError) as error:  # OverflowError: an index of Infinity
             raise CostModelError(f"a malformed {TABLE_FORMAT} file ({type(error).__name__}: {error}); rows are "
                                  "[stage, request, chunk, seconds]") from None
 
