@@ -112,7 +112,7 @@ def test_plan_flags_with_defaults_next_to_trace_are_refused_too(tmp_path):
     (LEADER, {**CONTROLLER, "stage_layers": [2, 2]}, "vpp_rank0.records.json: controller inputs do not describe a "
      "layout: layer split [2, 2] has 2 entries"),
     (LEADER, {**CONTROLLER, "pp_size": "2"}, "vpp_rank0.records.json: controller pp_size is '2', not a whole number"),
-    (LEADER, {**CONTROLLER, "mode": None}, "vpp_rank0.records.json: controller mode is None, not a mode name"),
+    (LEADER, {**CONTROLLER, "mode": None}, "vpp_rank0.records.json: controller mode is None, not a VPP mode name"),
     (LEADER, {**CONTROLLER, "chunk_size": "x"}, "vpp_rank0.records.json: controller chunk_size is 'x', not a whole "
      "number >= 0 (or null)"),
     (LEADER, {**CONTROLLER, "max_in_flight": "x"}, "controller max_in_flight is 'x', not a whole number >= 1"),
@@ -151,8 +151,9 @@ def _edited(index, **fields):
     (_edited(3, ready=[[-1, 0], [0, 2]]), CONTROLLER, "a ready item names a stage outside 0..3"),
     (LEADER, {**CONTROLLER, "pp_size": 10**30}, "controller pp_size is 1000000000000000000000000000000, not at "
      "most the 4 stages of stage_layers"),
+    (LEADER, {**CONTROLLER, "mode": "cpp"}, "controller mode is 'cpp', not a VPP mode name (vpp, vpp-async,"),
 ], ids=["seq inf", "seq fraction", "negative start", "requests text", "pick of no item", "stage huge", "stage negative",
-        "pp_size huge"])
+        "pp_size huge", "stock mode"])
 def test_a_malformed_decision_is_one_error_exit_2_not_a_traceback(tmp_path, leader, controller, message):
     result = CliRunner().invoke(app, ["check", "--trace", _write(tmp_path, leader, controller)])
     assert result.exit_code == 2, result.output

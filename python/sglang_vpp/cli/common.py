@@ -84,13 +84,15 @@ def emit_json(data: Any, path: Path | None = None) -> None:
 def parse_int_list(text: str | None, what: str) -> list[int] | None:
     if text is None:
         return None
+    parts = [part.strip() for part in text.split(",")]
+    if not any(parts):  # an empty list would read as "not given": an even split the user did not ask for
+        raise CliInputError(f"{what} {text!r} gives no count; give one per stage like 3,3,3,3, or drop {what}")
+    if not all(parts):  # dropping it would shift every later count to another stage
+        raise CliInputError(f"{what} {text!r} has an empty entry; give one count per stage like 3,3,3,3")
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        return [int(part) for part in parts]
     except ValueError:
         raise ValueError(f"{what} must be comma-separated integers like 3,3,3,3, got {text!r}") from None
-    if not values:  # an empty list would read as "not given": an even split the user did not ask for
-        raise CliInputError(f"{what} {text!r} gives no count; give one per stage like 3,3,3,3, or drop {what}")
-    return values
 
 
 FOLD_HELP = ("Fold of the vpp modes: split (the method's: the last rank runs its two stages as two "

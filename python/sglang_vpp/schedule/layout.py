@@ -242,7 +242,8 @@ def build_layout(
             raise LayoutError(f"layer split {counts} has negative or non-integer counts {bad}")
         if sum(counts) != num_layers:
             raise LayoutError(
-                f"layer split {counts} sums to {sum(counts)}, but the model has {num_layers} layers"
+                f"layer split {counts} sums to {sum(counts)}, but the model has {num_layers} layers: make the "
+                f"counts add up to {num_layers}, or give a model of {sum(counts)} layers (--layers where a command takes it)"
             )
         if any(c == 0 for c in counts):
             raise LayoutError(

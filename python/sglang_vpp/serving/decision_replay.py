@@ -43,6 +43,7 @@ from typing import Sequence
 
 from ..schedule import (
     Admission,
+    FOLDBACK_MODES,
     Controller,
     Fold,
     FixedChunker,
@@ -156,8 +157,8 @@ def _check_plan_inputs(inputs: object, path: Path) -> None:
     if not isinstance(inputs, dict):
         raise bad("inputs", inputs, "an object of the server's plan")
     mode = inputs.get("mode")
-    if not isinstance(mode, str):
-        raise bad("mode", mode, "a mode name (vpp, vpp-async, vpp-pack, vpp-taper or vpp-stream)")
+    if mode not in FOLDBACK_MODES:  # stock cpp/dcpp servers record no controller decisions
+        raise bad("mode", mode, f"a VPP mode name ({', '.join(FOLDBACK_MODES)})")
     pp_size = inputs.get("pp_size")
     if type(pp_size) is not int or pp_size < 1:
         raise bad("pp_size", pp_size, "a whole number >= 1 (the server's pipeline ranks)")
