@@ -124,7 +124,8 @@ class Engine:
         """Live runs: since when a rank has had nothing to run (it reached its next action then)."""
         self._wakes: set[float] = set()
         self._news = True
-        """Live runs: a report, a transfer or a wake-up since the planner last decided."""
+        """Live runs: a report, a hand-off arriving at a rank with nothing to run, or a wake-up since
+        the planner last decided."""
         self.rank_ops: list[dict[int, LinkOp]] = [{} for _ in range(self.num_ranks)]
         self.op_link: dict[int, Link] = {}
         self.links: dict[tuple[str, int, int], Link] = {}
@@ -243,8 +244,9 @@ class Engine:
     def execute(self, until: float | None = None) -> DeadlockReport | None:
         """Run to the end (None, or what stalled: ``streams_deadlock`` says whether the streams
         emitted deadlock by themselves), or (``until``) through every event up to that time and
-        stop there. A later call goes on from the planner's present (its last decision, at or
-        before ``until``), with whatever was submitted to it meanwhile."""
+        stop there. A later call goes on from the planner's present (its last report or decision,
+        at or before ``until``: an arrival at a busy rank after it does not move it), with whatever
+        was submitted to it meanwhile."""
         heap = self._heap
         if self.planner is not None:
             self._record_arrivals()

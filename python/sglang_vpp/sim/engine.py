@@ -185,7 +185,8 @@ def simulate_live(planner: Planner, durations: StageCostModel, config: SimConfig
     """Run the work submitted to ``planner`` (seeing transfers; more may follow from its
     completion callback) on the engine: the controller decides at each instant of the
     simulation, as it would in a server, with the durations ``durations`` gives. The streams it
-    emitted are checked afterwards (``check_deadlock``); ``SimResult.deadlock`` reports a stall."""
+    emitted are checked afterwards (``check_deadlock``); ``SimResult.deadlock`` reports a stall of
+    the streams. SimError when the planner holds work it never places (no rank blocked)."""
     config = config or SimConfig()
     engine = SimEngine(None, durations, config, planner=planner)
     result = engine.run()
