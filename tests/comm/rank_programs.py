@@ -32,6 +32,12 @@ def hang_on_rank_one(rank: int, world_size: int) -> int:
 
 
 def raise_comm_error(rank: int, world_size: int) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        # As in exit_rank_one: a rank that raises (and exits) while its peer still connects fails
+        # the peer inside gloo's set-up instead of with this error.
+        dist.barrier()
     raise CommError(rank=rank, peer=1 - rank, group="fwd", action="0SEND_F1.0>1@fwd", detail="synthetic")
 
 
