@@ -46,3 +46,30 @@ def test_runtime_and_simulator_size_a_burst_by_the_same_rule():
     alone = auto_chunker(get_policy("vpp-pack"), layout, cost, 4096)
     assert [n for _, n in split_request(alone, 9000)] != [n for r, _, n in runtime if r == 0], (
         "the burst must size differently from request 0 alone, or this test checks nothing")
+
+
+def test_auto_batches_short_prompts_sent_together():
+    """``bench --chunk-size auto`` may pick a budget past one prompt (``auto_chunk_cap``), so
+    short prompts sent together share forwards where a per-forward cost makes that pay; capped
+    at the prompt length it could only run one prompt per forward."""
+    from sglang_vpp.runtime.bench import auto_chunk_cap
+    from sglang_vpp.runtime.control import CoordinatorFeed
+    from sglang_vpp.schedule import LinearAttentionCost
+
+    lengths = [300] * 8
+    cost = LinearAttentionCost(linear_per_token=2e-6, attention_per_pair=3e-9, fixed_per_chunk=3e-3,
+                               transfer_per_token=1e-8)
+    layout = build_layout(2, 8, get_policy("vpp-pack").layout_kind)
+
+    def forwards(cap: int) -> list[int]:
+        spec = RunSpec(model="tiny-qwen3", mode="vpp-pack", num_ranks=2, planner_cost=cost, chunk_size=cap,
+                       requests=tuple(RequestArrival(n, 0.0) for n in lengths), auto_chunk=True)
+        feed = CoordinatorFeed(make_planner(spec, layout), [(n, 0.0) for n in lengths], [], epoch=0.0,
+                               clock=lambda: 0.0)
+        feed._step()
+        return [1 + len(c.batch) for c in feed.planner.sequence]
+
+    assert auto_chunk_cap(300, 8) == 2400 and auto_chunk_cap(64 << 10, 8) == 64 << 10
+    batched = forwards(auto_chunk_cap(300, len(lengths)))
+    assert sum(batched) == len(lengths) and max(batched) > 1, batched
+    assert max(forwards(300)) == 1, "capped at the prompt, no forward carries two prompts"

@@ -100,3 +100,21 @@ def test_bench_fused_fold_equals_reference(tmp_path):
     assert data["config"]["fold"] == "fused"
     assert [r["mode"] for r in data["results"]] == ["cpp", "vpp", "vpp-stream"]
     assert all(r["max_abs_diff"] == 0.0 for r in data["results"])
+
+
+def test_auto_batches_short_prompts_into_shared_forwards(tmp_path):
+    """``--chunk-size auto`` on prompts far shorter than a useful forward: the size it picks may
+    take several whole prompts into one forward (fewer forwards than prompts), and every output
+    still equals the reference."""
+    out = tmp_path / "bench.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "sglang_vpp.cli.app", "bench", "--model", "tiny-qwen3", "--pp", "2",
+         "--seq-len", "128", "--chunk-size", "auto", "--requests", "8", "--modes", "cpp,vpp-pack",
+         "--repeat", "1", "--quiet", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert completed.returncode == 0, completed.stderr
+    data = json.loads(out.read_text())
+    assert data["config"]["auto_chunk"] and data["config"]["chunk_size"] == 8 * 128
+    for row in data["results"]:
+        assert row["max_abs_diff"] == 0.0
+        assert row["num_chunks"] < 8, row

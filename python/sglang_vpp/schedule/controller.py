@@ -199,6 +199,8 @@ class Controller:
             raise ValueError(f"num_groups must be 1 or 2, got {num_groups}")
         self.policy = policy
         self.layout = layout
+        self._stages_of_rank = tuple(layout.stages_of(rank) for rank in range(layout.num_ranks))
+        """``layout.stages_of`` per rank, which the server's loops read at every poll."""
         self.cost = cost
         self.chunker = chunker
         self.num_groups = num_groups if num_groups is not None else policy.num_groups
@@ -322,7 +324,7 @@ class Controller:
         come back up the V to it and ``forward_seq`` is there to go down (rank 0: the batch it
         holds for stage 0), in the order a server's loop lists them, records them (``pick``
         records) and replays them: the rank's later stage first."""
-        stages = self.layout.stages_of(rank)
+        stages = self._stages_of_rank[rank]
         ready = []
         if back_seq is not None:
             ready.append((stages[-1], back_seq))

@@ -281,7 +281,6 @@ class ServerModel:
         self.expected = expected
         probe = _build_controller(inputs, 0)
         self.layout = probe.layout
-        self.last = self.layout.num_stages - 1
         self.ranks = [_Rank(r, _build_controller(inputs, r)) for r in range(self.layout.num_ranks)]
         self.arrivals: dict[int, list[dict]] = {r: [] for r in range(self.layout.num_ranks)}
         self.built: list[dict] = []
@@ -434,7 +433,7 @@ class ServerModel:
             start = end + self.timings.chain_s(state.rank, state.index)
             stage += 1
             end = self._compute(state, stage, seq, start, None)
-        if stage == self.last:
+        if stage == self.layout.last_stage:
             self._decision(state, {"kind": LEFT, "seq": seq})
             state.controller.on_left(seq)
             self._slots = {slot: s for slot, s in self._slots.items() if s != seq}
