@@ -3,13 +3,21 @@
 - ``--update-golden`` rewrites golden files instead of comparing.
 - After each test, an SGLang server that the next test will not use is stopped
   (``sglang_harness.close_idle_pools``).
+- The summary counts the SGLang servers this process started and the seconds they took to
+  start, and names configurations started more than once: server start-up is most of the
+  suite's time, and a configuration started twice is one that test order could share.
 """
 
 from __future__ import annotations
 
 import sys
+import time
+from collections import Counter
 
 import pytest
+
+_SERVER_STARTS: list[tuple[object, float]] = []
+"""(configuration, seconds from spawn to healthy or failure) of each SGLang server started here."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,3 +38,37 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     if harness is not None:
         harness.close_idle_pools(item, nextitem)
     return result
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Record every SGLang server start of this process (``_SERVER_STARTS``)."""
+    from sglang_vpp.serving.launcher import SGLangServer
+
+    original = SGLangServer.start
+    if getattr(original, "_counted", False):
+        return
+
+    def start(self, *args, **kwargs):
+        began = time.monotonic()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _SERVER_STARTS.append((self.config, time.monotonic() - began))
+
+    start._counted = True  # type: ignore[attr-defined]
+    SGLangServer.start = start  # type: ignore[method-assign]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _SERVER_STARTS:
+        return
+    total = sum(seconds for _, seconds in _SERVER_STARTS)
+    counts = Counter(repr(config) for config, _ in _SERVER_STARTS)
+    again = {key: n for key, n in counts.items() if n > 1}
+    again_s = sum(seconds for config, seconds in _SERVER_STARTS if repr(config) in again)
+    terminalreporter.write_sep("=", "SGLang servers started by this process")
+    terminalreporter.write_line(f"{len(_SERVER_STARTS)} starts, {total:.0f} s until healthy; "
+                                f"{len(counts)} configurations, {len(again)} of them started more than once "
+                                f"({sum(again.values())} starts, {again_s:.0f} s)")
+    for key, n in sorted(again.items(), key=lambda item: -item[1])[:5]:
+        terminalreporter.write_line(f"  {n} x {key[:300]}")
