@@ -28,6 +28,7 @@ from sglang_vpp.serving.launcher import (
 __all__ = [
     "POOLS",
     "SKIP_NO_SGLANG",
+    "NodeLaunch",
     "ServerConfig",
     "ServerPool",
     "SGLangServer",
@@ -48,6 +49,19 @@ SKIP_NO_SGLANG = pytest.mark.skipif(
     not SGLANG_INSTALLED,
     reason="SGLang is not installed: run scripts/install_sglang_cpu.sh (CI does)",
 )
+
+
+class NodeLaunch(SGLangServer):
+    """A launch with ``--node-rank >= 1`` of a server over several nodes: it runs scheduler
+    processes only and serves no HTTP, so "started" means "still running"; the node-0 launch's
+    health covers both."""
+
+    def _wait_healthy(self, deadline: float, on_wait=None) -> None:
+        assert self.process is not None
+        time.sleep(2.0)
+        self._remember_descendants(self.process.pid)
+        if self.process.poll() is not None:
+            raise ServerStartError(f"node launch exited with {self.process.returncode}; log tail:\n{self.log_tail()}")
 
 
 def kv_tokens_in_use(server: SGLangServer) -> int:

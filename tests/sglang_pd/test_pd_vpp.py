@@ -9,7 +9,7 @@ transformers' greedy continuation, and to what the stock PP (``cpp``) prefill ga
 positional pairing would put KV into the wrong layers; only pairing by id gives these tokens.
 The vpp-pack server is started and measured by ``bench-serve --launch ... --pd``'s launch code
 (the four prompts are its warm-up); its trace replays through the controller (``sglang-vpp check
---trace``).
+--trace``). The same vpp-pack prefill also runs over two nodes (two launches, one rank each).
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from sglang_harness import SKIP_NO_SGLANG, wait_for_json
+from sglang_harness import SKIP_NO_SGLANG, NodeLaunch, ServerConfig, free_port, wait_for_json
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
 from vpp_checks import QWEN2_8L, Reference, all_admitted_left, make_prompts  # noqa: E402
 from conftest import CHUNK, PROMPT_LENGTHS, PROMPT_SEED, SERVED  # noqa: E402
 from pd_checks import NUM_NEW, check, four_prompts, prefill_of, serve  # noqa: E402
+
+from sglang_vpp.serving.pd_launcher import prefill_config  # noqa: E402
 
 SKIP_NO_PD = pytest.mark.skipif(
     importlib.util.find_spec("mooncake") is None or importlib.util.find_spec("sglang_router") is None,
@@ -151,3 +153,32 @@ def test_auto_sizes_the_prefill_batches_on_every_rank_and_its_trace_replays(
     replay = CliRunner().invoke(app, ["check", "--trace", str(trace_dir)])
     assert replay.exit_code == 0, replay.output
     assert "the server followed the controller" in replay.output
+
+
+def test_vpp_pack_prefill_over_two_nodes_equals_cpp(deployment, model_dir, prompts, cpp_answers, tmp_path):
+    """The prefill server of a PD split over two nodes (``--nnodes 2``, one pipeline rank per
+    node, joined only through ``--dist-init-addr``; both nodes' KV senders register with node
+    0's bootstrap server): the router's answers equal the one-node cpp prefill's, and each node
+    holds its own virtual stages."""
+    from dataclasses import replace
+
+    bootstrap_port, init_addr = free_port(), f"127.0.0.1:{free_port()}"
+    base = ServerConfig(model_dir=str(model_dir), chunked_prefill_size=CHUNK, pp_size=2, pp_mode="vpp-pack")
+
+    def node(rank: int) -> ServerConfig:
+        # Each launch its own --nccl-port (prefill_config draws one): both run on this host.
+        launch = replace(base, extra_args=("--nnodes", "2", "--dist-init-addr", init_addr, "--node-rank", str(rank)),
+                         extra_env=(("SGLANG_CPU_OMP_THREADS_BIND", str(rank)),))
+        return prefill_config(launch, bootstrap_port)
+
+    deployment.stop_prefill()
+    follower = NodeLaunch(node(1), tmp_path / "node1.log")
+    try:
+        follower.start(timeout=600)
+        router = deployment.serve_prefill(node(0), timeout=600)
+        check(deployment, "vpp-pack prefill over two nodes", four_prompts(router.url, prompts), cpp_answers)
+        assert "VPP node 0 holds virtual stages (0, 3)" in deployment.prefill.log_tail(10**7)
+        assert "VPP node 1 holds virtual stages (1, 2)" in follower.log_tail(10**7)
+    finally:
+        deployment.stop_prefill()
+        follower.stop()

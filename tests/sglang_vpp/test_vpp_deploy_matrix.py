@@ -25,12 +25,11 @@ virtual stages.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
-from sglang_harness import SKIP_NO_SGLANG, ServerConfig, SGLangServer, ServerStartError, free_port
+from sglang_harness import SKIP_NO_SGLANG, NodeLaunch, ServerConfig, SGLangServer, free_port
 from sglang_vpp.models.tiny_hf import TinyModelSpec
 from vpp_checks import CHUNK, QWEN3_MOE, Reference, greedy_tokens_checked
 
@@ -64,18 +63,6 @@ LENGTHS = (300, 37, 200, 130)
 TP2_BIND = "0|1|0|1"
 """Four ranks (tp-major within each pp rank) on the two cores."""
 _CPP_TOKENS: dict[tuple[str, str], list[list[int]]] = {}
-
-
-class NodeLaunch(SGLangServer):
-    """A launch with ``--node-rank >= 1``: it runs scheduler processes only and serves no HTTP,
-    so "started" means "still running"; the node-0 launch's health covers both."""
-
-    def _wait_healthy(self, deadline: float, on_wait=None) -> None:
-        assert self.process is not None
-        time.sleep(2.0)
-        self._remember_descendants(self.process.pid)
-        if self.process.poll() is not None:
-            raise ServerStartError(f"node launch exited with {self.process.returncode}; log tail:\n{self.log_tail()}")
 
 
 def _cell_id(cell) -> str:
