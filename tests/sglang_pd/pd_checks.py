@@ -12,12 +12,16 @@ from pathlib import Path
 
 from conftest import CHUNK, PROMPT_LENGTHS
 from sglang_harness import ServerConfig, assert_kv_idle, post_json
+from vpp_checks import make_prompts
 
 from sglang_vpp.serving.launcher import free_port
 from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config
 
 LATE_DELAY_S = 1.0
 NUM_NEW = 8
+MIXED_LENGTHS = (5, 37, 64, 130, 200, 90, 20, 150)
+"""1 to 4 chunks of 64 each (``NUM_MIXED`` requests, about 2,800 prompt tokens in all)."""
+NUM_MIXED = 32
 
 
 def prefill_of(model_dir: Path, mode: str, extra: tuple[str, ...] = (), pp_size: int = 2,
@@ -69,3 +73,14 @@ def check(deployment: PdDeployment, label: str, got: list[list[int]], want: list
             f"{deployment.prefill.log_tail(3000)}\ndecode log tail:\n{deployment.decode.log_tail(2000)}"
         )
     assert_kv_idle(deployment.prefill, deployment.decode, what=f"{label}: ")
+
+
+def check_mixed(deployment: PdDeployment, url: str, greedy) -> None:
+    """``NUM_MIXED`` requests of ``MIXED_LENGTHS`` at once through ``url``: each answer equals
+    ``greedy(ids)`` (transformers' continuation), then KV back to 0 on both sides."""
+    prompts = make_prompts([MIXED_LENGTHS[i % len(MIXED_LENGTHS)] for i in range(NUM_MIXED)], 32)
+    with ThreadPoolExecutor(NUM_MIXED) as pool:
+        answers = list(pool.map(lambda ids: generate(url, ids), prompts))
+    wrong = [(len(ids), a, greedy(ids)) for ids, a in zip(prompts, answers) if a != greedy(ids)]
+    assert not wrong, f"{len(wrong)} of {NUM_MIXED} differ from transformers, e.g. {wrong[:2]}"
+    assert_kv_idle(deployment.prefill, deployment.decode)

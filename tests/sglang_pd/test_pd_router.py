@@ -23,14 +23,13 @@ import signal
 import threading
 import time
 import urllib.error
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
 from vpp_checks import QWEN2_8L, Reference, make_prompts
 from conftest import CHUNK, PREFILL_MODES, PROMPT_LENGTHS, PROMPT_SEED, SERVED
-from pd_checks import NUM_NEW, four_prompts, generate, post_status
+from pd_checks import NUM_NEW, check_mixed, four_prompts, generate, post_status
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig, assert_kv_idle, kv_tokens_in_use
 
 from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config
@@ -86,22 +85,12 @@ def test_concurrent_prompts_equal_transformers(router, deployment, prompts, refe
     SERVED[deployment.prefill.config.pp_mode] = answers
 
 
-MIXED_LENGTHS = (5, 37, 64, 130, 200, 90, 20, 150)
-"""1 to 4 chunks of 64 each (32 requests, about 2,800 prompt tokens in all)."""
-NUM_MIXED = 32
-
-
 def _assert_kv_idle(deployment: PdDeployment, bound_s: float = 60.0) -> None:
     assert_kv_idle(deployment.prefill, deployment.decode, bound_s=bound_s)
 
 
 def test_32_concurrent_mixed_all_served_equal_transformers_kv_idle(router, deployment, greedy):
-    prompts = make_prompts([MIXED_LENGTHS[i % len(MIXED_LENGTHS)] for i in range(NUM_MIXED)], 32)
-    with ThreadPoolExecutor(NUM_MIXED) as pool:
-        answers = list(pool.map(lambda ids: generate(router.url, ids), prompts))
-    wrong = [(len(ids), a, greedy(ids)) for ids, a in zip(prompts, answers) if a != greedy(ids)]
-    assert not wrong, f"{len(wrong)} of {NUM_MIXED} differ from transformers, e.g. {wrong[:2]}"
-    _assert_kv_idle(deployment)
+    check_mixed(deployment, router.url, greedy)
 
 
 @pytest.mark.parametrize("where", ["unreachable-host", "closed-port"])

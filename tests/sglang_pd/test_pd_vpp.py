@@ -25,7 +25,7 @@ from sglang_harness import SKIP_NO_SGLANG, NodeLaunch, ServerConfig, free_port, 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
 from vpp_checks import QWEN2_8L, Reference, all_admitted_left, make_prompts  # noqa: E402
 from conftest import CHUNK, PROMPT_LENGTHS, PROMPT_SEED, SERVED  # noqa: E402
-from pd_checks import NUM_NEW, check, four_prompts, prefill_of, serve  # noqa: E402
+from pd_checks import NUM_NEW, check, check_mixed, four_prompts, prefill_of, serve  # noqa: E402
 
 from sglang_vpp.serving.pd_launcher import prefill_config  # noqa: E402
 
@@ -49,9 +49,15 @@ def prompts() -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model, prompts) -> list[list[int]]:
+def greedy(tiny_model):
+    """transformers' greedy continuation of a prompt."""
     reference = Reference(tiny_model)
-    return [reference(QWEN2_8L, ids, NUM_NEW)["tokens"] for ids in prompts]
+    return lambda ids: reference(QWEN2_8L, ids, NUM_NEW)["tokens"]
+
+
+@pytest.fixture(scope="module")
+def expected(greedy, prompts) -> list[list[int]]:
+    return [greedy(ids) for ids in prompts]
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +159,18 @@ def test_auto_sizes_the_prefill_batches_on_every_rank_and_its_trace_replays(
     replay = CliRunner().invoke(app, ["check", "--trace", str(trace_dir)])
     assert replay.exit_code == 0, replay.output
     assert "the server followed the controller" in replay.output
+
+
+def test_32_concurrent_mixed_through_a_vpp_prefill_equal_transformers(deployment, model_dir, greedy):
+    """32 requests of 1 to 4 chunks at once through the router, on the VPP prefill server the
+    tests above left running (vpp-stream sizing its own chunks when the module runs in order;
+    else a fresh vpp-stream): every answer equals transformers', KV back to 0 on both sides."""
+    prefill = deployment.prefill
+    if prefill is not None and deployment.router is not None and (prefill.config.pp_mode or "").startswith("vpp"):
+        url = deployment.router.url
+    else:
+        url = serve(deployment, model_dir, "vpp-stream").url
+    check_mixed(deployment, url, greedy)
 
 
 def test_vpp_pack_prefill_over_two_nodes_equals_cpp(deployment, model_dir, prompts, cpp_answers, tmp_path):
