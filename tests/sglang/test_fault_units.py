@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -280,6 +281,42 @@ def test_report_waits_for_a_rank_whose_death_is_not_yet_visible(monkeypatch, cap
     finally:
         child.kill()
         child.wait(5)
+
+
+def test_a_rank_that_ended_itself_is_not_reported_as_the_failure(monkeypatch, caplog):
+    """A survivor exits with code 0 after logging the peer failure it saw. Beside a killed rank
+    it is "ended", not "failed"; alone (the killed rank on another node) the report says that
+    no rank of this launcher failed and where to look."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ended.wait(10)  # collected: the report reads its Process's exit code, as after SGLang's watchdog
+        process = types.SimpleNamespace(exitcode=0)
+        survivor = RankRecord(0, 0, 0, ended.pid, process)
+        os.kill(killed.pid, signal.SIGKILL)
+        time.sleep(0.3)
+        monkeypatch.setattr(failure_report, "_ranks", [survivor, RankRecord(1, 0, 0, killed.pid)])
+        with caplog.at_level("ERROR"):
+            described = failure_report.report_failed_ranks(settle_s=0.2)
+        lines = [r.getMessage() for r in caplog.records]
+        assert described == [f"pp_rank=1 tp_rank=0 node=0 pid={killed.pid} killed by signal 9 (SIGKILL)"]
+        assert f"sglang-vpp: pipeline rank ended: pp_rank=0 tp_rank=0 node=0 pid={ended.pid} exited with code 0 " \
+               "after the error it logged above" in lines
+        assert not any("pipeline rank failed" in line and f"pid={ended.pid}" in line for line in lines)
+        assert not any("no pipeline rank of this launcher" in line for line in lines)
+
+        caplog.clear()
+        monkeypatch.setattr(failure_report, "_ranks", [survivor])
+        began = time.monotonic()
+        with caplog.at_level("ERROR"):
+            described = failure_report.report_failed_ranks(settle_s=0.5)
+        assert time.monotonic() - began >= 0.5, "an ended rank alone must not cut the wait for the failed one"
+        assert described == [f"pp_rank=0 tp_rank=0 node=0 pid={ended.pid} exited with code 0"]
+        assert any("no pipeline rank of this launcher was killed" in r.getMessage() and "--nnodes" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        killed.kill()
+        killed.wait(5)
 
 
 def test_report_says_every_rank_still_runs_after_the_settle_time(monkeypatch, caplog):

@@ -7,6 +7,7 @@ one child failed". This module adds one line per rank that is not running normal
 
     sglang-vpp: pipeline rank failed: pp_rank=1 tp_rank=0 node=0 pid=4242 killed by signal 9 (SIGKILL)
     sglang-vpp: pipeline rank failed: pp_rank=1 tp_rank=0 node=0 pid=4242 is stopped (SIGSTOP or a debugger) ...
+    sglang-vpp: pipeline rank ended: pp_rank=0 tp_rank=0 node=0 pid=4241 exited with code 0 after the error it logged above
 
 Data flow (launcher process)::
 
@@ -157,33 +158,57 @@ def _failure_of(rank: RankRecord) -> str | None:
     return None
 
 
+_ENDED_ON_ITS_OWN = describe_exit(code=0)
+"""A scheduler that catches an error (its own, or a peer's death seen as a failed send or
+receive) logs it, asks the launcher to stop the server and returns: exit code 0."""
+
+
 FAILURE_SETTLE_S = 2.0
 """How long to look for the failed rank when a survivor reported first: a killed process closes
 its sockets (which the survivor sees as a dead peer) a moment before its exit status exists."""
 
 
 def _failed_ranks(settle_s: float) -> list[tuple[RankRecord, str]]:
+    """The ranks not running normally, once one has failed or ``settle_s`` has passed (a rank
+    that only ended itself does not end the wait: the one whose death it saw may show next)."""
     deadline = time.monotonic() + settle_s
     while True:
         failed = [(rank, _failure_of(rank)) for rank in _ranks]
         failed = [(rank, how) for rank, how in failed if how is not None]
-        if failed or not _ranks or time.monotonic() >= deadline:
+        if any(how != _ENDED_ON_ITS_OWN for _, how in failed) or not _ranks or time.monotonic() >= deadline:
             return failed
         time.sleep(0.05)
 
 
 def report_failed_ranks(settle_s: float = FAILURE_SETTLE_S) -> list[str]:
-    """One log line per failed rank; returns the lines' rank descriptions."""
-    failed = _failed_ranks(settle_s)
+    """One log line per rank that is not running normally; returns the descriptions of those
+    that failed (killed, stopped, an error exit code), or, when none did, of those that ended
+    themselves.
+
+    A rank that ended itself (exit code 0) is not the failure: it stopped after an error it
+    logged. When no rank of this launcher failed otherwise, the first failure was a peer's,
+    possibly on another node (``--nnodes``), whose launcher reports its own ranks."""
+    found = _failed_ranks(settle_s)
+    failed = [(rank, how) for rank, how in found if how != _ENDED_ON_ITS_OWN]
+    ended = [(rank, how) for rank, how in found if how == _ENDED_ON_ITS_OWN]
     for rank, how in failed:
         logger.error("sglang-vpp: pipeline rank failed: %s %s", rank.label(), how)
-    if _ranks and not failed:
+    for rank, how in ended:
+        logger.error("sglang-vpp: pipeline rank ended: %s %s after the error it logged above", rank.label(), how)
+    if ended and not failed:
+        logger.error(
+            "sglang-vpp: no pipeline rank of this launcher was killed, stopped or exited with an "
+            "error code: the first failure is the one the error above names (a peer that is "
+            "gone, or the rank's own); a rank on another node (--nnodes) is reported in that "
+            "node's log"
+        )
+    if _ranks and not found:
         logger.error(
             "sglang-vpp: a scheduler reported a failure; every pipeline rank process is still "
             "running (%s): see that rank's error above",
             ", ".join(rank.label() for rank in _ranks),
         )
-    return [f"{rank.label()} {how}" for rank, how in failed]
+    return [f"{rank.label()} {how}" for rank, how in (failed or ended)]
 
 
 def _fail_pending_requests(manager: Any, message: str) -> None:
