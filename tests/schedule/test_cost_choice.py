@@ -56,8 +56,10 @@ def test_equal_inputs_give_equal_estimates():
 def test_an_unreadable_profile_says_which_file_and_the_fix(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    for path in (str(bad), str(tmp_path / "missing.json")):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)  # the decoder's RecursionError, not a JSONDecodeError
+    for path in (str(bad), str(tmp_path / "missing.json"), str(deep)):
         with pytest.raises(CostModelError, match=r"is not a readable fitted cost model .*'sglang-vpp bench --costs"):
             choose_cost(LAYOUT, on_cpu=True, auto_chunk=True, profile_path=path)
-        with pytest.raises(CostModelError, match="bad.json|missing.json"):
+        with pytest.raises(CostModelError, match="bad.json|missing.json|deep.json"):
             read_cost_profile(path)
