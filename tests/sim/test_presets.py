@@ -134,3 +134,28 @@ def test_a_preset_path_that_is_missing_a_folder_or_not_an_object_is_refused(tmp_
     (tmp_path / "list.json").write_text("[]")
     with pytest.raises(PresetError, match="holds list, not a JSON object"):
         load_hardware(str(tmp_path / "list.json"))
+
+
+@pytest.mark.parametrize("name,changes,message", [
+    # A layer without FFN: the model ran at a fraction of its compute, silently.
+    ("qwen3-coder-30b-a3b", {"num_experts": 0, "num_active_experts": 0, "num_shared_experts": 0,
+                             "expert_intermediate": 0}, "a dense model needs dense_intermediate"),
+    ("qwen3-coder-30b-a3b", {"first_dense_layers": 2}, "first_dense_layers 2 needs dense_intermediate"),
+    ("qwen3-coder-30b-a3b", {"first_dense_layers": 49}, "first_dense_layers 49 is more than num_layers 48"),
+    # A DSA model whose indexer costs nothing.
+    ("glm-5.2", {"indexer_heads": 0}, "sparse_top_k (DSA) needs indexer_heads and indexer_head_dim"),
+    ("qwen3-tiny", {"num_kv_heads": 3}, "gqa needs num_kv_heads to divide num_heads, got 3 and 4"),
+    ("qwen3-tiny", {"num_kv_heads": 8}, "gqa needs num_kv_heads to divide num_heads, got 8 and 4"),
+    # Fields the model's kind never reads: the user believes they set something.
+    ("qwen3-tiny", {"kv_lora_rank": 512}, "kv_lora_rank is not read for gqa attention; drop it or set 0"),
+    ("deepseek-v3.1", {"num_kv_heads": 8, "head_dim": 128}, "num_kv_heads, head_dim are not read for mla attention"),
+    ("qwen3-tiny", {"num_active_experts": 2}, "num_active_experts is not read for a dense model (num_experts 0)"),
+    ("deepseek-v3.1", {"indexer_heads": 64}, "indexer_heads is not read for dense attention (sparse_top_k 0)"),
+])
+def test_model_fields_that_do_not_combine_are_refused(tmp_path, name, changes, message):
+    data = _shipped("models", name)
+    data.update(changes)
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PresetError, match=re.escape(f"model {data['name']}: {message}")):
+        load_model(str(path))
