@@ -79,7 +79,13 @@ def _shipped(kind: str, name: str) -> dict:
     (load_hardware, "hardware", "cpu", "half_efficiency_tokens", -1, "half_efficiency_tokens is -1, not a finite"),
     (load_hardware, "hardware", "cpu", "chunk_overhead_s", 3600, "chunk_overhead_s is 3600, not a finite number in [0, 1]"),
     (load_hardware, "hardware", "cpu", "tp_size", 0, "tp_size is 0, not a whole number in [1, 65536]"),
-    (load_hardware, "hardware", "cpu", "hbm_bytes_per_s", 0, "hbm_bytes_per_s is 0, not a finite number in (0, 1e+18]"),
+    # Near 0 they divide work into times that overflow to inf (the run then stalled with a
+    # planner error) or into 1e300-second rows.
+    (load_hardware, "hardware", "cpu", "peak_flops", 1e-300, "peak_flops is 1e-300, not a finite number in [1, 1e+18]"),
+    (load_hardware, "hardware", "cpu", "pp_bytes_per_s", 1e-300, "pp_bytes_per_s is 1e-300, not a finite number in [1, "),
+    (load_hardware, "hardware", "cpu", "attention_efficiency", 1e-300, "attention_efficiency is 1e-300, not a finite "
+     "number in [0.001, 1] (a share of peak)"),
+    (load_hardware, "hardware", "cpu", "hbm_bytes_per_s", 0, "hbm_bytes_per_s is 0, not a finite number in [1, 1e+18]"),
     (load_model, "models", "qwen3-tiny", "num_layers", 10**9, "num_layers is 1000000000, not a whole number in [1, 4096]"),
     (load_model, "models", "qwen3-tiny", "attention", 5, "attention is 5, not a string"),
 ])
@@ -111,7 +117,7 @@ def test_every_numeric_preset_field_has_a_physical_range():
 @pytest.mark.parametrize(("loader", "field", "value", "message"), [
     (load_hardware, "tp_latency_s", -1.0, "tp_latency_s is -1.0, not a finite number in [0, 1] (seconds)"),
     (load_hardware, "pp_tensors", 0, "pp_tensors is 0, not a whole number in [1, 16]"),
-    (load_hardware, "linear_efficiency", float("nan"), "linear_efficiency is nan, not a finite number in (0, 1]"),
+    (load_hardware, "linear_efficiency", float("nan"), "linear_efficiency is nan, not a finite number in [0.001, 1]"),
     (load_model, "num_layers", 5000, "num_layers is 5000, not a whole number in [1, 4096] (decoder layers)"),
     (load_model, "weight_bytes", 0.0, "weight_bytes is 0.0, not a finite number in (0, 8]"),
 ])
