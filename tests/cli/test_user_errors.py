@@ -277,6 +277,7 @@ CASES = [
     (["bench-serve", "--launch", "cpp", "--no-progress", "--device", "", "--port", "70000"], "--device '' is empty"),
     (_URL + ["--work-dir", "NOT_JSON"], "is a file; give a directory (made if missing)"),
     (["bench-serve", "--url", "http://[::1", "--no-progress"], "--url 'http://[::1' is not a URL (Invalid IPv6 URL)"),
+    (["bench-serve", "--url", "vpp=", "--no-progress"], "--url 'vpp=' has no URL after '='"),
     # A pass that would only be cut off by --timeout, and seeds numpy (bench_serving) or torch
     # (bench's reference) would refuse after the work started.
     (_URL + ["--request-rate", "1e-300"], "--request-rate 1e-300 sends 16 requests over about 1.6e+301 s, past "
