@@ -92,7 +92,7 @@ def read_workload_file(path: str | Path) -> list[WorkloadRecord]:
             continue
         try:
             records.append(_record(json.loads(line)))
-        except (json.JSONDecodeError, ValueError) as error:
+        except (ValueError, RecursionError) as error:  # RecursionError: arrays nested thousands deep
             raise WorkloadFileError(f"{path}:{number}: {error} in {line.strip()[:80]!r}; expected a line like "
                                     f"{_EXAMPLE}") from None
     if not records:

@@ -175,3 +175,29 @@ def test_bench_prints_a_progress_line_per_run_when_stderr_is_not_a_terminal(caps
     with _RichProgress(enabled=False) as quiet:  # --quiet
         quiet.phase("x")
     assert capsys.readouterr().err == ""
+
+
+def test_a_url_without_v1_models_is_refused_at_once():
+    """A 404 (another service, or a URL with a path) counted as up: bench_serving then waited 60 s."""
+    import http.server
+    import threading
+
+    from sglang_vpp.serving.bench_serving import BenchServeError, check_reachable
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(BenchServeError, match=r"answers but has no /v1/models \(HTTP 404\)"):
+            check_reachable(url)
+    finally:
+        server.shutdown()
+        server.server_close()

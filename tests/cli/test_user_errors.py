@@ -80,6 +80,10 @@ CASES = [
     (["bench-serve", "--launch", "cpp", "--model-path", "/nonexistent-model", "--no-progress"], "--model-path"),
     (_URL + ["--input-len", "1k", "--output-len", "1k"], "does not answer"),  # sizes accepted: the URL fails
     (["simulate", "--costs", "NOT_JSON"], "is not readable JSON"),
+    # JSON nested thousands deep: the decoder's RecursionError is not a JSONDecodeError.
+    (["simulate", "--costs", "DEEP.json"], "is not readable JSON (maximum recursion depth"),
+    (["simulate", "--model", "DEEP.json"], "is not valid JSON: maximum recursion depth"),
+    (["simulate", "--workload", "file", "--file", "DEEP.json"], "DEEP.json:1: maximum recursion depth"),
     (["simulate", "--costs", "NO_FORMAT"], 'has no "format" field'),
     (["simulate", "--costs", "/nonexistent.json"], "does not exist"),
     (["simulate", "--costs", "BAD_FIT"], "is a malformed sglang-vpp.fitted-cost file (KeyError: 'b')"),
@@ -273,6 +277,7 @@ CASES = [
     (["bench-serve", "--launch", "cpp", "--no-progress", "--device", "", "--port", "70000"], "--device '' is empty"),
     (_URL + ["--work-dir", "NOT_JSON"], "is a file; give a directory (made if missing)"),
     (["bench-serve", "--url", "http://[::1", "--no-progress"], "--url 'http://[::1' is not a URL (Invalid IPv6 URL)"),
+    (["bench-serve", "--url", "vpp=", "--no-progress"], "--url 'vpp=' has no URL after '='"),
     # A pass that would only be cut off by --timeout, and seeds numpy (bench_serving) or torch
     # (bench's reference) would refuse after the work started.
     (_URL + ["--request-rate", "1e-300"], "--request-rate 1e-300 sends 16 requests over about 1.6e+301 s, past "
@@ -314,7 +319,8 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
              "INF_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[Infinity, 0, 0, 1]]}\n',
              "NEG_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, -1]]}\n',
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n',
-             "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n', "LIST.json": "[]\n"}
+             "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n', "LIST.json": "[]\n",
+             "DEEP.json": '{"a": ' * 100_000 + "0" + "}" * 100_000 + "\n"}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     hardware = json.loads((resources.files("sglang_vpp.sim") / "presets" / "hardware" / "cpu.json").read_text())

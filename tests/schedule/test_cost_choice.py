@@ -1,13 +1,15 @@
 """The controller factory's estimate for an executor without a cost model of its own (an SGLang
 server): the choice from its device, ``auto`` and cost profile (``factory.choose_cost``)."""
 
+import json
+
 import pytest
 
 from sglang_vpp.schedule import LinearAttentionCost, build_layout
 from sglang_vpp.schedule.cpu_cost import HOST_GAP_PER_FORWARD_S, STAGE_CALL_S, cpu_serving_cost
 from sglang_vpp.schedule.errors import CostModelError
 from sglang_vpp.schedule.factory import choose_cost, read_cost_profile
-from sglang_vpp.schedule.fitted_cost import Coefficients, FittedCostModel
+from sglang_vpp.schedule.fitted_cost import FITTED_FORMAT, Coefficients, FittedCostModel
 
 LAYOUT = build_layout(2, 8, "foldback")
 
@@ -56,8 +58,19 @@ def test_equal_inputs_give_equal_estimates():
 def test_an_unreadable_profile_says_which_file_and_the_fix(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    for path in (str(bad), str(tmp_path / "missing.json")):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)  # the decoder's RecursionError, not a JSONDecodeError
+    for path in (str(bad), str(tmp_path / "missing.json"), str(deep)):
         with pytest.raises(CostModelError, match=r"is not a readable fitted cost model .*'sglang-vpp bench --costs"):
             choose_cost(LAYOUT, on_cpu=True, auto_chunk=True, profile_path=path)
-        with pytest.raises(CostModelError, match="bad.json|missing.json"):
+        with pytest.raises(CostModelError, match="bad.json|missing.json|deep.json"):
             read_cost_profile(path)
+
+
+def test_a_profile_with_no_fit_is_refused_when_read(tmp_path):
+    """Read, it passed the plugin's launch check and failed on the server's first estimate."""
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"format": FITTED_FORMAT, "version": 1, "stages": {}, "per_layer": None}))
+    with pytest.raises(CostModelError, match=r"empty.json' is not a readable fitted cost model \(a sglang-vpp"
+                                             r".fitted-cost file with no fit"):
+        read_cost_profile(str(empty))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -324,6 +325,28 @@ def test_comm_timeout_precedence_is_flag_then_env_then_default(monkeypatch):
     monkeypatch.setenv(COMM_TIMEOUT_ENV, "soon")
     with pytest.raises(PpModeError, match=f"{COMM_TIMEOUT_ENV}='soon' is not a number"):
         PipelineOptions.from_namespace(parser.parse_args([]))
+
+
+@pytest.mark.parametrize("mode", ["cpp", "vpp-pack"])
+@pytest.mark.parametrize("flag,env", [("nan", None), ("inf", None), ("1e300", None), ("0", None), ("-1", None),
+                                      (None, "nan"), (None, "inf"), (None, "-5")])
+def test_a_comm_timeout_that_no_wait_can_take_is_refused_at_launch(monkeypatch, mode, flag, env):
+    """NaN passed ``<= 0`` and reached the scheduler's comm config; inf and 1e300 overflow
+    ``timedelta`` there; cpp and dcpp took any value for their stock loop watchdog."""
+    from sglang_vpp.sglang_plugin.cli_args import add_pipeline_args, check_namespace
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pp-size", type=int, default=2)
+    parser.add_argument("--chunked-prefill-size", type=int, default=512)
+    add_pipeline_args(parser)
+    parser.set_defaults(**{refusal.attr: None for refusal in VPP_REFUSALS})
+    monkeypatch.delenv(COMM_TIMEOUT_ENV, raising=False)
+    if env is not None:
+        monkeypatch.setenv(COMM_TIMEOUT_ENV, env)
+    argv = ["--pp-mode", mode] + ([] if flag is None else ["--vpp-comm-timeout", flag])
+    given = f"--vpp-comm-timeout {float(flag)}" if flag is not None else f"{COMM_TIMEOUT_ENV}={env!r}"
+    with pytest.raises(PpModeError, match=re.escape(f"{given} must be a number of seconds in (0, 604800]")):
+        check_namespace(parser.parse_args(argv))
 
 
 class _DropsItsDict:

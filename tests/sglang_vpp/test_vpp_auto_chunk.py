@@ -52,6 +52,12 @@ def test_auto_gives_sglang_the_cap_and_the_plugin_the_flag():
         check_namespace(stock)
 
 
+def test_a_size_that_is_neither_an_integer_nor_auto_names_both(capsys):
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--chunked-prefill-size", "4k", "--pp-mode", "vpp-pack"])
+    assert "argument --chunked-prefill-size: invalid int or 'auto' value: '4k'" in capsys.readouterr().err
+
+
 def _server(monkeypatch, cap: int = 256) -> tuple[VppState, object, list[dict]]:
     state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, auto_chunk=True), rank=0)
     state.ensure_layout(8)

@@ -217,3 +217,17 @@ def test_a_size_given_twice_runs_once(tmp_path):
     rows = json.loads(out.read_text())["results"]
     assert [(r["seq_len"], r["chunk_size"] if not r.get("auto_chunk_sizes") else "auto") for r in rows] == [
         (8192, 1024), (8192, "auto")]
+
+
+def test_a_rate_under_ten_tokens_per_second_is_not_printed_as_zero(tmp_path):
+    """A slow hardware preset finishes with well under 1 tok/s; whole numbers printed it as 0."""
+    from importlib import resources
+
+    hardware = json.loads((resources.files("sglang_vpp.sim") / "presets" / "hardware" / "cpu.json").read_text())
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps({**hardware, "peak_flops": 1.0}))
+    result = RUNNER.invoke(app, ["simulate", "--model", "qwen3-tiny", "--hardware", str(path), "--seq-len", "1k",
+                                 "--chunk-size", "256", "--modes", "cpp"])
+    assert result.exit_code == 0, result.output
+    row = next(line.split() for line in result.output.splitlines() if line.split()[2:3] == ["cpp"])
+    assert float(row[4]) > 0 and "e-" in row[4], row

@@ -79,7 +79,13 @@ def _shipped(kind: str, name: str) -> dict:
     (load_hardware, "hardware", "cpu", "half_efficiency_tokens", -1, "half_efficiency_tokens is -1, not a finite"),
     (load_hardware, "hardware", "cpu", "chunk_overhead_s", 3600, "chunk_overhead_s is 3600, not a finite number in [0, 1]"),
     (load_hardware, "hardware", "cpu", "tp_size", 0, "tp_size is 0, not a whole number in [1, 65536]"),
-    (load_hardware, "hardware", "cpu", "hbm_bytes_per_s", 0, "hbm_bytes_per_s is 0, not a finite number in (0, 1e+18]"),
+    # Near 0 they divide work into times that overflow to inf (the run then stalled with a
+    # planner error) or into 1e300-second rows.
+    (load_hardware, "hardware", "cpu", "peak_flops", 1e-300, "peak_flops is 1e-300, not a finite number in [1, 1e+18]"),
+    (load_hardware, "hardware", "cpu", "pp_bytes_per_s", 1e-300, "pp_bytes_per_s is 1e-300, not a finite number in [1, "),
+    (load_hardware, "hardware", "cpu", "attention_efficiency", 1e-300, "attention_efficiency is 1e-300, not a finite "
+     "number in [0.001, 1] (a share of peak)"),
+    (load_hardware, "hardware", "cpu", "hbm_bytes_per_s", 0, "hbm_bytes_per_s is 0, not a finite number in [1, 1e+18]"),
     (load_model, "models", "qwen3-tiny", "num_layers", 10**9, "num_layers is 1000000000, not a whole number in [1, 4096]"),
     (load_model, "models", "qwen3-tiny", "attention", 5, "attention is 5, not a string"),
 ])
@@ -111,7 +117,7 @@ def test_every_numeric_preset_field_has_a_physical_range():
 @pytest.mark.parametrize(("loader", "field", "value", "message"), [
     (load_hardware, "tp_latency_s", -1.0, "tp_latency_s is -1.0, not a finite number in [0, 1] (seconds)"),
     (load_hardware, "pp_tensors", 0, "pp_tensors is 0, not a whole number in [1, 16]"),
-    (load_hardware, "linear_efficiency", float("nan"), "linear_efficiency is nan, not a finite number in (0, 1]"),
+    (load_hardware, "linear_efficiency", float("nan"), "linear_efficiency is nan, not a finite number in [0.001, 1]"),
     (load_model, "num_layers", 5000, "num_layers is 5000, not a whole number in [1, 4096] (decoder layers)"),
     (load_model, "weight_bytes", 0.0, "weight_bytes is 0.0, not a finite number in (0, 8]"),
 ])
@@ -134,3 +140,28 @@ def test_a_preset_path_that_is_missing_a_folder_or_not_an_object_is_refused(tmp_
     (tmp_path / "list.json").write_text("[]")
     with pytest.raises(PresetError, match="holds list, not a JSON object"):
         load_hardware(str(tmp_path / "list.json"))
+
+
+@pytest.mark.parametrize("name,changes,message", [
+    # A layer without FFN: the model ran at a fraction of its compute, silently.
+    ("qwen3-coder-30b-a3b", {"num_experts": 0, "num_active_experts": 0, "num_shared_experts": 0,
+                             "expert_intermediate": 0}, "a dense model needs dense_intermediate"),
+    ("qwen3-coder-30b-a3b", {"first_dense_layers": 2}, "first_dense_layers 2 needs dense_intermediate"),
+    ("qwen3-coder-30b-a3b", {"first_dense_layers": 49}, "first_dense_layers 49 is more than num_layers 48"),
+    # A DSA model whose indexer costs nothing.
+    ("glm-5.2", {"indexer_heads": 0}, "sparse_top_k (DSA) needs indexer_heads and indexer_head_dim"),
+    ("qwen3-tiny", {"num_kv_heads": 3}, "gqa needs num_kv_heads to divide num_heads, got 3 and 4"),
+    ("qwen3-tiny", {"num_kv_heads": 8}, "gqa needs num_kv_heads to divide num_heads, got 8 and 4"),
+    # Fields the model's kind never reads: the user believes they set something.
+    ("qwen3-tiny", {"kv_lora_rank": 512}, "kv_lora_rank is not read for gqa attention; drop it or set 0"),
+    ("deepseek-v3.1", {"num_kv_heads": 8, "head_dim": 128}, "num_kv_heads, head_dim are not read for mla attention"),
+    ("qwen3-tiny", {"num_active_experts": 2}, "num_active_experts is not read for a dense model (num_experts 0)"),
+    ("deepseek-v3.1", {"indexer_heads": 64}, "indexer_heads is not read for dense attention (sparse_top_k 0)"),
+])
+def test_model_fields_that_do_not_combine_are_refused(tmp_path, name, changes, message):
+    data = _shipped("models", name)
+    data.update(changes)
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PresetError, match=re.escape(f"model {data['name']}: {message}")):
+        load_model(str(path))

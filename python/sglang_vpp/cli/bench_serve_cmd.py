@@ -71,6 +71,9 @@ def _parse_targets(urls: list[str], label: str | None) -> list[tuple[str, str]]:
         elif not name.strip():
             raise BenchServeError(f"--url {raw!r} has an empty name before '='; write name=http://..., e.g. "
                                   "vpp-pack=http://127.0.0.1:30000, or the bare URL")
+        elif not url.strip():  # else the URL check quotes '' and the name the user wrote is lost
+            raise BenchServeError(f"--url {raw!r} has no URL after '='; write name=http://..., e.g. "
+                                  "vpp-pack=http://127.0.0.1:30000")
         targets.append((name, url))
     names = [name for name, _ in targets]
     if len(set(names)) != len(names):

@@ -43,7 +43,7 @@ def _cost_model(model_spec, hardware_spec, tp: Optional[int], costs: Optional[Pa
         raise CostModelError(f"--costs file {str(costs)!r} does not exist")
     try:
         data = json.loads(costs.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:  # arrays thousands deep
         raise CostModelError(f"--costs {str(costs)!r} is not readable JSON ({error}); write one with "
                              "sglang-vpp bench --costs FILE") from None
     kind = data.get("format") if isinstance(data, dict) else None

@@ -123,6 +123,11 @@ class FittedCostModel(StageCostModel):
         if not isinstance(data, dict) or data.get("format") != FITTED_FORMAT:
             raise CostModelError(f"not a fitted cost model: format {data.get('format') if isinstance(data, dict) else data!r}, "
                                  f"expected {FITTED_FORMAT!r}")
+        if not data.get("stages") and not data.get("per_layer"):
+            # The fit never writes one (``sim/cost/fitted.py`` refuses too few samples); read, it
+            # passed the plugin's launch check and failed on the server's first stage estimate.
+            raise CostModelError(f"a {FITTED_FORMAT} file with no fit (no \"stages\", no \"per_layer\"); "
+                                 "write it again with sglang-vpp bench --costs FILE")
         transfer = data.get("transfer")
         try:
             return cls(

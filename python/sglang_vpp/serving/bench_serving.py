@@ -95,8 +95,11 @@ def check_reachable(url: str, timeout: float = 10.0) -> None:
         raise BenchServeError(f"--url {url!r}: the port must be a number in 1..65535, e.g. http://127.0.0.1:30000")
     try:
         urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout).read()
-    except urllib.error.HTTPError:
-        return  # it answers; bench_serving reports what it cannot use
+    except urllib.error.HTTPError as error:
+        if error.code == 404:  # bench_serving would wait 60 s for a /v1/models that never comes
+            raise BenchServeError(f"{url} answers but has no /v1/models (HTTP 404); is it an SGLang server "
+                                  "(the base URL, without a path)?") from None
+        return  # it answers; bench_serving reports what it cannot use (a 503 while starting: it waits)
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)  # URLError wraps the socket error
         text = getattr(reason, "strerror", None) or str(reason) or reason.__class__.__name__

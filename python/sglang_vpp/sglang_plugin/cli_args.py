@@ -117,6 +117,10 @@ def _size_or_auto(text: str) -> int | str:
     return AUTO if is_auto(text) else int(text)
 
 
+# argparse names the type in its error ("invalid <name> value: '4k'"), not the function.
+_size_or_auto.__name__ = "int or 'auto'"
+
+
 def accept_auto_chunk(parser: argparse.ArgumentParser) -> None:
     """Let SGLang's ``--chunked-prefill-size`` take ``auto`` (``resolve_auto_chunk`` then gives
     SGLang the cap); a no-op on a parser without the flag."""

@@ -240,9 +240,5 @@ def validate_pipeline_args(args: Any, options: PipelineOptions) -> None:
         )
     if mode == PpMode.DCPP:
         return
-    if options.vpp_comm_timeout <= 0:
-        raise PpModeError(
-            f"--vpp-comm-timeout {options.vpp_comm_timeout} must be positive (seconds)"
-        )
     _check_vpp_compatible_features(args, mode)
     _check_layer_split(args, options, pp_size)

@@ -14,6 +14,11 @@ from .physical_ranges import check_ranges
 
 __all__ = ["ModelSpec"]
 
+_GQA_FIELDS = ("num_kv_heads", "head_dim")
+_MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+_MOE_FIELDS = ("num_active_experts", "num_shared_experts", "expert_intermediate")
+_DSA_FIELDS = ("indexer_heads", "indexer_head_dim")
+
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
@@ -63,6 +68,29 @@ class ModelSpec:
         if self.num_experts and not (0 < self.num_active_experts <= self.num_experts and self.expert_intermediate):
             raise PresetError(f"model {self.name}: MoE needs 0 < num_active_experts <= num_experts and "
                               "expert_intermediate")
+        # Combinations the cost model would otherwise read silently: a layer without FFN, a
+        # DSA model with a free indexer, heads that do not group, fields the model's kind never reads.
+        if self.first_dense_layers > self.num_layers:
+            raise PresetError(f"model {self.name}: first_dense_layers {self.first_dense_layers} is more than "
+                              f"num_layers {self.num_layers}")
+        dense_layers = self.num_layers if not self.num_experts else self.first_dense_layers
+        if dense_layers and not self.dense_intermediate:
+            what = "a dense model" if not self.num_experts else f"first_dense_layers {self.first_dense_layers}"
+            raise PresetError(f"model {self.name}: {what} needs dense_intermediate (the dense FFN width); "
+                              "0 would give its dense layers no FFN")
+        if self.sparse_top_k and not (self.indexer_heads and self.indexer_head_dim):
+            raise PresetError(f"model {self.name}: sparse_top_k (DSA) needs indexer_heads and indexer_head_dim")
+        if self.attention == "gqa" and self.num_heads % self.num_kv_heads:
+            raise PresetError(f"model {self.name}: gqa needs num_kv_heads to divide num_heads, got "
+                              f"{self.num_kv_heads} and {self.num_heads}")
+        unread = {f"{self.attention} attention": _MLA_FIELDS if self.attention == "gqa" else _GQA_FIELDS,
+                  "a dense model (num_experts 0)": () if self.num_experts else _MOE_FIELDS,
+                  "dense attention (sparse_top_k 0)": () if self.sparse_top_k else _DSA_FIELDS}
+        for reason, fields in unread.items():
+            given = [name for name in fields if getattr(self, name)]
+            if given:
+                raise PresetError(f"model {self.name}: {', '.join(given)} {'is' if len(given) == 1 else 'are'} "
+                                  f"not read for {reason}; drop {'it' if len(given) == 1 else 'them'} or set 0")
 
     # ----------------------------------------------------------------- per layer
     def is_moe_layer(self, layer: int) -> bool:

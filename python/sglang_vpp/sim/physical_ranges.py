@@ -40,8 +40,11 @@ def _count(high: float, unit: str, low: int = 0) -> _Range:
 
 
 _SECONDS = _Range(False, 0.0, 1.0, "seconds")
-_SHARE = _Range(False, 0.0, 1.0, "a share of peak or of the transfer", open_low=True)
-_RATE = _Range(False, 0.0, 1e18, "per second", open_low=True)
+_SHARE = _Range(False, 0.0, 1.0, "a share of the transfer", open_low=True)
+# Rates and efficiencies divide work: near 0 (1e-300) they made stage times overflow to inf, and
+# the simulation stopped with an error about the planner instead of the preset.
+_EFFICIENCY = _Range(False, 1e-3, 1.0, "a share of peak")
+_RATE = _Range(False, 1.0, 1e18, "per second")
 _BYTES = _Range(False, 0.0, 8.0, "bytes per value", open_low=True)
 
 PHYSICAL_RANGES: dict[str, dict[str, _Range]] = {
@@ -71,15 +74,15 @@ PHYSICAL_RANGES: dict[str, dict[str, _Range]] = {
     },
     "hardware": {
         "tp_size": _count(65536, "chips per pipeline rank", 1),
-        "peak_flops": _Range(False, 0.0, 1e18, "FLOP/s of one chip", open_low=True),
+        "peak_flops": _Range(False, 1.0, 1e18, "FLOP/s of one chip"),
         "hbm_bytes_per_s": _RATE,
         "tp_bytes_per_s": _RATE,
         "tp_latency_s": _SECONDS,
         "pp_bytes_per_s": _RATE,
         "pp_latency_s": _SECONDS,
-        "linear_efficiency": _SHARE,
-        "attention_efficiency": _SHARE,
-        "indexer_efficiency": _SHARE,
+        "linear_efficiency": _EFFICIENCY,
+        "attention_efficiency": _EFFICIENCY,
+        "indexer_efficiency": _EFFICIENCY,
         "half_efficiency_tokens": _Range(False, 0.0, float(1 << 24), "tokens"),
         "layer_overhead_s": _SECONDS,
         "chunk_overhead_s": _SECONDS,
@@ -88,8 +91,8 @@ PHYSICAL_RANGES: dict[str, dict[str, _Range]] = {
     },
 }
 """Every numeric field of a model or hardware preset and the values that make physical sense: a
-count is whole, a size, rate or byte width is above 0, a time or overhead is at least 0 and at most
-a second, an efficiency or share lies in (0, 1]. Each spec still checks how fields combine (an mla
+count is whole, a size or byte width is above 0, a rate at least 1 per second, a time or overhead
+is at least 0 and at most a second, an efficiency lies in [0.001, 1] and a share in (0, 1]. Each spec still checks how fields combine (an mla
 model's head sizes, a MoE's experts); ``tests/sim/test_presets.py`` checks every field has a range."""
 
 

@@ -57,7 +57,7 @@ def read_preset(kind: str, name: str) -> tuple[dict, dict, str]:
                           f"(or a path to a .json file of the same shape)")
     try:
         raw = json.loads(text)
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, RecursionError) as error:  # RecursionError: arrays nested thousands deep
         raise PresetError(f"{_what(kind)} preset {name!r} is not valid JSON: {error}") from None
     if not isinstance(raw, dict):
         raise PresetError(f"{_what(kind)} preset {name!r} holds {type(raw).__name__}, not a JSON object of "

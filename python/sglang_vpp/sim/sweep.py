@@ -128,6 +128,12 @@ def _split_tables(keys: list[str], columns: list[tuple[str, list[str]]]) -> list
 BEST_LEGEND = "*: each mode's best chunk size per length: its smallest makespan (highest tok/s)"
 
 
+def _rate(tok_s: float) -> str:
+    """Whole tokens per second; three significant digits below 10, where whole ones read 0 for a
+    run that did finish (a slow hardware preset)."""
+    return f"{tok_s:.0f}" if tok_s >= 10 else f"{tok_s:.3g}"
+
+
 def format_table(rows: Sequence[SweepRow], mark_best: bool = False) -> str:
     """One line per (seq_len, chunk size, mode), split into tables that fit 80 columns; ``*`` marks
     each mode's best chunk size (``BEST_LEGEND`` under the tables says by what); a deadlocked run
@@ -136,7 +142,7 @@ def format_table(rows: Sequence[SweepRow], mark_best: bool = False) -> str:
     done = [row for row in rows if row.result.sim.ok]
     sims = [(row.result, row.result.sim) for row in done]
     columns = [
-        ("TTFT s", [f"{s.ttft_s:.3f}" for _, s in sims]), ("tok/s", [f"{s.throughput_tok_s:.0f}" for _, s in sims]),
+        ("TTFT s", [f"{s.ttft_s:.3f}" for _, s in sims]), ("tok/s", [_rate(s.throughput_tok_s) for _, s in sims]),
         ("compute s", [f"{s.compute_s:.3f}" for _, s in sims]), ("bubble s", [f"{s.bubble_s:.3f}" for _, s in sims]),
         ("exp.comm s", [f"{s.exposed_comm_s:.3f}" for _, s in sims]),
         ("bubble%", [f"{100 * s.bubble_ratio:.2f}%" for _, s in sims]), ("steps", [str(s.steps) for _, s in sims]),
