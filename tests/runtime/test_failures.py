@@ -30,6 +30,15 @@ def _spec(**kw) -> RunSpec:
     return RunSpec(**base)
 
 
+def _descendants(parent: psutil.Process) -> set[int]:
+    """The pids below ``parent`` now; none once it is gone. A process that exits while psutil
+    walks the tree (a short-lived helper of the launcher) is a race of the scan, not a stray."""
+    try:
+        return {child.pid for child in parent.children(recursive=True)}
+    except (psutil.Error, ValueError):
+        return set()
+
+
 def _all_dead(pids: list[int]) -> bool:
     for pid in pids:
         try:
@@ -122,10 +131,7 @@ def test_cli_killed_rank_exits_nonzero_without_strays():
     seen: set[int] = set()
     parent = psutil.Process(process.pid)
     while process.poll() is None:
-        try:
-            seen |= {child.pid for child in parent.children(recursive=True)}
-        except psutil.NoSuchProcess:
-            break
+        seen |= _descendants(parent)
         time.sleep(0.2)
     out, err = process.communicate(timeout=300)
     assert process.returncode == 1, (out, err)
@@ -171,10 +177,10 @@ def test_cli_bench_stopped_by_sigterm_leaves_no_rank_and_no_pool_directory(tmp_p
     seen: set[int] = set()
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("sglang-vpp-*/outputs-*")) and process.poll() is None:  # a run is under way
-        seen |= {child.pid for child in parent.children(recursive=True)}
+        seen |= _descendants(parent)
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    seen |= {child.pid for child in parent.children(recursive=True)}
+    seen |= _descendants(parent)
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM, (out, err)
