@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import json_text
+
 __all__ = ["LENGTH_KEYS", "MAX_ARRIVAL_S", "MAX_TOKENS", "WorkloadFileError", "WorkloadRecord", "read_workload_file"]
 
 LENGTH_KEYS = ("length", "input_len", "prompt_len")
@@ -91,8 +93,8 @@ def read_workload_file(path: str | Path) -> list[WorkloadRecord]:
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
-            records.append(_record(json.loads(line)))
-        except (ValueError, RecursionError) as error:  # RecursionError: arrays nested thousands deep
+            records.append(_record(json_text.loads(line)))
+        except (json.JSONDecodeError, ValueError) as error:
             raise WorkloadFileError(f"{path}:{number}: {error} in {line.strip()[:80]!r}; expected a line like "
                                     f"{_EXAMPLE}") from None
     if not records:

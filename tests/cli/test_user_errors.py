@@ -80,10 +80,10 @@ CASES = [
     (["bench-serve", "--launch", "cpp", "--model-path", "/nonexistent-model", "--no-progress"], "--model-path"),
     (_URL + ["--input-len", "1k", "--output-len", "1k"], "does not answer"),  # sizes accepted: the URL fails
     (["simulate", "--costs", "NOT_JSON"], "is not readable JSON"),
-    # JSON nested thousands deep: the decoder's RecursionError is not a JSONDecodeError.
-    (["simulate", "--costs", "DEEP.json"], "is not readable JSON (maximum recursion depth"),
-    (["simulate", "--model", "DEEP.json"], "is not valid JSON: maximum recursion depth"),
-    (["simulate", "--workload", "file", "--file", "DEEP.json"], "DEEP.json:1: maximum recursion depth"),
+    # JSON nested thousands deep: the decoder's RecursionError is not a JSONDecodeError (json_text).
+    (["simulate", "--costs", "DEEP.json"], "is not readable JSON (nested too deep to read"),
+    (["simulate", "--model", "DEEP.json"], "is not valid JSON: nested too deep to read"),
+    (["simulate", "--workload", "file", "--file", "DEEP.json"], "DEEP.json:1: nested too deep to read"),
     (["simulate", "--costs", "NO_FORMAT"], 'has no "format" field'),
     (["simulate", "--costs", "/nonexistent.json"], "does not exist"),
     (["simulate", "--costs", "BAD_FIT"], "is a malformed sglang-vpp.fitted-cost file (KeyError: 'b')"),
@@ -433,3 +433,19 @@ def test_bench_on_a_model_dir_whose_config_is_not_an_object_is_one_line_exit_2(t
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert lines == [f"error: --model {tmp_path}: config.json holds list [], not the model's object of settings"]
+
+
+_DEEP = '{"a": ' * 100_000 + "0" + "}" * 100_000 + "\n"
+
+
+def test_bench_on_a_model_dir_whose_config_is_nested_too_deep_is_one_line_exit_2(tmp_path):
+    (tmp_path / "config.json").write_text(_DEEP)
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    _assert_one_line_error(CliRunner().invoke(app, [*_BENCH, "--model", str(tmp_path)]),
+                           "cannot read config.json (nested too deep to read")
+
+
+def test_check_trace_whose_records_are_nested_too_deep_is_one_line_exit_2(tmp_path):
+    (tmp_path / "vpp_rank0.records.json").write_text(_DEEP)
+    _assert_one_line_error(CliRunner().invoke(app, ["check", "--trace", str(tmp_path)]),
+                           "is not a readable records file (nested too deep to read")

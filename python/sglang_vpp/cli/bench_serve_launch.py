@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from sglang_vpp import json_text
 from sglang_vpp.schedule.auto_size import AUTO, SERVER_CAP, is_auto
 from sglang_vpp.schedule.policies import FOLDBACK_MODES
 from sglang_vpp.schedule.policies.spec import Policy
@@ -140,8 +141,6 @@ def model_context_len(spec: LaunchSpec) -> int | None:
     """The context length the servers will have, before any starts: ``--context-length`` among
     ``--server-arg``, else the model's ``max_position_embeddings`` (what SGLang derives it from),
     else None (not readable here: each server's own answer is checked when it is up)."""
-    import json
-
     from sglang_vpp.serving.results import option_value
 
     given = option_value(spec.server_args, "--context-length")
@@ -149,7 +148,7 @@ def model_context_len(spec: LaunchSpec) -> int | None:
         return int(given) if given.isdigit() else None
     config = Path(spec.model_dir).expanduser() / "config.json"
     try:
-        data = json.loads(config.read_text())
+        data = json_text.loads(config.read_text())
     except (OSError, ValueError):
         return None
     for section in (data, data.get("text_config") or {}):

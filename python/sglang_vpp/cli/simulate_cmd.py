@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from .. import json_text
 from ..schedule.policies.spec import Policy
 from .common import (FOLD_HELP, check_output_path, echo_wrapped, emit_json, given_flags, parse_fold_option,
                      parse_int_list, parse_size_option, png_path, user_errors)
@@ -42,8 +43,8 @@ def _cost_model(model_spec, hardware_spec, tp: Optional[int], costs: Optional[Pa
     if not costs.exists():
         raise CostModelError(f"--costs file {str(costs)!r} does not exist")
     try:
-        data = json.loads(costs.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:  # arrays thousands deep
+        data = json_text.loads(costs.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CostModelError(f"--costs {str(costs)!r} is not readable JSON ({error}); write one with "
                              "sglang-vpp bench --costs FILE") from None
     kind = data.get("format") if isinstance(data, dict) else None

@@ -124,7 +124,7 @@ def read_cost_profile(path: str) -> FittedCostModel:
     """The fitted cost model in ``path``; CostModelError (the path, the cause, the fix) if unreadable."""
     try:
         return FittedCostModel.load(path)
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # Recursion: arrays nested thousands deep
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CostModelError(f"{path!r} is not a readable fitted cost model ({exc}); write one with "
                              "'sglang-vpp bench --costs FILE'") from None
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import json_text
 from .cost import StageCostModel
 from .errors import CostModelError
 from .ir import ChunkSpec
@@ -146,4 +147,4 @@ class FittedCostModel(StageCostModel):
 
     @classmethod
     def load(cls, path: str | Path) -> "FittedCostModel":
-        return cls.from_json(json.loads(Path(path).read_text()))
+        return cls.from_json(json_text.loads(Path(path).read_text()))

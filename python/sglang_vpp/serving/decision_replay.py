@@ -36,11 +36,11 @@ the two lists share from the start.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from .. import json_text
 from ..schedule import (
     Admission,
     FOLDBACK_MODES,
@@ -119,7 +119,7 @@ def load_trace(trace_dir: str | Path) -> dict[int, dict]:
     for path in sorted(root.glob(RECORDS_GLOB)):
         try:
             rank = rank_of_records_file(path)
-            data = json.loads(path.read_text())
+            data = json_text.loads(path.read_text())
         except (ValueError, OSError) as exc:
             raise TraceError(f"{path} is not a readable records file ({exc}); re-run the server with --vpp-trace") from None
         if not isinstance(data, dict):

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import json_text
 from ..trace_records import records_file
 from .record_replay import RankTimeline, Span, replay_window, shared_cost_model
 
@@ -53,7 +54,7 @@ class TraceUnavailableError(RuntimeError):
 
 def _load(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
+        return json_text.loads(path.read_text())
     except (OSError, json.JSONDecodeError):  # absent, or caught between write and rename
         return None
 

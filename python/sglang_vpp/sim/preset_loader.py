@@ -13,6 +13,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
+from .. import json_text
 from .errors import PresetError
 from .hardware_spec import HardwareSpec
 from .model_spec import ModelSpec
@@ -56,8 +57,8 @@ def read_preset(kind: str, name: str) -> tuple[dict, dict, str]:
         raise PresetError(f"unknown {_what(kind)} preset {name!r}; valid: {', '.join(_names(kind))} "
                           f"(or a path to a .json file of the same shape)")
     try:
-        raw = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as error:  # RecursionError: arrays nested thousands deep
+        raw = json_text.loads(text)
+    except json.JSONDecodeError as error:
         raise PresetError(f"{_what(kind)} preset {name!r} is not valid JSON: {error}") from None
     if not isinstance(raw, dict):
         raise PresetError(f"{_what(kind)} preset {name!r} holds {type(raw).__name__}, not a JSON object of "

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from ... import json_text
 from ...schedule import StageSpec
 from ..errors import ModelConfigError, ModelPathError
 from .config import PRESETS, ModelConfig, preset_config
@@ -66,7 +67,7 @@ def resolve_model(model: str, seed: int = 0, num_layers: int | None = None) -> M
                 "directory (config.json + *.safetensors) or a preset: " + ", ".join(PRESETS)
             )
         try:
-            data = json.loads(config_file.read_text())
+            data = json_text.loads(config_file.read_text())
         except (OSError, json.JSONDecodeError) as error:
             raise ModelPathError(f"--model {model}: cannot read config.json ({error})") from None
         if not _safetensors_files(path):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from ... import json_text
 from ..errors import CostModelError
 
 __all__ = ["CostSample", "SAMPLES_FORMAT", "read_samples", "write_samples", "samples_to_json", "samples_from_json"]
@@ -165,5 +166,5 @@ def read_samples(path: str | Path) -> list[CostSample]:
         with path.open(newline="") as handle:
             return [CostSample.from_dict(row, f"{path}:{i + 2}") for i, row in enumerate(csv.DictReader(handle))]
     if path.suffix == ".json":
-        return samples_from_json(json.loads(path.read_text()))
+        return samples_from_json(json_text.loads(path.read_text()))
     raise CostModelError(f"cost samples path {str(path)!r} must end in .json or .csv")

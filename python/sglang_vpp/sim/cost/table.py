@@ -15,6 +15,7 @@ from pathlib import Path
 from statistics import median
 from typing import Iterable
 
+from ... import json_text
 from ...schedule import ChunkSpec, StageCostModel, StageSpec
 from ..errors import CostModelError
 from .samples import CostSample
@@ -99,4 +100,4 @@ class TableCostModel(StageCostModel):
 
     @classmethod
     def load(cls, path: str | Path, fallback: StageCostModel | None = None) -> "TableCostModel":
-        return cls.from_json(json.loads(Path(path).read_text()), fallback)
+        return cls.from_json(json_text.loads(Path(path).read_text()), fallback)
