@@ -4,8 +4,9 @@
 - After each test, an SGLang server that the next test will not use is stopped
   (``sglang_harness.close_idle_pools``).
 - The summary counts the SGLang servers this process started and the seconds they took to
-  start, and names configurations started more than once: server start-up is most of the
-  suite's time, and a configuration started twice is one that test order could share.
+  start, and names configurations started more than once (drawn ports and tmp paths aside;
+  the model by its directory's name): server start-up is most of the suite's time, and a
+  configuration started twice is one that test order or a shared fixture could reuse.
 """
 
 from __future__ import annotations
@@ -59,13 +60,26 @@ def pytest_configure(config: pytest.Config) -> None:
     SGLangServer.start = start  # type: ignore[method-assign]
 
 
+_DRAWN_ARGS = frozenset({"--nccl-port", "--disaggregation-bootstrap-port", "--dist-init-addr", "--port", "--vpp-trace"})
+"""Flags whose values tests draw per launch (free ports, tmp paths): not part of what a start is."""
+
+
+def _start_key(config) -> str:
+    """A server configuration with its drawn ports and paths left out."""
+    args = list(getattr(config, "extra_args", ()))
+    kept = [arg for i, arg in enumerate(args) if not (i and args[i - 1] in _DRAWN_ARGS)]
+    model = getattr(config, "model_dir", "")
+    return repr((model.rsplit("/", 1)[-1], getattr(config, "pp_size", None), getattr(config, "pp_mode", None),
+                 getattr(config, "chunked_prefill_size", None), tuple(kept)))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if not _SERVER_STARTS:
         return
     total = sum(seconds for _, seconds in _SERVER_STARTS)
-    counts = Counter(repr(config) for config, _ in _SERVER_STARTS)
+    counts = Counter(_start_key(config) for config, _ in _SERVER_STARTS)
     again = {key: n for key, n in counts.items() if n > 1}
-    again_s = sum(seconds for config, seconds in _SERVER_STARTS if repr(config) in again)
+    again_s = sum(seconds for config, seconds in _SERVER_STARTS if _start_key(config) in again)
     terminalreporter.write_sep("=", "SGLang servers started by this process")
     terminalreporter.write_line(f"{len(_SERVER_STARTS)} starts, {total:.0f} s until healthy; "
                                 f"{len(counts)} configurations, {len(again)} of them started more than once "

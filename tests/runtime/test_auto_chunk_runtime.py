@@ -49,12 +49,12 @@ def test_runtime_and_simulator_size_a_burst_by_the_same_rule():
 
 
 def test_auto_batches_short_prompts_sent_together():
-    """``bench --chunk-size auto`` may pick a budget past one prompt (``auto_chunk_cap``), so
-    short prompts sent together share forwards where a per-forward cost makes that pay; capped
-    at the prompt length it could only run one prompt per forward."""
-    from sglang_vpp.runtime.bench import auto_chunk_cap
+    """``bench --chunk-size auto`` caps the size at ``AUTO_CAP``, not at the prompt, so short
+    prompts sent together share forwards where a per-forward cost makes that pay; capped at
+    the prompt length it could only run one prompt per forward."""
     from sglang_vpp.runtime.control import CoordinatorFeed
     from sglang_vpp.schedule import LinearAttentionCost
+    from sglang_vpp.schedule.auto_size import AUTO_CAP
 
     lengths = [300] * 8
     cost = LinearAttentionCost(linear_per_token=2e-6, attention_per_pair=3e-9, fixed_per_chunk=3e-3,
@@ -69,7 +69,6 @@ def test_auto_batches_short_prompts_sent_together():
         feed._step()
         return [1 + len(c.batch) for c in feed.planner.sequence]
 
-    assert auto_chunk_cap(300, 8) == 2400 and auto_chunk_cap(64 << 10, 8) == 64 << 10
-    batched = forwards(auto_chunk_cap(300, len(lengths)))
+    batched = forwards(AUTO_CAP)
     assert sum(batched) == len(lengths) and max(batched) > 1, batched
     assert max(forwards(300)) == 1, "capped at the prompt, no forward carries two prompts"

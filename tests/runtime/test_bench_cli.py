@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from sglang_vpp.runtime.bench import JSON_FIELDS
+from sglang_vpp.schedule.auto_size import AUTO_CAP
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +115,7 @@ def test_auto_batches_short_prompts_into_shared_forwards(tmp_path):
         capture_output=True, text=True, timeout=600, check=False)
     assert completed.returncode == 0, completed.stderr
     data = json.loads(out.read_text())
-    assert data["config"]["auto_chunk"] and data["config"]["chunk_size"] == 8 * 128
+    assert data["config"]["auto_chunk"] and data["config"]["chunk_size"] == AUTO_CAP
     for row in data["results"]:
         assert row["max_abs_diff"] == 0.0
         assert row["num_chunks"] < 8, row

@@ -68,7 +68,7 @@ def test_an_unreadable_profile_says_which_file_and_the_fix(tmp_path):
 
 
 def test_a_profile_with_no_fit_is_refused_when_read(tmp_path):
-    """Read, it passed the plugin's launch check and failed on the server's first estimate."""
+    """Unchecked, it would pass the plugin's launch check and fail at the server's first estimate."""
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"format": FITTED_FORMAT, "version": 1, "stages": {}, "per_layer": None}))
     with pytest.raises(CostModelError, match=r"empty.json' is not a readable fitted cost model \(a sglang-vpp"

@@ -311,7 +311,8 @@ def test_a_rank_that_ended_itself_is_not_reported_as_the_failure(monkeypatch, ca
         with caplog.at_level("ERROR"):
             described = failure_report.report_failed_ranks(settle_s=0.5)
         assert time.monotonic() - began >= 0.5, "an ended rank alone must not cut the wait for the failed one"
-        assert described == [f"pp_rank=0 tp_rank=0 node=0 pid={ended.pid} exited with code 0"]
+        assert described == [f"pp_rank=0 tp_rank=0 node=0 pid={ended.pid} exited with code 0 after the error it "
+                             "logged: the failure is the peer it names, maybe on another node"]
         assert any("no pipeline rank of this launcher was killed" in r.getMessage() and "--nnodes" in r.getMessage()
                    for r in caplog.records)
     finally:

@@ -331,8 +331,8 @@ def test_comm_timeout_precedence_is_flag_then_env_then_default(monkeypatch):
 @pytest.mark.parametrize("flag,env", [("nan", None), ("inf", None), ("1e300", None), ("0", None), ("-1", None),
                                       (None, "nan"), (None, "inf"), (None, "-5")])
 def test_a_comm_timeout_that_no_wait_can_take_is_refused_at_launch(monkeypatch, mode, flag, env):
-    """NaN passed ``<= 0`` and reached the scheduler's comm config; inf and 1e300 overflow
-    ``timedelta`` there; cpp and dcpp took any value for their stock loop watchdog."""
+    """NaN passes a ``<= 0`` test and would reach the scheduler's comm config; inf and 1e300
+    overflow ``timedelta`` there; cpp and dcpp read the same value for their stock loop watchdog."""
     from sglang_vpp.sglang_plugin.cli_args import add_pipeline_args, check_namespace
 
     parser = argparse.ArgumentParser()

@@ -19,6 +19,12 @@ from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config
 
 LATE_DELAY_S = 1.0
 NUM_NEW = 8
+LONG_PROMPT = 3000
+"""Tokens of a prompt still in prefill (47 chunks of 64, its KV on its way) when a fault or an
+abort comes."""
+ERROR_BOUND_S = 60.0
+"""An aborted or failed request's client has its error within this (the tests' router runs with
+``--disable-retries``)."""
 MIXED_LENGTHS = (5, 37, 64, 130, 200, 90, 20, 150)
 """1 to 4 chunks of 64 each (``NUM_MIXED`` requests, about 2,800 prompt tokens in all)."""
 NUM_MIXED = 32

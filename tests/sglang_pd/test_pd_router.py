@@ -29,7 +29,7 @@ import pytest
 from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
 from vpp_checks import QWEN2_8L, Reference, make_prompts
 from conftest import CHUNK, PREFILL_MODES, PROMPT_LENGTHS, PROMPT_SEED, SERVED
-from pd_checks import NUM_NEW, check_mixed, four_prompts, generate, post_status
+from pd_checks import ERROR_BOUND_S, LONG_PROMPT, NUM_NEW, check_mixed, four_prompts, generate, post_status
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig, assert_kv_idle, kv_tokens_in_use
 
 from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config
@@ -108,12 +108,8 @@ def test_bad_bootstrap_address_is_a_client_error(router, deployment, prompts, re
     _assert_kv_idle(deployment)
 
 
-LONG_PROMPT = 3000
 LONG_CHUNKS = -(-LONG_PROMPT // CHUNK)
-"""47 chunks of 64: still in prefill (its KV on its way, chunk by chunk) when the fault comes."""
 IN_FLIGHT_AFTER_S = 2.0
-ERROR_BOUND_S = 60.0
-"""An aborted or failed request's client has its error within this."""
 KV_FREE_BOUND_S = 180.0
 """A prefill server whose decode peer died frees the request's KV within this."""
 DISCONNECT_PROMPT = 6000

@@ -9,7 +9,8 @@ transformers' greedy continuation, and to what the stock PP (``cpp``) prefill ga
 positional pairing would put KV into the wrong layers; only pairing by id gives these tokens.
 The vpp-pack server is started and measured by ``bench-serve --launch ... --pd``'s launch code
 (the four prompts are its warm-up); its trace replays through the controller (``sglang-vpp check
---trace``). The same vpp-pack prefill also runs over two nodes (two launches, one rank each).
+--trace``). The same vpp-pack prefill also runs over two nodes (two launches, one rank each),
+whose last use is kill -9 of node 1's rank.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sglang_harness import SKIP_NO_SGLANG, NodeLaunch, ServerConfig, free_port, wait_for_json
+from sglang_harness import SKIP_NO_SGLANG, NodeLaunch, ServerConfig, assert_kv_idle, free_port, wait_for_json
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
 from vpp_checks import QWEN2_8L, Reference, all_admitted_left, make_prompts  # noqa: E402
@@ -162,23 +163,36 @@ def test_auto_sizes_the_prefill_batches_on_every_rank_and_its_trace_replays(
 
 
 def test_32_concurrent_mixed_through_a_vpp_prefill_equal_transformers(deployment, model_dir, greedy):
-    """32 requests of 1 to 4 chunks at once through the router, on the VPP prefill server the
-    tests above left running (vpp-stream sizing its own chunks when the module runs in order;
-    else a fresh vpp-stream): every answer equals transformers', KV back to 0 on both sides."""
+    """32 requests of 1 to 4 chunks at once through the router, on a vpp-stream prefill that
+    sizes its own chunks (``--chunked-prefill-size auto``; the one the test above left running,
+    else a fresh one): every answer equals transformers', KV back to 0 on both sides."""
+    from dataclasses import replace
+
     prefill = deployment.prefill
-    if prefill is not None and deployment.router is not None and (prefill.config.pp_mode or "").startswith("vpp"):
+    running = prefill is not None and deployment.router is not None and prefill.process.poll() is None
+    if running and prefill.config.pp_mode == "vpp-stream" and prefill.config.chunked_prefill_size == "auto":
         url = deployment.router.url
     else:
-        url = serve(deployment, model_dir, "vpp-stream").url
+        url = deployment.serve_prefill(replace(prefill_of(model_dir, "vpp-stream"), chunked_prefill_size="auto")).url
     check_mixed(deployment, url, greedy)
 
 
-def test_vpp_pack_prefill_over_two_nodes_equals_cpp(deployment, model_dir, prompts, cpp_answers, tmp_path):
+def test_vpp_pack_prefill_over_two_nodes_equals_cpp_and_a_dead_node_ends_it(
+        deployment, model_dir, prompts, cpp_answers, tmp_path):
     """The prefill server of a PD split over two nodes (``--nnodes 2``, one pipeline rank per
     node, joined only through ``--dist-init-addr``; both nodes' KV senders register with node
     0's bootstrap server): the router's answers equal the one-node cpp prefill's, and each node
-    holds its own virtual stages."""
+    holds its own virtual stages. Its last use: kill -9 of node 1's rank while a long prompt is
+    in prefill ends both launches within the kill bound and leaves no process; node 0's log
+    says that none of its own ranks failed and where to look; the router's client gets an
+    error, not a hang; the decode server holds no KV."""
+    import signal
+    import time
+    from concurrent.futures import ThreadPoolExecutor
     from dataclasses import replace
+
+    from fault_driver import KILL_BOUND_S, FaultRun
+    from pd_checks import ERROR_BOUND_S, LONG_PROMPT, post_status
 
     bootstrap_port, init_addr = free_port(), f"127.0.0.1:{free_port()}"
     base = ServerConfig(model_dir=str(model_dir), chunked_prefill_size=CHUNK, pp_size=2, pp_mode="vpp-pack")
@@ -189,14 +203,40 @@ def test_vpp_pack_prefill_over_two_nodes_equals_cpp(deployment, model_dir, promp
                          extra_env=(("SGLANG_CPU_OMP_THREADS_BIND", str(rank)),))
         return prefill_config(launch, bootstrap_port)
 
+    def batches_logged(server) -> int:
+        return server.log_path.read_text(errors="replace").count("Prefill batch")
+
     deployment.stop_prefill()
     follower = NodeLaunch(node(1), tmp_path / "node1.log")
     try:
         follower.start(timeout=600)
         router = deployment.serve_prefill(node(0), timeout=600)
+        leader = deployment.prefill
         check(deployment, "vpp-pack prefill over two nodes", four_prompts(router.url, prompts), cpp_answers)
-        assert "VPP node 0 holds virtual stages (0, 3)" in deployment.prefill.log_tail(10**7)
+        assert "VPP node 0 holds virtual stages (0, 3)" in leader.log_tail(10**7)
         assert "VPP node 1 holds virtual stages (1, 2)" in follower.log_tail(10**7)
+
+        runs = [FaultRun(leader), FaultRun(follower)]
+        before = batches_logged(leader)
+        long_prompt = make_prompts([LONG_PROMPT], 45)[0]
+        payload = {"input_ids": long_prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 4}}
+        with ThreadPoolExecutor(1) as pool:
+            client = pool.submit(post_status, router.url + "/generate", payload, 300.0)
+            deadline = time.monotonic() + 60
+            while batches_logged(leader) <= before:
+                assert not client.done(), f"the client returned before any prefill: {client.result()}"
+                assert time.monotonic() < deadline, "no prefill batch within 60 s"
+                time.sleep(0.05)
+            runs[1].signal_rank(1, signal.SIGKILL)
+            runs[0].signalled_at = runs[1].signalled_at
+            for run, what in zip(runs, ("node 0", "node 1")):
+                assert run.wait_gone(KILL_BOUND_S) is not None, f"{what}'s launch outlived {KILL_BOUND_S} s"
+                assert run.leftovers() == [], what
+            status, body = client.result(timeout=ERROR_BOUND_S)
+        assert status >= 400 or '"abort"' in body, f"the client got {status}, not an error: {body[:300]}"
+        log = leader.log_path.read_text(errors="replace")
+        assert "no pipeline rank of this launcher was killed" in log and "--nnodes" in log, log[-4000:]
+        assert_kv_idle(deployment.decode, what="decode server after the prefill's node died: ")
     finally:
         deployment.stop_prefill()
         follower.stop()

@@ -220,7 +220,7 @@ def test_a_size_given_twice_runs_once(tmp_path):
 
 
 def test_a_rate_under_ten_tokens_per_second_is_not_printed_as_zero(tmp_path):
-    """A slow hardware preset finishes with well under 1 tok/s; whole numbers printed it as 0."""
+    """A slow hardware preset finishes with well under 1 tok/s, which whole numbers print as 0."""
     from importlib import resources
 
     hardware = json.loads((resources.files("sglang_vpp.sim") / "presets" / "hardware" / "cpu.json").read_text())

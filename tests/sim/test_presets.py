@@ -79,8 +79,8 @@ def _shipped(kind: str, name: str) -> dict:
     (load_hardware, "hardware", "cpu", "half_efficiency_tokens", -1, "half_efficiency_tokens is -1, not a finite"),
     (load_hardware, "hardware", "cpu", "chunk_overhead_s", 3600, "chunk_overhead_s is 3600, not a finite number in [0, 1]"),
     (load_hardware, "hardware", "cpu", "tp_size", 0, "tp_size is 0, not a whole number in [1, 65536]"),
-    # Near 0 they divide work into times that overflow to inf (the run then stalled with a
-    # planner error) or into 1e300-second rows.
+    # Near 0 they divide work into times that overflow to inf (which the planner cannot place)
+    # or into 1e300-second rows.
     (load_hardware, "hardware", "cpu", "peak_flops", 1e-300, "peak_flops is 1e-300, not a finite number in [1, 1e+18]"),
     (load_hardware, "hardware", "cpu", "pp_bytes_per_s", 1e-300, "pp_bytes_per_s is 1e-300, not a finite number in [1, "),
     (load_hardware, "hardware", "cpu", "attention_efficiency", 1e-300, "attention_efficiency is 1e-300, not a finite "
@@ -143,7 +143,7 @@ def test_a_preset_path_that_is_missing_a_folder_or_not_an_object_is_refused(tmp_
 
 
 @pytest.mark.parametrize("name,changes,message", [
-    # A layer without FFN: the model ran at a fraction of its compute, silently.
+    # A layer without FFN: the model would run at a fraction of its compute, silently.
     ("qwen3-coder-30b-a3b", {"num_experts": 0, "num_active_experts": 0, "num_shared_experts": 0,
                              "expert_intermediate": 0}, "a dense model needs dense_intermediate"),
     ("qwen3-coder-30b-a3b", {"first_dense_layers": 2}, "first_dense_layers 2 needs dense_intermediate"),

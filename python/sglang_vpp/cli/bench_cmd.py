@@ -170,7 +170,7 @@ def bench(
     batch_requests: bool = typer.Option(True, "--batch-requests/--no-batch-requests", help="Batch whole requests shorter than the chunk into one forward (attention per request), as SGLang and simulate do (default); --no-batch-requests: one request per forward."),
 ) -> None:
     """Run each mode on real rank processes with real layers; check against the reference; table."""
-    from ..runtime.bench import BenchConfig, auto_chunk_cap, check_config, run_bench, write_outputs
+    from ..runtime.bench import BenchConfig, check_config, run_bench, write_outputs
     from ..runtime.errors import RankFailedError
     from ..runtime.spec import Device, FaultSpec, Timeouts
 
@@ -192,13 +192,13 @@ def bench(
     for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot"), (costs, "--costs")):
         check_output_path(path, flag, stdout=flag == "--json")
     layer_split = parse_int_list(split, "--split")
-    from ..schedule.auto_size import is_auto
+    from ..schedule.auto_size import AUTO_CAP, is_auto
 
     prompt_len = parse_size_option(seq_len, "--seq-len")
     auto = is_auto(chunk_size)
     config = BenchConfig(
         model=model, num_ranks=pp, seq_len=prompt_len,
-        chunk_size=auto_chunk_cap(prompt_len, requests) if auto else parse_size_option(chunk_size, "--chunk-size"),
+        chunk_size=AUTO_CAP if auto else parse_size_option(chunk_size, "--chunk-size"),
         auto_chunk=auto, batch_requests=batch_requests, fold=parse_fold_option(fold),
         modes=tuple(m.strip() for m in modes.split(",") if m.strip()), num_requests=requests,
         arrival_interval_s=arrival_interval, repeat=repeat, device=device_kind, backend=backend, seed=seed,

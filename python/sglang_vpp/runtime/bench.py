@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from ..schedule import FlatCurveFallback, check_chunk_counts, check_request_count, parse_policies, plan_stages
-from ..schedule.auto_size import CANDIDATES
 from ..verdict import Verdict, make_verdict
 from .equal_cost import EQUAL_COST_LABEL, MeasuredRunCosts, SharedCostModel, equal_cost_replay
 from .control import run_controller_config
@@ -54,7 +53,6 @@ __all__ = [
     "BenchReport",
     "ModeSummary",
     "RunMeasurement",
-    "auto_chunk_cap",
     "check_config",
     "run_bench",
 ]
@@ -64,13 +62,6 @@ JSON_FIELDS = ("mode", "max_abs_diff", "wall_s", "replay_makespan_s", "compute_s
                "replay_bubble_ratio", "exposed_comm_s", "ttft_s")
 _LIST_FIELDS = ("wall_s", "replay_makespan_s", "ttft_s", "replay_ttft_s", "bubble_ratio_runs",
                 "replay_bubble_ratio_runs", "equal_cost_makespan_s", "equal_cost_ttft_s")
-
-
-def auto_chunk_cap(seq_len: int, num_requests: int) -> int:
-    """The largest size ``--chunk-size auto`` may pick: the tokens of every request together (a
-    batch of whole short prompts is one forward, so a budget past one prompt is what lets them
-    share it), at most the largest candidate. Sizes past the load cut and batch alike."""
-    return min(seq_len * num_requests, max(CANDIDATES))
 
 
 @dataclass(frozen=True)
@@ -102,7 +93,7 @@ class BenchConfig:
     schedule core's generic ``LinearAttentionCost``."""
     auto_chunk: bool = False
     """``--chunk-size auto``: the controller picks each request's chunk size and the batch budget
-    (``chunk_size`` is the largest it may pick, ``auto_chunk_cap``); ``RunSpec.auto_chunk``."""
+    (``chunk_size`` is the largest it may pick, ``auto_size.AUTO_CAP``); ``RunSpec.auto_chunk``."""
     batch_requests: bool = True
     """``--batch-requests/--no-batch-requests``: ``RunSpec.batch_requests``."""
     fold: str = "split"

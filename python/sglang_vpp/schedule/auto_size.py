@@ -49,7 +49,7 @@ from .planner import Planner
 from .policies import PolicySpec
 from .factory import ControllerConfig, default_chunker, tapered_chunker
 
-__all__ = ["AUTO", "LiveSituation", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_CAP", "WINDOW", "TIE_TOLERANCE", "AutoChoice",
+__all__ = ["AUTO", "AUTO_CAP", "LiveSituation", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_CAP", "WINDOW", "TIE_TOLERANCE", "AutoChoice",
            "AutoSizer", "AutoChunker", "is_auto", "candidates_up_to", "auto_chunker", "score"]
 
 AUTO = "auto"
@@ -61,6 +61,11 @@ optima lie (an optimum between two steps costs at most a few percent). The steps
 matter where a prompt is short for the pipeline depth: a 64K prompt on 4 or 8 ranks is 8-16
 chunks, and one chunk more or less moves fill, drain and host time per forward by several
 percent (docs/auto-chunk.md)."""
+
+AUTO_CAP = max(CANDIDATES)
+"""The largest size ``auto`` may pick where the executor sets no cap of its own (``simulate``,
+``bench``): every candidate. A candidate past the whole situation cuts and batches as the first
+one that covers it, so a larger cap than the load plans nothing more."""
 
 MAX_PLANNED_CHUNKS = 2048
 """A candidate that cuts the situation into more chunks than this is not planned (the smallest

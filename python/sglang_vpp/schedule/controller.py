@@ -461,12 +461,11 @@ class Controller:
         last = members[-1][1]
         if not last.mb.ends_request or self._newest_group() != group:
             return None
-        last_stage = self.layout.num_stages - 1
-        middle = sum(self._stage_cost(stage, last.mb) for stage in range(1, last_stage))
+        middle = sum(self._stage_cost(stage, last.mb) for stage in range(1, self.layout.last_stage))
         # Rank 0 pairs stage 0 of C_n with the last stage of C_{n-W+1}, W the fold-back window
         # (2P-1, fused fold or not: [Note: fused fold]).
         paired_with_rank0 = default_in_flight_limit(self.layout) - 1
-        owed = sum(self._stage_cost(last_stage, e.mb) for _, e in members[-paired_with_rank0:-1])
+        owed = sum(self._stage_cost(self.layout.last_stage, e.mb) for _, e in members[-paired_with_rank0:-1])
         return _Window(group, middle - owed)
 
     def _newest_group(self) -> int | None:

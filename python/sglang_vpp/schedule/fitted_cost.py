@@ -125,8 +125,8 @@ class FittedCostModel(StageCostModel):
             raise CostModelError(f"not a fitted cost model: format {data.get('format') if isinstance(data, dict) else data!r}, "
                                  f"expected {FITTED_FORMAT!r}")
         if not data.get("stages") and not data.get("per_layer"):
-            # The fit never writes one (``sim/cost/fitted.py`` refuses too few samples); read, it
-            # passed the plugin's launch check and failed on the server's first stage estimate.
+            # The fit never writes one (``sim/cost/fitted.py`` refuses too few samples); without
+            # this check such a file would pass the launch check and fail at the first estimate.
             raise CostModelError(f"a {FITTED_FORMAT} file with no fit (no \"stages\", no \"per_layer\"); "
                                  "write it again with sglang-vpp bench --costs FILE")
         transfer = data.get("transfer")

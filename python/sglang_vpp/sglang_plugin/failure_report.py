@@ -183,7 +183,7 @@ def _failed_ranks(settle_s: float) -> list[tuple[RankRecord, str]]:
 def report_failed_ranks(settle_s: float = FAILURE_SETTLE_S) -> list[str]:
     """One log line per rank that is not running normally; returns the descriptions of those
     that failed (killed, stopped, an error exit code), or, when none did, of those that ended
-    themselves.
+    themselves, each saying it is not the failure (pending clients read them).
 
     A rank that ended itself (exit code 0) is not the failure: it stopped after an error it
     logged. When no rank of this launcher failed otherwise, the first failure was a peer's,
@@ -208,7 +208,10 @@ def report_failed_ranks(settle_s: float = FAILURE_SETTLE_S) -> list[str]:
             "running (%s): see that rank's error above",
             ", ".join(rank.label() for rank in _ranks),
         )
-    return [f"{rank.label()} {how}" for rank, how in (failed or ended)]
+    if failed:
+        return [f"{rank.label()} {how}" for rank, how in failed]
+    return [f"{rank.label()} {how} after the error it logged: the failure is the peer it names, maybe on "
+            "another node" for rank, how in ended]
 
 
 def _fail_pending_requests(manager: Any, message: str) -> None:

@@ -41,8 +41,8 @@ def _count(high: float, unit: str, low: int = 0) -> _Range:
 
 _SECONDS = _Range(False, 0.0, 1.0, "seconds")
 _SHARE = _Range(False, 0.0, 1.0, "a share of the transfer", open_low=True)
-# Rates and efficiencies divide work: near 0 (1e-300) they made stage times overflow to inf, and
-# the simulation stopped with an error about the planner instead of the preset.
+# Rates and efficiencies divide work: near 0 (1e-300) they turn stage times into inf, which the
+# planner cannot place; the preset is where that is wrong, so the preset check refuses it.
 _EFFICIENCY = _Range(False, 1e-3, 1.0, "a share of peak")
 _RATE = _Range(False, 1.0, 1e18, "per second")
 _BYTES = _Range(False, 0.0, 8.0, "bytes per value", open_low=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..schedule.auto_size import AUTO, CANDIDATES, is_auto
+from ..schedule.auto_size import AUTO, AUTO_CAP, is_auto
 from ..schedule import BALANCE_MODES, Fold, RequestSpec, StageCostModel, balance_split, parse_fold, parse_policies
 from .errors import SimError
 from .config import SimConfig
@@ -56,7 +56,7 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
     rows = []
     for entry in chunk_sizes:
         auto = is_auto(entry)
-        chunk_size = max(CANDIDATES) if auto else int(entry)
+        chunk_size = AUTO_CAP if auto else int(entry)
         for spec in specs:
             chosen = tuple(split) if split else None
             if balance == "auto":
