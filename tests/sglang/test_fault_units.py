@@ -167,6 +167,47 @@ def test_report_names_a_killed_child_without_collecting_it(caplog, monkeypatch):
             process.wait(5)
 
 
+_TEARDOWN_THAT_ABORTS = """
+import atexit, logging, os, signal, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+# Stand in for native teardown that aborts (a joinable thread destroyed): an exit handler
+# registered first, as a library imported at start-up would register it, and the scheduler's
+# own destructor.
+atexit.register(lambda: os.kill(os.getpid(), signal.SIGABRT))
+from sglang_vpp.sglang_plugin.rank_exit import around_run_event_loop
+
+class Scheduler:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGABRT)
+
+def loop(scheduler):
+    if sys.argv[1] == "raise":
+        raise RuntimeError("peer is gone")
+
+def run_scheduler_process():
+    scheduler = Scheduler()  # freed when this returns, as in SGLang
+    try:
+        around_run_event_loop(loop, scheduler)
+    except RuntimeError:
+        logging.getLogger("scheduler").error("Scheduler hit an exception")  # SGLang's except path
+    logging.getLogger("scheduler").info("returned")
+
+run_scheduler_process()
+"""
+
+
+@pytest.mark.parametrize("loop, code", [("raise", 0), ("return", -signal.SIGABRT)])
+def test_a_scheduler_whose_loop_raised_exits_with_code_0_before_native_teardown(loop, code):
+    """After the loop raised, the process ends with exit code 0 (what the failure report reads as
+    a rank that ended itself) and its log is flushed, whatever the teardown would have done (the
+    scheduler object is not destroyed first); a loop that returned leaves the teardown alone."""
+    done = subprocess.run([sys.executable, "-c", _TEARDOWN_THAT_ABORTS, loop], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == code, done.stderr
+    assert "returned" in done.stderr
+    assert ("Scheduler hit an exception" in done.stderr) == (loop == "raise")
+
+
 def _ranks(*states):
     return lambda: [RankProcessState(pid, status, cpu) for pid, status, cpu in states]
 

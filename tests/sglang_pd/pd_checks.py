@@ -28,6 +28,8 @@ ERROR_BOUND_S = 60.0
 MIXED_LENGTHS = (5, 37, 64, 130, 200, 90, 20, 150)
 """1 to 4 chunks of 64 each (``NUM_MIXED`` requests, about 2,800 prompt tokens in all)."""
 NUM_MIXED = 32
+PREFILL_BATCH_LINE = "Prefill batch"
+"""SGLang logs one such line per prefill batch run on each pipeline rank of a launch."""
 
 
 def prefill_of(model_dir: Path, mode: str, extra: tuple[str, ...] = (), pp_size: int = 2,
@@ -90,3 +92,20 @@ def check_mixed(deployment: PdDeployment, url: str, greedy) -> None:
     wrong = [(len(ids), a, greedy(ids)) for ids, a in zip(prompts, answers) if a != greedy(ids)]
     assert not wrong, f"{len(wrong)} of {NUM_MIXED} differ from transformers, e.g. {wrong[:2]}"
     assert_kv_idle(deployment.prefill, deployment.decode)
+
+
+def prefill_batches_logged(log_path: Path, ranks: int) -> int:
+    """Prefill batches a launch has run so far, from its log (one line per batch from each of
+    the launch's ``ranks`` pipeline ranks)."""
+    return log_path.read_text(errors="replace").count(PREFILL_BATCH_LINE) // ranks
+
+
+def wait_in_prefill(log_path: Path, ranks: int, logged_before: int, client=None) -> None:
+    """Return once the launch has logged a prefill batch since ``logged_before``: a long prompt
+    (alone on the server) is in chunked prefill, its KV being sent. ``client`` (a future) must
+    not have returned before."""
+    deadline = time.monotonic() + ERROR_BOUND_S
+    while prefill_batches_logged(log_path, ranks) <= logged_before:
+        assert client is None or not client.done(), f"the client returned before any prefill: {client.result()}"
+        assert time.monotonic() < deadline, f"no prefill batch within {ERROR_BOUND_S:.0f} s"
+        time.sleep(0.05)

@@ -29,7 +29,8 @@ import pytest
 from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
 from vpp_checks import QWEN2_8L, Reference, make_prompts
 from conftest import CHUNK, PREFILL_MODES, PROMPT_LENGTHS, PROMPT_SEED, SERVED
-from pd_checks import ERROR_BOUND_S, LONG_PROMPT, NUM_NEW, check_mixed, four_prompts, generate, post_status
+from pd_checks import (ERROR_BOUND_S, LONG_PROMPT, NUM_NEW, check_mixed, four_prompts, generate, post_status,
+                       prefill_batches_logged, wait_in_prefill)
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig, assert_kv_idle, kv_tokens_in_use
 
 from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config
@@ -115,23 +116,12 @@ KV_FREE_BOUND_S = 180.0
 DISCONNECT_PROMPT = 6000
 """94 chunks: a server sees a client's disconnect only at its next check (every 4 s), by when a
 lightly loaded host has run a few dozen chunks."""
-PREFILL_BATCH_LINE = "Prefill batch"
-"""SGLang logs one such line per prefill batch run on each pipeline rank of the server."""
-
-
 def _prefill_batches_logged(deployment: PdDeployment) -> int:
-    """Prefill batches run so far (one line per batch from each of the PREFILL_PP ranks)."""
-    return deployment.prefill.log_path.read_text(errors="replace").count(PREFILL_BATCH_LINE) // PREFILL_PP
+    return prefill_batches_logged(deployment.prefill.log_path, PREFILL_PP)
 
 
 def _wait_in_prefill(deployment: PdDeployment, logged_before: int, client=None) -> None:
-    """Return once the prefill server has logged a prefill batch since ``logged_before``: the long
-    prompt (alone on the pair) is in chunked prefill, its KV being sent."""
-    deadline = time.monotonic() + ERROR_BOUND_S
-    while _prefill_batches_logged(deployment) <= logged_before:
-        assert client is None or not client.done(), f"the client returned before any prefill: {client.result()}"
-        assert time.monotonic() < deadline, f"no prefill batch within {ERROR_BOUND_S:.0f} s"
-        time.sleep(0.05)
+    wait_in_prefill(deployment.prefill.log_path, PREFILL_PP, logged_before, client)
 
 
 def _assert_prefill_stopped_early(deployment: PdDeployment, logged_before: int, what: str,

@@ -192,7 +192,7 @@ def test_vpp_pack_prefill_over_two_nodes_equals_cpp_and_a_dead_node_ends_it(
     from dataclasses import replace
 
     from fault_driver import KILL_BOUND_S, FaultRun
-    from pd_checks import ERROR_BOUND_S, LONG_PROMPT, post_status
+    from pd_checks import ERROR_BOUND_S, LONG_PROMPT, post_status, prefill_batches_logged, wait_in_prefill
 
     bootstrap_port, init_addr = free_port(), f"127.0.0.1:{free_port()}"
     base = ServerConfig(model_dir=str(model_dir), chunked_prefill_size=CHUNK, pp_size=2, pp_mode="vpp-pack")
@@ -202,9 +202,6 @@ def test_vpp_pack_prefill_over_two_nodes_equals_cpp_and_a_dead_node_ends_it(
         launch = replace(base, extra_args=("--nnodes", "2", "--dist-init-addr", init_addr, "--node-rank", str(rank)),
                          extra_env=(("SGLANG_CPU_OMP_THREADS_BIND", str(rank)),))
         return prefill_config(launch, bootstrap_port)
-
-    def batches_logged(server) -> int:
-        return server.log_path.read_text(errors="replace").count("Prefill batch")
 
     deployment.stop_prefill()
     follower = NodeLaunch(node(1), tmp_path / "node1.log")
@@ -217,24 +214,27 @@ def test_vpp_pack_prefill_over_two_nodes_equals_cpp_and_a_dead_node_ends_it(
         assert "VPP node 1 holds virtual stages (1, 2)" in follower.log_tail(10**7)
 
         runs = [FaultRun(leader), FaultRun(follower)]
-        before = batches_logged(leader)
+        before = prefill_batches_logged(leader.log_path, ranks=1)  # one pipeline rank per node
         long_prompt = make_prompts([LONG_PROMPT], 45)[0]
         payload = {"input_ids": long_prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 4}}
         with ThreadPoolExecutor(1) as pool:
             client = pool.submit(post_status, router.url + "/generate", payload, 300.0)
-            deadline = time.monotonic() + 60
-            while batches_logged(leader) <= before:
-                assert not client.done(), f"the client returned before any prefill: {client.result()}"
-                assert time.monotonic() < deadline, "no prefill batch within 60 s"
-                time.sleep(0.05)
+            wait_in_prefill(leader.log_path, 1, before, client)
             runs[1].signal_rank(1, signal.SIGKILL)
             runs[0].signalled_at = runs[1].signalled_at
+            gone = {}
             for run, what in zip(runs, ("node 0", "node 1")):
-                assert run.wait_gone(KILL_BOUND_S) is not None, f"{what}'s launch outlived {KILL_BOUND_S} s"
+                gone[what] = run.wait_gone(KILL_BOUND_S)
+                assert gone[what] is not None, f"{what}'s launch outlived {KILL_BOUND_S} s"
                 assert run.leftovers() == [], what
             status, body = client.result(timeout=ERROR_BOUND_S)
+            answered = time.monotonic() - runs[1].signalled_at
+        print(f"kill -9 of node 1's rank: node 0 gone after {gone['node 0']:.1f} s, node 1 after "
+              f"{gone['node 1']:.1f} s, the client's error after {answered:.1f} s")
         assert status >= 400 or '"abort"' in body, f"the client got {status}, not an error: {body[:300]}"
         log = leader.log_path.read_text(errors="replace")
+        # node 0's rank saw its peer die and ended itself (exit code 0), not killed by its teardown
+        assert "sglang-vpp: pipeline rank ended: pp_rank=0" in log, log[-4000:]
         assert "no pipeline rank of this launcher was killed" in log and "--nnodes" in log, log[-4000:]
         assert_kv_idle(deployment.decode, what="decode server after the prefill's node died: ")
     finally:

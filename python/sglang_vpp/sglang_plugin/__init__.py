@@ -20,7 +20,8 @@ Modules: ``entry`` (registration), ``options`` (PipelineOptions, how they travel
 (flags), ``validate`` (refusals), ``process_hooks`` (scheduler set-up), ``surface`` (every
 SGLang name the project touches, declared, and the start-up check), ``hook_targets``
 (registering hooks and the checks that they took), ``input_guard`` (bad
-prompts -> 400), ``failure_report`` (which rank failed; fast exit on CPU),
+prompts -> 400), ``failure_report`` (which rank failed; fast exit on CPU), ``rank_exit``
+(a scheduler whose loop raised exits with code 0 before native teardown),
 ``stock_loop_watchdog`` (--vpp-comm-timeout for cpp/dcpp), ``cpu_compat`` (rotary embedding
 without vllm), ``torch_autoload``
 (CUDA torchvision on CPU torch), ``errors``, ``version``. The ``vpp/`` subpackage implements

@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_vpp.sglang_plugin.rank_exit import ENDED_AFTER_ERROR_CODE
+
 __all__ = [
     "SIGQUIT_HANDLER_TARGET",
     "WATCHDOG_START_TARGET",
@@ -158,9 +160,9 @@ def _failure_of(rank: RankRecord) -> str | None:
     return None
 
 
-_ENDED_ON_ITS_OWN = describe_exit(code=0)
+_ENDED_ON_ITS_OWN = describe_exit(code=ENDED_AFTER_ERROR_CODE)
 """A scheduler that catches an error (its own, or a peer's death seen as a failed send or
-receive) logs it, asks the launcher to stop the server and returns: exit code 0."""
+receive) logs it, asks the launcher to stop the server and exits with this code (rank_exit)."""
 
 
 FAILURE_SETTLE_S = 2.0

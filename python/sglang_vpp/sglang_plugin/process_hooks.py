@@ -9,6 +9,8 @@ Data flow (each scheduler process, one per PP rank x TP rank)::
              check_options_reached(server_args)       (the launcher's --pp-mode arrived here)
              surface.find_problems(scopes)            (every declared name this mode relies on)
              register_cpu_hooks()                     (generic CPU platform only)
+             rank_exit hook on run_event_loop         (every mode: a loop that raised exits
+                                                       with code 0, before native teardown)
              register_cpu_pd_hooks()                  (--device cpu prefill servers only)
              register_pd_layer_hooks()                (PD servers: KV layers paired by id)
              vpp.install(server_args)                 (vpp* modes only; raises if missing)
@@ -44,7 +46,7 @@ _done_for: set[int] = set()
 
 def setup_scheduler_process(server_args: Any) -> None:
     """Install CPU hooks and, for vpp* modes, the VPP hooks (or the stock-PP trace) here."""
-    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     if id(server_args) in _done_for:
         return  # publish may run again for the same record (last-publish-wins)
@@ -61,7 +63,13 @@ def setup_scheduler_process(server_args: Any) -> None:
     check_scheduler_surface(options, int(getattr(server_args, "pp_size", 1) or 1), is_generic_cpu_platform(),
                             server_args)
     register_cpu_hooks()
-    required: list[str] = []  # hooks registered here that this process must not run without
+    from sglang_vpp.sglang_plugin.hook_targets import register_hook
+    from sglang_vpp.sglang_plugin.rank_exit import RUN_EVENT_LOOP_TARGET, around_run_event_loop
+
+    register_hook(RUN_EVENT_LOOP_TARGET, around_run_event_loop, HookType.AROUND)
+    # hooks registered here that this process must not run without; without the quick exit a
+    # survivor of a peer's death can abort in teardown and be reported as the failed rank
+    required: list[str] = [RUN_EVENT_LOOP_TARGET]
     if register_cpu_pd_hooks(server_args):
         required.append(PD_SENDER_INIT_TARGET)
     from sglang_vpp.sglang_plugin.pd_layers import BUILD_IDS, register_pd_layer_hooks

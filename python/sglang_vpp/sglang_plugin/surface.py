@@ -130,6 +130,8 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_TM + "TokenizerManager.event_loop", R, E),
     N(_S + "managers.io_struct.AbortReq", C, E, ("rid",)),
     N(_S + "managers.io_struct.AbortReq.finished_reason", R, E),
+    # --- every mode: a scheduler that stopped after an error exits at once (rank_exit.py)
+    N(_SCHED + "run_event_loop", H, E, ("self",)),
     # --- stock pipeline: watchdog (stock_loop_watchdog.py), trace (stock_trace.py), dcpp (dcpp.py)
     N(_SCHED + "ingest_requests", H, WD, ("self",)),
     N(_SCHED + "run_batch", H, TR, ("self", "batch")),

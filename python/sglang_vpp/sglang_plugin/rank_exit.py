@@ -1,0 +1,74 @@
+"""A scheduler that stopped after an error leaves with exit code 0, before native teardown.
+
+A scheduler whose event loop raised (its own error, or a peer's death seen as a failed send or
+receive) is done once SGLang has logged the error and sent the launcher SIGQUIT. What remains is
+the interpreter's teardown: native objects (a KV transfer engine's worker threads, communicator
+threads) destroyed while their threads still run end the process with SIGABRT ("terminate called
+without an active exception") or leave it waiting on a thread. The launcher's failure report
+would then name this survivor as a rank that was killed, and the clients would be told so,
+although the failure was its peer's. So once the loop has raised, the process's first exit
+handler flushes the logs and ends it at once with exit code 0, the code the failure report reads
+as "ended itself after the error it logged".
+
+The scheduler object is kept referenced from the moment the loop raised: freed earlier (when
+SGLang's process function returns, or by a garbage collection before the exit handler runs), its
+native members would be destroyed and could abort the process just the same.
+
+Data flow (each scheduler process, every mode)::
+
+    Scheduler.run_event_loop(self)        [AROUND hook: around_run_event_loop]
+        raises -> arm(self): keep the scheduler; an exit handler registered last, so it runs first
+        -> SGLang's run_scheduler_process logs the error, SIGQUITs the launcher, returns
+    interpreter exit -> leave_now(): flush logging and stdio, os._exit(0)
+
+A loop that returns (a graceful shutdown) arms nothing: the normal teardown runs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+from typing import Any
+
+__all__ = ["RUN_EVENT_LOOP_TARGET", "ENDED_AFTER_ERROR_CODE", "arm", "around_run_event_loop", "leave_now"]
+
+RUN_EVENT_LOOP_TARGET = "sglang.srt.managers.scheduler.Scheduler.run_event_loop"
+ENDED_AFTER_ERROR_CODE = 0
+"""The exit code of a scheduler that stopped after an error it logged (failure_report reads it)."""
+
+_armed = False
+_kept: list[Any] = []
+"""What must outlive the process (destroyed by nobody): the scheduler whose loop raised."""
+
+
+def leave_now() -> None:
+    """Flush what the process has logged, then exit without the native teardown."""
+    try:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    finally:
+        os._exit(ENDED_AFTER_ERROR_CODE)
+
+
+def arm(keep: Any = None) -> None:
+    """Keep ``keep`` alive and make ``leave_now`` the first exit handler of this process (atexit
+    runs the last registered first). Idempotent."""
+    global _armed
+    if keep is not None:
+        _kept.append(keep)
+    if not _armed:
+        _armed = True
+        atexit.register(leave_now)
+
+
+def around_run_event_loop(original: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on ``Scheduler.run_event_loop``: arm the quick exit when the loop raises."""
+    try:
+        return original(scheduler, *args, **kwargs)
+    except BaseException:
+        arm(scheduler)
+        raise
