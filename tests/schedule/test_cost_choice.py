@@ -2,6 +2,7 @@
 server): the choice from its device, ``auto`` and cost profile (``factory.choose_cost``)."""
 
 import json
+import re
 
 import pytest
 
@@ -74,3 +75,34 @@ def test_a_profile_with_no_fit_is_refused_when_read(tmp_path):
     with pytest.raises(CostModelError, match=r"empty.json' is not a readable fitted cost model \(a sglang-vpp"
                                              r".fitted-cost file with no fit"):
         read_cost_profile(str(empty))
+
+
+_FIT = {"a": 2e-9, "b": 3e-7, "d": 1e-4}
+
+
+@pytest.mark.parametrize("profile_json, message", [
+    # Python reads true as 1 and float() reads "1e-4": both passed as numbers.
+    ({"per_layer": {**_FIT, "d": True}}, "per_layer coefficient d is True, not a finite number >= 0"),
+    ({"per_layer": {**_FIT, "b": "3e-7"}}, "per_layer coefficient b is '3e-7', not a finite number >= 0"),
+    ({"per_layer": {**_FIT, "rel_rmse": "0.1"}}, "per_layer rel_rmse is '0.1', not a finite number >= 0"),
+    ({"per_layer": {**_FIT, "num_samples": 2.5}}, "per_layer num_samples is 2.5, not a whole number >= 0"),
+    ({"per_layer": _FIT, "transfer": {"alpha": False, "beta": 1e-9}},
+     "transfer coefficient alpha is False, not a finite number >= 0"),
+    # A stage's layer count was kept as given: it then matched no stage, or true a 1-layer one.
+    ({"stages": {"0": {**_FIT, "layers": True}}}, "stage 0 layers is True, not a whole number >= 1"),
+    ({"stages": {"0": {**_FIT, "layers": 1.5}}}, "stage 0 layers is 1.5, not a whole number >= 1"),
+    ({"stages": {"0": {**_FIT, "layers": 0}}}, "stage 0 layers is 0, not a whole number >= 1"),
+    ({"stages": {"0": {**_FIT, "layers": -2}}}, "stage 0 layers is -2, not a whole number >= 1"),
+    ({"stages": {"0": {**_FIT, "layers": "2"}}}, "stage 0 layers is '2', not a whole number >= 1"),
+    ({"stages": {"-1": _FIT}}, "stage '-1' is not a stage index (a whole number >= 0)"),
+    ({"meta": {"num_layers": True}, "per_layer": _FIT}, "meta num_layers is True, not a whole number >= 1"),
+    ({"meta": {"num_layers": 4}, "stages": {"0": {**_FIT, "layers": 8}}},
+     "stage 0 layers is 8, more than the measured model's meta num_layers 4"),
+])
+def test_a_profile_with_a_value_of_the_wrong_kind_is_refused_when_read(tmp_path, profile_json, message):
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"format": FITTED_FORMAT, "version": 1, **profile_json}))
+    with pytest.raises(CostModelError, match=re.escape(f"is not a readable fitted cost model (a malformed "
+                                                       f"{FITTED_FORMAT} file (ValueError: {message})")):
+        read_cost_profile(str(path))
+

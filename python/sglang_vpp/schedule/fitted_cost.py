@@ -49,18 +49,31 @@ class Coefficients:
                 "rel_rmse": self.rel_rmse, "layers": self.num_layers}
 
     @staticmethod
-    def from_dict(data: dict) -> "Coefficients":
-        return Coefficients(_finite(data, "a"), _finite(data, "b"), _finite(data, "d"),
-                            int(data.get("num_samples", 0)), float(data.get("rel_rmse", 0.0)), data.get("layers"))
+    def from_dict(data: dict, where: str) -> "Coefficients":
+        """The fit ``where`` (``per_layer``, ``stage 0``) of a cost file; ValueError naming the field."""
+        layers = data.get("layers")
+        return Coefficients(_finite(data, "a", where), _finite(data, "b", where), _finite(data, "d", where),
+                            _whole(data.get("num_samples", 0), f"{where} num_samples", 0),
+                            _finite(data, "rel_rmse", where, 0.0),
+                            None if layers is None else _whole(layers, f"{where} layers", 1))
 
 
-def _finite(data: dict, key: str) -> float:
-    """A coefficient of a cost file: NaN or infinity would turn every simulated time into one, and
-    a negative one (the fit never writes one: ``sim/cost/fitted.py`` fits non-negative
+def _finite(data: dict, key: str, where: str, default: float | None = None) -> float:
+    """A number of a cost file: a string or boolean is a file written by hand or by another tool
+    (Python reads ``true`` as 1), NaN or infinity would turn every simulated time into one, and
+    a negative coefficient (the fit never writes one: ``sim/cost/fitted.py`` fits non-negative
     coefficients) into negative stage times, TTFTs and compute."""
-    value = float(data[key])
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"coefficient {key} is {value}, not a finite number >= 0")
+    value = data[key] if default is None else data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+        name = key if key == "rel_rmse" else f"coefficient {key}"
+        raise ValueError(f"{where} {name} is {value!r}, not a finite number >= 0")
+    return float(value)
+
+
+def _whole(value: object, name: str, low: int) -> int:
+    """A count of a cost file (layers, samples): ``int()`` would read 1.5 as 1 and ``true`` as 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} is {value!r}, not a whole number >= {low}")
     return value
 
 
@@ -131,14 +144,26 @@ class FittedCostModel(StageCostModel):
                                  "write it again with sglang-vpp bench --costs FILE")
         transfer = data.get("transfer")
         try:
+            meta = dict(data.get("meta", {}))
+            if meta.get("num_layers") is not None:  # the measured model's depth (bench writes it)
+                _whole(meta["num_layers"], "meta num_layers", 1)
+            stages = {}
+            for key, fit in data.get("stages", {}).items():
+                if not (key.isascii() and key.isdigit()):
+                    raise ValueError(f"stage {key!r} is not a stage index (a whole number >= 0)")
+                coefficients = stages[int(key)] = Coefficients.from_dict(fit, f"stage {key}")
+                if (coefficients.num_layers or 0) > (meta.get("num_layers") or math.inf):
+                    raise ValueError(f"stage {key} layers is {coefficients.num_layers}, more than the measured "
+                                     f"model's meta num_layers {meta['num_layers']}")
             return cls(
-                {int(k): Coefficients.from_dict(v) for k, v in data.get("stages", {}).items()},
-                Coefficients.from_dict(data["per_layer"]) if data.get("per_layer") else None,
-                TransferFit(_finite(transfer, "alpha"), _finite(transfer, "beta"), int(transfer.get("num_samples", 0)))
+                stages,
+                Coefficients.from_dict(data["per_layer"], "per_layer") if data.get("per_layer") else None,
+                TransferFit(_finite(transfer, "alpha", "transfer"), _finite(transfer, "beta", "transfer"),
+                            _whole(transfer.get("num_samples", 0), "transfer num_samples", 0))
                 if transfer else None,
-                dict(data.get("meta", {})),
+                meta,
             )
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:  # Overflow: int(inf)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:  # Overflow: an integer too large for a float
             raise CostModelError(f"a malformed {FITTED_FORMAT} file ({type(error).__name__}: {error}); write it "
                                  "again with sglang-vpp bench --costs FILE") from None
 
