@@ -106,3 +106,31 @@ def test_a_profile_with_a_value_of_the_wrong_kind_is_refused_when_read(tmp_path,
                                                        f"{FITTED_FORMAT} file (ValueError: {message})")):
         read_cost_profile(str(path))
 
+
+@pytest.mark.parametrize("profile_json, message", [
+    # Fitted per stage at pp 2 contiguous (2 stages of 4 layers): LAYOUT has 4 stages of 2.
+    ({"stages": {"0": {**_FIT, "layers": 4}, "1": {**_FIT, "layers": 4}}},
+     "was fitted for stages 0 (4 layers), 1 (4 layers) with no per-layer fit; used with a model of 8 layers in 4 "
+     "foldback stages (2 ranks) of 2, 2, 2, 2 layers, and stages 0, 1, 2, 3 have no fit"),
+    ({"meta": {"model": "tiny"}, "stages": {"0": _FIT, "1": _FIT}},
+     "was fitted on tiny for stages 0, 1 with no per-layer fit; used with a model of 8 layers in 4 foldback stages "
+     "(2 ranks) of 2, 2, 2, 2 layers, and stages 2, 3 have no fit"),
+    # Per layer, but measured on a model of another depth: another model.
+    ({"meta": {"model": "tiny", "num_layers": 4}, "per_layer": _FIT},
+     "was measured on tiny with 4 layers; used with a model of 8 layers in 4 foldback stages (2 ranks) of 2, 2, 2, "
+     "2 layers; measure this model"),
+])
+def test_a_profile_fitted_for_another_layout_is_refused_when_chosen(tmp_path, profile_json, message):
+    """Unchecked, the server started and failed at the first estimate of a stage without a fit."""
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"format": FITTED_FORMAT, "version": 1, **profile_json}))
+    with pytest.raises(CostModelError, match=re.escape(f"{str(path)!r} {message}")):
+        choose_cost(LAYOUT, on_cpu=False, auto_chunk=False, profile_path=str(path))
+    read_cost_profile(str(path))  # readable: only its layout is wrong
+
+
+def test_a_profile_fitted_for_this_layout_is_chosen(tmp_path):
+    path = tmp_path / "costs.json"
+    stages = {str(s.stage_index): {**_FIT, "layers": s.num_layers} for s in LAYOUT.stages}
+    path.write_text(json.dumps({"format": FITTED_FORMAT, "meta": {"num_layers": 8}, "stages": stages}))
+    assert sorted(choose_cost(LAYOUT, on_cpu=False, auto_chunk=False, profile_path=str(path)).model.stages) == [0, 1, 2, 3]

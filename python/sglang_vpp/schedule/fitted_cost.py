@@ -16,7 +16,7 @@ from .. import json_text
 from .cost import StageCostModel
 from .errors import CostModelError
 from .ir import ChunkSpec
-from .layout import StageSpec
+from .layout import Layout, StageSpec
 
 __all__ = ["Coefficients", "TransferFit", "FittedCostModel", "FITTED_FORMAT"]
 
@@ -103,9 +103,36 @@ class FittedCostModel(StageCostModel):
     transfer: TransferFit | None = None
     meta: dict = field(default_factory=dict)
 
-    def _coefficients(self, stage: StageSpec) -> Coefficients:
+    def _own(self, stage: StageSpec) -> Coefficients | None:
         own = self.stages.get(stage.stage_index)
-        if own is not None and own.num_layers in (None, stage.num_layers):
+        return own if own is not None and own.num_layers in (None, stage.num_layers) else None
+
+    def check_layout(self, layout: Layout, *, other_depth: bool = False) -> None:
+        """CostModelError unless this model answers for every stage of ``layout`` and was measured
+        on a model of its depth (``other_depth``: a what-if that scales a per-layer fit to another
+        depth, ``simulate --costs``): checked where a profile meets its layout, so a profile
+        fitted for another layout is refused at start-up rather than at its first estimate."""
+        used = (f"used with a model of {layout.num_layers} layers in {layout.num_stages} {layout.kind} stages "
+                f"({layout.num_ranks} ranks) of {', '.join(str(s.num_layers) for s in layout.stages)} layers")
+        on = f" on {self.meta['model']}" if self.meta.get("model") else ""
+        measured = self.meta.get("num_layers")
+        if not other_depth and measured is not None and measured != layout.num_layers:
+            raise CostModelError(f"was measured{on} with {measured} layers; {used}; measure this model "
+                                 "with sglang-vpp bench --costs FILE")
+        if self.per_layer is not None:
+            return
+        missing = [s.stage_index for s in layout.stages if self._own(s) is None]
+        if missing:
+            fitted = ", ".join(f"{i} ({c.num_layers} layers)" if c.num_layers else str(i)
+                               for i, c in sorted(self.stages.items()))
+            raise CostModelError(f"was fitted{on} for stages {fitted} with no per-layer fit; {used}, and stage"
+                                 f"{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+                                 f"{'have' if len(missing) > 1 else 'has'} no fit; record samples with 'layers' "
+                                 "to get a per-layer fit, or measure this layout")
+
+    def _coefficients(self, stage: StageSpec) -> Coefficients:
+        own = self._own(stage)
+        if own is not None:
             return own
         if self.per_layer is not None:
             return self.per_layer.scaled(stage.num_layers)
