@@ -90,12 +90,24 @@ CASES = [
     (["simulate", "--costs", "BAD_TABLE"], "is a malformed sglang-vpp.table-cost file"),
     # Unchecked, a NaN coefficient ends in a traceback and a negative measured time in negative TTFTs.
     (["simulate", "--costs", "NAN_FIT", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
-     "is a malformed sglang-vpp.fitted-cost file (ValueError: coefficient d is nan, not a finite number >= 0)"),
+     "is a malformed sglang-vpp.fitted-cost file (ValueError: per_layer coefficient d is nan, not a finite number >= 0)"),
     # A negative coefficient (the fit writes none) gave negative TTFTs and compute times.
     (["simulate", "--costs", "NEG_FIT", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
-     "is a malformed sglang-vpp.fitted-cost file (ValueError: coefficient d is -0.01, not a finite number >= 0)"),
+     "is a malformed sglang-vpp.fitted-cost file (ValueError: per_layer coefficient d is -0.01, not a finite number >= 0)"),
     (["simulate", "--costs", "INF_COUNT", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
-     "is a malformed sglang-vpp.fitted-cost file (OverflowError: cannot convert float infinity to integer)"),
+     "is a malformed sglang-vpp.fitted-cost file (ValueError: per_layer num_samples is inf, not a whole number >= 0)"),
+    # A string or boolean where a number goes was read as one (float("1e-9"), true as 1).
+    (["simulate", "--costs", "STR_FIT", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.fitted-cost file (ValueError: per_layer coefficient a is '1e-9', not a finite number >= 0)"),
+    # A stage's layer count of 1.5 or true was kept as is and matched no stage (or a 1-layer one).
+    (["simulate", "--costs", "HALF_LAYERS", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.fitted-cost file (ValueError: stage 1 layers is 1.5, not a whole number >= 1)"),
+    (["simulate", "--costs", "BOOL_LAYERS", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.fitted-cost file (ValueError: stage 0 layers is True, not a whole number >= 1)"),
+    # Fitted per stage of another layout: refused before the first mode runs, not at vpp's first estimate.
+    (["simulate", "--costs", "PP2_FIT", "--model", "qwen3-tiny", "--seq-len", "8k", "--modes", "cpp,vpp"],
+     "was fitted for stages 0 (2 layers), 1 (2 layers) with no per-layer fit; used with a model of 4 layers in "
+     "4 foldback stages (2 ranks) of 1, 1, 1, 1 layers, and stages 0, 1, 2, 3 have no fit"),
     (["simulate", "--costs", "INF_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "is a malformed sglang-vpp.table-cost file (OverflowError: cannot convert float infinity to integer)"),
     (["simulate", "--costs", "NEG_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
@@ -316,6 +328,13 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
              "NEG_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 0, "b": 1e-6, "d": -0.01}}\n',
              "INF_COUNT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 0, "b": 1e-6, "d": 0, '
                           '"num_samples": Infinity}}\n',
+             "STR_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": "1e-9", "b": 1e-6, "d": 0}}\n',
+             "HALF_LAYERS": '{"format": "sglang-vpp.fitted-cost", "stages": {"0": {"a": 0, "b": 1e-6, "d": 0, '
+                            '"layers": 2}, "1": {"a": 0, "b": 1e-6, "d": 0, "layers": 1.5}}}\n',
+             "BOOL_LAYERS": '{"format": "sglang-vpp.fitted-cost", "stages": {"0": {"a": 0, "b": 1e-6, "d": 0, '
+                            '"layers": true}}}\n',
+             "PP2_FIT": '{"format": "sglang-vpp.fitted-cost", "stages": {"0": {"a": 0, "b": 1e-6, "d": 0, "layers": 2}, '
+                        '"1": {"a": 0, "b": 1e-6, "d": 0, "layers": 2}}}\n',
              "INF_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[Infinity, 0, 0, 1]]}\n',
              "NEG_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, -1]]}\n',
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n',

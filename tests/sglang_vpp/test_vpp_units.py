@@ -158,6 +158,21 @@ def test_cost_profile_drives_the_controller_and_travels_with_the_trace(tmp_path)
         broken.cost_model()
 
 
+def test_a_cost_profile_fitted_for_another_layout_is_refused_when_the_controller_is_built(tmp_path):
+    """Fitted per stage at pp 2 contiguous (2 stages of 4 layers): vpp at pp 2 runs 4 stages of 2,
+    which the server found only at its first estimate of a stage without a fit."""
+    from sglang_vpp.sim.cost.fitted import Coefficients, FittedCostModel
+
+    path = tmp_path / "costs.json"
+    FittedCostModel({0: Coefficients(2e-9, 3e-7, 1e-4, 5, 0.0, 4), 1: Coefficients(2e-9, 3e-7, 1e-4, 5, 0.0, 4)}).save(path)
+    state = VppState(config=VppConfig(mode="vpp", pp_size=2, cost_profile=str(path)), rank=0)
+    state.ensure_layout(8)
+    with pytest.raises(VppConfigError, match=r"^--vpp-cost-profile '.*costs.json' was fitted for stages 0 \(4 layers\), "
+                                             r"1 \(4 layers\) with no per-layer fit; used with a model of 8 layers in 4 "
+                                             r"foldback stages \(2 ranks\) of 2, 2, 2, 2 layers, .* or leave the flag out$"):
+        state.build_controller(64)
+
+
 @pytest.mark.parametrize("on_cpu", [False, True])
 @pytest.mark.parametrize("auto_chunk", [False, True])
 def test_the_server_controller_decides_with_the_factory_estimate(on_cpu, auto_chunk):

@@ -148,6 +148,11 @@ def test_a_preset_path_that_is_missing_a_folder_or_not_an_object_is_refused(tmp_
                              "expert_intermediate": 0}, "a dense model needs dense_intermediate"),
     ("qwen3-coder-30b-a3b", {"first_dense_layers": 2}, "first_dense_layers 2 needs dense_intermediate"),
     ("qwen3-coder-30b-a3b", {"first_dense_layers": 49}, "first_dense_layers 49 is more than num_layers 48"),
+    # A MoE model with no MoE layer: its expert fields were read by nothing.
+    ("qwen3-coder-30b-a3b", {"first_dense_layers": 48, "dense_intermediate": 6144},
+     "first_dense_layers 48 makes all num_layers 48 dense, so num_experts 128 is never read"),
+    ("qwen3-moe-tiny", {"first_dense_layers": 4, "dense_intermediate": 64},
+     "first_dense_layers 4 makes all num_layers 4 dense, so num_experts 8 is never read"),
     # A DSA model whose indexer costs nothing.
     ("glm-5.2", {"indexer_heads": 0}, "sparse_top_k (DSA) needs indexer_heads and indexer_head_dim"),
     ("qwen3-tiny", {"num_kv_heads": 3}, "gqa needs num_kv_heads to divide num_heads, got 3 and 4"),
@@ -157,6 +162,11 @@ def test_a_preset_path_that_is_missing_a_folder_or_not_an_object_is_refused(tmp_
     ("deepseek-v3.1", {"num_kv_heads": 8, "head_dim": 128}, "num_kv_heads, head_dim are not read for mla attention"),
     ("qwen3-tiny", {"num_active_experts": 2}, "num_active_experts is not read for a dense model (num_experts 0)"),
     ("deepseek-v3.1", {"indexer_heads": 64}, "indexer_heads is not read for dense attention (sparse_top_k 0)"),
+    # DSA is MLA's: a gqa model with its fields was priced with a sparse attention it does not have.
+    ("qwen3-tiny", {"sparse_top_k": 2048, "indexer_heads": 64, "indexer_head_dim": 128},
+     "sparse_top_k, indexer_heads, indexer_head_dim (DSA sparse attention) need attention 'mla', got 'gqa'"),
+    ("qwen3-coder-30b-a3b", {"sparse_top_k": 2048}, "sparse_top_k (DSA sparse attention) needs attention 'mla', got 'gqa'"),
+    ("qwen3-tiny", {"indexer_heads": 64}, "indexer_heads (DSA sparse attention) needs attention 'mla', got 'gqa'"),
 ])
 def test_model_fields_that_do_not_combine_are_refused(tmp_path, name, changes, message):
     data = _shipped("models", name)

@@ -60,6 +60,24 @@ def _cost_model(model_spec, hardware_spec, tp: Optional[int], costs: Optional[Pa
                          "sglang-vpp.table-cost (see docs/calibration.md)")
 
 
+def _check_costs_layouts(cost, costs: Optional[Path], modes: str, pp: int, num_layers: int, split, fold: str,
+                         balance: str) -> None:
+    """A fitted cost file answers for every stage of each mode's layout, checked before the first
+    mode runs (``balance auto`` picks its split while it runs); another depth only warns
+    (``_warn_other_depth``)."""
+    from ..schedule import parse_policies, policy_layout
+    from ..schedule.fitted_cost import FittedCostModel
+    from ..sim.errors import CostModelError
+
+    if not isinstance(cost, FittedCostModel) or balance != "even":
+        return
+    for spec in parse_policies(modes):
+        try:
+            cost.check_layout(policy_layout(spec, pp, num_layers, split, fold), other_depth=True)
+        except CostModelError as error:
+            raise CostModelError(f"--costs {str(costs)!r} {error} (--modes {spec.name})") from None
+
+
 def _warn_other_depth(cost, costs: Optional[Path], model_spec) -> None:
     """A measured per-layer cost is multiplied by --model's layer count, the one thing --model
     still sets with --costs: scaling it to another depth is a what-if worth running, but never
@@ -156,6 +174,7 @@ def simulate(
     if jitter == 0 and given_flags(ctx, {"jitter_seed": "--jitter-seed"}):
         raise ValueError("--jitter-seed seeds --jitter's draws, and without --jitter there are none; give "
                          "--jitter (e.g. 0.03) or drop --jitter-seed")
+    _check_costs_layouts(cost, costs, modes, pp, model_spec.num_layers, layer_split, fold, balance)
     rows = []
     for length, work in runs:
         rows += simulate_matrix(work, cost, model_spec.num_layers, modes, chunk_sizes, pp, layer_split,

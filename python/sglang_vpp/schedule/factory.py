@@ -103,10 +103,14 @@ def choose_cost(layout: Layout, *, on_cpu: bool, auto_chunk: bool, profile_path:
     - else the analytic estimate, whose ratios are all admission and order read (fixed chunk
       sizes keep the estimate every packing test was written against).
 
-    CostModelError when the profile cannot be read."""
+    CostModelError when the profile cannot be read or was fitted for another layout or model."""
     if profile_path:
-        return CostChoice(read_cost_profile(profile_path),
-                          f"fitted cost model from --vpp-cost-profile {profile_path}")
+        profile = read_cost_profile(profile_path)
+        try:
+            profile.check_layout(layout)
+        except CostModelError as exc:
+            raise CostModelError(f"{profile_path!r} {exc}") from None
+        return CostChoice(profile, f"fitted cost model from --vpp-cost-profile {profile_path}")
     if on_cpu and auto_chunk:
         return CostChoice(cpu_serving_cost(layout),
                           "the CPU estimate measured on the tiny Qwen2 (schedule/cpu_cost.py: compute plus the "

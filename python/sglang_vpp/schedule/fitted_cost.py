@@ -16,7 +16,7 @@ from .. import json_text
 from .cost import StageCostModel
 from .errors import CostModelError
 from .ir import ChunkSpec
-from .layout import StageSpec
+from .layout import Layout, StageSpec
 
 __all__ = ["Coefficients", "TransferFit", "FittedCostModel", "FITTED_FORMAT"]
 
@@ -49,18 +49,31 @@ class Coefficients:
                 "rel_rmse": self.rel_rmse, "layers": self.num_layers}
 
     @staticmethod
-    def from_dict(data: dict) -> "Coefficients":
-        return Coefficients(_finite(data, "a"), _finite(data, "b"), _finite(data, "d"),
-                            int(data.get("num_samples", 0)), float(data.get("rel_rmse", 0.0)), data.get("layers"))
+    def from_dict(data: dict, where: str) -> "Coefficients":
+        """The fit ``where`` (``per_layer``, ``stage 0``) of a cost file; ValueError naming the field."""
+        layers = data.get("layers")
+        return Coefficients(_finite(data, "a", where), _finite(data, "b", where), _finite(data, "d", where),
+                            _whole(data.get("num_samples", 0), f"{where} num_samples", 0),
+                            _finite(data, "rel_rmse", where, 0.0),
+                            None if layers is None else _whole(layers, f"{where} layers", 1))
 
 
-def _finite(data: dict, key: str) -> float:
-    """A coefficient of a cost file: NaN or infinity would turn every simulated time into one, and
-    a negative one (the fit never writes one: ``sim/cost/fitted.py`` fits non-negative
+def _finite(data: dict, key: str, where: str, default: float | None = None) -> float:
+    """A number of a cost file: a string or boolean is a file written by hand or by another tool
+    (Python reads ``true`` as 1), NaN or infinity would turn every simulated time into one, and
+    a negative coefficient (the fit never writes one: ``sim/cost/fitted.py`` fits non-negative
     coefficients) into negative stage times, TTFTs and compute."""
-    value = float(data[key])
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"coefficient {key} is {value}, not a finite number >= 0")
+    value = data[key] if default is None else data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+        name = key if key == "rel_rmse" else f"coefficient {key}"
+        raise ValueError(f"{where} {name} is {value!r}, not a finite number >= 0")
+    return float(value)
+
+
+def _whole(value: object, name: str, low: int) -> int:
+    """A count of a cost file (layers, samples): ``int()`` would read 1.5 as 1 and ``true`` as 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} is {value!r}, not a whole number >= {low}")
     return value
 
 
@@ -90,9 +103,36 @@ class FittedCostModel(StageCostModel):
     transfer: TransferFit | None = None
     meta: dict = field(default_factory=dict)
 
-    def _coefficients(self, stage: StageSpec) -> Coefficients:
+    def _own(self, stage: StageSpec) -> Coefficients | None:
         own = self.stages.get(stage.stage_index)
-        if own is not None and own.num_layers in (None, stage.num_layers):
+        return own if own is not None and own.num_layers in (None, stage.num_layers) else None
+
+    def check_layout(self, layout: Layout, *, other_depth: bool = False) -> None:
+        """CostModelError unless this model answers for every stage of ``layout`` and was measured
+        on a model of its depth (``other_depth``: a what-if that scales a per-layer fit to another
+        depth, ``simulate --costs``): checked where a profile meets its layout, so a profile
+        fitted for another layout is refused at start-up rather than at its first estimate."""
+        used = (f"used with a model of {layout.num_layers} layers in {layout.num_stages} {layout.kind} stages "
+                f"({layout.num_ranks} ranks) of {', '.join(str(s.num_layers) for s in layout.stages)} layers")
+        on = f" on {self.meta['model']}" if self.meta.get("model") else ""
+        measured = self.meta.get("num_layers")
+        if not other_depth and measured is not None and measured != layout.num_layers:
+            raise CostModelError(f"was measured{on} with {measured} layers; {used}; measure this model "
+                                 "with sglang-vpp bench --costs FILE")
+        if self.per_layer is not None:
+            return
+        missing = [s.stage_index for s in layout.stages if self._own(s) is None]
+        if missing:
+            fitted = ", ".join(f"{i} ({c.num_layers} layers)" if c.num_layers else str(i)
+                               for i, c in sorted(self.stages.items()))
+            raise CostModelError(f"was fitted{on} for stages {fitted} with no per-layer fit; {used}, and stage"
+                                 f"{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+                                 f"{'have' if len(missing) > 1 else 'has'} no fit; record samples with 'layers' "
+                                 "to get a per-layer fit, or measure this layout")
+
+    def _coefficients(self, stage: StageSpec) -> Coefficients:
+        own = self._own(stage)
+        if own is not None:
             return own
         if self.per_layer is not None:
             return self.per_layer.scaled(stage.num_layers)
@@ -131,14 +171,26 @@ class FittedCostModel(StageCostModel):
                                  "write it again with sglang-vpp bench --costs FILE")
         transfer = data.get("transfer")
         try:
+            meta = dict(data.get("meta", {}))
+            if meta.get("num_layers") is not None:  # the measured model's depth (bench writes it)
+                _whole(meta["num_layers"], "meta num_layers", 1)
+            stages = {}
+            for key, fit in data.get("stages", {}).items():
+                if not (key.isascii() and key.isdigit()):
+                    raise ValueError(f"stage {key!r} is not a stage index (a whole number >= 0)")
+                coefficients = stages[int(key)] = Coefficients.from_dict(fit, f"stage {key}")
+                if (coefficients.num_layers or 0) > (meta.get("num_layers") or math.inf):
+                    raise ValueError(f"stage {key} layers is {coefficients.num_layers}, more than the measured "
+                                     f"model's meta num_layers {meta['num_layers']}")
             return cls(
-                {int(k): Coefficients.from_dict(v) for k, v in data.get("stages", {}).items()},
-                Coefficients.from_dict(data["per_layer"]) if data.get("per_layer") else None,
-                TransferFit(_finite(transfer, "alpha"), _finite(transfer, "beta"), int(transfer.get("num_samples", 0)))
+                stages,
+                Coefficients.from_dict(data["per_layer"], "per_layer") if data.get("per_layer") else None,
+                TransferFit(_finite(transfer, "alpha", "transfer"), _finite(transfer, "beta", "transfer"),
+                            _whole(transfer.get("num_samples", 0), "transfer num_samples", 0))
                 if transfer else None,
-                dict(data.get("meta", {})),
+                meta,
             )
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:  # Overflow: int(inf)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as error:  # Overflow: an integer too large for a float
             raise CostModelError(f"a malformed {FITTED_FORMAT} file ({type(error).__name__}: {error}); write it "
                                  "again with sglang-vpp bench --costs FILE") from None
 

@@ -73,16 +73,24 @@ class ModelSpec:
         if self.first_dense_layers > self.num_layers:
             raise PresetError(f"model {self.name}: first_dense_layers {self.first_dense_layers} is more than "
                               f"num_layers {self.num_layers}")
+        if self.num_experts and self.first_dense_layers == self.num_layers:
+            raise PresetError(f"model {self.name}: first_dense_layers {self.first_dense_layers} makes all "
+                              f"num_layers {self.num_layers} dense, so num_experts {self.num_experts} is never read; "
+                              "give the MoE layers (first_dense_layers < num_layers) or set num_experts 0")
         dense_layers = self.num_layers if not self.num_experts else self.first_dense_layers
         if dense_layers and not self.dense_intermediate:
             what = "a dense model" if not self.num_experts else f"first_dense_layers {self.first_dense_layers}"
             raise PresetError(f"model {self.name}: {what} needs dense_intermediate (the dense FFN width); "
                               "0 would give its dense layers no FFN")
-        if self.sparse_top_k and not (self.indexer_heads and self.indexer_head_dim):
-            raise PresetError(f"model {self.name}: sparse_top_k (DSA) needs indexer_heads and indexer_head_dim")
         if self.attention == "gqa" and self.num_heads % self.num_kv_heads:
             raise PresetError(f"model {self.name}: gqa needs num_kv_heads to divide num_heads, got "
                               f"{self.num_kv_heads} and {self.num_heads}")
+        # DSA is MLA's: the cost model prices its indexer weights on MLA's query path only.
+        dsa = [name for name in ("sparse_top_k",) + _DSA_FIELDS if getattr(self, name)]
+        if self.attention == "gqa" and dsa:
+            raise PresetError(f"model {self.name}: {', '.join(dsa)} (DSA sparse attention) "
+                              f"{'needs' if len(dsa) == 1 else 'need'} attention 'mla', got 'gqa'; drop "
+                              f"{'it' if len(dsa) == 1 else 'them'} or set 0")
         unread = {f"{self.attention} attention": _MLA_FIELDS if self.attention == "gqa" else _GQA_FIELDS,
                   "a dense model (num_experts 0)": () if self.num_experts else _MOE_FIELDS,
                   "dense attention (sparse_top_k 0)": () if self.sparse_top_k else _DSA_FIELDS}
@@ -91,6 +99,8 @@ class ModelSpec:
             if given:
                 raise PresetError(f"model {self.name}: {', '.join(given)} {'is' if len(given) == 1 else 'are'} "
                                   f"not read for {reason}; drop {'it' if len(given) == 1 else 'them'} or set 0")
+        if self.sparse_top_k and not (self.indexer_heads and self.indexer_head_dim):
+            raise PresetError(f"model {self.name}: sparse_top_k (DSA) needs indexer_heads and indexer_head_dim")
 
     # ----------------------------------------------------------------- per layer
     def is_moe_layer(self, layer: int) -> bool:
