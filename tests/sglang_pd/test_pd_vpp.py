@@ -218,7 +218,7 @@ def test_vpp_pack_prefill_over_two_nodes_equals_cpp_and_a_dead_node_ends_it(
         long_prompt = make_prompts([LONG_PROMPT], 45)[0]
         payload = {"input_ids": long_prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 4}}
         with ThreadPoolExecutor(1) as pool:
-            client = pool.submit(post_status, router.url + "/generate", payload, 300.0)
+            client = pool.submit(lambda: (*post_status(router.url + "/generate", payload, 300.0), time.monotonic()))
             wait_in_prefill(leader.log_path, 1, before, client)
             runs[1].signal_rank(1, signal.SIGKILL)
             runs[0].signalled_at = runs[1].signalled_at
@@ -227,8 +227,8 @@ def test_vpp_pack_prefill_over_two_nodes_equals_cpp_and_a_dead_node_ends_it(
                 gone[what] = run.wait_gone(KILL_BOUND_S)
                 assert gone[what] is not None, f"{what}'s launch outlived {KILL_BOUND_S} s"
                 assert run.leftovers() == [], what
-            status, body = client.result(timeout=ERROR_BOUND_S)
-            answered = time.monotonic() - runs[1].signalled_at
+            status, body, answered_at = client.result(timeout=ERROR_BOUND_S)
+        answered = answered_at - runs[1].signalled_at
         print(f"kill -9 of node 1's rank: node 0 gone after {gone['node 0']:.1f} s, node 1 after "
               f"{gone['node 1']:.1f} s, the client's error after {answered:.1f} s")
         assert status >= 400 or '"abort"' in body, f"the client got {status}, not an error: {body[:300]}"
