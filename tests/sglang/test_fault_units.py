@@ -183,6 +183,8 @@ class Scheduler:
 def loop(scheduler):
     if sys.argv[1] == "raise":
         raise RuntimeError("peer is gone")
+    if sys.argv[1] == "exit":
+        sys.exit(3)
 
 def run_scheduler_process():
     scheduler = Scheduler()  # freed when this returns, as in SGLang
@@ -196,15 +198,16 @@ run_scheduler_process()
 """
 
 
-@pytest.mark.parametrize("loop, code", [("raise", 0), ("return", -signal.SIGABRT)])
+@pytest.mark.parametrize("loop, code", [("raise", 0), ("return", -signal.SIGABRT), ("exit", -signal.SIGABRT)])
 def test_a_scheduler_whose_loop_raised_exits_with_code_0_before_native_teardown(loop, code):
     """After the loop raised, the process ends with exit code 0 (what the failure report reads as
     a rank that ended itself) and its log is flushed, whatever the teardown would have done (the
-    scheduler object is not destroyed first); a loop that returned leaves the teardown alone."""
+    scheduler object is not destroyed first); a loop that returned, or ended with SystemExit (its
+    code is the launcher's to read), leaves the teardown alone."""
     done = subprocess.run([sys.executable, "-c", _TEARDOWN_THAT_ABORTS, loop], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == code, done.stderr
-    assert "returned" in done.stderr
+    assert ("returned" in done.stderr) == (loop != "exit")
     assert ("Scheduler hit an exception" in done.stderr) == (loop == "raise")
 
 

@@ -21,7 +21,8 @@ Data flow (each scheduler process, every mode)::
         -> SGLang's run_scheduler_process logs the error, SIGQUITs the launcher, returns
     interpreter exit -> leave_now(): flush logging and stdio, os._exit(0)
 
-A loop that returns (a graceful shutdown) arms nothing: the normal teardown runs.
+A loop that returns (a graceful shutdown) or ends with a ``SystemExit`` (whose exit code the
+launcher reads) arms nothing: the normal teardown runs.
 """
 
 from __future__ import annotations
@@ -69,6 +70,6 @@ def around_run_event_loop(original: Any, scheduler: Any, *args: Any, **kwargs: A
     """AROUND hook on ``Scheduler.run_event_loop``: arm the quick exit when the loop raises."""
     try:
         return original(scheduler, *args, **kwargs)
-    except BaseException:
+    except Exception:  # what SGLang's process function logs and reports; a SystemExit keeps its code
         arm(scheduler)
         raise
