@@ -164,4 +164,6 @@ def assert_fault_ends_the_server(server: Any, name: str, sig: int, rank: int, ph
     how = "killed by signal 9 (SIGKILL)" if sig == signal.SIGKILL else "is stopped"
     named = [line for line in lines if re.search(re.escape(f"pp_rank={rank} tp_rank=0 node=0 pid={pid} {how}"), line)]
     assert len(named) == 1, f"expected one line naming pp_rank={rank} pid={pid}:\n{log[-4000:]}"
+    # a survivor (it saw its peer die and ended itself) is never reported as a failure
+    assert len(lines) == 1, f"ranks other than pp_rank={rank} reported as failed:\n{log[-4000:]}"
     print(f"{name}: gone after {gone:.1f} s; client: {run.join_client()}")

@@ -168,7 +168,7 @@ def test_report_names_a_killed_child_without_collecting_it(caplog, monkeypatch):
 
 
 _TEARDOWN_THAT_ABORTS = """
-import atexit, logging, os, signal, sys
+import atexit, logging, os, signal, sys, threading, time
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 # Stand in for native teardown that aborts (a joinable thread destroyed): an exit handler
 # registered first, as a library imported at start-up would register it, and the scheduler's
@@ -182,6 +182,8 @@ class Scheduler:
 
 def loop(scheduler):
     if sys.argv[1] == "raise":
+        # a worker still busy (a transfer's thread pool): the interpreter would join it first
+        threading.Thread(target=time.sleep, args=(60,)).start()
         raise RuntimeError("peer is gone")
     if sys.argv[1] == "exit":
         sys.exit(3)
@@ -202,13 +204,37 @@ run_scheduler_process()
 def test_a_scheduler_whose_loop_raised_exits_with_code_0_before_native_teardown(loop, code):
     """After the loop raised, the process ends with exit code 0 (what the failure report reads as
     a rank that ended itself) and its log is flushed, whatever the teardown would have done (the
-    scheduler object is not destroyed first); a loop that returned, or ended with SystemExit (its
-    code is the launcher's to read), leaves the teardown alone."""
+    scheduler object is not destroyed first, a busy thread is not waited for); a loop that
+    returned, or ended with SystemExit (its code is the launcher's to read), leaves the teardown
+    alone."""
+    began = time.monotonic()
     done = subprocess.run([sys.executable, "-c", _TEARDOWN_THAT_ABORTS, loop], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=50)
+    assert time.monotonic() - began < 40
     assert done.returncode == code, done.stderr
     assert ("returned" in done.stderr) == (loop != "exit")
     assert ("Scheduler hit an exception" in done.stderr) == (loop == "raise")
+
+
+def test_the_quick_exit_unlinks_the_shared_memory_its_process_created():
+    """No destructor runs after a loop that raised, so the segments SGLang created in this process
+    (pid-stamped names) are unlinked by the exit handler; another process's stay."""
+    from multiprocessing import shared_memory
+
+    from sglang_vpp.sglang_plugin.rank_exit import unlink_own_shared_memory
+
+    own = shared_memory.SharedMemory(create=True, size=4096, name=f"sgl_shm_mq_{os.getpid()}_0a1b2c3d")
+    other = shared_memory.SharedMemory(create=True, size=4096, name=f"sgl_shm_mq_{os.getppid()}_0a1b2c3d")
+    try:
+        assert unlink_own_shared_memory() >= 1
+        assert not os.path.exists(f"/dev/shm/{own.name.lstrip('/')}")
+        assert os.path.exists(f"/dev/shm/{other.name.lstrip('/')}")
+    finally:
+        own.close()
+        other.close()
+        other.unlink()
+        if os.path.exists(f"/dev/shm/{own.name.lstrip('/')}"):
+            own.unlink()
 
 
 def _ranks(*states):

@@ -280,3 +280,20 @@ def test_an_unreadable_cost_profile_is_refused_at_launch(model_dir, tmp_path):
     options = PipelineOptions(pp_mode="vpp-pack", vpp_cost_profile=str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="--vpp-cost-profile .*missing.json.* is not a readable fitted cost model"):
         vpp.check_args(_args(model_dir, pp_size=2, chunked_prefill_size=64), options)
+
+
+@pytest.mark.sglang
+def test_a_cost_profile_fitted_for_another_layout_is_refused_at_launch(model_dir, tmp_path):
+    """The launcher reads the local model's depth, so the scheduler's own check (every stage of
+    the fold-back layout has a fit) runs before anything loads."""
+    from sglang_vpp.sglang_plugin import vpp
+    from sglang_vpp.sim.cost.fitted import Coefficients, FittedCostModel
+
+    path = tmp_path / "costs.json"
+    fit = Coefficients(2e-9, 3e-7, 1e-4, 5, 0.0, 64)  # a contiguous stage of 64 layers: no model here has it
+    FittedCostModel({0: fit, 1: fit}).save(path)
+    options = PipelineOptions(pp_mode="vpp-pack", vpp_cost_profile=str(path))
+    with pytest.raises(ValueError, match=r"--vpp-cost-profile '.*costs.json' was fitted for stages 0 \(64 layers\), "
+                                         r"1 \(64 layers\) with no per-layer fit; used with a model of \d+ layers in 4 "
+                                         r"foldback stages"):
+        vpp.check_args(_args(model_dir, pp_size=2, chunked_prefill_size=64), options)

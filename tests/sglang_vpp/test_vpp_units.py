@@ -160,7 +160,7 @@ def test_cost_profile_drives_the_controller_and_travels_with_the_trace(tmp_path)
 
 def test_a_cost_profile_fitted_for_another_layout_is_refused_when_the_controller_is_built(tmp_path):
     """Fitted per stage at pp 2 contiguous (2 stages of 4 layers): vpp at pp 2 runs 4 stages of 2,
-    which the server found only at its first estimate of a stage without a fit."""
+    none of which has a fit; unchecked, the first estimate of such a stage would fail mid-run."""
     from sglang_vpp.sim.cost.fitted import Coefficients, FittedCostModel
 
     path = tmp_path / "costs.json"

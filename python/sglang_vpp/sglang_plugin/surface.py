@@ -132,6 +132,8 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "managers.io_struct.AbortReq.finished_reason", R, E),
     # --- every mode: a scheduler that stopped after an error exits at once (rank_exit.py)
     N(_SCHED + "run_event_loop", H, E, ("self",)),
+    N(_S + "utils.stale_shm_cleanup._SHM_DIR", R, E),
+    N(_S + "utils.stale_shm_cleanup._creator_pid", C, E, ("filename",)),
     # --- stock pipeline: watchdog (stock_loop_watchdog.py), trace (stock_trace.py), dcpp (dcpp.py)
     N(_SCHED + "ingest_requests", H, WD, ("self",)),
     N(_SCHED + "run_batch", H, TR, ("self", "batch")),

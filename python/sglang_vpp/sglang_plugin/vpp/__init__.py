@@ -85,12 +85,20 @@ def _refuse_missing_hook_targets(mode: str) -> None:
 def check_args(args: Any, options: Any) -> None:
     """Launcher-side checks before anything loads (called by the plugin's validation)."""
     mode = str(options.pp_mode)
-    VppConfig(mode=mode, pp_size=int(getattr(args, "pp_size", 1)), layer_split=options.vpp_layer_split,
-              fold=options.vpp_fold)
+    config = VppConfig(mode=mode, pp_size=int(getattr(args, "pp_size", 1)), layer_split=options.vpp_layer_split,
+                       fold=options.vpp_fold, cost_profile=options.vpp_cost_profile)
     _refuse_unsupported(args, mode)
     _refuse_missing_hook_targets(mode)
     if options.vpp_cost_profile:
-        load_cost_profile(options.vpp_cost_profile)  # unreadable: one-line refusal at launch
+        from sglang_vpp.sglang_plugin.validate import model_num_layers
+
+        num_layers = model_num_layers(getattr(args, "model_path", None), bool(getattr(args, "trust_remote_code", False)))
+        if num_layers is None:  # a remote model: its layout, and the profile's fit to it, come at start-up
+            load_cost_profile(options.vpp_cost_profile)  # unreadable: one-line refusal at launch
+        else:  # the scheduler's own choice on this layout: unreadable or fitted for another, refused here
+            state = VppState(config=config)
+            state.ensure_layout(num_layers)
+            state.cost()
 
 
 def install(server_args: Any) -> None:
