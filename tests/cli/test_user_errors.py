@@ -96,15 +96,15 @@ CASES = [
      "is a malformed sglang-vpp.fitted-cost file (ValueError: per_layer coefficient d is -0.01, not a finite number >= 0)"),
     (["simulate", "--costs", "INF_COUNT", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "is a malformed sglang-vpp.fitted-cost file (ValueError: per_layer num_samples is inf, not a whole number >= 0)"),
-    # A string or boolean where a number goes was read as one (float("1e-9"), true as 1).
+    # Unchecked, a string or boolean where a number goes reads as one (float("1e-9"), true as 1).
     (["simulate", "--costs", "STR_FIT", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "is a malformed sglang-vpp.fitted-cost file (ValueError: per_layer coefficient a is '1e-9', not a finite number >= 0)"),
-    # A stage's layer count of 1.5 or true was kept as is and matched no stage (or a 1-layer one).
+    # Unchecked, a stage's layer count of 1.5 or true matches no stage (or a 1-layer one).
     (["simulate", "--costs", "HALF_LAYERS", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "is a malformed sglang-vpp.fitted-cost file (ValueError: stage 1 layers is 1.5, not a whole number >= 1)"),
     (["simulate", "--costs", "BOOL_LAYERS", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "is a malformed sglang-vpp.fitted-cost file (ValueError: stage 0 layers is True, not a whole number >= 1)"),
-    # Fitted per stage of another layout: refused before the first mode runs, not at vpp's first estimate.
+    # Fitted per stage of another layout: refused before the first mode runs (unchecked: at vpp's first estimate).
     (["simulate", "--costs", "PP2_FIT", "--model", "qwen3-tiny", "--seq-len", "8k", "--modes", "cpp,vpp"],
      "was fitted for stages 0 (2 layers), 1 (2 layers) with no per-layer fit; used with a model of 4 layers in "
      "4 foldback stages (2 ranks) of 1, 1, 1, 1 layers, and stages 0, 1, 2, 3 have no fit"),

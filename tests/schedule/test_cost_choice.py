@@ -81,14 +81,14 @@ _FIT = {"a": 2e-9, "b": 3e-7, "d": 1e-4}
 
 
 @pytest.mark.parametrize("profile_json, message", [
-    # Python reads true as 1 and float() reads "1e-4": both passed as numbers.
+    # Unchecked, Python reads true as 1 and float() reads "1e-4": both pass as numbers.
     ({"per_layer": {**_FIT, "d": True}}, "per_layer coefficient d is True, not a finite number >= 0"),
     ({"per_layer": {**_FIT, "b": "3e-7"}}, "per_layer coefficient b is '3e-7', not a finite number >= 0"),
     ({"per_layer": {**_FIT, "rel_rmse": "0.1"}}, "per_layer rel_rmse is '0.1', not a finite number >= 0"),
     ({"per_layer": {**_FIT, "num_samples": 2.5}}, "per_layer num_samples is 2.5, not a whole number >= 0"),
     ({"per_layer": _FIT, "transfer": {"alpha": False, "beta": 1e-9}},
      "transfer coefficient alpha is False, not a finite number >= 0"),
-    # A stage's layer count was kept as given: it then matched no stage, or true a 1-layer one.
+    # Unchecked, a stage's layer count matches no stage, or true a 1-layer one.
     ({"stages": {"0": {**_FIT, "layers": True}}}, "stage 0 layers is True, not a whole number >= 1"),
     ({"stages": {"0": {**_FIT, "layers": 1.5}}}, "stage 0 layers is 1.5, not a whole number >= 1"),
     ({"stages": {"0": {**_FIT, "layers": 0}}}, "stage 0 layers is 0, not a whole number >= 1"),
@@ -121,7 +121,7 @@ def test_a_profile_with_a_value_of_the_wrong_kind_is_refused_when_read(tmp_path,
      "2 layers; measure this model"),
 ])
 def test_a_profile_fitted_for_another_layout_is_refused_when_chosen(tmp_path, profile_json, message):
-    """Unchecked, the server started and failed at the first estimate of a stage without a fit."""
+    """Unchecked, the server starts and fails at the first estimate of a stage without a fit."""
     path = tmp_path / "costs.json"
     path.write_text(json.dumps({"format": FITTED_FORMAT, "version": 1, **profile_json}))
     with pytest.raises(CostModelError, match=re.escape(f"{str(path)!r} {message}")):

@@ -52,8 +52,8 @@ the path). A local name assigned from one of these (``s = self.s``) holds the sa
 that file."""
 
 
-NOT_SGLANG_PRIVATE = frozenset({"_actions", "_asdict", "_replace", "_fields", "_value_", "_name_"})
-"""Private names of Python or argparse themselves (``parser._actions``)."""
+NOT_SGLANG_PRIVATE = frozenset({"_actions", "_asdict", "_replace", "_fields", "_value_", "_name_", "_register_atexit"})
+"""Private names of Python or argparse themselves (``parser._actions``, ``threading._register_atexit``)."""
 
 CLASS_SWAP = "<class swap>"
 """The name of a ``x.__class__ = ...`` assignment: declared by any ``Use.SWAP`` entry."""

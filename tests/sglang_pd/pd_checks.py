@@ -1,5 +1,6 @@
-"""Helpers of the PD correctness tests (test_pd_vpp.py, test_pd_vpp_configs.py): a prefill server
-behind the router, the four concurrent prompts through it, and the checks on what came back."""
+"""Helpers of the PD tests (test_pd_vpp.py, test_pd_vpp_configs.py, test_pd_router.py): a prefill
+server behind the router, the four concurrent prompts through it, the checks on what came back,
+and the count of prefill batches a launch has logged (to act while a prompt is in prefill)."""
 
 from __future__ import annotations
 

@@ -116,6 +116,8 @@ KV_FREE_BOUND_S = 180.0
 DISCONNECT_PROMPT = 6000
 """94 chunks: a server sees a client's disconnect only at its next check (every 4 s), by when a
 lightly loaded host has run a few dozen chunks."""
+
+
 def _prefill_batches_logged(deployment: PdDeployment) -> int:
     return prefill_batches_logged(deployment.prefill.log_path, PREFILL_PP)
 

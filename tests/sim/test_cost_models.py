@@ -177,6 +177,9 @@ def test_samples_reject_bad_input(tmp_path):
         CostSample("backward", 0, 0, 0, 0, 1, 1.0)
     with pytest.raises(CostModelError, match="batched part"):
         CostSample("compute", 0, 0, 0, 0, 1, 1.0, batch=((0, 0),))
+    # a fit of zero-layer stages would be written, and refused only when the fitted file is read
+    with pytest.raises(CostModelError, match="a stage runs at least 1 layer"):
+        CostSample("compute", 0, 0, 0, 0, 1, 1.0, num_layers=0)
     bad.write_text("kind,stage,request,chunk,prefix,tokens,duration_s,batch\ncompute,0,0,0,0,5,1.0,12\n")
     with pytest.raises(CostModelError, match="prefix:tokens"):
         read_samples(bad)

@@ -148,7 +148,7 @@ def test_a_preset_path_that_is_missing_a_folder_or_not_an_object_is_refused(tmp_
                              "expert_intermediate": 0}, "a dense model needs dense_intermediate"),
     ("qwen3-coder-30b-a3b", {"first_dense_layers": 2}, "first_dense_layers 2 needs dense_intermediate"),
     ("qwen3-coder-30b-a3b", {"first_dense_layers": 49}, "first_dense_layers 49 is more than num_layers 48"),
-    # A MoE model with no MoE layer: its expert fields were read by nothing.
+    # A MoE model with no MoE layer: nothing reads its expert fields.
     ("qwen3-coder-30b-a3b", {"first_dense_layers": 48, "dense_intermediate": 6144},
      "first_dense_layers 48 makes all num_layers 48 dense, so num_experts 128 is never read"),
     ("qwen3-moe-tiny", {"first_dense_layers": 4, "dense_intermediate": 64},
@@ -162,7 +162,7 @@ def test_a_preset_path_that_is_missing_a_folder_or_not_an_object_is_refused(tmp_
     ("deepseek-v3.1", {"num_kv_heads": 8, "head_dim": 128}, "num_kv_heads, head_dim are not read for mla attention"),
     ("qwen3-tiny", {"num_active_experts": 2}, "num_active_experts is not read for a dense model (num_experts 0)"),
     ("deepseek-v3.1", {"indexer_heads": 64}, "indexer_heads is not read for dense attention (sparse_top_k 0)"),
-    # DSA is MLA's: a gqa model with its fields was priced with a sparse attention it does not have.
+    # DSA is MLA's: unchecked, a gqa model with its fields is priced with a sparse attention it does not have.
     ("qwen3-tiny", {"sparse_top_k": 2048, "indexer_heads": 64, "indexer_head_dim": 128},
      "sparse_top_k, indexer_heads, indexer_head_dim (DSA sparse attention) need attention 'mla', got 'gqa'"),
     ("qwen3-coder-30b-a3b", {"sparse_top_k": 2048}, "sparse_top_k (DSA sparse attention) needs attention 'mla', got 'gqa'"),

@@ -82,11 +82,11 @@ def _warn_other_depth(cost, costs: Optional[Path], model_spec) -> None:
     """A measured per-layer cost is multiplied by --model's layer count, the one thing --model
     still sets with --costs: scaling it to another depth is a what-if worth running, but never
     without saying so (files written before the count was recorded cannot be checked)."""
-    meta = getattr(cost, "meta", {}) if costs is not None else {}
-    measured = meta.get("num_layers")
-    if isinstance(measured, int) and measured != model_spec.num_layers:
-        on = f" on {meta['model']}" if meta.get("model") else ""
-        typer.echo(f"warning: --costs {costs} was measured{on} with {measured} layers; --model {model_spec.name} "
+    from ..schedule.fitted_cost import FittedCostModel
+
+    depth = cost.other_depth(model_spec.num_layers) if costs is not None and isinstance(cost, FittedCostModel) else None
+    if depth is not None:
+        typer.echo(f"warning: --costs {costs} {depth}; --model {model_spec.name} "
                    f"has {model_spec.num_layers}: the measured per-layer cost is scaled to "
                    f"{model_spec.num_layers} layers", err=True)
 

@@ -107,18 +107,27 @@ class FittedCostModel(StageCostModel):
         own = self.stages.get(stage.stage_index)
         return own if own is not None and own.num_layers in (None, stage.num_layers) else None
 
+    def other_depth(self, num_layers: int) -> str | None:
+        """'was measured on M with N layers' when the measured model's depth (``meta``) is not
+        ``num_layers``, else None (also when the file does not record it)."""
+        measured = self.meta.get("num_layers")
+        if measured is None or measured == num_layers:
+            return None
+        on = f" on {self.meta['model']}" if self.meta.get("model") else ""
+        return f"was measured{on} with {measured} layers"
+
     def check_layout(self, layout: Layout, *, other_depth: bool = False) -> None:
         """CostModelError unless this model answers for every stage of ``layout`` and was measured
-        on a model of its depth (``other_depth``: a what-if that scales a per-layer fit to another
-        depth, ``simulate --costs``): checked where a profile meets its layout, so a profile
-        fitted for another layout is refused at start-up rather than at its first estimate."""
+        on a model of its depth: another depth is another model, whose per-layer costs are not
+        these (``other_depth`` allows it: ``simulate --costs`` scales a per-layer fit to another
+        depth as a what-if, and warns). Checked where a profile meets its layout, so a profile
+        fitted for another layout is refused before the first estimate."""
         used = (f"used with a model of {layout.num_layers} layers in {layout.num_stages} {layout.kind} stages "
                 f"({layout.num_ranks} ranks) of {', '.join(str(s.num_layers) for s in layout.stages)} layers")
         on = f" on {self.meta['model']}" if self.meta.get("model") else ""
-        measured = self.meta.get("num_layers")
-        if not other_depth and measured is not None and measured != layout.num_layers:
-            raise CostModelError(f"was measured{on} with {measured} layers; {used}; measure this model "
-                                 "with sglang-vpp bench --costs FILE")
+        depth = self.other_depth(layout.num_layers)
+        if not other_depth and depth is not None:
+            raise CostModelError(f"{depth}; {used}; measure this model with sglang-vpp bench --costs FILE")
         if self.per_layer is not None:
             return
         missing = [s.stage_index for s in layout.stages if self._own(s) is None]

@@ -66,6 +66,8 @@ class CostSample:
             raise CostModelError(f"sample {self} has a batched part without tokens >= 1 and prefix >= 0")
         if not self.duration_s >= 0:
             raise CostModelError(f"sample {self} has a negative or NaN duration")
+        if self.num_layers is not None and self.num_layers < 1:
+            raise CostModelError(f"sample {self} has layers {self.num_layers}; a stage runs at least 1 layer")
 
     @property
     def key(self) -> tuple[int, int, int]:
