@@ -24,7 +24,12 @@ from sglang_vpp.sglang_plugin.options import (
     options_of,
     parse_layer_split,
 )
-from sglang_vpp.sglang_plugin.validate import VPP_REFUSALS, model_num_layers, validate_pipeline_args
+from sglang_vpp.sglang_plugin.validate import (
+    VPP_REFUSALS,
+    model_num_layers,
+    turn_graph_capture_off,
+    validate_pipeline_args,
+)
 from sglang_vpp.sglang_plugin.version import SUPPORTED_SGLANG_VERSION, check_sglang_version
 
 
@@ -297,3 +302,28 @@ def test_a_cost_profile_fitted_for_another_layout_is_refused_at_launch(model_dir
                                          r"1 \(64 layers\) with no per-layer fit; used with a model of \d+ layers in 4 "
                                          r"foldback stages"):
         vpp.check_args(_args(model_dir, pp_size=2, chunked_prefill_size=64), options)
+
+
+@pytest.mark.parametrize("flags, named", [
+    ({"cuda_graph_backend_decode": "full"}, "--cuda-graph-backend-decode (got 'full')"),
+    ({"cuda_graph_backend_prefill": "breakable"}, "--cuda-graph-backend-prefill (got 'breakable')"),
+    ({"cuda_graph_config": {"decode": {"backend": "full"}}}, "--cuda-graph-config"),
+    ({"enable_torch_compile": True}, "--enable-torch-compile (got True)"),
+])
+def test_a_vpp_mode_refuses_a_graph_capture_asked_for(model_dir, flags, named):
+    """A captured graph replays the rank's whole layer range: a stage's forward would run both."""
+    import re
+
+    args = _args(model_dir, pp_size=2, chunked_prefill_size=64, **flags)
+    with pytest.raises(PpModeError, match=re.escape(named) + ".*replays the forward over the rank's whole layer range"):
+        validate_pipeline_args(args, PipelineOptions(pp_mode="vpp-pack"))
+    validate_pipeline_args(args, PipelineOptions(pp_mode="cpp"))  # stock PP captures as SGLang does
+
+
+def test_a_vpp_mode_turns_graph_capture_off_itself(model_dir):
+    args = _args(model_dir, pp_size=2, chunked_prefill_size=64, cuda_graph_backend_decode=None,
+                 cuda_graph_backend_prefill="disabled")
+    validate_pipeline_args(args, PipelineOptions(pp_mode="vpp"))  # "disabled" given by hand is no capture
+    assert turn_graph_capture_off(args) == ["--cuda-graph-backend-decode disabled"]
+    assert (args.cuda_graph_backend_decode, args.cuda_graph_backend_prefill) == ("disabled", "disabled")
+

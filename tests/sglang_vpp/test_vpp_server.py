@@ -72,6 +72,13 @@ def server(request, server_pool, tiny_model, tmp_path_factory):
     return server
 
 
+def test_the_launcher_turns_graph_capture_off(server):
+    """SGLang captures decode graphs by default off the CPU; a VPP rank runs each stage as its own
+    forward, so the launcher switches capture off (validate.turn_graph_capture_off) and says so."""
+    assert (f"sglang-vpp: --pp-mode {server.config.pp_mode} runs each virtual stage as its own forward: "
+            "--cuda-graph-backend-decode disabled, --cuda-graph-backend-prefill disabled") in server.log_tail(10**7)
+
+
 def test_concurrent_mixed_prompts_equal_transformers(server, reference):
     prompts = make_prompts(MIXED_LENGTHS, seed=11)
     for ids, answer in zip(prompts, generate_concurrently(server, prompts)):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from sglang_vpp.sglang_plugin.vpp.errors import CommTimeoutError, VppConfigError
 from sglang_vpp.sglang_plugin.vpp.state import VppConfig, VppState
@@ -187,7 +189,8 @@ def test_the_server_controller_decides_with_the_factory_estimate(on_cpu, auto_ch
 def _on(refusal):
     """A value that turns the refused feature on."""
     probe = {"speculative_algorithm": "EAGLE", "disaggregation_mode": "decode",
-             "disaggregation_transfer_backend": "ascend"}
+             "disaggregation_transfer_backend": "ascend", "kv_cache_dtype": "nvfp4", "device": "npu",
+             "prefill_delayer_queue_min_ratio": 0.5}
     return probe.get(refusal.attr, 2 if refusal.attr.endswith("size") else True)
 
 
@@ -206,7 +209,8 @@ def test_one_refusal_list_for_the_launcher_and_the_scheduler_process():
     for refusal in VPP_REFUSALS:
         args = argparse.Namespace(**{**base, refusal.attr: _on(refusal)})
         for check in (check_vpp_features, _refuse_unsupported):
-            with pytest.raises(PpModeError, match=f"does not support {refusal.flag} .*{refusal.reason}"):
+            with pytest.raises(PpModeError, match=f"does not support {re.escape(refusal.flag)} .*"
+                                                  f"{re.escape(refusal.reason)}. {re.escape(refusal.advice())}$"):
                 check(args, "vpp-async")
 
 
@@ -473,3 +477,20 @@ def test_a_held_slot_whose_requests_are_aborted_or_finished_is_released_at_the_n
     regroup.on_result(3)
     assert regroup.held == set() and regroup.in_flight == set()
     assert regroup.num_aborted_while_held == 2           # g was not aborted
+
+
+def test_a_kv_pool_that_did_not_allocate_through_the_ownership_hooks_is_refused(monkeypatch):
+    """An NPU, quantized or FP4 pool allocates the whole hull by its own code: more memory than was
+    budgeted for the owned layers, refused once allocated, naming the pool class."""
+    from types import SimpleNamespace
+
+    from sglang_vpp.sglang_plugin.vpp import ownership, state as vpp_state
+
+    state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2), rank=0)
+    monkeypatch.setattr(vpp_state, "_STATE", state)
+    runner = SimpleNamespace(is_draft_worker=False, token_to_kv_pool=type("NPUMHATokenToKVPool", (), {})())
+    with pytest.raises(VppConfigError, match=r"^--pp-mode vpp-pack: SGLang's KV pool NPUMHATokenToKVPool "
+                                             r"allocates every layer of the rank's range by its own code"):
+        ownership.after_alloc_memory_pool(None, runner)
+    state.kv_pools_owned = 1  # what _allocate_owned counts
+    assert ownership.after_alloc_memory_pool(None, runner) is None

@@ -7,7 +7,8 @@ Data flow (launcher process)::
            exits with one line "<prog>: error: ..." and status 2 right after parsing
     parser.parse_args(argv) -> Namespace (SGLang's flags + pp_mode, vpp_layer_split, ...)
     ServerArgs.from_cli_args(namespace)    [AROUND hook: around_from_cli_args]
-        -> dcpp sets enable_dynamic_chunking on the namespace first (it is a stock field)
+        -> dcpp sets enable_dynamic_chunking on the namespace first (it is a stock field); a vpp*
+           mode sets both phases' graph capture off (validate.turn_graph_capture_off)
         -> the ServerArgs is built by SGLang, then carries PipelineOptions as _sglang_vpp
         -> on --device cpu, SGLang's GPU crash diagnostics default to off (failure_report.py)
            and a PD server gets the CPU guards of cpu_compat.apply_cpu_pd_args
@@ -52,7 +53,7 @@ from sglang_vpp.sglang_plugin.options import (
     check_options_travel,
     is_vpp_mode,
 )
-from sglang_vpp.sglang_plugin.validate import validate_pipeline_args
+from sglang_vpp.sglang_plugin.validate import turn_graph_capture_off, validate_pipeline_args
 
 __all__ = [
     "PLUGIN_FLAGS",
@@ -283,6 +284,11 @@ def around_from_cli_args(original, cls, args: argparse.Namespace):
         args.disable_overlap_schedule = True
         logger.info("sglang-vpp: --pp-mode %s with --disaggregation-mode prefill: --disable-overlap-schedule",
                     options.pp_mode)
+    if options.is_vpp:
+        set_now = turn_graph_capture_off(args)
+        if set_now:
+            logger.info("sglang-vpp: --pp-mode %s runs each virtual stage as its own forward: %s",
+                        options.pp_mode, ", ".join(set_now))
     server_args = original(cls, args)
     attach(server_args, options)
     if hasattr(args, "pp_mode"):

@@ -267,6 +267,8 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "mem_cache.memory_pool.MHATokenToKVPool._create_buffers_normal", H, V, ("self",)),
     N(_S + "mem_cache.memory_pool.MLATokenToKVPool._create_buffers", H, V, ("self",)),
     N(_S + "model_executor.model_runner.ModelRunner.load_model", H, V, ("self",)),
+    N(_S + "model_executor.model_runner.ModelRunner.alloc_memory_pool", H, V, ("self",)),
+    N(_S + "model_executor.model_runner.ModelRunner.token_to_kv_pool", R, V),
     N(_S + "model_executor.model_runner.ModelRunner.model", R, V),
     N(_S + "model_executor.model_runner.ModelRunner.is_draft_worker", R, V),
     # --- VPP: the event loop, replicated schedulers, stage runs (vpp/event_loop.py, replica.py,

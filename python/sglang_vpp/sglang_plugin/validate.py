@@ -23,7 +23,8 @@ from sglang_vpp.schedule import Fold, stage_count
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.options import PipelineOptions, PpMode, is_vpp_mode
 
-__all__ = ["SCHEDULER_OPTIONS", "VPP_REFUSALS", "Refusal", "check_vpp_features", "model_num_layers", "validate_pipeline_args"]
+__all__ = ["GRAPH_BACKEND_FLAGS", "SCHEDULER_OPTIONS", "VPP_REFUSALS", "Refusal", "check_vpp_features", "model_num_layers",
+           "refuse_graph_capture", "turn_graph_capture_off", "validate_pipeline_args"]
 
 
 def _get(args: Any, name: str, default: Any = None) -> Any:
@@ -67,6 +68,11 @@ class Refusal:
     """The flag the user passed, as named in the message."""
     is_on: Callable[[Any], bool]
     reason: str
+    fix: str = ""
+    """What to do instead; empty: drop the flag or use a stock mode."""
+
+    def advice(self) -> str:
+        return self.fix or f"Drop {self.flag}, or use --pp-mode cpp / dcpp"
 
 
 def _truthy(value: Any) -> bool:
@@ -81,7 +87,15 @@ def _above_zero(value: Any) -> bool:
     return int(value) > 0
 
 
+def _is_set(value: Any) -> bool:
+    return True
+
+
 _PLACEHOLDERS = "its code paths touch the layers a rank does not own under fold-back placement"
+_WHOLE_POOL = ("its KV pool allocates every layer of the rank's range, while the plugin allocates only the owned "
+               "layers of SGLang's MHA and MLA pools and sizes the memory for those")
+_OWN_POOL_DTYPES = ("mxfp8", "nvfp4", "fp4_mx_block16")
+"""KV cache dtypes whose pools allocate through their own code (quantized MHA, FP4 MLA, MXFP8)."""
 VPP_REFUSALS: tuple[Refusal, ...] = (
     Refusal("speculative_algorithm", "--speculative-algorithm", _truthy,
             "the draft model and the verify step would need their own fold-back stages"),
@@ -95,7 +109,8 @@ VPP_REFUSALS: tuple[Refusal, ...] = (
             "attention DP splits the batch inside a stage; the VPP loop hands one batch per micro-batch"),
     Refusal("disaggregation_mode", "--disaggregation-mode", lambda v: v == "decode",
             "a decode server runs SGLang's decode loop, which the VPP loop does not replace; serve "
-            "decode with --pp-mode cpp: a VPP prefill server pairs with it by layer id, see docs/pd.md"),
+            "decode with --pp-mode cpp: a VPP prefill server pairs with it by layer id, see docs/pd.md",
+            "Use --pp-mode cpp for the decode server"),
     Refusal("disaggregation_transfer_backend", "--disaggregation-transfer-backend", lambda v: v == "ascend",
             "the Ascend connector pairs KV layers by global id only for hybrid-MLA pools and by "
             "position otherwise, which cannot express a rank owning two layer ranges; use mooncake"),
@@ -110,6 +125,16 @@ VPP_REFUSALS: tuple[Refusal, ...] = (
     Refusal("enable_mixed_chunk", "--enable-mixed-chunk", _truthy,
             "a mixed batch runs decode requests inside a prefill chunk, which the controller counts "
             "as prefill tokens in admission, packing and cost estimates, and no test covers"),
+    Refusal("kv_cache_dtype", "--kv-cache-dtype", lambda v: v in _OWN_POOL_DTYPES, _WHOLE_POOL),
+    Refusal("device", "--device", lambda v: v == "npu", _WHOLE_POOL, "Use --pp-mode cpp / dcpp on Ascend"),
+    Refusal("enable_eplb", "--enable-eplb", _truthy,
+            "expert rebalancing reads and moves the experts of every layer of the rank's range, "
+            "placeholders included, while a forward runs one stage's layers"),
+    Refusal("is_embedding", "--is-embedding", _truthy,
+            "an embedding result has no next tokens, which the VPP loop hands on from the last stage"),
+    Refusal("prefill_delayer_queue_min_ratio", "--prefill-delayer-queue-min-ratio", _is_set,
+            "its queue trigger fires on each rank's own clock (--prefill-delayer-max-delay-ms), so "
+            "the ranks' replicated schedulers would decide differently"),
 )  # fmt: skip
 """Every feature refused with ``--pp-mode vpp*``: the one list, checked by the launcher
 (``validate_pipeline_args``) and again in each scheduler process (``vpp.install``)."""
@@ -127,7 +152,7 @@ SCHEDULER_OPTIONS: dict[str, str] = {
         "max_running_requests", "max_prefill_tokens", "prefill_max_requests", "prefill_decode_interval",
         "prefill_decode_interval_min_bs", "min_free_slots_delay", "retraction_policy",
         "pp_max_micro_batch_size", "enable_prefill_delayer", "prefill_delayer_forward_passes_buckets",
-        "prefill_delayer_max_delay_ms", "prefill_delayer_max_delay_passes", "prefill_delayer_queue_min_ratio",
+        "prefill_delayer_max_delay_ms", "prefill_delayer_max_delay_passes",
         "prefill_delayer_token_usage_low_watermark", "prefill_delayer_wait_seconds_buckets",
     ), _BUILDS),
     **dict.fromkeys(("max_queued_requests", "scheduler_recv_interval"), _INGESTS),
@@ -163,8 +188,40 @@ def check_vpp_features(args: Any, mode: str) -> None:
         if value is not None and refusal.is_on(value):
             raise PpModeError(
                 f"--pp-mode {mode} does not support {refusal.flag} (got {value!r}): {refusal.reason}. "
-                f"Drop {refusal.flag}, or use --pp-mode cpp / dcpp"
+                f"{refusal.advice()}"
             )
+
+
+GRAPH_BACKEND_FLAGS = {"cuda_graph_backend_decode": "--cuda-graph-backend-decode",
+                       "cuda_graph_backend_prefill": "--cuda-graph-backend-prefill"}
+"""SGLang's per-phase graph capture switches, which a vpp* mode sets to ``disabled``."""
+_ONE_FORWARD_PER_STAGE = ("a captured graph replays the forward over the rank's whole layer range, while a VPP "
+                          "rank runs each of its two stages as its own forward")
+
+
+def refuse_graph_capture(args: Any, mode: str) -> None:
+    """PpModeError for a graph capture the user asked for with a vpp* mode."""
+    asked = [(flag, getattr(args, attr)) for attr, flag in GRAPH_BACKEND_FLAGS.items()
+             if getattr(args, attr, None) is not None and str(getattr(args, attr)) != "disabled"]
+    asked += [(flag, getattr(args, attr)) for attr, flag in
+              (("cuda_graph_config", "--cuda-graph-config"), ("enable_torch_compile", "--enable-torch-compile"))
+              if getattr(args, attr, None)]
+    if asked:
+        flag, value = asked[0]
+        raise PpModeError(f"--pp-mode {mode} does not support {flag} (got {value!r}): {_ONE_FORWARD_PER_STAGE}; "
+                          f"the plugin turns graph capture off itself. Drop {flag}, or use --pp-mode cpp / dcpp")
+
+
+def turn_graph_capture_off(args: Any) -> list[str]:
+    """For a vpp* mode (launcher, before SGLang resolves its arguments; ``refuse_graph_capture``
+    passed): switch both phases' graph capture off, which SGLang turns on by default for decode
+    on CUDA, NPU and XPU. Returns the flags it set, for the log."""
+    set_now = []
+    for attr, flag in GRAPH_BACKEND_FLAGS.items():
+        if getattr(args, attr, None) is None:
+            setattr(args, attr, "disabled")
+            set_now.append(f"{flag} disabled")
+    return set_now
 
 
 def _check_vpp_compatible_features(args: Any, mode: str) -> None:
@@ -241,4 +298,5 @@ def validate_pipeline_args(args: Any, options: PipelineOptions) -> None:
     if mode == PpMode.DCPP:
         return
     _check_vpp_compatible_features(args, mode)
+    refuse_graph_capture(args, mode)
     _check_layer_split(args, options, pp_size)

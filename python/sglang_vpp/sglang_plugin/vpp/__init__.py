@@ -13,6 +13,7 @@ copied: every change is a hook on one of these targets (paths under ``sglang.srt
     mem_cache.memory_pool.MHATokenToKVPool._create_buffers_normal AROUND K/V for owned layers
     mem_cache.memory_pool.MLATokenToKVPool._create_buffers AROUND MLA latent for owned layers
     model_executor.model_runner.ModelRunner.load_model    AFTER   refuse unsupported models
+    model_executor.model_runner.ModelRunner.alloc_memory_pool AFTER refuse a pool not allocated above
     model_executor.forward_batch_info.ForwardBatch.init_new AROUND reuse a batch's ForwardBatch
     managers.scheduler._dispatch_event_loop_once          AROUND  the VPP event loop
     managers.schedule_policy.PrefillAdder.add_one_req     AROUND  vpp-taper: a request's first chunk
@@ -152,6 +153,8 @@ def install(server_args: Any) -> None:
     )
     register(_P + "mem_cache.memory_pool.MLATokenToKVPool._create_buffers", own.around_create_mla_buffers, HookType.AROUND)
     register(_P + "model_executor.model_runner.ModelRunner.load_model", own.after_load_model, HookType.AFTER)
+    register(_P + "model_executor.model_runner.ModelRunner.alloc_memory_pool", own.after_alloc_memory_pool,
+             HookType.AFTER)
     register(
         _P + "model_executor.forward_batch_info.ForwardBatch.init_new",
         around_forward_batch_init_new, HookType.AROUND,

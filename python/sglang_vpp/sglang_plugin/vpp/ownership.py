@@ -229,6 +229,7 @@ def _allocate_owned(original, pool: Any, buffer_names: tuple[str, ...]) -> None:
                 next(real) if kept else torch.empty(empty, dtype=pool.store_dtype, device=pool.device) for kept in keep
             ])  # fmt: skip
     num_bytes = sum(t.numel() * t.element_size() for name in buffer_names for t in getattr(pool, name))
+    state.kv_pools_owned += 1
     _log_kv_allocation(state, pool, num_bytes)
 
 
@@ -282,6 +283,21 @@ def layer_holder(model: torch.nn.Module) -> torch.nn.Module:
     raise VppConfigError(
         f"--pp-mode vpp*: model class {type(model).__name__} has no `.model` with layers/start_layer/"
         f"end_layer; supported classes: {sorted(SUPPORTED_MODEL_CLASSES)}. Use --pp-mode cpp for this model."
+    )
+
+
+def after_alloc_memory_pool(result: Any, runner: Any, *args: Any, **kwargs: Any) -> None:
+    """Refuse a KV pool that did not allocate through the ownership hooks (an NPU pool, a
+    quantized or FP4 pool, one SGLang adds later): it holds every layer of the hull, more memory
+    than ``around_compute_cell_size`` budgeted, before any request is served."""
+    state = get_state()
+    if state is None or getattr(runner, "is_draft_worker", False) or state.kv_pools_owned:
+        return None
+    pool = type(getattr(runner, "token_to_kv_pool", None)).__name__
+    raise VppConfigError(
+        f"--pp-mode {state.config.mode}: SGLang's KV pool {pool} allocates every layer of the rank's range by "
+        "its own code; the plugin allocates only the owned layers of MHATokenToKVPool and MLATokenToKVPool "
+        "pools. Use --pp-mode cpp for this device, --kv-cache-dtype and model."
     )
 
 
