@@ -72,7 +72,11 @@ class Refusal:
     """What to do instead; empty: drop the flag or use a stock mode."""
 
     def advice(self) -> str:
-        return self.fix or f"Drop {self.flag}, or use --pp-mode cpp / dcpp"
+        return self.fix or _drop_or_stock(self.flag)
+
+
+def _drop_or_stock(flag: str) -> str:
+    return f"Drop {flag}, or use --pp-mode cpp / dcpp"
 
 
 def _truthy(value: Any) -> bool:
@@ -209,7 +213,7 @@ def refuse_graph_capture(args: Any, mode: str) -> None:
     if asked:
         flag, value = asked[0]
         raise PpModeError(f"--pp-mode {mode} does not support {flag} (got {value!r}): {_ONE_FORWARD_PER_STAGE}; "
-                          f"the plugin turns graph capture off itself. Drop {flag}, or use --pp-mode cpp / dcpp")
+                          f"the plugin turns graph capture off itself. {_drop_or_stock(flag)}")
 
 
 def turn_graph_capture_off(args: Any) -> list[str]:
