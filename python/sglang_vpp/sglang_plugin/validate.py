@@ -119,6 +119,7 @@ VPP_REFUSALS: tuple[Refusal, ...] = (
             "the Ascend connector pairs KV layers by global id only for hybrid-MLA pools and by "
             "position otherwise, which cannot express a rank owning two layer ranges; use mooncake"),
     Refusal("enable_hierarchical_cache", "--enable-hierarchical-cache", _truthy, _PLACEHOLDERS),
+    Refusal("enable_lmcache", "--enable-lmcache", _truthy, _PLACEHOLDERS),
     Refusal("enable_pdmux", "--enable-pdmux", _truthy,
             "PD multiplexing runs its own scheduling loop, not the VPP loop"),
     Refusal("enable_dynamic_chunking", "--enable-dynamic-chunking", _truthy,
