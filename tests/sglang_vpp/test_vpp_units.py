@@ -68,7 +68,7 @@ def test_install_builds_a_fused_config_that_takes_its_split(monkeypatch):
     from sglang_vpp.sglang_plugin.options import PipelineOptions, attach
 
     monkeypatch.setattr(hook_targets, "register_hook", lambda *args, **kwargs: None)  # patch nothing in SGLang
-    monkeypatch.setattr(vpp, "_refuse_unsupported", lambda *args: None)  # checked in test_plugin_cli
+    monkeypatch.setattr(vpp, "_refuse_unsupported", lambda *args, **kwargs: None)  # checked in test_plugin_cli
     monkeypatch.setattr(vpp, "_refuse_missing_hook_targets", lambda *args: None)  # test_surface
     installed = []
     monkeypatch.setattr(vpp, "get_state", lambda: None)
@@ -189,7 +189,7 @@ def test_the_server_controller_decides_with_the_factory_estimate(on_cpu, auto_ch
 def _on(refusal):
     """A value that turns the refused feature on."""
     probe = {"speculative_algorithm": "EAGLE", "disaggregation_mode": "decode",
-             "disaggregation_transfer_backend": "ascend", "kv_cache_dtype": "nvfp4", "device": "npu",
+             "disaggregation_transfer_backend": "ascend", "kv_cache_dtype": "fp4_mx_block16", "device": "npu",
              "prefill_delayer_queue_min_ratio": 0.5}
     return probe.get(refusal.attr, 2 if refusal.attr.endswith("size") else True)
 
@@ -481,7 +481,8 @@ def test_a_held_slot_whose_requests_are_aborted_or_finished_is_released_at_the_n
 
 def test_a_kv_pool_that_did_not_allocate_through_the_ownership_hooks_is_refused(monkeypatch):
     """An NPU, quantized or FP4 pool allocates the whole hull by its own code: more memory than was
-    budgeted for the owned layers, refused once allocated, naming the pool class."""
+    budgeted for the owned layers, refused once allocated, naming the pool class; each runner's
+    allocation is judged on its own, and a draft worker is not checked."""
     from types import SimpleNamespace
 
     from sglang_vpp.sglang_plugin.vpp import ownership, state as vpp_state
@@ -489,8 +490,46 @@ def test_a_kv_pool_that_did_not_allocate_through_the_ownership_hooks_is_refused(
     state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2), rank=0)
     monkeypatch.setattr(vpp_state, "_STATE", state)
     runner = SimpleNamespace(is_draft_worker=False, token_to_kv_pool=type("NPUMHATokenToKVPool", (), {})())
+
+    def bypassing(runner):
+        return "allocated"
+
+    def hooked(runner):
+        state.kv_pools_owned += 1  # what _allocate_owned counts
+        return "allocated"
+
+    assert ownership.around_alloc_memory_pool(hooked, runner) == "allocated"
     with pytest.raises(VppConfigError, match=r"^--pp-mode vpp-pack: SGLang's KV pool NPUMHATokenToKVPool "
-                                             r"allocates every layer of the rank's range by its own code"):
-        ownership.after_alloc_memory_pool(None, runner)
-    state.kv_pools_owned = 1  # what _allocate_owned counts
-    assert ownership.after_alloc_memory_pool(None, runner) is None
+                                             r"allocated its buffers by code the plugin does not hook"):
+        ownership.around_alloc_memory_pool(bypassing, runner)  # an earlier runner's pool does not count
+    draft = SimpleNamespace(is_draft_worker=True, token_to_kv_pool=None)
+    assert ownership.around_alloc_memory_pool(bypassing, draft) == "allocated"
+
+
+@pytest.mark.parametrize("dtype", ["mxfp8", "nvfp4", "fp4_mx_block16"])
+def test_kv_cache_dtypes_whose_pools_allocate_by_their_own_code_are_refused(dtype):
+    import argparse
+
+    from sglang_vpp.sglang_plugin.errors import PpModeError
+    from sglang_vpp.sglang_plugin.validate import VPP_REFUSALS, check_vpp_features
+
+    base = {refusal.attr: None for refusal in VPP_REFUSALS}
+    check_vpp_features(argparse.Namespace(**{**base, "kv_cache_dtype": "fp8_e4m3"}), "vpp")  # a hooked pool
+    with pytest.raises(PpModeError, match=f"does not support --kv-cache-dtype \\(got '{dtype}'\\)"):
+        check_vpp_features(argparse.Namespace(**{**base, "kv_cache_dtype": dtype}), "vpp")
+
+
+def test_a_refusal_in_a_scheduler_says_the_value_may_be_sglangs():
+    """SGLang sets is_embedding for an embedding architecture and detects the device itself: the
+    scheduler's message does not claim the user passed the flag."""
+    import argparse
+
+    from sglang_vpp.sglang_plugin.errors import PpModeError
+    from sglang_vpp.sglang_plugin.validate import VPP_REFUSALS
+    from sglang_vpp.sglang_plugin.vpp import _refuse_unsupported
+
+    base = {refusal.attr: None for refusal in VPP_REFUSALS}
+    args = argparse.Namespace(**{**base, "is_embedding": True, "chunked_prefill_size": 64})
+    with pytest.raises(PpModeError, match=r"--is-embedding \(got True as SGLang resolved it for this model and machine\)"):
+        _refuse_unsupported(args, "vpp", resolved=True)
+

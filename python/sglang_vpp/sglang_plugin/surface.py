@@ -269,6 +269,16 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "model_executor.model_runner.ModelRunner.load_model", H, V, ("self",)),
     N(_S + "model_executor.model_runner.ModelRunner.alloc_memory_pool", H, V, ("self",)),
     N(_S + "model_executor.model_runner.ModelRunner.token_to_kv_pool", R, V),
+    # graph capture off (validate.turn_graph_capture_off; the resolved setting checked in
+    # ownership.after_load_model, before any capture)
+    N(_ARGS + "cuda_graph_backend_decode", W, V),
+    N(_ARGS + "cuda_graph_backend_prefill", W, V),
+    N(_ARGS + "cuda_graph_config", R, V),
+    N(_ARGS + "enable_torch_compile", R, V),
+    N(_S + "model_executor.cuda_graph_config.check_cuda_graph_backend", C, V, ("phase", "backend")),
+    N(_S + "runtime_context.get_flags", C, V),
+    N(_S + "runtime_context.Flags.capture", R, V),
+    N(_S + "runtime_context.CaptureFlags.enable_torch_compile", R, V),
     N(_S + "model_executor.model_runner.ModelRunner.model", R, V),
     N(_S + "model_executor.model_runner.ModelRunner.is_draft_worker", R, V),
     # --- VPP: the event loop, replicated schedulers, stage runs (vpp/event_loop.py, replica.py,

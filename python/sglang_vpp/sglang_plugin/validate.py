@@ -137,6 +137,9 @@ VPP_REFUSALS: tuple[Refusal, ...] = (
             "placeholders included, while a forward runs one stage's layers"),
     Refusal("is_embedding", "--is-embedding", _truthy,
             "an embedding result has no next tokens, which the VPP loop hands on from the last stage"),
+    Refusal("enable_pd_role_switch", "--enable-pd-role-switch", _truthy,
+            "a switch to the decode role runs SGLang's decode loop, which the VPP loop does not replace, "
+            "and captures decode graphs", "Use --pp-mode cpp for a server that switches roles"),
     Refusal("prefill_delayer_queue_min_ratio", "--prefill-delayer-queue-min-ratio", _is_set,
             "its queue trigger fires on each rank's own clock (--prefill-delayer-max-delay-ms), so "
             "the ranks' replicated schedulers would decide differently"),
@@ -179,9 +182,11 @@ SGLang's PP loop, so an option only that loop reads would be silently ignored; a
 an option of the installed SGLang that is missing here."""
 
 
-def check_vpp_features(args: Any, mode: str) -> None:
+def check_vpp_features(args: Any, mode: str, resolved: bool = False) -> None:
     """Raise PpModeError for the first refused feature that ``args`` turns on, or naming every
-    refused flag this SGLang no longer has (a renamed flag would otherwise pass unrefused)."""
+    refused flag this SGLang no longer has (a renamed flag would otherwise pass unrefused).
+    ``resolved``: ``args`` are SGLang's resolved server arguments (a scheduler process), where a
+    value may come from SGLang itself (the model's kind, the detected device), not a flag."""
     absent = [refusal.attr for refusal in VPP_REFUSALS if not hasattr(args, refusal.attr)]
     if absent:
         raise PpModeError(
@@ -191,8 +196,9 @@ def check_vpp_features(args: Any, mode: str) -> None:
     for refusal in VPP_REFUSALS:
         value = getattr(args, refusal.attr)
         if value is not None and refusal.is_on(value):
+            source = " as SGLang resolved it for this model and machine" if resolved else ""
             raise PpModeError(
-                f"--pp-mode {mode} does not support {refusal.flag} (got {value!r}): {refusal.reason}. "
+                f"--pp-mode {mode} does not support {refusal.flag} (got {value!r}{source}): {refusal.reason}. "
                 f"{refusal.advice()}"
             )
 

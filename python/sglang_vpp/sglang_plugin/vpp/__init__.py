@@ -12,8 +12,8 @@ copied: every change is a hook on one of these targets (paths under ``sglang.srt
     model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size AROUND owned count
     mem_cache.memory_pool.MHATokenToKVPool._create_buffers_normal AROUND K/V for owned layers
     mem_cache.memory_pool.MLATokenToKVPool._create_buffers AROUND MLA latent for owned layers
-    model_executor.model_runner.ModelRunner.load_model    AFTER   refuse unsupported models
-    model_executor.model_runner.ModelRunner.alloc_memory_pool AFTER refuse a pool not allocated above
+    model_executor.model_runner.ModelRunner.load_model    AFTER   refuse unsupported models, graph capture
+    model_executor.model_runner.ModelRunner.alloc_memory_pool AROUND refuse a pool not allocated above
     model_executor.forward_batch_info.ForwardBatch.init_new AROUND reuse a batch's ForwardBatch
     managers.scheduler._dispatch_event_loop_once          AROUND  the VPP event loop
     managers.schedule_policy.PrefillAdder.add_one_req     AROUND  vpp-taper: a request's first chunk
@@ -62,11 +62,12 @@ def _options(server_args: Any) -> tuple[str, tuple[int, ...] | None, str | None,
             options.vpp_cost_profile, options.vpp_auto_chunk, options.vpp_fold)
 
 
-def _refuse_unsupported(server_args: Any, mode: str) -> None:
-    """The plugin's one refusal list (``validate.VPP_REFUSALS``) plus what needs chunked prefill."""
+def _refuse_unsupported(server_args: Any, mode: str, resolved: bool = False) -> None:
+    """The plugin's one refusal list (``validate.VPP_REFUSALS``) plus what needs chunked prefill;
+    ``resolved``: ``server_args`` are SGLang's resolved arguments (a scheduler process)."""
     from sglang_vpp.sglang_plugin.validate import check_vpp_features
 
-    check_vpp_features(server_args, mode)
+    check_vpp_features(server_args, mode, resolved=resolved)
     if (getattr(server_args, "chunked_prefill_size", 0) or 0) <= 0:
         raise VppConfigError(
             f"--pp-mode {mode} pipelines prefill chunks but chunked prefill is disabled; "
@@ -118,7 +119,7 @@ def install(server_args: Any) -> None:
     mode, split, trace, timeout, cost_profile, auto_chunk, fold = _options(server_args)
     if mode not in VPP_MODES:
         raise VppConfigError(f"install() called for --pp-mode {mode}; expected one of {VPP_MODES}")
-    _refuse_unsupported(server_args, mode)
+    _refuse_unsupported(server_args, mode, resolved=True)
     _refuse_missing_hook_targets(mode)
     config = VppConfig.from_env(mode, int(server_args.pp_size), split, fold)
     overrides = {"comm_timeout_s": float(timeout)}  # options.resolve_comm_timeout: flag > env > default
@@ -153,8 +154,8 @@ def install(server_args: Any) -> None:
     )
     register(_P + "mem_cache.memory_pool.MLATokenToKVPool._create_buffers", own.around_create_mla_buffers, HookType.AROUND)
     register(_P + "model_executor.model_runner.ModelRunner.load_model", own.after_load_model, HookType.AFTER)
-    register(_P + "model_executor.model_runner.ModelRunner.alloc_memory_pool", own.after_alloc_memory_pool,
-             HookType.AFTER)
+    register(_P + "model_executor.model_runner.ModelRunner.alloc_memory_pool", own.around_alloc_memory_pool,
+             HookType.AROUND)
     register(
         _P + "model_executor.forward_batch_info.ForwardBatch.init_new",
         around_forward_batch_init_new, HookType.AROUND,

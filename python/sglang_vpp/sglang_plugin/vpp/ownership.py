@@ -286,18 +286,34 @@ def layer_holder(model: torch.nn.Module) -> torch.nn.Module:
     )
 
 
-def after_alloc_memory_pool(result: Any, runner: Any, *args: Any, **kwargs: Any) -> None:
-    """Refuse a KV pool that did not allocate through the ownership hooks (an NPU pool, a
-    quantized or FP4 pool, one SGLang adds later): it holds every layer of the hull, more memory
-    than ``around_compute_cell_size`` budgeted, before any request is served."""
+def graph_capture_left_on() -> str:
+    """What of SGLang's published (resolved) graph settings would still capture: empty if none."""
+    from sglang.srt.model_executor.cuda_graph_config import check_cuda_graph_backend
+    from sglang.srt.runtime_context import get_flags
+
+    on = [f"{phase} graphs" for phase in ("decode", "prefill") if not check_cuda_graph_backend(phase, "disabled")]
+    if get_flags().capture.enable_torch_compile:
+        on.append("torch.compile")
+    return ", ".join(on)
+
+
+def around_alloc_memory_pool(original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:
+    """Refuse a KV pool whose buffers were not allocated through the ownership hooks (a pool
+    class of another device, quantized KV buffers, one SGLang adds later): it holds every layer
+    of the hull in memory ``around_compute_cell_size`` sized for the owned layers, refused before
+    any request is served."""
     state = get_state()
-    if state is None or getattr(runner, "is_draft_worker", False) or state.kv_pools_owned:
-        return None
+    before = state.kv_pools_owned if state is not None else 0
+    result = original(runner, *args, **kwargs)
+    if state is None or getattr(runner, "is_draft_worker", False) or state.kv_pools_owned > before:
+        return result
     pool = type(getattr(runner, "token_to_kv_pool", None)).__name__
     raise VppConfigError(
-        f"--pp-mode {state.config.mode}: SGLang's KV pool {pool} allocates every layer of the rank's range by "
-        "its own code; the plugin allocates only the owned layers of MHATokenToKVPool and MLATokenToKVPool "
-        "pools. Use --pp-mode cpp for this device, --kv-cache-dtype and model."
+        f"--pp-mode {state.config.mode}: SGLang's KV pool {pool} allocated its buffers by code the plugin "
+        "does not hook (a pool class of another device, or quantized KV buffers), so it holds every layer of "
+        "the rank's range in memory sized for the owned layers; the plugin allocates the owned layers through "
+        "MHATokenToKVPool._create_buffers_normal and MLATokenToKVPool._create_buffers. Use another "
+        "--kv-cache-dtype, or --pp-mode cpp / dcpp."
     )
 
 
@@ -312,6 +328,14 @@ def after_load_model(result: Any, runner: Any, *args: Any, **kwargs: Any) -> Non
         raise VppConfigError(
             f"--pp-mode {state.config.mode} does not support model class {name}; supported: "
             f"{sorted(SUPPORTED_MODEL_CLASSES)}. Use --pp-mode cpp for this model."
+        )
+    left_on = graph_capture_left_on()
+    if left_on:
+        raise VppConfigError(
+            f"--pp-mode {state.config.mode}: SGLang would capture graphs ({left_on}), which replay the rank's "
+            "whole layer range while a VPP rank runs each of its two stages as its own forward; the launcher "
+            "turns capture off (--cuda-graph-backend-decode/-prefill disabled): start the server with "
+            "sglang.launch_server, the plugin loaded, and no graph setting"
         )
     holder = layer_holder(model)
     if state.layout is None or (holder.start_layer, holder.end_layer) != state.hull():

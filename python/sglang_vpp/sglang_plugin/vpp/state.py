@@ -140,8 +140,8 @@ class VppState:
     tp_agreement: object | None = None
     """``tp_agreement.TpAgreement`` of this stage's TP ranks (``SOLO`` at --tp-size 1)."""
     kv_pools_owned: int = 0
-    """KV pools allocated through ``ownership`` (owned layers only); a pool class that allocates by
-    its own code leaves it at 0, which ``ownership.after_alloc_memory_pool`` refuses."""
+    """KV pools allocated through ``ownership`` (owned layers only); an allocation that leaves it
+    unchanged went around the hooks, which ``ownership.around_alloc_memory_pool`` refuses."""
     cost_choice: CostChoice | None = None
     """The controller's estimate once chosen (``cost``)."""
 
