@@ -11,9 +11,11 @@ Data flow at start-up (all in the scheduler process of each PP rank):
         stage built in its own layer stack; the rest PPMissingLayer; the hull reported as range
     DefaultModelLoader._get_all_weights --around--> weights of unowned layers dropped
     DefaultPoolConfigurator._compute_cell_size --around--> KV bytes per token count owned layers
-    MHATokenToKVPool._create_buffers_normal --around--> real K/V only for owned layers,
-        zero-row placeholders for the unowned layers inside the hull
-    ModelRunner.load_model --after--> model class checked, layer-range holder located
+    ModelRunner.load_model --after--> model class checked, no graph capture left on (SGLang's
+        resolved setting: a captured graph would replay the whole hull), layer-range holder located
+    MHATokenToKVPool._create_buffers_normal / MLATokenToKVPool._create_buffers --around--> real
+        K/V only for owned layers, zero-row placeholders for the unowned layers inside the hull
+    ModelRunner.alloc_memory_pool --around--> refused when its pool allocated around those hooks
 
 At run time ``forward_range(runner, stage)`` sets the model's ``start_layer``/``end_layer`` to
 the stage's range for one forward (models loop ``range(self.start_layer, self.end_layer)``),
@@ -42,7 +44,9 @@ __all__ = [
     "around_compute_cell_size",
     "around_create_buffers_normal",
     "around_create_mla_buffers",
+    "around_alloc_memory_pool",
     "after_load_model",
+    "graph_capture_left_on",
     "forward_range",
     "layer_holder",
 ]
