@@ -226,7 +226,7 @@ def refuse_graph_capture(args: Any, mode: str) -> None:
 def turn_graph_capture_off(args: Any) -> list[str]:
     """For a vpp* mode (launcher, before SGLang resolves its arguments; ``refuse_graph_capture``
     passed): switch both phases' graph capture off, which SGLang turns on by default for decode
-    on CUDA, NPU and XPU. Returns the flags it set, for the log."""
+    on every device but the CPU. Returns the flags it set, for the log."""
     set_now = []
     for attr, flag in GRAPH_BACKEND_FLAGS.items():
         if getattr(args, attr, None) is None:
