@@ -210,17 +210,25 @@ _ONE_FORWARD_PER_STAGE = ("a captured graph replays the forward over the rank's 
                           "rank runs each of its two stages as its own forward")
 
 
+def _backend_captures(value: Any) -> bool:
+    return value is not None and str(value) != "disabled"
+
+
+_GRAPH_CAPTURE_FLAGS = (
+    *((attr, flag, _backend_captures) for attr, flag in GRAPH_BACKEND_FLAGS.items()),
+    ("cuda_graph_config", "--cuda-graph-config", bool),
+    ("enable_torch_compile", "--enable-torch-compile", bool),
+)
+"""(attribute, flag, whether its value asks for a capture) of every flag that captures graphs."""
+
+
 def refuse_graph_capture(args: Any, mode: str) -> None:
     """PpModeError for a graph capture the user asked for with a vpp* mode."""
-    asked = [(flag, getattr(args, attr)) for attr, flag in GRAPH_BACKEND_FLAGS.items()
-             if getattr(args, attr, None) is not None and str(getattr(args, attr)) != "disabled"]
-    asked += [(flag, getattr(args, attr)) for attr, flag in
-              (("cuda_graph_config", "--cuda-graph-config"), ("enable_torch_compile", "--enable-torch-compile"))
-              if getattr(args, attr, None)]
-    if asked:
-        flag, value = asked[0]
-        raise PpModeError(f"--pp-mode {mode} does not support {flag} (got {value!r}): {_ONE_FORWARD_PER_STAGE}; "
-                          f"the plugin turns graph capture off itself. {_drop_or_stock(flag)}")
+    for attr, flag, captures in _GRAPH_CAPTURE_FLAGS:
+        value = getattr(args, attr, None)
+        if captures(value):
+            raise PpModeError(f"--pp-mode {mode} does not support {flag} (got {value!r}): {_ONE_FORWARD_PER_STAGE}; "
+                              f"the plugin turns graph capture off itself. {_drop_or_stock(flag)}")
 
 
 def turn_graph_capture_off(args: Any) -> list[str]:
