@@ -1,18 +1,17 @@
-"""What-if: how much of VPP's loss on uniform short batches is the assumed host time per forward.
+"""What-if: how much of VPP's result rests on the assumed host time of a rank's second forward.
 
-The hardware presets charge ``chunk_overhead_s`` (host time with the device idle) on every
-forward; it is assumed, not fitted (docs/calibration.md). A fold-back rank runs two forwards
-per micro-batch where a contiguous one runs one, so the simulator charges VPP twice per
-micro-batch. The served CPU measurement (docs/cpu-measurements.md, "Host time per micro-batch")
-found the opposite order for the two SGLang loops: the VPP loop's host time for its two forwards
-was 0.46-0.65 of the stock PP loop's for one. This script asks what the short cells say under
-the milder of the two readings: a VPP rank pays per micro-batch what a stock rank pays, i.e.
-half the preset's host time per forward (``--vpp-host-share 0.5``). cpp and dcpp keep the
-preset's. It is a what-if on one assumed parameter, not a calibration.
+The hardware presets charge host time with the device idle on every forward: a scheduler
+iteration (``chunk_overhead_s``) before a rank's first forward of a micro-batch, and
+``revisit_overhead_s`` before a fold-back rank's second forward of it, which reuses the batch's
+set-up (the SGLang mode keeps its ForwardBatch). Both are assumed, not fitted
+(docs/calibration.md). This script re-runs the cells with the revisit priced at a share of a
+whole iteration (``--revisit-share 1.0``, the default: the second forward costs as much host time
+as the first, the pessimistic end of its range). cpp and dcpp never revisit a rank, so they are
+the same under both. It is a what-if on one assumed parameter, not a calibration.
 
 Per cell (model x P x workload), as ``auto_sweep.py``: cpp and dcpp at every swept size (their
 best per metric), vpp-stream with ``auto`` on the preset, and vpp-stream with ``auto`` on the
-preset with its host time per forward scaled. Deterministic simulator: one run per cell.
+preset with the revisit re-priced. Deterministic simulator: one run per cell.
 
     python benchmarks/host_time_whatif.py --markdown docs/figures/host_time_whatif.md
 """
@@ -40,7 +39,7 @@ WORKLOADS = ("short-4k", "short-16k", "long-64k")
 def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, share: float) -> dict:
     model = load_model(model_name)
     hw = load_hardware(hardware)
-    scaled = dataclasses.replace(hw, chunk_overhead_s=hw.chunk_overhead_s * share)
+    scaled = dataclasses.replace(hw, revisit_overhead_s=hw.chunk_overhead_s * share)
     work = _workload(workload_name)
     sim = SimConfig(record_timeline=False)
     base = [_metrics(r) for r in simulate_matrix(work, AnalyticCostModel(model, hw), model.num_layers, "cpp,dcpp",
@@ -51,7 +50,7 @@ def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str,
                               num_ranks, sim=sim)[0]
         auto[label] = _metrics(row)
     return {"model": model_name, "pp": num_ranks, "workload": workload_name, "share": share,
-            "host_per_forward_s": hw.chunk_overhead_s,
+            "iteration_s": hw.chunk_overhead_s, "revisit_s": hw.revisit_overhead_s,
             "best_ttft": min(base, key=lambda r: r["ttft_s"]),
             "best_tput": max(base, key=lambda r: r["throughput_tok_s"]), "auto": auto}
 
@@ -64,9 +63,10 @@ def _pct(cell: dict, label: str) -> tuple[float, float]:
 
 
 def table(cells: list[dict]) -> str:
-    share = cells[0]["share"] if cells else 0.5
+    share = cells[0]["share"] if cells else 1.0
     lines = [f"| model | P | workload | TTFT vs cpp/dcpp, preset | tok/s vs cpp/dcpp, preset | "
-             f"TTFT, VPP host x {share:g} | tok/s, VPP host x {share:g} | scheduling_gap s, preset -> scaled |",
+             f"TTFT, revisit {share:g} x iteration | tok/s, revisit {share:g} x iteration | "
+             "scheduling_gap s, preset -> what-if |",
              "|---|---|---|---|---|---|---|---|"]
     for c in cells:
         (t0, p0), (t1, p1) = _pct(c, "preset"), _pct(c, "scaled")
@@ -82,20 +82,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--pp", default=",".join(map(str, RANKS)))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--vpp-host-share", type=float, default=0.5,
-                    help="VPP's host time per forward as a share of the preset's (0.5: one stock forward's "
-                         "per micro-batch)")
+    ap.add_argument("--revisit-share", type=float, default=1.0,
+                    help="host time of a rank's second forward of a micro-batch as a share of a whole "
+                         "scheduler iteration (1.0: as much as the first forward)")
     ap.add_argument("--markdown", type=Path, help="write the table and its header to this file")
     args = ap.parse_args(argv)
-    if not 0.0 <= args.vpp_host_share <= 1.0:
-        raise SystemExit(f"--vpp-host-share must be within [0, 1], got {args.vpp_host_share}")
+    if not 0.0 <= args.revisit_share <= 1.0:
+        raise SystemExit(f"--revisit-share must be within [0, 1], got {args.revisit_share}")
     began = time.monotonic()
     cells = []
     for model in args.models.split(","):
         for pp in (int(p) for p in args.pp.split(",")):
             for workload in args.workloads.split(","):
                 print(f"{model} P={pp} {workload} ...", file=sys.stderr, flush=True)
-                cells.append(run_cell(model, args.hardware, pp, workload, args.vpp_host_share))
+                cells.append(run_cell(model, args.hardware, pp, workload, args.revisit_share))
     text = table(cells)
     print(text)
     if args.markdown:
@@ -103,9 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         args.markdown.write_text(
             f"Generated by `python benchmarks/host_time_whatif.py --markdown {args.markdown}` ({args.hardware}, "
             f"{len(cells)} cells, {seconds:.0f} s). Positive % = vpp-stream with auto worse than the best of "
-            "cpp and dcpp at their best swept size (each metric on its own). \"preset\": every mode pays the "
-            "preset's host time per forward; \"VPP host x s\": vpp-stream pays s of it per forward, cpp and "
-            "dcpp the preset's.\n\n" + text + "\n")
+            "cpp and dcpp at their best swept size (each metric on its own). \"preset\": the preset's host "
+            f"times (a scheduler iteration {cells[0]['iteration_s'] * 1e3:g} ms before a rank's first forward of a "
+            f"micro-batch, {cells[0]['revisit_s'] * 1e3:g} ms before a fold-back rank's second); \"revisit s x "
+            "iteration\": vpp-stream's second forward pays s of an iteration. cpp and dcpp never revisit a rank."
+            "\n\n" + text + "\n")
     return 0
 
 

@@ -190,8 +190,8 @@ def test_a_prompt_short_for_the_depth_finds_the_step_between_powers_of_two():
 
 
 def test_a_tapered_cut_is_weighed_near_the_best_size_and_cuts_what_it_planned():
-    """glm-5.2, 64K on 8 ranks of 910C: fixed chunks do best at 3K; vpp-taper's cut (2K ramps
-    at both ends of 4K chunks) plans better, and auto cuts the request exactly that way."""
+    """glm-5.2, 64K on 8 ranks of 910C: fixed chunks do best at 3K; vpp-taper's cut of 3K
+    chunks (halved at both ends) plans better, and auto cuts the request exactly that way."""
     model = load_model("glm-5.2")
     cost = AnalyticCostModel(model, load_hardware("ascend-910c"))
     spec = get_policy("vpp-stream")
@@ -203,11 +203,11 @@ def test_a_tapered_cut_is_weighed_near_the_best_size_and_cuts_what_it_planned():
     assert min(fixed, key=fixed.get) == 3072
     # The best fixed size and its neighbours, each cut otherwise by the taper.
     assert [size for size, _, _ in choice.taper_scores] == [2048, 3072, 4096]
-    assert choice.tapered and choice.chunk_size == 4096
+    assert choice.tapered and choice.chunk_size == 3072
     assert min(m for _, m, _ in choice.taper_scores) < fixed[3072]
     cuts = [n for _, n in split_request(chunkers[0], 65_536)]
-    assert cuts == [n for _, n in split_request(tapered_chunker(4096, layout), 65_536)]
-    assert cuts[:2] == [2048, 2048] and cuts[-1] < 4096 and max(cuts) == 4096
+    assert cuts == [n for _, n in split_request(tapered_chunker(3072, layout), 65_536)]
+    assert cuts[:2] == [1536, 1536] and cuts[-1] < 3072 and max(cuts) == 3072
 
 
 def test_a_tapered_cut_is_planned_only_where_it_cuts_otherwise_and_the_mode_has_none():

@@ -16,6 +16,16 @@ def test_foldback_rank_holds_r_and_mirror(num_ranks):
     assert layout.stages[-1].layer_end == layout.num_layers
 
 
+@pytest.mark.parametrize("kind,fold", [("cpp", "split"), ("vpp", "split"), ("vpp", "fused")])
+@pytest.mark.parametrize("num_ranks", range(2, 7))
+def test_a_stage_knows_which_visit_of_its_rank_it_is(num_ranks, kind, fold):
+    layout = build_layout(num_ranks, 4 * num_ranks, kind, fold=fold)
+    for rank in range(num_ranks):
+        # A micro-batch reaches a rank's stages in pipeline order: the first is visit 0.
+        assert [layout.stages[s].visit for s in layout.stages_of(rank)] == list(range(len(layout.stages_of(rank))))
+    assert sum(s.visit for s in layout.stages) == layout.num_stages - num_ranks
+
+
 @pytest.mark.parametrize("num_ranks", range(1, 9))
 def test_contiguous_one_stage_per_rank(num_ranks):
     layout = build_layout(num_ranks, 2 * num_ranks, "cpp")

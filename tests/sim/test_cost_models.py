@@ -202,3 +202,16 @@ def test_table_model_replays_a_run_exactly():
         table.stage_cost(build_layout(2, 8, "foldback").stages[0], ChunkSpec(9, 0, 0, 10))
     with_fallback = TableCostModel.fit(samples, fallback=cost)
     assert with_fallback.stage_cost(build_layout(2, 8, "foldback").stages[0], ChunkSpec(9, 0, 0, 10)) > 0
+
+
+def test_a_stages_second_visit_of_a_rank_pays_the_revisit_not_an_iteration():
+    model, hw = load_model("deepseek-v3.1"), load_hardware("ascend-910c")
+    cost = AnalyticCostModel(model, hw)
+    layout = build_layout(2, model.num_layers, "vpp", [16, 15, 15, 15])
+    chunk = ChunkSpec(0, 0, 0, 8192)
+    first, second = layout.stages[1], layout.stages[2]  # rank 1's way up and way back
+    assert (first.visit, second.visit) == (0, 1)
+    assert cost.stage_breakdown(first, chunk).overhead_s == hw.chunk_overhead_s
+    assert cost.stage_breakdown(second, chunk).overhead_s == hw.revisit_overhead_s < hw.chunk_overhead_s
+    # Equal layers, so the device time is the same: only the host time differs.
+    assert cost.stage_breakdown(first, chunk).compute_s == pytest.approx(cost.stage_breakdown(second, chunk).compute_s)

@@ -49,12 +49,17 @@ def test_only_the_blocking_mode_pays_for_rendezvous(runs):
         assert runs[mode].idle_by_cause["rendezvous"] == 0.0, mode
 
 
-def test_scheduling_gap_is_paid_once_per_forward(runs, deepseek):
-    gap = deepseek[1].hardware.chunk_overhead_s
-    assert gap > 0
+def test_scheduling_gap_is_one_iteration_per_micro_batch_and_rank_plus_the_revisit(runs, deepseek):
+    hardware = deepseek[1].hardware
+    iteration, revisit = hardware.chunk_overhead_s, hardware.revisit_overhead_s
+    assert 0 < revisit < iteration
     for mode, sim in runs.items():
+        # A fold-back rank runs its two stages of every chunk (half its computes revisit it).
+        per_chunk = iteration + revisit if mode.startswith("vpp") else iteration
+        forwards = 2 if mode.startswith("vpp") else 1
         for rank in sim.per_rank:
-            assert rank.idle_by_cause["scheduling_gap"] == pytest.approx(gap * rank.num_computes), mode
+            assert rank.idle_by_cause["scheduling_gap"] == pytest.approx(
+                per_chunk * rank.num_computes / forwards), mode
     # Same chunks: a fold-back rank runs two stages (two forwards) per chunk, a contiguous one one.
     assert runs["vpp-pack"].per_rank[0].num_computes == 2 * runs["cpp"].per_rank[0].num_computes
 

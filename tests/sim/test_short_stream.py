@@ -4,7 +4,7 @@ DeepSeek-V3.1 on Ascend 910C, 100 concurrent prompts batched up to the chunk siz
 - the request barrier is what loses at P >= 4: vpp-pack with auto is far behind cpp, vpp-stream
   with auto (no barrier) close to it;
 - what vpp-stream still pays: a rank runs two forwards per micro-batch, so at one micro-batch
-  size its scheduling gap is twice cpp's;
+  size its scheduling gap is cpp's plus the host time of the second forward (the revisit);
 - vpp-stream's plans of batched short loads (and auto's) are valid and deadlock-free.
 """
 
@@ -49,13 +49,15 @@ def test_the_barrier_not_the_v_loses_the_short_cell_at_p4(deepseek):
 
 
 @pytest.mark.parametrize("num_ranks", [2, 4, 8])
-def test_two_forwards_per_micro_batch_double_the_scheduling_gap(deepseek, num_ranks):
+def test_the_second_forward_adds_the_revisit_to_the_scheduling_gap(deepseek, num_ranks):
     model, cost = deepseek
     rows = simulate_matrix(_short(4 << 10, 40), cost, model.num_layers, "cpp,vpp-stream", [16384], num_ranks,
                            sim=QUIET)
     cpp, stream = (row.result.sim for row in rows)
     assert stream.num_chunks == cpp.num_chunks  # the same micro-batches
-    assert stream.idle_by_cause["scheduling_gap"] == pytest.approx(2 * cpp.idle_by_cause["scheduling_gap"])
+    hardware = cost.hardware
+    share = hardware.revisit_overhead_s / hardware.chunk_overhead_s
+    assert stream.idle_by_cause["scheduling_gap"] == pytest.approx((1 + share) * cpp.idle_by_cause["scheduling_gap"])
 
 
 @pytest.mark.parametrize("num_ranks", [2, 4, 8])

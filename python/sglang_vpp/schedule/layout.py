@@ -79,9 +79,13 @@ class StageSpec:
     rank: int
     layer_start: int
     layer_end: int
+    visit: int = 0
+    """Which of its rank's stages this is, in pipeline order: 0 for the first a micro-batch
+    reaches there, 1 for a fold-back layout's way back, where the rank already set the
+    micro-batch up (a cost model charges the scheduler iteration once per rank)."""
 
     def __post_init__(self) -> None:
-        assert 0 <= self.layer_start <= self.layer_end, self
+        assert 0 <= self.layer_start <= self.layer_end and self.visit >= 0, self
 
     @property
     def num_layers(self) -> int:
@@ -251,7 +255,9 @@ def build_layout(
             )
     stages = []
     start = 0
+    seen: dict[int, int] = {}
     for index, (rank, count) in enumerate(zip(_stage_ranks(kind, num_ranks, fold), counts)):
-        stages.append(StageSpec(index, rank, start, start + count))
+        stages.append(StageSpec(index, rank, start, start + count, seen.get(rank, 0)))
+        seen[rank] = seen.get(rank, 0) + 1
         start += count
     return Layout(kind, num_ranks, num_layers, tuple(stages), fold)

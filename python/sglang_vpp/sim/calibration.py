@@ -66,7 +66,7 @@ METHOD_DOC_TABLE = CalibrationTarget(
 
 FITTED_FIELDS = ("attention_efficiency", "linear_efficiency", "half_efficiency_tokens", "tp_exposed_fraction",
                  "tp_latency_s")
-ASSUMED_FIELDS = ("chunk_overhead_s",)
+ASSUMED_FIELDS = ("chunk_overhead_s", "revisit_overhead_s")
 """Fields with a physical range that the target cannot pin down (moving one across its whole range
 moves every row by a few seconds at most), so they are set from their source, not fitted: a fit
 would push them to whichever bound patches a mechanism the model lacks."""

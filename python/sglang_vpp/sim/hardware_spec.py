@@ -38,7 +38,12 @@ class HardwareSpec:
     layer_overhead_s: float = 0.0
     """Fixed device time per layer per chunk (kernel launches, norms, small ops)."""
     chunk_overhead_s: float = 0.0
-    """Host time per stage per chunk (scheduling, batch set-up) during which the device idles."""
+    """Host time per micro-batch on a rank, before the first forward of it there (the scheduler
+    iteration: batch set-up), during which the device idles."""
+    revisit_overhead_s: float = 0.0
+    """Host time before a rank's further forward of a micro-batch it has already set up (a
+    fold-back rank's stage on the way back: switching stage, attention metadata, the first
+    launch), during which the device idles. The batch is not set up again."""
     tp_exposed_fraction: float = 1.0
     """Share of the bandwidth term of TP collectives not overlapped with math (calibrated); the
     per-collective latency is always exposed."""

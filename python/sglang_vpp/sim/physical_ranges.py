@@ -86,6 +86,7 @@ PHYSICAL_RANGES: dict[str, dict[str, _Range]] = {
         "half_efficiency_tokens": _Range(False, 0.0, float(1 << 24), "tokens"),
         "layer_overhead_s": _SECONDS,
         "chunk_overhead_s": _SECONDS,
+        "revisit_overhead_s": _SECONDS,
         "tp_exposed_fraction": _SHARE,
         "pp_tensors": _count(16, "hidden-size tensors a pipeline hop carries per token", 1),
     },

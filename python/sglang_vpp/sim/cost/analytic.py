@@ -10,10 +10,11 @@ For a stage holding layers ``[start, end)`` and a chunk of ``c`` tokens after a 
   causal pair (``c (L + (c + 1)/2)``) with its own small heads;
 - ``eff(c) = c / (c + half_efficiency_tokens)``: kernels lose efficiency on small chunks, which is
   what makes DCPP's fragmentation cost compute;
-- a fixed device cost per layer (launches, norms) and a host cost per micro-batch (scheduler
-  iteration, batch set-up) during which the device idles (``StageTime.overhead_s``: charged
-  as the ``scheduling_gap`` idle cause, once per stage compute, so a mode with fewer forwards
-  pays it fewer times);
+- a fixed device cost per layer (launches, norms) and host time during which the device idles
+  (``StageTime.overhead_s``, charged as the ``scheduling_gap`` idle cause on every stage
+  compute): a scheduler iteration (batch set-up) before a rank's first forward of a
+  micro-batch, and a smaller ``revisit_overhead_s`` before a fold-back rank's second forward of
+  it (``StageSpec.visit``), which reuses that set-up, as the SGLang mode's stage runner does;
 - TP collectives (see the method doc's modelling hint): ``tp_collectives_per_layer`` all-reduces
   per layer per chunk, each ``latency + exposed * 2 (n - 1)/n * c * hidden * bytes / bandwidth``
   (``tp_exposed_fraction`` of the bandwidth term is on the critical path, the latency always is).
@@ -105,7 +106,7 @@ class AnalyticCostModel(BreakdownCostModel):
 
     def stage_breakdown(self, stage: StageSpec, chunk: ChunkSpec) -> StageTime:
         # The planner (estimate) and the engine ask the same questions: memoise them.
-        key = (stage.layer_start, stage.layer_end, chunk.num_tokens, chunk.start,
+        key = (stage.layer_start, stage.layer_end, stage.visit, chunk.num_tokens, chunk.start,
                tuple((part.num_tokens, part.start) for part in chunk.batch))
         cached = self._cache.get(key)
         if cached is None:
@@ -145,7 +146,8 @@ class AnalyticCostModel(BreakdownCostModel):
             transfer = 2 * (tp - 1) / tp * message / hw.tp_bytes_per_s
             one = hw.tp_latency_s + hw.tp_exposed_fraction * transfer
             tp_comm = one * m.tp_collectives_per_layer * sums.num_layers
-        return StageTime(compute, tp_comm, hw.chunk_overhead_s)
+        host = hw.chunk_overhead_s if stage.visit == 0 else hw.revisit_overhead_s
+        return StageTime(compute, tp_comm, host)
 
     def transfer_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
         hw = self.hardware
