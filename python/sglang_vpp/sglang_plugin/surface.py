@@ -280,6 +280,10 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "runtime_context.Flags.capture", R, V),
     N(_S + "runtime_context.CaptureFlags.enable_torch_compile", R, V),
     N(_S + "model_executor.model_runner.ModelRunner.model", R, V),
+    # a DSA model refused before its pool (ownership.uses_sparse_attention_cache)
+    N(_S + "configs.model_config.is_deepseek_dsa", C, V, ("config",)),
+    N(_S + "model_executor.model_runner.ModelRunner.model_config", R, V),
+    N(_S + "configs.model_config.ModelConfig.hf_config", R, V),
     N(_S + "model_executor.model_runner.ModelRunner.is_draft_worker", R, V),
     # --- VPP: the event loop, replicated schedulers, stage runs (vpp/event_loop.py, replica.py,
     # stage_runner.py): the loop sets up the slot state SGLang's init_pp_loop_state would

@@ -11,7 +11,8 @@ Data flow at start-up (all in the scheduler process of each PP rank):
         stage built in its own layer stack; the rest PPMissingLayer; the hull reported as range
     DefaultModelLoader._get_all_weights --around--> weights of unowned layers dropped
     DefaultPoolConfigurator._compute_cell_size --around--> KV bytes per token count owned layers
-    ModelRunner.load_model --after--> model class checked, no graph capture left on (SGLang's
+    ModelRunner.load_model --after--> model class checked, no DSA index-key cache (SGLang would
+        allocate it for the whole hull), no graph capture left on (SGLang's
         resolved setting: a captured graph would replay the whole hull), layer-range holder located
     MHATokenToKVPool._create_buffers_normal / MLATokenToKVPool._create_buffers --around--> real
         K/V only for owned layers, zero-row placeholders for the unowned layers inside the hull
@@ -47,6 +48,7 @@ __all__ = [
     "around_alloc_memory_pool",
     "after_load_model",
     "graph_capture_left_on",
+    "uses_sparse_attention_cache",
     "forward_range",
     "layer_holder",
 ]
@@ -290,6 +292,14 @@ def layer_holder(model: torch.nn.Module) -> torch.nn.Module:
     )
 
 
+def uses_sparse_attention_cache(runner: Any) -> bool:
+    """Whether SGLang gives this model a DSA pool (an index-key cache beside the MLA latents),
+    by SGLang's own test of the model's config."""
+    from sglang.srt.configs.model_config import is_deepseek_dsa
+
+    return bool(is_deepseek_dsa(runner.model_config.hf_config))
+
+
 def graph_capture_left_on() -> str:
     """What of SGLang's published (resolved) graph settings would still capture: empty if none."""
     from sglang.srt.model_executor.cuda_graph_config import check_cuda_graph_backend
@@ -332,6 +342,14 @@ def after_load_model(result: Any, runner: Any, *args: Any, **kwargs: Any) -> Non
         raise VppConfigError(
             f"--pp-mode {state.config.mode} does not support model class {name}; supported: "
             f"{sorted(SUPPORTED_MODEL_CLASSES)}. Use --pp-mode cpp for this model."
+        )
+    if uses_sparse_attention_cache(runner):
+        raise VppConfigError(
+            f"--pp-mode {state.config.mode} does not support model {name} with DeepSeek sparse attention (DSA: "
+            "SGLang's index_topk models): SGLang allocates its index-key cache for every layer of the rank's "
+            "range by its own code, in memory sized for the owned layers, and a prefill-decode split transfers it "
+            "by position, which a fold-back rank's two layer ranges do not match; the plugin does not hold that "
+            "cache per stage. Use --pp-mode cpp or dcpp for this model."
         )
     left_on = graph_capture_left_on()
     if left_on:
