@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_vpp.sim.calibration import (FITTED_FIELDS, METHOD_DOC_TABLE, at_bounds, errors, evaluate, nelder_mead,
+from sglang_vpp.sim.calibration import (ASSUMED_FIELDS, FITTED_FIELDS, METHOD_DOC_TABLE, at_bounds, errors, evaluate, nelder_mead,
                                         sensitivity, trend)
 from sglang_vpp.sim.preset_loader import load_hardware, load_model
 from sglang_vpp.sim.priors import PRIORS
@@ -29,8 +29,10 @@ def test_every_fitted_field_inside_its_documented_range(specs):
 
 def test_fields_on_a_bound_are_the_documented_ones(specs):
     assert at_bounds(specs[1]) == {"tp_latency_s": "high", "tp_exposed_fraction": "high"}
-    # Set from its source, not fitted (the table cannot pin it down), and inside its range.
-    assert "chunk_overhead_s" not in FITTED_FIELDS and PRIORS["chunk_overhead_s"].contains(specs[1].chunk_overhead_s)
+    # Set from their sources, not fitted (the table cannot pin them down), and inside their ranges.
+    for name in ASSUMED_FIELDS:
+        assert name not in FITTED_FIELDS and PRIORS[name].contains(getattr(specs[1], name)), name
+        assert PRIORS[name].assumed and PRIORS[name].source
 
 
 def test_rows_within_the_documented_residuals(specs):

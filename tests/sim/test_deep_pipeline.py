@@ -6,10 +6,10 @@ at its best chunk size.
 
 The tapered chunker's constants were chosen on that very sweep, so that test is a regression
 guard only. ``test_vpp_taper_off_the_tuning_sweep`` checks models, hardware, lengths and depths
-it was not tuned on, with the claim that holds there: its best chunk size is within 6 % of the
-bound (at most 5.1 %: DeepSeek-V3.1, 192K on 910C at P = 6) and, on long prompts, at or below the best of CPP and DCPP. On short prompts at P = 2 it
-is not ahead of them (measured 1.0 % and 3.5 % slower in the two such cases below); there the
-test checks only the bound.
+it was not tuned on, with the claim that holds there: its best chunk size is within 5 % of the
+bound (one case 5.1 %, given its own margin below) and at or below the best of CPP and DCPP,
+short prompts at P = 2 included (with the presets' revisit; priced as a whole iteration those
+two were 3.5 % and 1.0 % behind).
 """
 
 from __future__ import annotations
@@ -45,24 +45,25 @@ def test_vpp_taper_keeps_its_lead_on_deep_pipelines(deepseek, num_ranks):
     assert best <= 1.05 * bound, (num_ranks, best, bound)
 
 
-# (model, hardware, prompt tokens, P, ahead of cpp/dcpp expected); none of these is the sweep
-# the tapered chunker was tuned on.
+# (model, hardware, prompt tokens, P, how far above the bound its best may end); none of these
+# is the sweep the tapered chunker was tuned on.
 OFF_SWEEP = [
-    ("glm-5.2", "h200", 256 * 1024, 4, True),
-    ("qwen3-coder-30b-a3b", "h200", 256 * 1024, 4, True),
-    ("deepseek-v3.1", "h200", 1024 * 1024, 3, True),
-    ("deepseek-v3.1", "ascend-910c", 192 * 1024, 6, True),
-    ("glm-5.2", "ascend-910c", 512 * 1024, 8, True),
-    ("qwen3-coder-30b-a3b", "ascend-910c", 384 * 1024, 3, True),
-    ("qwen3-coder-30b-a3b", "h200", 128 * 1024, 2, False),
-    ("glm-5.2", "h200", 96 * 1024, 2, False),
+    ("glm-5.2", "h200", 256 * 1024, 4, 1.05),
+    ("qwen3-coder-30b-a3b", "h200", 256 * 1024, 4, 1.05),
+    ("deepseek-v3.1", "h200", 1024 * 1024, 3, 1.05),
+    # 5.07 %: a cheaper revisit lowers vpp-taper's own bound (the smallest over the modes) too.
+    ("deepseek-v3.1", "ascend-910c", 192 * 1024, 6, 1.06),
+    ("glm-5.2", "ascend-910c", 512 * 1024, 8, 1.05),
+    ("qwen3-coder-30b-a3b", "ascend-910c", 384 * 1024, 3, 1.05),
+    ("qwen3-coder-30b-a3b", "h200", 128 * 1024, 2, 1.05),
+    ("glm-5.2", "h200", 96 * 1024, 2, 1.05),
 ]
 OFF_SWEEP_CHUNKS = [8192, 16384, 32768]
 
 
-@pytest.mark.parametrize("model_name,hardware,length,num_ranks,ahead", OFF_SWEEP,
+@pytest.mark.parametrize("model_name,hardware,length,num_ranks,margin", OFF_SWEEP,
                          ids=[f"{m}-{h}-{n // 1024}k-p{p}" for m, h, n, p, _ in OFF_SWEEP])
-def test_vpp_taper_off_the_tuning_sweep(model_name, hardware, length, num_ranks, ahead):
+def test_vpp_taper_off_the_tuning_sweep(model_name, hardware, length, num_ranks, margin):
     model = load_model(model_name)
     cost = AnalyticCostModel(model, load_hardware(hardware))
     rows = simulate_matrix(long_workload([length]), cost, model.num_layers, "cpp,dcpp,vpp-taper", OFF_SWEEP_CHUNKS,
@@ -72,6 +73,5 @@ def test_vpp_taper_off_the_tuning_sweep(model_name, hardware, length, num_ranks,
         return min(r.result.sim.makespan_s for r in rows if r.result.mode == mode)
 
     bound = min(r.result.lower_bound_s for r in rows)
-    assert best("vpp-taper") <= 1.06 * bound, (best("vpp-taper"), bound)
-    if ahead:
-        assert best("vpp-taper") <= min(best("cpp"), best("dcpp")), (best("vpp-taper"), best("cpp"), best("dcpp"))
+    assert best("vpp-taper") <= margin * bound, (best("vpp-taper"), bound)
+    assert best("vpp-taper") <= min(best("cpp"), best("dcpp")), (best("vpp-taper"), best("cpp"), best("dcpp"))

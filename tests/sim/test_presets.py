@@ -110,7 +110,7 @@ def test_every_numeric_preset_field_has_a_physical_range():
     from sglang_vpp.sim.preset_loader import PHYSICAL_RANGES
 
     for cls, kind in ((ModelSpec, "models"), (HardwareSpec, "hardware")):
-        numeric = {f.name for f in dataclasses.fields(cls) if f.type in ("int", "float")}
+        numeric = {f.name for f in dataclasses.fields(cls) if f.type in ("int", "float", "float | None")}
         assert numeric == set(PHYSICAL_RANGES[kind]), (kind, numeric ^ set(PHYSICAL_RANGES[kind]))
 
 
@@ -175,3 +175,15 @@ def test_model_fields_that_do_not_combine_are_refused(tmp_path, name, changes, m
     path.write_text(json.dumps(data))
     with pytest.raises(PresetError, match=re.escape(f"model {data['name']}: {message}")):
         load_model(str(path))
+
+
+def test_the_revisit_defaults_to_a_whole_iteration_and_may_not_exceed_it():
+    import dataclasses
+
+    hw = load_hardware("ascend-910c")
+    assert 0 < hw.revisit_overhead_s < hw.chunk_overhead_s
+    fields = {f.name: getattr(hw, f.name) for f in dataclasses.fields(hw) if f.init}
+    unset = type(hw)(**{**fields, "revisit_overhead_s": None})
+    assert unset.revisit_overhead_s == hw.chunk_overhead_s  # a preset written without it: every forward pays an iteration
+    with pytest.raises(PresetError, match=r"revisit_overhead_s is 0.006, above chunk_overhead_s 0.005"):
+        type(hw)(**{**fields, "revisit_overhead_s": 0.006})

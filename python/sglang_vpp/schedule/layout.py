@@ -23,8 +23,9 @@ case anywhere else.
 Since the two stages at the fold hold contiguous layers and hand off without communication,
 the fused fold runs them as ONE stage: ``2P-1`` stages, stage ``P-1`` (layers of the method's
 ``s_{P-1}`` and ``s_P``) on rank ``P-1``, stage ``s`` > ``P-1`` on rank ``2P-2-s``. The fold rank
-then runs one forward per micro-batch instead of two, saving a forward's host time (launch,
-scheduling, messages) per micro-batch there and one host gap on every micro-batch's trip.
+then runs one forward per micro-batch instead of two, saving the second forward's host time
+(stage switch, attention metadata, first launch: the micro-batch is set up once either way) per
+micro-batch there and on every micro-batch's trip.
 Every other rank still holds two stages, so the pairing that sizes the in-flight window
 (rank r pairs chunk k+d with chunk k-d) and the work per rank are unchanged: the windows stay
 at the method's ``2P-1``. Layer counts (``split``) are per stage, so ``2P-1`` of them; the

@@ -197,9 +197,19 @@ def sensitivity(model: ModelSpec, hardware: HardwareSpec, target: CalibrationTar
     out = {}
     for name in fields:
         prior = PRIORS[name]
-        out[name] = {side: evaluate(model, dataclasses.replace(hardware, **{name: value}), target)
+        out[name] = {side: evaluate(model, _moved(hardware, name, value), target)
                      for side, value in (("low", prior.low), ("high", prior.high))}
     return out
+
+
+def _moved(hardware: HardwareSpec, name: str, value: float) -> HardwareSpec:
+    """``hardware`` with ``name`` at ``value``, the revisit kept at most a whole iteration."""
+    changes = {name: value}
+    if name == "chunk_overhead_s":
+        changes["revisit_overhead_s"] = min(hardware.revisit_overhead_s, value)
+    elif name == "revisit_overhead_s":
+        changes[name] = min(value, hardware.chunk_overhead_s)
+    return dataclasses.replace(hardware, **changes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - a maintenance tool

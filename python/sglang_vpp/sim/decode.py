@@ -15,8 +15,9 @@ moves every decode micro-batch one token:
 - every rank runs each of its stages once per micro-batch (one forward per micro-batch under
   stock PP, two under fold-back), so a round costs rank r ``S * sum of its stage times``, each
   stage time the cost model's for a forward of ``running / S`` one-token requests (weight
-  streaming, host gap and TP collectives are paid per forward, so more, smaller micro-batches
-  cost more per token);
+  streaming, host time and TP collectives are paid per forward, a fold-back rank's second
+  forward of a micro-batch paying the revisit instead of an iteration, so more, smaller
+  micro-batches cost more per token);
 - a micro-batch's trip through every stage and pipeline hop takes ``T``; with at most ``W``
   micro-batches in flight (the controller's in-flight limit), a round takes at least ``S / W * T``.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .errors import PresetError
 from .physical_ranges import check_ranges
 
 __all__ = ["HardwareSpec"]
@@ -40,10 +41,11 @@ class HardwareSpec:
     chunk_overhead_s: float = 0.0
     """Host time per micro-batch on a rank, before the first forward of it there (the scheduler
     iteration: batch set-up), during which the device idles."""
-    revisit_overhead_s: float = 0.0
+    revisit_overhead_s: float | None = None
     """Host time before a rank's further forward of a micro-batch it has already set up (a
     fold-back rank's stage on the way back: switching stage, attention metadata, the first
-    launch), during which the device idles. The batch is not set up again."""
+    launch), during which the device idles. The batch is not set up again. At most
+    ``chunk_overhead_s``; unset, it is ``chunk_overhead_s`` (every forward a whole iteration)."""
     tp_exposed_fraction: float = 1.0
     """Share of the bandwidth term of TP collectives not overlapped with math (calibrated); the
     per-collective latency is always exposed."""
@@ -53,4 +55,10 @@ class HardwareSpec:
     calibration_note: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.revisit_overhead_s is None:
+            object.__setattr__(self, "revisit_overhead_s", self.chunk_overhead_s)
         check_ranges(self, "hardware")
+        if self.revisit_overhead_s > self.chunk_overhead_s:
+            raise PresetError(f"hardware {self.name}: revisit_overhead_s is {self.revisit_overhead_s}, above "
+                              f"chunk_overhead_s {self.chunk_overhead_s}: a forward of a micro-batch the rank has "
+                              "set up costs at most a whole scheduler iteration")

@@ -50,13 +50,13 @@ PRIORS: dict[str, PhysicalRange] = {
         0.3, 1.0, "share of the all-reduce transfer not hidden behind math: SGLang runs prefill TP "
         "collectives inline (1.0); overlap below 0.3 needs communication-computation fusion", assumed=True),
     "chunk_overhead_s": PhysicalRange(
-        1e-4, 3e-2, "host time per micro-batch per stage with the device idle: from a few kernel launches "
+        1e-4, 3e-2, "host time per micro-batch and rank, before its first forward there, with the device idle: from a few kernel launches "
         "(5-50 us each, CUDA/CANN) to a Python scheduler iteration (milliseconds; SGLang overlaps most of it "
         "only in its non-PP loop)", assumed=True),
     "revisit_overhead_s": PhysicalRange(
         1e-5, 3e-2, "host time before a fold-back rank's second forward of a micro-batch it has set up: "
-        "from the stage switch alone (0.02 ms before the served CPU loop's fold-back stage) to a whole "
-        "scheduler iteration (chunk_overhead_s's range)", assumed=True),
+        "from the stage switch alone (0.02 ms before the served CPU loop's fold-back stage at the fold "
+        "rank) to a whole scheduler iteration (at most chunk_overhead_s, checked)", assumed=True),
     "layer_overhead_s": PhysicalRange(
         1e-6, 1e-3, "launches and small ops per layer: ~20 kernels x 5-50 us", assumed=True),
     "indexer_efficiency": PhysicalRange(
