@@ -327,3 +327,16 @@ def test_a_vpp_mode_turns_graph_capture_off_itself(model_dir):
     assert turn_graph_capture_off(args) == ["--cuda-graph-backend-decode disabled"]
     assert (args.cuda_graph_backend_decode, args.cuda_graph_backend_prefill) == ("disabled", "disabled")
 
+
+@pytest.mark.sglang
+def test_a_dsa_model_is_refused_at_launch_when_its_config_is_local(tmp_path):
+    from sglang_vpp.sglang_plugin import vpp
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 8, "index_topk": 2048}))
+    with pytest.raises(ValueError, match=r"^--pp-mode vpp-pack does not support model DeepseekV3ForCausalLM with "
+                                         r"DeepSeek sparse attention"):
+        vpp.check_args(_args(tmp_path, pp_size=2, chunked_prefill_size=64), PipelineOptions(pp_mode="vpp-pack"))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"],
+                                                      "num_hidden_layers": 8}))
+    vpp.check_args(_args(tmp_path, pp_size=2, chunked_prefill_size=64), PipelineOptions(pp_mode="vpp-pack"))

@@ -534,25 +534,23 @@ def test_a_refusal_in_a_scheduler_says_the_value_may_be_sglangs():
         _refuse_unsupported(args, "vpp", resolved=True)
 
 
-
 def test_a_model_with_deepseek_sparse_attention_is_refused_before_its_pool(monkeypatch):
     """SGLang gives a DSA model (a listed architecture with index_topk) an index-key cache that it
     allocates for the whole hull by its own code; refused after the model loads, before any pool,
-    by SGLang's own test of the config."""
+    by SGLang's own test of the config (a dict at launch, its PretrainedConfig in a scheduler)."""
     from types import SimpleNamespace
 
     from sglang_vpp.sglang_plugin.vpp import ownership, state as vpp_state
+    from sglang_vpp.sglang_plugin.vpp.sparse_attention import uses_sparse_attention_cache
 
     monkeypatch.setattr(vpp_state, "_STATE", VppState(config=VppConfig(mode="vpp-stream", pp_size=2), rank=0))
-
-    def runner(config: dict) -> SimpleNamespace:
-        model = type("DeepseekV3ForCausalLM", (), {})()
-        return SimpleNamespace(is_draft_worker=False, model=model, model_config=SimpleNamespace(hf_config=config))
-
-    dense = runner({"architectures": ["DeepseekV3ForCausalLM"]})
-    sparse = runner({"architectures": ["DeepseekV3ForCausalLM"], "index_topk": 2048})
-    assert not ownership.uses_sparse_attention_cache(dense)
-    assert ownership.uses_sparse_attention_cache(sparse)
+    dense = {"architectures": ["DeepseekV3ForCausalLM"]}
+    sparse = {"architectures": ["DeepseekV3ForCausalLM"], "index_topk": 2048}
+    assert not uses_sparse_attention_cache(dense) and uses_sparse_attention_cache(sparse)
+    assert uses_sparse_attention_cache(SimpleNamespace(**sparse)) and not uses_sparse_attention_cache(SimpleNamespace(**dense))
+    assert not uses_sparse_attention_cache({"architectures": ["Qwen3ForCausalLM"], "index_topk": 2048})
+    model = type("DeepseekV3ForCausalLM", (), {})()
+    runner = SimpleNamespace(is_draft_worker=False, model=model, model_config=SimpleNamespace(hf_config=sparse))
     with pytest.raises(VppConfigError, match=r"^--pp-mode vpp-stream does not support model DeepseekV3ForCausalLM "
                                              r"with DeepSeek sparse attention .* Use --pp-mode cpp or dcpp"):
-        ownership.after_load_model(None, sparse)
+        ownership.after_load_model(None, runner)

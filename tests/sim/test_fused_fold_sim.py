@@ -35,7 +35,7 @@ def test_fold_rank_runs_one_forward_per_micro_batch(qwen, mode):
     assert revisit > 0
     assert gap[1][num_ranks - 1] == pytest.approx(gap[0][num_ranks - 1] - micro_batches * revisit)
     assert gap[1][:num_ranks - 1] == pytest.approx(gap[0][:num_ranks - 1])
-    # One host gap fewer on every micro-batch's trip: no request waits longer.
+    # One revisit fewer on every micro-batch's trip: no request waits longer.
     assert fused.sim.ttft_s < split.sim.ttft_s
 
 

@@ -23,7 +23,7 @@ from sglang_vpp.schedule import Fold, stage_count
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.options import PipelineOptions, PpMode, is_vpp_mode
 
-__all__ = ["GRAPH_BACKEND_FLAGS", "SCHEDULER_OPTIONS", "VPP_REFUSALS", "Refusal", "check_vpp_features", "model_num_layers",
+__all__ = ["GRAPH_BACKEND_FLAGS", "local_model_config", "SCHEDULER_OPTIONS", "VPP_REFUSALS", "Refusal", "check_vpp_features", "model_num_layers",
            "refuse_graph_capture", "turn_graph_capture_off", "validate_pipeline_args"]
 
 
@@ -32,25 +32,30 @@ def _get(args: Any, name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def model_num_layers(model_path: str | None, trust_remote_code: bool = False) -> int | None:
-    """Decoder layer count from the model's config, or None when it cannot be read locally."""
+def local_model_config(model_path: str | None, trust_remote_code: bool = False) -> dict[str, Any] | None:
+    """The model's config as a dict, or None when it cannot be read locally (never downloaded)."""
     if not model_path:
         return None
     config_file = Path(model_path) / "config.json"
-    config: dict[str, Any] | None = None
     if config_file.is_file():
         config = json.loads(config_file.read_text())
-    elif os.path.isabs(model_path) or os.path.exists(model_path):
+        return config if isinstance(config, dict) else None
+    if os.path.isabs(model_path) or os.path.exists(model_path):
         return None  # a local path without config.json: SGLang itself reports it
-    else:
-        try:  # a hub id already in the local cache; never download from here
-            from transformers import AutoConfig
+    try:  # a hub id already in the local cache
+        from transformers import AutoConfig
 
-            config = AutoConfig.from_pretrained(
-                model_path, local_files_only=True, trust_remote_code=trust_remote_code
-            ).to_dict()
-        except Exception:  # noqa: BLE001 - unknown layout: vpp.install checks at start-up
-            return None
+        return AutoConfig.from_pretrained(model_path, local_files_only=True,
+                                          trust_remote_code=trust_remote_code).to_dict()
+    except Exception:  # noqa: BLE001 - unknown layout: vpp.install checks at start-up
+        return None
+
+
+def model_num_layers(model_path: str | None, trust_remote_code: bool = False) -> int | None:
+    """Decoder layer count from the model's config, or None when it cannot be read locally."""
+    config = local_model_config(model_path, trust_remote_code)
+    if config is None:
+        return None
     for section in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
         for key in ("num_hidden_layers", "num_layers", "n_layer"):
             if isinstance(section.get(key), int):

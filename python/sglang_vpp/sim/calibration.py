@@ -197,12 +197,12 @@ def sensitivity(model: ModelSpec, hardware: HardwareSpec, target: CalibrationTar
     out = {}
     for name in fields:
         prior = PRIORS[name]
-        out[name] = {side: evaluate(model, _moved(hardware, name, value), target)
+        out[name] = {side: evaluate(model, _with_field_at(hardware, name, value), target)
                      for side, value in (("low", prior.low), ("high", prior.high))}
     return out
 
 
-def _moved(hardware: HardwareSpec, name: str, value: float) -> HardwareSpec:
+def _with_field_at(hardware: HardwareSpec, name: str, value: float) -> HardwareSpec:
     """``hardware`` with ``name`` at ``value``, the revisit kept at most a whole iteration."""
     changes = {name: value}
     if name == "chunk_overhead_s":

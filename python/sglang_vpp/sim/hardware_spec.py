@@ -45,7 +45,8 @@ class HardwareSpec:
     """Host time before a rank's further forward of a micro-batch it has already set up (a
     fold-back rank's stage on the way back: switching stage, attention metadata, the first
     launch), during which the device idles. The batch is not set up again. At most
-    ``chunk_overhead_s``; unset, it is ``chunk_overhead_s`` (every forward a whole iteration)."""
+    ``chunk_overhead_s``; unset, it is ``chunk_overhead_s`` (every forward a whole iteration),
+    resolved when the spec is built (``dataclasses.replace`` of the iteration keeps it)."""
     tp_exposed_fraction: float = 1.0
     """Share of the bandwidth term of TP collectives not overlapped with math (calibrated); the
     per-collective latency is always exposed."""

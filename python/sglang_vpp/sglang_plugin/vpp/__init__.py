@@ -84,6 +84,18 @@ def _refuse_missing_hook_targets(mode: str) -> None:
         raise VppConfigError(refusal(mode, problems))
 
 
+def _refuse_sparse_attention(args: Any, mode: str) -> None:
+    """A DSA model whose config is readable here is refused before any rank loads its weights."""
+    from sglang_vpp.sglang_plugin.validate import local_model_config
+
+    from .sparse_attention import sparse_attention_refusal, uses_sparse_attention_cache
+
+    config = local_model_config(getattr(args, "model_path", None), bool(getattr(args, "trust_remote_code", False)))
+    if config is not None and uses_sparse_attention_cache(config):
+        architectures = config.get("architectures") or ["this model"]
+        raise VppConfigError(sparse_attention_refusal(mode, str(architectures[0])))
+
+
 def check_args(args: Any, options: Any) -> None:
     """Launcher-side checks before anything loads (called by the plugin's validation)."""
     mode = str(options.pp_mode)
@@ -91,6 +103,7 @@ def check_args(args: Any, options: Any) -> None:
                        fold=options.vpp_fold, cost_profile=options.vpp_cost_profile)
     _refuse_unsupported(args, mode)
     _refuse_missing_hook_targets(mode)
+    _refuse_sparse_attention(args, mode)
     if options.vpp_cost_profile:
         from sglang_vpp.sglang_plugin.validate import model_num_layers
 

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import torch
 
 from .errors import VppConfigError
+from .sparse_attention import sparse_attention_refusal, uses_sparse_attention_cache
 from .state import current_stage, get_state
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,6 @@ __all__ = [
     "around_alloc_memory_pool",
     "after_load_model",
     "graph_capture_left_on",
-    "uses_sparse_attention_cache",
     "forward_range",
     "layer_holder",
 ]
@@ -292,14 +292,6 @@ def layer_holder(model: torch.nn.Module) -> torch.nn.Module:
     )
 
 
-def uses_sparse_attention_cache(runner: Any) -> bool:
-    """Whether SGLang gives this model a DSA pool (an index-key cache beside the MLA latents),
-    by SGLang's own test of the model's config."""
-    from sglang.srt.configs.model_config import is_deepseek_dsa
-
-    return bool(is_deepseek_dsa(runner.model_config.hf_config))
-
-
 def graph_capture_left_on() -> str:
     """What of SGLang's published (resolved) graph settings would still capture: empty if none."""
     from sglang.srt.model_executor.cuda_graph_config import check_cuda_graph_backend
@@ -343,14 +335,8 @@ def after_load_model(result: Any, runner: Any, *args: Any, **kwargs: Any) -> Non
             f"--pp-mode {state.config.mode} does not support model class {name}; supported: "
             f"{sorted(SUPPORTED_MODEL_CLASSES)}. Use --pp-mode cpp for this model."
         )
-    if uses_sparse_attention_cache(runner):
-        raise VppConfigError(
-            f"--pp-mode {state.config.mode} does not support model {name} with DeepSeek sparse attention (DSA: "
-            "SGLang's index_topk models): SGLang allocates its index-key cache for every layer of the rank's "
-            "range by its own code, in memory sized for the owned layers, and a prefill-decode split transfers it "
-            "by position, which a fold-back rank's two layer ranges do not match; the plugin does not hold that "
-            "cache per stage. Use --pp-mode cpp or dcpp for this model."
-        )
+    if uses_sparse_attention_cache(runner.model_config.hf_config):
+        raise VppConfigError(sparse_attention_refusal(state.config.mode, name))
     left_on = graph_capture_left_on()
     if left_on:
         raise VppConfigError(
