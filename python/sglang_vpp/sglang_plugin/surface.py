@@ -280,7 +280,7 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "runtime_context.Flags.capture", R, V),
     N(_S + "runtime_context.CaptureFlags.enable_torch_compile", R, V),
     N(_S + "model_executor.model_runner.ModelRunner.model", R, V),
-    # a DSA model refused before its pool (ownership.uses_sparse_attention_cache)
+    # a DSA model refused at launch and before its pool (vpp/sparse_attention.py)
     N(_S + "configs.model_config.is_deepseek_dsa", C, V, ("config",)),
     N(_S + "model_executor.model_runner.ModelRunner.model_config", R, V),
     N(_S + "configs.model_config.ModelConfig.hf_config", R, V),
