@@ -18,8 +18,8 @@ two-node cells are not repeated per model (each costs two launches of the four r
 model's cpp launch comes first (it is launched once and shared). Checks per launch: prompts
 longer than the chunk sent concurrently through the OpenAI-compatible server, greedy tokens and
 prompt logprobs against transformers (within 1e-4), tokens equal to the cpp launch of the same
-parallel configuration, the per-rank KV log line, and on two nodes which node holds which
-virtual stages.
+parallel configuration, the same for constrained decoding (regex, JSON schema and EBNF
+requests), the per-rank KV log line, and on two nodes which node holds which virtual stages.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import replace
 import pytest
 from sglang_harness import SKIP_NO_SGLANG, NodeLaunch, ServerConfig, SGLangServer, free_port
 from sglang_vpp.models.tiny_hf import TinyModelSpec
-from vpp_checks import CHUNK, QWEN3_MOE, Reference, greedy_tokens_checked
+from vpp_checks import CHUNK, QWEN3_MOE, Reference, constrained_tokens_checked, greedy_tokens_checked
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG, pytest.mark.timeout(1200)]
 """The timeout counts the launch (the fixture's set-up): four ranks on two shared cores took up to
@@ -63,6 +63,7 @@ LENGTHS = (300, 37, 200, 130)
 TP2_BIND = "0|1|0|1"
 """Four ranks (tp-major within each pp rank) on the two cores."""
 _CPP_TOKENS: dict[tuple[str, str], list[list[int]]] = {}
+_CPP_CONSTRAINED: dict[tuple[str, str], list[list[int]]] = {}
 
 
 def _cell_id(cell) -> str:
@@ -133,3 +134,18 @@ def test_equal_transformers_and_stock_cpp(launch, reference):
     }
     assert held["node 0"] == {("0", "0", "3")}, held
     assert held["node 1"] == {("1", "1", "2")}, held
+
+
+def test_constrained_decoding_equals_stock_cpp(launch):
+    """Requests waiting on their grammar under TP: pp rank 0's TP ranks agree through SGLang's
+    all-gather, then rank 0's decision rides on its events (vpp/grammar_sync.py)."""
+    (name, _, config_name, mode), server, _ = launch
+    tokens = constrained_tokens_checked(server, seed=53)
+    if mode == "cpp":
+        _CPP_CONSTRAINED[(name, config_name)] = tokens
+        return
+    reference_config = SAME_PARALLEL_CONFIG.get(config_name)
+    if reference_config is not None:
+        key = (name, reference_config)
+        assert key in _CPP_CONSTRAINED, f"the cpp launch of {key} did not run first"
+        assert tokens == _CPP_CONSTRAINED[key], f"--pp-mode {mode} at {config_name} differs from cpp at {reference_config}"

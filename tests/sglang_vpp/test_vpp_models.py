@@ -30,6 +30,7 @@ from order_checks import assert_planner_order_equals_the_server
 from vpp_checks import (
     CHUNK,
     Reference,
+    constrained_tokens_checked,
     generate_concurrently,
     greedy_tokens_checked,
     load_then_wait_for_decisions,
@@ -58,6 +59,7 @@ CASES = {
 LENGTHS = (300, 37, 200, 130)
 """Five, one, four and three chunks of 64."""
 _DEEPSEEK_V2_CPP_TOKENS: list[list[int]] = []
+_DEEPSEEK_V2_CPP_CONSTRAINED: list[list[int]] = []
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +91,19 @@ def test_equal_transformers_or_stock_cpp(case, reference):
     assert _DEEPSEEK_V2_CPP_TOKENS, "the DeepSeek-V2 cpp case did not run first"
     assert tokens == _DEEPSEEK_V2_CPP_TOKENS, f"--pp-mode {server.config.pp_mode} tokens differ from stock cpp"
     assert "VPP KV rank" in server.log_tail(10**7), "no per-rank KV log line"
+
+
+def test_constrained_decoding_follows_each_grammar_and_equals_stock_cpp(case):
+    """At pp 4 rank 0's grammar decisions pass through three followers in turn."""
+    spec, server = case
+    tokens = constrained_tokens_checked(server, seed=53)
+    if spec != DEEPSEEK_V2:
+        return
+    if server.config.pp_mode == "cpp":
+        _DEEPSEEK_V2_CPP_CONSTRAINED[:] = tokens
+        return
+    assert _DEEPSEEK_V2_CPP_CONSTRAINED, "the DeepSeek-V2 cpp case did not run first"
+    assert tokens == _DEEPSEEK_V2_CPP_CONSTRAINED, f"--pp-mode {server.config.pp_mode} differs from stock cpp"
 
 
 def test_decisions_replay_through_the_controller(case):

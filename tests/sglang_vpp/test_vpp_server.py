@@ -35,6 +35,7 @@ from vpp_checks import (
     all_admitted_left,
     assert_reproduce_controls_fail,
     check_answer,
+    constrained_tokens_checked,
     generate,
     generate_concurrently,
     load_then_wait_for_decisions,
@@ -102,6 +103,13 @@ def test_prefix_cache_hits_equal_transformers(server, reference):
             assert answer["output_ids"] == expected, (len(ids), answer["output_ids"], expected)
             cached += answer["meta_info"]["cached_tokens"]
     assert cached >= len(base), f"no prompt hit the radix cache ({cached} cached tokens)"
+
+
+def test_constrained_decoding_follows_each_grammar(server):
+    """Requests waiting on their grammar: rank 0's readiness decision reaches the followers with
+    its scheduling events (vpp/grammar_sync.py), not through stock PP's lockstep send, which
+    hung a VPP server. Stock cpp's tokens for the same requests: test_vpp_deploy_matrix.py."""
+    constrained_tokens_checked(server, seed=53)
 
 
 def _waiting_behind_a_long_request(server, seed: int) -> None:

@@ -554,3 +554,52 @@ def test_a_model_with_deepseek_sparse_attention_is_refused_before_its_pool(monke
     with pytest.raises(VppConfigError, match=r"^--pp-mode vpp-stream does not support model DeepseekV3ForCausalLM "
                                              r"with DeepSeek sparse attention .* Use --pp-mode cpp or dcpp"):
         ownership.after_load_model(None, runner)
+
+
+def test_grammar_readiness_rides_on_rank_0s_log_and_the_stock_p2p_never_runs():
+    pytest.importorskip("sglang")
+    from types import SimpleNamespace
+
+    from sglang_vpp.sglang_plugin.vpp import grammar_sync
+    from sglang_vpp.sglang_plugin.vpp.errors import SchedulerDivergenceError
+    from sglang_vpp.sglang_plugin.vpp.replica import Replica, batch_signature
+
+    def stock_p2p(manager, ready, failed):
+        raise AssertionError("the stock PP send/receive ran under VPP")
+
+    class GrammarWaitingScheduler:
+        """get_next_batch_to_run as SGLang's: a request waits on its grammar, so the call syncs."""
+
+        def __init__(self, own_view):
+            self.own_view, self.seen = own_view, []
+
+        def get_next_batch_to_run(self, running_batch, last_batch):
+            ready, failed = self.own_view
+            self.seen.append(grammar_sync.around_pp_sync_ready_failed(stock_p2p, None, set(ready), set(failed)))
+            return SimpleNamespace(running_batch=running_batch, batch_to_run=None)
+
+    try:
+        leader_scheduler = GrammarWaitingScheduler(({0, 2}, {1}))  # rank 0 found 0 and 2 ready, 1 timed out
+        leader = Replica(leader_scheduler, num_slots=3, rank=0)
+        leader.grammar = grammar_sync.install_grammar_decisions(0)
+        events = []
+        for slot in (0, 1):  # a turn over two free slots: two calls before any follower replays
+            batch = leader.schedule(slot)
+            events += [*leader.grammar.take(), ("sched", slot, batch_signature(batch))]
+        assert events == [("grammar", [0, 2], [1]), ("sched", 0, None), ("grammar", [0, 2], [1]), ("sched", 1, None)]
+        assert leader_scheduler.seen == [({0, 2}, {1})] * 2
+
+        follower_scheduler = GrammarWaitingScheduler((set(), set()))  # its compiles not done yet
+        follower = Replica(follower_scheduler, num_slots=3, rank=1)
+        follower.grammar = grammar_sync.install_grammar_decisions(1)
+        for event in events:
+            follower.replay(event)
+        assert follower_scheduler.seen == [({0, 2}, {1})] * 2  # rank 0's decision, not its own
+        with pytest.raises(SchedulerDivergenceError, match="carries no grammar decision"):
+            follower.replay(("sched", 2, None))
+        follower.replay(("grammar", [0], []))
+        follower.grammar.queued.append(([1], []))  # one more than the call takes
+        with pytest.raises(SchedulerDivergenceError, match="left 1 of rank 0's grammar decisions unused"):
+            follower.replay(("sched", 2, None))
+    finally:
+        grammar_sync._decisions = None  # noqa: SLF001 - the hook is per process; leave none behind

@@ -211,3 +211,38 @@ def greedy_tokens_checked(server: SGLangServer, spec: TinyModelSpec, reference: 
     for ids, answer in zip(prompts, answers):
         check_answer(answer, ids, reference(spec, ids), server)
     return [answer["output_ids"] for answer in answers]
+
+
+ANSWER_REGEX = r"(yes|no|maybe) [0-9]{3}"
+CODE_EBNF = 'root ::= "x" [0-9] [0-9]'
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}}, "required": ["a", "b"]}
+
+
+def constrained_tokens_checked(server: SGLangServer, seed: int) -> list[list[int]]:
+    """Constrained decoding (SGLang's grammar queue) on prompts longer than the chunk: one batch
+    of a regex, a free, a JSON-schema and an EBNF request, plus a regex request sent alongside it.
+    Checks each bounded grammar's answer matches it whole and ended on it; returns every answer's
+    tokens (a JSON schema lets a tiny model pad with whitespace, so only its start is checked
+    here: equality with stock cpp, where a test has it, checks the rest)."""
+    import re
+
+    prompts = make_prompts((150, 37, 90, 20, 70), seed=seed)
+    params = [
+        {"max_new_tokens": 16, "temperature": 0, "regex": ANSWER_REGEX},
+        {"max_new_tokens": 8, "temperature": 0},
+        {"max_new_tokens": 24, "temperature": 0, "json_schema": json.dumps(SCHEMA)},
+        {"max_new_tokens": 8, "temperature": 0, "ebnf": CODE_EBNF},
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        batch = pool.submit(post_json, server.url + "/generate",
+                            {"input_ids": prompts[:4], "sampling_params": params}, timeout=600)
+        alone = pool.submit(post_json, server.url + "/generate",
+                            {"input_ids": prompts[4], "sampling_params": params[0]}, timeout=600)
+        answers = [*batch.result(), alone.result()]
+    tail = server.log_tail(3000)
+    for i, pattern in ((0, ANSWER_REGEX), (3, r"x[0-9][0-9]"), (4, ANSWER_REGEX)):
+        text, finish = answers[i]["text"], answers[i]["meta_info"]["finish_reason"]["type"]
+        assert re.fullmatch(pattern, text) and finish == "stop", f"answer {i}: {text!r} ({finish}); log tail:\n{tail}"
+    assert answers[2]["text"].lstrip().startswith("{"), f"JSON answer {answers[2]['text']!r}"
+    assert len(answers[1]["output_ids"]) == 8
+    return [answer["output_ids"] for answer in answers]

@@ -363,6 +363,9 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "managers.schedule_policy.PrefillAdder.can_run_list", R, V),  # empty: a batch of new requests
     N(_SCHED + "waiting_queue", R, V),  # chunk_sizing.situation; pd_prefill.py
     N(_BATCH + "retract_decode", H, V, ("self",)),
+    # --- VPP: constrained decoding's readiness decision on the event log (vpp/grammar_sync.py)
+    N(_S + "constrained.grammar_manager.GrammarManager._pp_sync_ready_failed",
+      H, V, ("self", "ready_req_idxs", "failed_req_idxs")),
     N(_S + "managers.scheduler_components.new_token_ratio_tracker.NewTokenRatioTracker."
       "estimate_new_token_ratio_after_retract", C, V, ("reqs",)),
     # --- serving/: bench_serving with a workload file (file_load.py), the server launcher

@@ -126,6 +126,7 @@ def install(server_args: Any) -> None:
 
     from . import ownership as own
     from .event_loop import run_vpp_event_loop
+    from .grammar_sync import GRAMMAR_PP_SYNC, around_pp_sync_ready_failed
     from .retraction import RETRACT_DECODE, around_retract_decode
     from .stage_runner import around_forward_batch_init_new
 
@@ -175,6 +176,7 @@ def install(server_args: Any) -> None:
     )
     register(_P + "managers.scheduler._dispatch_event_loop_once", around_dispatch, HookType.AROUND)
     register(RETRACT_DECODE, around_retract_decode, HookType.AROUND)
+    register(GRAMMAR_PP_SYNC, around_pp_sync_ready_failed, HookType.AROUND)
     if getattr(server_args, "disaggregation_mode", None) == "prefill":
         from . import pd_prefill
 

@@ -60,6 +60,7 @@ from sglang_vpp.sglang_plugin.accounting import RankAccounting
 from sglang_vpp.trace_records import ADMIT, CHUNK, DECODE, HOLD, LEFT, PICK, RESIZE, micro_batch_record
 from .chunk_sizing import AutoSituation, install_chunk_sizer, taper_note
 from .decode_slots import DecodeRegrouper
+from .grammar_sync import install_grammar_decisions
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
 from .pd_prefill import pd_prefill_for
 from .replica import Replica, batch_signature, outputs_to_cpu
@@ -112,6 +113,7 @@ class _LoopBase:
         self.blocking = self.controller.blocking
         num_slots = self.controller.limits.slots
         self.replica = Replica(scheduler, num_slots, self.rank)
+        self.replica.grammar = install_grammar_decisions(self.rank)
         self.num_slots = num_slots
         self.jobs: dict[int, StageJob] = {}
         self.acct = RankAccounting(self.rank, self.config.trace_dir)
@@ -352,6 +354,7 @@ class LeaderLoop(_LoopBase):
             if self.replica.auto is not None:  # the size travels ahead of the batch it sizes
                 self.replica.auto.before_schedule(self.events)
             batch = self.replica.schedule(slot)
+            self.events.extend(self.replica.grammar.take())  # read by the followers' same call
             self.events.append(("sched", slot, batch_signature(batch)))
             self.cursor = (slot + 1) % self.num_slots
             if batch is not None:

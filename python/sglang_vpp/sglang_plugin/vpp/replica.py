@@ -10,6 +10,8 @@ log in order (it travels with the forward-sweep messages):
     ("result", slot, outputs)     process the sampled outputs of the slot's batch (tensors on CPU,
                                   the dict of ``_pp_prepare_tensor_dict``)
     ("idle",)                     on_idle housekeeping (it resets the new-token ratio)
+    ("grammar", ready, failed)    which requests waiting on their grammar rank 0's next "sched" call
+                                  found ready or timed out (grammar_sync.py)
     ("pd", kind, ...)             a PD prefill server's bootstrap or release verdict (pd_prefill.py)
     ("auto", lengths, size, tap, seen)
                                   ``--chunked-prefill-size auto``: the cut rank 0's controller chose
@@ -89,6 +91,8 @@ class Replica:
         """A ``decode_slots.DecodeRegrouper`` keeping decode in the controller's decode slots."""
         self.auto: Any = None
         """A ``chunk_sizing.AutoSituation`` when the controller sizes chunks ``auto``."""
+        self.grammar: Any = None
+        """The ``grammar_sync.GrammarDecisions`` of this rank (constrained decoding)."""
 
     def ingest(self, requests: list) -> None:
         self.num_events += 1
@@ -153,6 +157,8 @@ class Replica:
         elif kind == "sched":
             _, slot, expected = event
             batch = self.schedule(slot)
+            if self.grammar is not None:
+                self.grammar.check_taken(self.num_events)
             actual = batch_signature(batch)
             if actual != expected:
                 raise SchedulerDivergenceError(
@@ -169,6 +175,8 @@ class Replica:
             self.pd.replay(event)
         elif kind == "auto":
             self.auto.replay(event, self.rank)
+        elif kind == "grammar":
+            self.grammar.replay(event)
         else:
             raise AssertionError(f"unknown event {kind!r}")
         return None
