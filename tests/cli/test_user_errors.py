@@ -126,6 +126,8 @@ CASES = [
      "--jitter-seed seeds --jitter's draws, and without --jitter there are none"),
     (["simulate", "--workload", "short", "--seq-len", "4k", "--seed", "7"], "the short workload does not read --seed"),
     (["simulate", "--workload", "file", "--file", "REQS", "--seed", "7"], "the file workload does not read --seed"),
+    # random.Random seeds with the absolute value: --seed -1 drew the same workload as --seed 1.
+    (["simulate", "--workload", "mixed", "--requests", "4", "--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
     (["simulate", "--workload", "short", "--seq-len", "4k,8k"], "takes one --seq-len"),
     (["simulate", "--tp", "0"], "--tp"),
     (["simulate", "--tp", "-3"], "--tp"),

@@ -11,7 +11,7 @@ import typer
 from .. import json_text
 from ..schedule.policies.spec import Policy
 from .common import (FOLD_HELP, check_output_path, echo_wrapped, emit_json, given_flags, parse_fold_option,
-                     parse_int_list, parse_size_option, png_path, user_errors)
+                     parse_int_list, parse_size_option, png_path, seed_option, user_errors)
 
 DEFAULT_LONG_SEQ_LEN = "128k"
 """The long workload's prompt length when --seq-len is not given (docs/cli.md)."""
@@ -148,6 +148,8 @@ def simulate(
     sim_config = SimConfig(record_timeline=bool(trace or plot))
     # None when not given: a workload that draws nothing refuses an explicit --seed.
     given_seed = seed if given_flags(ctx, {"seed": "--seed"}) else None
+    if given_seed is not None:  # random.Random seeds with |seed|: -1 would draw what 1 draws
+        seed_option(given_seed)
     from ..schedule import check_request_count, plan_stages
 
     if requests is not None:  # checked before the workload lists them
