@@ -151,6 +151,12 @@ CASES = [
     (_BENCH + ["--costs", "/proc/costs.json"], "--costs '/proc/costs.json' cannot be written"),
     (_URL + ["--json", "/proc/out.json"], "--json '/proc/out.json' cannot be written"),
     (_URL + ["--plot", "/proc/plot.png"], "--plot '/proc/plot.png' cannot be written"),
+    # Two outputs to one file: the one written last replaced the other, with no word said.
+    (["simulate", "--seq-len", "8k", "--json", "OUT.json", "--trace", "OUT.json"],
+     "--json and --trace both name"),
+    (["simulate", "--seq-len", "8k", "--json", "OUT.json", "--plot", "OUT.json"], "--json and --plot both name"),
+    (_BENCH + ["--costs", "OUT.json", "--json", "OUT.json"], "--json and --costs both name"),
+    (_URL + ["--json", "OUT.json", "--output-file", "OUT.json"], "--json and --output-file both name"),
     # Sizes and counts of the plan commands name their flag.
     (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "0", "--chunk-size", "8"], "--seq-len '0'"),
     (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "1x"], "--chunk-size '1x'"),
@@ -341,7 +347,7 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
              "NEG_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, -1]]}\n',
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n',
              "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n', "LIST.json": "[]\n",
-             "DEEP.json": '{"a": ' * 100_000 + "0" + "}" * 100_000 + "\n"}
+             "DEEP.json": '{"a": ' * 100_000 + "0" + "}" * 100_000 + "\n", "OUT.json": "{}\n"}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     hardware = json.loads((resources.files("sglang_vpp.sim") / "presets" / "hardware" / "cpu.json").read_text())
