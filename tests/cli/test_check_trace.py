@@ -169,3 +169,15 @@ def test_a_stray_records_file_is_refused_not_read_as_a_rank(tmp_path, name):
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and f"{name!r} is not a rank's records file, named vpp_rank<r>.records.json" in lines[0]
+
+
+def test_a_foreign_json_file_is_not_read_as_a_stock_trace(tmp_path):
+    """A Perfetto trace (or any JSON object) copied under a records file's name read as a stock
+    cpp/dcpp trace with no decisions."""
+    _write(tmp_path)
+    (tmp_path / "vpp_rank0.records.json").write_text(json.dumps({"traceEvents": []}))
+    result = CliRunner().invoke(app, ["check", "--trace", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert ('vpp_rank0.records.json holds neither "records" nor "controller", so it is no records file a server '
+            "wrote") in result.output
+    assert "stock" not in result.output
