@@ -552,6 +552,11 @@ def check_timing_records(ranks: dict[int, dict]) -> None:
                         for key, kind in fields.items() if not _holds(entry.get(key, ...), kind)])
                 if not bad and "stage" in fields and not 0 <= entry["stage"] < num_stages:
                     bad = [f"{name}[{index}].stage is {entry['stage']}, not one of the {num_stages} stages"]
+                # A compute that ends before it starts runs in negative time: the engine would take
+                # it and still report the server reproduced.
+                if not bad and name == "records" and entry["end_s"] < entry["start_s"]:
+                    bad = [f"{name}[{index}] ends before it starts (start_s {entry['start_s']!r}, end_s "
+                           f"{entry['end_s']!r})"]
                 if bad:
                     raise TraceError(f"rank {rank}: {bad[0]}; re-record the trace with --vpp-trace")
 
