@@ -576,6 +576,11 @@ def reproduce_trace(trace_dir: str | Path, timings: Timings | None = None) -> Re
     for rank, schema in schemas.items():
         if isinstance(schema, bool) or not isinstance(schema, int):
             raise TraceError(f"{str(trace_dir)!r}: rank {rank}'s schema {schema!r} is not a version number")
+    # A later schema may mean its fields otherwise: read as this one, its timings could mislead.
+    new = [rank for rank, schema in schemas.items() if schema > SCHEMA_VERSION]
+    if new:
+        raise TraceError(f"{str(trace_dir)!r}: rank {new[0]}'s schema {schemas[new[0]]} is newer than the "
+                         f"{SCHEMA_VERSION} this version reads; reproduce it with the sglang-vpp that wrote it")
     old = [rank for rank, schema in schemas.items() if schema < SCHEMA_VERSION]
     if old:
         raise TraceError(f"{str(trace_dir)!r}: ranks {old} were traced before arrivals and poll times were "
