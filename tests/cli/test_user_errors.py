@@ -209,6 +209,12 @@ CASES = [
     (_BENCH + ["--seq-len", "1m", "--pp", "64", "--chunk-size", "64", "--modes", "vpp", "--device", "npu"],
      "is 16384 chunks on 128 stages of 64 ranks: 5592405 units"),
     (["layout", "--pp", "2", "--layers", "8", "--mode", "foo"], "expected one of contiguous, cpp, dcpp,"),
+    # A --pp past sys.maxsize: the stage count took len() of a range and ended in OverflowError.
+    (["layout", "--pp", "99999999999999999999", "--layers", "8"], "8 layers cannot fill 199999999999999999998 stages"),
+    (["check", "--mode", "cpp", "--pp", "99999999999999999999", "--seq-len", "8", "--chunk-size", "8"],
+     "is at least 1 chunks on 99999999999999999999 stages"),
+    (["simulate", "--pp", "99999999999999999999", "--seq-len", "8", "--modes", "vpp"],
+     "is 1 chunks on 199999999999999999998 stages"),
     (["layout", "--pp", "0", "--layers", "8"], "--pp must be >= 1"),
     # --fold: the value, and what a fused fold changes (2P-1 stages; only vpp modes have a fold).
     (["layout", "--pp", "2", "--layers", "8", "--fold", "merged"], "--fold must be split or fused, got 'merged'"),
