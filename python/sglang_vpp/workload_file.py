@@ -86,9 +86,10 @@ def read_workload_file(path: str | Path) -> list[WorkloadRecord]:
                                 f"like {_EXAMPLE}")
     try:
         # JSON text is UTF-8 (a leading BOM, as some editors write, is not part of it). Lines end
-        # at "\n" only: str.splitlines() would also cut at U+2028, U+2029 or U+0085, which JSON
-        # allows unescaped inside a string such as a note.
-        lines = [line.removesuffix("\r") for line in path.read_text(encoding="utf-8-sig").split("\n")]
+        # at "\n", "\r\n" or "\r" only: str.splitlines() would also cut at U+2028, U+2029 or
+        # U+0085, which JSON allows unescaped inside a string such as a note.
+        text = path.read_text(encoding="utf-8-sig")
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     except (OSError, UnicodeDecodeError) as error:
         raise WorkloadFileError(f"workload file {str(path)!r} cannot be read: {error}") from None
     records = []

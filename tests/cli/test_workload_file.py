@@ -96,3 +96,5 @@ def test_a_note_with_a_unicode_line_separator_and_a_bom_or_crlf_is_still_one_req
     path.write_bytes('\ufeff{"length": 100, "note": "a\u2028b\u2029c\x85d"}\r\n{"length": 20, "arrival": 1}\r\n'
                      .encode("utf-8"))
     assert read_workload_file(path) == [WorkloadRecord(100, 0.0, None), WorkloadRecord(20, 1.0, None)]
+    path.write_bytes(b'{"length": 100}\r{"length": 20, "arrival": 1}\r')  # old Mac line ends
+    assert read_workload_file(path) == [WorkloadRecord(100, 0.0, None), WorkloadRecord(20, 1.0, None)]
