@@ -114,8 +114,14 @@ def chrome_trace_file(trace_dir: str | Path, rank: int) -> Path:
 
 
 def rank_of_records_file(path: Path) -> int:
-    """The rank a records file belongs to; ValueError for another name."""
-    return int(path.name[len("vpp_rank"):].split(".")[0])
+    """The rank a records file belongs to; ValueError for another name than ``records_file``
+    writes: int() alone also reads 01, +1 or " 1", so a stray copy would stand in for a rank."""
+    number = path.name[len("vpp_rank"):].removesuffix(".records.json")
+    canonical = number.isascii() and number.isdigit() and str(int(number)) == number
+    if not path.name.startswith("vpp_rank") or not canonical:
+        raise ValueError(f"{path.name!r} is not a rank's records file, named vpp_rank<r>.records.json with r the "
+                         "rank, e.g. vpp_rank0.records.json")
+    return int(number)
 
 
 def micro_batch_record(mb: MicroBatch, names: Sequence[str] | None = None) -> dict:

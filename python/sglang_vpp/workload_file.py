@@ -85,7 +85,11 @@ def read_workload_file(path: str | Path) -> list[WorkloadRecord]:
         raise WorkloadFileError(f"workload file {str(path)!r} {what}; give a JSONL file, one request per line, "
                                 f"like {_EXAMPLE}")
     try:
-        lines = path.read_text().splitlines()
+        # JSON text is UTF-8 (a leading BOM, as some editors write, is not part of it). Lines end
+        # at "\n", "\r\n" or "\r" only: str.splitlines() would also cut at U+2028, U+2029 or
+        # U+0085, which JSON allows unescaped inside a string such as a note.
+        text = path.read_text(encoding="utf-8-sig")
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     except (OSError, UnicodeDecodeError) as error:
         raise WorkloadFileError(f"workload file {str(path)!r} cannot be read: {error}") from None
     records = []

@@ -158,3 +158,26 @@ def test_a_micro_batch_admitted_twice_while_in_flight_is_a_divergence(tmp_path):
     assert result.exit_code == 1, result.output
     assert ("rank 0, decision 1, micro-batch 0: controller expected a micro-batch not already in flight, "
             "server did admit micro-batch 0 again while it was in flight") in result.output
+
+
+@pytest.mark.parametrize("name", ["vpp_rank01.records.json", "vpp_rank+1.records.json", "vpp_rankX.records.json"])
+def test_a_stray_records_file_is_refused_not_read_as_a_rank(tmp_path, name):
+    """A copy named vpp_rank01 read as rank 1 and replaced (or was replaced by) vpp_rank1."""
+    _write(tmp_path)
+    (tmp_path / name).write_text((tmp_path / "vpp_rank1.records.json").read_text())
+    result = CliRunner().invoke(app, ["check", "--trace", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and f"{name!r} is not a rank's records file, named vpp_rank<r>.records.json" in lines[0]
+
+
+def test_a_foreign_json_file_is_not_read_as_a_stock_trace(tmp_path):
+    """A Perfetto trace (or any JSON object) copied under a records file's name read as a stock
+    cpp/dcpp trace with no decisions."""
+    _write(tmp_path)
+    (tmp_path / "vpp_rank0.records.json").write_text(json.dumps({"traceEvents": []}))
+    result = CliRunner().invoke(app, ["check", "--trace", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert ('vpp_rank0.records.json holds neither "records" nor "controller", so it is no records file a server '
+            "wrote") in result.output
+    assert "stock" not in result.output

@@ -126,6 +126,8 @@ CASES = [
      "--jitter-seed seeds --jitter's draws, and without --jitter there are none"),
     (["simulate", "--workload", "short", "--seq-len", "4k", "--seed", "7"], "the short workload does not read --seed"),
     (["simulate", "--workload", "file", "--file", "REQS", "--seed", "7"], "the file workload does not read --seed"),
+    # random.Random seeds with the absolute value: --seed -1 drew the same workload as --seed 1.
+    (["simulate", "--workload", "mixed", "--requests", "4", "--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
     (["simulate", "--workload", "short", "--seq-len", "4k,8k"], "takes one --seq-len"),
     (["simulate", "--tp", "0"], "--tp"),
     (["simulate", "--tp", "-3"], "--tp"),
@@ -149,6 +151,12 @@ CASES = [
     (_BENCH + ["--costs", "/proc/costs.json"], "--costs '/proc/costs.json' cannot be written"),
     (_URL + ["--json", "/proc/out.json"], "--json '/proc/out.json' cannot be written"),
     (_URL + ["--plot", "/proc/plot.png"], "--plot '/proc/plot.png' cannot be written"),
+    # Two outputs to one file: the one written last replaced the other, with no word said.
+    (["simulate", "--seq-len", "8k", "--json", "OUT.json", "--trace", "OUT.json"],
+     "--json and --trace both name"),
+    (["simulate", "--seq-len", "8k", "--json", "OUT.json", "--plot", "OUT.json"], "--json and --plot both name"),
+    (_BENCH + ["--costs", "OUT.json", "--json", "OUT.json"], "--json and --costs both name"),
+    (_URL + ["--json", "OUT.json", "--output-file", "OUT.json"], "--json and --output-file both name"),
     # Sizes and counts of the plan commands name their flag.
     (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "0", "--chunk-size", "8"], "--seq-len '0'"),
     (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "1x"], "--chunk-size '1x'"),
@@ -201,6 +209,12 @@ CASES = [
     (_BENCH + ["--seq-len", "1m", "--pp", "64", "--chunk-size", "64", "--modes", "vpp", "--device", "npu"],
      "is 16384 chunks on 128 stages of 64 ranks: 5592405 units"),
     (["layout", "--pp", "2", "--layers", "8", "--mode", "foo"], "expected one of contiguous, cpp, dcpp,"),
+    # A --pp past sys.maxsize: the stage count took len() of a range and ended in OverflowError.
+    (["layout", "--pp", "99999999999999999999", "--layers", "8"], "8 layers cannot fill 199999999999999999998 stages"),
+    (["check", "--mode", "cpp", "--pp", "99999999999999999999", "--seq-len", "8", "--chunk-size", "8"],
+     "is at least 1 chunks on 99999999999999999999 stages"),
+    (["simulate", "--pp", "99999999999999999999", "--seq-len", "8", "--modes", "vpp"],
+     "is 1 chunks on 199999999999999999998 stages"),
     (["layout", "--pp", "0", "--layers", "8"], "--pp must be >= 1"),
     # --fold: the value, and what a fused fold changes (2P-1 stages; only vpp modes have a fold).
     (["layout", "--pp", "2", "--layers", "8", "--fold", "merged"], "--fold must be split or fused, got 'merged'"),
@@ -339,7 +353,7 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
              "NEG_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, -1]]}\n',
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n',
              "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n', "LIST.json": "[]\n",
-             "DEEP.json": '{"a": ' * 100_000 + "0" + "}" * 100_000 + "\n"}
+             "DEEP.json": '{"a": ' * 100_000 + "0" + "}" * 100_000 + "\n", "OUT.json": "{}\n"}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     hardware = json.loads((resources.files("sglang_vpp.sim") / "presets" / "hardware" / "cpu.json").read_text())

@@ -88,3 +88,13 @@ def test_a_file_pass_is_paced_by_bench_servings_trace_flag_except_a_warm_up(tmp_
     warm_up = plan.argv("http://127.0.0.1:1", Path("out.jsonl"), seed_offset=0, paced=False)
     assert measured[1:3] == ["-m", "sglang_vpp.serving.file_load"] and "--use-trace-timestamps" in measured
     assert "--use-trace-timestamps" not in warm_up and "--tokenize-prompt" in warm_up
+
+
+def test_a_note_with_a_unicode_line_separator_and_a_bom_or_crlf_is_still_one_request_a_line(tmp_path):
+    """JSON allows U+2028, U+2029 and U+0085 unescaped in a string; they end no JSONL line."""
+    path = tmp_path / "reqs.jsonl"
+    path.write_bytes('\ufeff{"length": 100, "note": "a\u2028b\u2029c\x85d"}\r\n{"length": 20, "arrival": 1}\r\n'
+                     .encode("utf-8"))
+    assert read_workload_file(path) == [WorkloadRecord(100, 0.0, None), WorkloadRecord(20, 1.0, None)]
+    path.write_bytes(b'{"length": 100}\r{"length": 20, "arrival": 1}\r')  # old Mac line ends
+    assert read_workload_file(path) == [WorkloadRecord(100, 0.0, None), WorkloadRecord(20, 1.0, None)]

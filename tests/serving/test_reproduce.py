@@ -174,7 +174,11 @@ def _shift_first_poll(data: dict) -> None:
     (0, lambda d: d["records"][0].update(stage=99), "records[0].stage is 99, not one of the 4 stages"),
     (1, lambda d: d["records"][0].pop("end_s"), "records[0].end_s is missing"),
     (0, lambda d: d.update(schema="2"), "schema '2' is not a version number"),
-], ids=["poll before its wake", "NaN build time", "no poll", "no such stage", "no end", "schema not a number"])
+    (1, lambda d: d.update(schema=3), "rank 1's schema 3 is newer than the 2 this version reads"),
+    # Run as given, a negative duration still reproduced record by record (exit 0).
+    (0, lambda d: d["records"][1].update(end_s=d["records"][1]["start_s"] - 0.5), "records[1] ends before it starts"),
+], ids=["poll before its wake", "NaN build time", "no poll", "no such stage", "no end", "schema not a number",
+        "schema newer", "end before start"])
 def test_timings_the_engine_cannot_run_are_one_error_exit_2_not_a_hang(tmp_path, rank, edit, message):
     import os
     import subprocess

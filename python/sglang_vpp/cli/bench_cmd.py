@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from ..runtime.spec import BACKEND_FOR_DEVICE, DEFAULT_MODES
-from .common import (at_least, check_output_path, echo_wrapped, emit_json, parse_int_list, parse_size_option,
+from .common import (at_least, check_output_paths, echo_wrapped, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
 from .common import FOLD_HELP, MAX_REPEATS, MAX_TIMEOUT_S, CliInputError, at_most, not_blank, parse_fold_option, png_path, seed_option
 
@@ -189,8 +189,7 @@ def bench(
     at_least(arrival_interval, 0, "--arrival-interval")
     _arrivals_within_a_week(arrival_interval, requests)
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
-    for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot"), (costs, "--costs")):
-        check_output_path(path, flag, stdout=flag == "--json")
+    check_output_paths((json_out, "--json"), (trace, "--trace"), (plot, "--plot"), (costs, "--costs"))
     layer_split = parse_int_list(split, "--split")
     from ..schedule.auto_size import AUTO_CAP, is_auto
 

@@ -36,7 +36,7 @@ from sglang_vpp.serving.bench_serving import (
 
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
-from .common import MAX_REPEATS, MAX_REQUESTS, at_least, at_most, check_output_path, not_blank, seed_option, parse_size_option, positive, timeout_option, user_errors
+from .common import MAX_REPEATS, MAX_REQUESTS, at_least, at_most, check_output_paths, not_blank, seed_option, parse_size_option, positive, timeout_option, user_errors
 from .bench_serve_report import WARMUP_SEED_OFFSET
 from .common import given_flags, png_path
 
@@ -202,8 +202,7 @@ def bench_serve(
     timeout_option(timeout, "--timeout")
     timeout_option(startup_timeout, "--startup-timeout")
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
-    for path, flag in ((json_out, "--json"), (output_file, "--output-file"), (plot, "--plot")):
-        check_output_path(path, flag, stdout=flag == "--json")
+    check_output_paths((json_out, "--json"), (output_file, "--output-file"), (plot, "--plot"))
     _check_work_dir(work_dir)
     from ..schedule.auto_size import AUTO, is_auto
 

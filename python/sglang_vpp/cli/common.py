@@ -21,6 +21,7 @@ __all__ = [
     "at_least",
     "at_most",
     "check_output_path",
+    "check_output_paths",
     "echo_wrapped",
     "emit_json",
     "given_flags",
@@ -239,6 +240,21 @@ def check_output_path(path: Path | None, flag: str, stdout: bool = False) -> Non
         for folder in reversed(made):
             if folder.is_dir():
                 folder.rmdir()
+
+
+def check_output_paths(*outputs: tuple[Path | None, str]) -> None:
+    """``check_output_path`` for each ``(path, flag)`` (``--json`` may be '-'), and no two flags
+    naming one file: each output is written after the run, the later replacing the earlier."""
+    written: dict[Path, str] = {}
+    for path, flag in outputs:
+        check_output_path(path, flag, stdout=flag == "--json")
+        if path is None or str(path) == "-":
+            continue
+        key = path.resolve()
+        if key in written:
+            raise CliInputError(f"{written[key]} and {flag} both name {str(path)!r}, and the later output would "
+                                "replace the earlier; give each its own file")
+        written[key] = flag
 
 
 def png_path(path: Path | None) -> Path | None:

@@ -10,8 +10,8 @@ import typer
 
 from .. import json_text
 from ..schedule.policies.spec import Policy
-from .common import (FOLD_HELP, check_output_path, echo_wrapped, emit_json, given_flags, parse_fold_option,
-                     parse_int_list, parse_size_option, png_path, user_errors)
+from .common import (FOLD_HELP, check_output_paths, echo_wrapped, emit_json, given_flags, parse_fold_option,
+                     parse_int_list, parse_size_option, png_path, seed_option, user_errors)
 
 DEFAULT_LONG_SEQ_LEN = "128k"
 """The long workload's prompt length when --seq-len is not given (docs/cli.md)."""
@@ -131,8 +131,7 @@ def simulate(
     parse_fold_option(fold)
     if workload == "long" and seq_len is None:
         seq_len = DEFAULT_LONG_SEQ_LEN
-    for path, flag in ((json_out, "--json"), (trace, "--trace"), (plot, "--plot")):
-        check_output_path(path, flag, stdout=flag == "--json")
+    check_output_paths((json_out, "--json"), (trace, "--trace"), (plot, "--plot"))
     model_spec = load_model(model)
     hardware_spec = load_hardware(hardware)
     cost = _cost_model(model_spec, hardware_spec, tp, costs)
@@ -148,6 +147,8 @@ def simulate(
     sim_config = SimConfig(record_timeline=bool(trace or plot))
     # None when not given: a workload that draws nothing refuses an explicit --seed.
     given_seed = seed if given_flags(ctx, {"seed": "--seed"}) else None
+    if given_seed is not None:  # random.Random seeds with |seed|: -1 would draw what 1 draws
+        seed_option(given_seed)
     from ..schedule import check_request_count, plan_stages
 
     if requests is not None:  # checked before the workload lists them

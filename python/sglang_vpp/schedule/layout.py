@@ -162,8 +162,13 @@ def stage_count(kind: LayoutKind | str, num_ranks: int, fold: Fold | str = Fold.
     """Stages of a layout of ``kind`` over ``num_ranks`` ranks: P contiguous, 2P fold-back, 2P-1
     with a fused fold. The number of layer counts a split gives."""
     kind = _KIND_ALIASES[kind] if isinstance(kind, str) and not isinstance(kind, LayoutKind) else kind
-    # Counted without listing them: a plan's size is checked on this before any work, whatever --pp says.
-    return sum(len(run) for run in _rank_runs(kind, num_ranks, parse_fold(fold)))
+    # Counted without listing them: a plan's size is checked on this before any work, whatever --pp says
+    # (len() of a range past sys.maxsize raises OverflowError; the arithmetic does not).
+    return sum(_range_size(run) for run in _rank_runs(kind, num_ranks, parse_fold(fold)))
+
+
+def _range_size(run: range) -> int:
+    return max(0, (run.stop - run.start + run.step - (1 if run.step > 0 else -1)) // run.step)
 
 
 def _rank_runs(kind: LayoutKind, num_ranks: int, fold: Fold) -> tuple[range, ...]:

@@ -131,6 +131,13 @@ def load_trace(trace_dir: str | Path) -> dict[int, dict]:
         raise TraceError(f"no vpp_rank*.records.json in {str(root)!r}; start the server with --vpp-trace {root}")
     if sorted(ranks) != list(range(len(ranks))):
         raise TraceError(f"{str(root)!r} holds records of ranks {sorted(ranks)}; every rank 0..P-1 is needed")
+    # Every records file a server writes (stock cpp/dcpp too) holds its compute records: a file
+    # with neither those nor a controller is another JSON file, not a stock trace.
+    foreign = [paths[rank] for rank, data in ranks.items()
+               if not data.get("controller") and not isinstance(data.get("records"), list)]
+    if foreign:
+        raise TraceError(f"{foreign[0]} holds neither \"records\" nor \"controller\", so it is no records file a "
+                         "server wrote; re-run the server with --vpp-trace")
     if not all(data.get("controller") for data in ranks.values()):
         raise TraceError(
             f"{str(root)!r} holds no controller decisions: stock --pp-mode cpp / dcpp run SGLang's own loop, "

@@ -552,6 +552,11 @@ def check_timing_records(ranks: dict[int, dict]) -> None:
                         for key, kind in fields.items() if not _holds(entry.get(key, ...), kind)])
                 if not bad and "stage" in fields and not 0 <= entry["stage"] < num_stages:
                     bad = [f"{name}[{index}].stage is {entry['stage']}, not one of the {num_stages} stages"]
+                # A compute that ends before it starts runs in negative time: the engine would take
+                # it and still report the server reproduced.
+                if not bad and name == "records" and entry["end_s"] < entry["start_s"]:
+                    bad = [f"{name}[{index}] ends before it starts (start_s {entry['start_s']!r}, end_s "
+                           f"{entry['end_s']!r})"]
                 if bad:
                     raise TraceError(f"rank {rank}: {bad[0]}; re-record the trace with --vpp-trace")
 
@@ -571,6 +576,11 @@ def reproduce_trace(trace_dir: str | Path, timings: Timings | None = None) -> Re
     for rank, schema in schemas.items():
         if isinstance(schema, bool) or not isinstance(schema, int):
             raise TraceError(f"{str(trace_dir)!r}: rank {rank}'s schema {schema!r} is not a version number")
+    # A later schema may mean its fields otherwise: read as this one, its timings could mislead.
+    new = [rank for rank, schema in schemas.items() if schema > SCHEMA_VERSION]
+    if new:
+        raise TraceError(f"{str(trace_dir)!r}: rank {new[0]}'s schema {schemas[new[0]]} is newer than the "
+                         f"{SCHEMA_VERSION} this version reads; reproduce it with the sglang-vpp that wrote it")
     old = [rank for rank, schema in schemas.items() if schema < SCHEMA_VERSION]
     if old:
         raise TraceError(f"{str(trace_dir)!r}: ranks {old} were traced before arrivals and poll times were "
