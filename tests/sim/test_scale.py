@@ -81,3 +81,27 @@ def test_a_run_that_meets_its_bound_has_no_negative_gap():
     assert gap_to_bound(326.0399482703137, 326.03994827031374) == 0.0
     assert gap_to_bound(105.0, 100.0) == pytest.approx(0.05)
     assert f"{100 * gap_to_bound(326.0399482703137, 326.03994827031374):.1f}%" == "0.0%"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_bound_counts_requests_released_after_the_first(deepseek, mode):
+    """A request that arrives late cannot finish before its arrival plus its own work: the bound
+    takes every suffix of the chunk order, not only the first chunk's arrival."""
+    from sglang_vpp.schedule import RequestSpec
+    from sglang_vpp.sim.metrics import lower_bound
+    from sglang_vpp.sim.workloads import Workload
+
+    model, cost = deepseek
+    late = Workload("late", (RequestSpec(16 * 1024, 0.0), RequestSpec(16 * 1024, 100.0)))
+    result = run_mode(mode, late, cost, RunConfig(2, 8192), model.num_layers)
+    assert result.sim.ok
+    assert 100.0 < result.lower_bound_s <= result.sim.makespan_s * (1 + 1e-9)
+    assert result.sim.makespan_s / result.lower_bound_s - 1 < 0.5  # was over 10 000 % with the first release alone
+    # A closed loop's send times follow the mode's own completions: the bound keeps the workload's
+    # arrivals (all 0 here), so it is the one of all four requests released at once.
+    one_by_one = Workload("closed", tuple(RequestSpec(32 * 1024, 0.0) for _ in range(4)), concurrency=1)
+    closed = run_mode(mode, one_by_one, cost, RunConfig(2, 8192), model.num_layers, keep_schedule=True)
+    assert max(closed.sim.request_release_s.values()) > 0
+    assert closed.lower_bound_s == pytest.approx(lower_bound(closed.schedule, cost, arrivals=[0.0] * 4))
+    assert closed.lower_bound_s < lower_bound(closed.schedule, cost)  # the send times: the mode's own
+    assert closed.lower_bound_s <= closed.sim.makespan_s

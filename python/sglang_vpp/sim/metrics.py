@@ -14,9 +14,25 @@ Every stage processes chunks in one global order (the schedule core's contract),
 last chunks of the sequence are first and last on every stage and the bound is valid for that
 schedule's chunking and layout. (``work + fill`` alone is also a bound; adding the drain keeps it
 a bound and makes it tighter.)
+
+The same order makes every suffix of the sequence a bound too: nothing of chunk k or a later chunk
+runs on rank r before chunk k is released and has reached r, so
+
+    bound_r(k) = release(k) + fill_r(k) + work_r(k..) + drain_r
+
+where ``release(k)`` is the latest arrival among chunk k's requests and ``work_r(k..)`` the stage
+time of chunks k onwards on r's stages. The bound is the largest over k (k = 0 is the form above):
+with requests that arrive over time the first arrival says little about when the last request
+could finish. Only chunks that arrive later than every chunk before them can raise it, so only
+those are evaluated. Arrivals are the workload's: a closed-loop client sends a request when an
+earlier one completes, which depends on the mode's own schedule, so those send times would make
+each mode's bound follow its own completions (every mode close to "its" bound); the workload's
+arrivals keep the bound a property of the work.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from ..schedule import Schedule, StageCostModel
 from .idle import ROUNDING
@@ -37,36 +53,67 @@ def _path_time(schedule: Schedule, cost: StageCostModel, chunk, stages: range) -
     return total
 
 
-def lower_bound(schedule: Schedule, cost: StageCostModel, result: SimResult | None = None) -> float:
-    """Makespan lower bound of ``schedule`` under ``cost`` (see the module docstring)."""
+def lower_bound(schedule: Schedule, cost: StageCostModel, result: SimResult | None = None,
+                arrivals: Sequence[float] | None = None) -> float:
+    """Makespan lower bound of ``schedule`` under ``cost`` (see the module docstring).
+    ``arrivals``: the workload's arrival per request index (default: the schedule's requests',
+    which for a closed-loop run are the send times)."""
     if not schedule.chunks:
         return 0.0
     layout = schedule.layout
+    chunks = schedule.chunks
     if result is not None and result.stage_totals_s and any(result.stage_totals_s):
         totals = list(result.stage_totals_s)
     else:
         totals = [0.0] * layout.num_stages
-        for chunk in schedule.chunks:
+        for chunk in chunks:
             for spec in layout.stages:
                 totals[spec.stage_index] += cost.stage_cost(spec, chunk)
-    first, last = schedule.chunks[0], schedule.chunks[-1]
-    release = 0.0
-    if result is not None:
-        release = result.request_release_s.get(first.request_index, 0.0)
-    elif schedule.requests:
-        release = schedule.requests[first.request_index].arrival
-    best = 0.0
-    for rank in range(layout.num_ranks):
-        mine = layout.stages_of(rank)
-        work = sum(totals[s] for s in mine)
-        # Hops into the rank's first stage count towards the fill (the range covers the stage
-        # before it, whose hop is added), hops out of its last stage towards the drain.
-        fill = _path_time(schedule, cost, first, range(0, mine[0]))
-        drain = _path_time(schedule, cost, last, range(mine[-1] + 1, layout.num_stages))
-        if mine[-1] + 1 < layout.num_stages and layout.stages[mine[-1] + 1].rank != rank:
-            drain += cost.transfer_cost(layout.stages[mine[-1]], last)
-        best = max(best, release + fill + work + drain)
+    ranks = range(layout.num_ranks)
+    rank_work = [sum(totals[s] for s in layout.stages_of(rank)) for rank in ranks]
+    drains = [_drain(schedule, cost, chunks[-1], rank) for rank in ranks]
+    release = _releases(schedule, arrivals)
+    best = max(_rank_bound(schedule, cost, chunks[0], release(chunks[0]), rank, rank_work[rank], drains[rank])
+               for rank in ranks)
+    # Later suffixes: their work is the total less the chunks before them, on the cost model.
+    done = [0.0] * layout.num_ranks  # work of the chunks before the current one, per rank
+    latest = release(chunks[0])
+    for before, chunk in zip(chunks, chunks[1:]):
+        for rank in ranks:
+            done[rank] += sum(cost.stage_cost(layout.stages[s], before) for s in layout.stages_of(rank))
+        if release(chunk) > latest:
+            latest = release(chunk)
+            best = max(best, *(_rank_bound(schedule, cost, chunk, latest, rank, rank_work[rank] - done[rank],
+                                           drains[rank]) for rank in ranks))
     return best
+
+
+def _releases(schedule: Schedule, arrivals: Sequence[float] | None):
+    """A chunk's release: the latest arrival among its requests."""
+    known = list(arrivals) if arrivals is not None else [request.arrival for request in schedule.requests]
+
+    def release(chunk) -> float:
+        return max(known[part.request_index] for part in chunk.parts) if known else 0.0  # no requests: a bare plan
+
+    return release
+
+
+def _drain(schedule: Schedule, cost: StageCostModel, last, rank: int) -> float:
+    """The last chunk's stage times and hops after ``rank``'s last stage."""
+    layout = schedule.layout
+    mine = layout.stages_of(rank)
+    drain = _path_time(schedule, cost, last, range(mine[-1] + 1, layout.num_stages))
+    # Hops into the rank's first stage count towards the fill (the range covers the stage before
+    # it, whose hop is added), hops out of its last stage towards the drain.
+    if mine[-1] + 1 < layout.num_stages and layout.stages[mine[-1] + 1].rank != rank:
+        drain += cost.transfer_cost(layout.stages[mine[-1]], last)
+    return drain
+
+
+def _rank_bound(schedule: Schedule, cost: StageCostModel, first, release: float, rank: int, work: float,
+                drain: float) -> float:
+    fill = _path_time(schedule, cost, first, range(0, schedule.layout.stages_of(rank)[0]))
+    return release + fill + work + drain
 
 
 def gap_to_bound(makespan: float, bound: float) -> float:

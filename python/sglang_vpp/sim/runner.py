@@ -198,7 +198,7 @@ def run_engine(mode: str, workload: Workload, config: RunConfig, num_layers: int
         validate_schedule(schedule)
     if sim.ok:
         assert len(schedule.requests) == len(workload.requests), (len(schedule.requests), len(workload.requests))
-    bound = lower_bound(schedule, durations, sim) if sim.ok else 0.0
+    bound = lower_bound(schedule, durations, sim, [request.arrival for request in workload.requests]) if sim.ok else 0.0
     return ModeResult(mode, config.chunk_size, sim, bound, schedule if keep_schedule else None, *_auto_choices(planner))
 
 
