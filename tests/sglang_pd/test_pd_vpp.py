@@ -24,7 +24,9 @@ import pytest
 from sglang_harness import SKIP_NO_SGLANG, NodeLaunch, ServerConfig, assert_kv_idle, free_port, wait_for_json
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
-from vpp_checks import QWEN2_8L, Reference, all_admitted_left, make_prompts  # noqa: E402
+from vpp_checks import (  # noqa: E402
+    GRAMMAR_POLL_ENV, QWEN2_8L, Reference, all_admitted_left, constrained_tokens_checked, make_prompts,
+)
 from conftest import CHUNK, PROMPT_LENGTHS, PROMPT_SEED, SERVED  # noqa: E402
 from pd_checks import NUM_NEW, check, check_mixed, four_prompts, prefill_of, serve  # noqa: E402
 
@@ -129,8 +131,12 @@ def test_vpp_pack_prefill_equals_cpp_and_transformers_and_its_trace_replays(
 
 @pytest.mark.parametrize("mode", ["vpp", "vpp-taper"])  # vpp-async: vpp-pack without packing; vpp-stream below
 def test_every_vpp_mode_prefill_equals_cpp(deployment, model_dir, prompts, cpp_answers, mode):
-    router = serve(deployment, model_dir, mode)
+    router = serve(deployment, model_dir, mode, extra_env=GRAMMAR_POLL_ENV)
     check(deployment, f"{mode} prefill", four_prompts(router.url, prompts), cpp_answers)
+    # Constrained decoding through the split: the prefill's first token under the grammar (rank 0's
+    # readiness decision on its event log, vpp/grammar_sync.py), the decode server's the rest.
+    constrained_tokens_checked(router, seed=53)
+    assert_kv_idle(deployment.decode, what="decode server after constrained requests: ")
 
 
 def test_auto_sizes_the_prefill_batches_on_every_rank_and_its_trace_replays(

@@ -31,7 +31,7 @@ from dataclasses import replace
 import pytest
 from sglang_harness import SKIP_NO_SGLANG, NodeLaunch, ServerConfig, SGLangServer, free_port
 from sglang_vpp.models.tiny_hf import TinyModelSpec
-from vpp_checks import CHUNK, QWEN3_MOE, Reference, constrained_tokens_checked, greedy_tokens_checked
+from vpp_checks import CHUNK, GRAMMAR_POLL_ENV, QWEN3_MOE, Reference, constrained_tokens_checked, greedy_tokens_checked
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, SKIP_NO_SGLANG, pytest.mark.timeout(1200)]
 """The timeout counts the launch (the fixture's set-up): four ranks on two shared cores took up to
@@ -84,7 +84,7 @@ def launch(request, server_pool, tiny_model, tmp_path_factory) -> Iterator[tuple
     base = ServerConfig(
         model_dir=str(tiny_model(spec)), pp_size=2, pp_mode=mode, chunked_prefill_size=CHUNK,
         extra_args=("--tp-size", str(tp_size)),
-        extra_env=(("SGLANG_CPU_OMP_THREADS_BIND", TP2_BIND),) if tp_size > 1 else (),
+        extra_env=((("SGLANG_CPU_OMP_THREADS_BIND", TP2_BIND),) if tp_size > 1 else ()) + GRAMMAR_POLL_ENV,
     )
     if nnodes == 1:
         yield request.param, server_pool.get(base, timeout=600), None
@@ -98,7 +98,7 @@ def launch(request, server_pool, tiny_model, tmp_path_factory) -> Iterator[tuple
         return replace(
             base,
             extra_args=(*base.extra_args, "--nnodes", "2", "--dist-init-addr", init_addr, "--node-rank", str(rank)),
-            extra_env=(("SGLANG_CPU_OMP_THREADS_BIND", bind or str(rank)),),
+            extra_env=(("SGLANG_CPU_OMP_THREADS_BIND", bind or str(rank)), *GRAMMAR_POLL_ENV),
         )
 
     follower = NodeLaunch(node(1), log_dir / "node1.log")

@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 from order_checks import assert_planner_order_equals_the_server
 from vpp_checks import (
     CHUNK,
+    GRAMMAR_POLL_ENV,
     Reference,
     constrained_tokens_checked,
     generate_concurrently,
@@ -73,7 +74,7 @@ def case(request, server_pool, tiny_model, tmp_path_factory):
     trace_dir = tmp_path_factory.mktemp(f"trace-{request.param}")
     trace = ("--vpp-trace", str(trace_dir)) if mode != "cpp" else ()
     config = ServerConfig(model_dir=str(tiny_model(spec)), pp_size=pp_size, pp_mode=mode, chunked_prefill_size=CHUNK,
-                          extra_args=(*extra, *trace))
+                          extra_args=(*extra, *trace), extra_env=GRAMMAR_POLL_ENV)
     server = server_pool.get(config, timeout=600)
     server.trace_dir = Path(trace_dir)
     return spec, server

@@ -26,6 +26,7 @@ from fault_driver import STOP_BOUND_S, STOP_COMM_TIMEOUT_S, assert_fault_ends_th
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig, assert_kv_idle, post_json
 from vpp_checks import (
     CHUNK,
+    GRAMMAR_POLL_ENV,
     MIXED_LENGTHS,
     NUM_NEW_TOKENS,
     QWEN2_8L,
@@ -66,7 +67,7 @@ def server(request, server_pool, tiny_model, tmp_path_factory):
     config = ServerConfig(
         model_dir=str(tiny_model(QWEN2_8L)), pp_size=2, pp_mode=request.param,
         chunked_prefill_size=TAPER_CHUNK if request.param == "vpp-taper" else CHUNK,
-        extra_args=("--vpp-trace", str(trace_dir), *stop_case),
+        extra_args=("--vpp-trace", str(trace_dir), *stop_case), extra_env=GRAMMAR_POLL_ENV,
     )
     server = server_pool.get(config, timeout=300)
     server.trace_dir = Path(trace_dir)

@@ -361,7 +361,9 @@ class LeaderLoop(_LoopBase):
                 self.held = _Held(slot, batch, micro_batch_of(self.next_seq, batch, self.s.chunked_req))
                 self.acct.build(self.next_seq, slot, self._poll_s)
                 return self.held
-        if not self.jobs:
+        # A request waiting on its grammar becomes schedulable when a compile thread finishes, not
+        # when a message comes: stay out of idle (which waits for requests) until it has.
+        if not self.jobs and not self.s.grammar_manager.has_waiting_grammars():
             self._enter_idle()
         return None
 
