@@ -120,7 +120,13 @@ def _edited(index, **fields):
     (LEADER, {**CONTROLLER, "pp_size": "2"}, "vpp_rank0.records.json: controller pp_size is '2', not a whole number"),
     (LEADER, {**CONTROLLER, "mode": None}, "vpp_rank0.records.json: controller mode is None, not a VPP mode name"),
     (LEADER, {**CONTROLLER, "chunk_size": "x"}, "vpp_rank0.records.json: controller chunk_size is 'x', not a whole "
-     "number >= 0 (or null)"),
+     "number >= 1 and <= 16777216 (or null)"),
+    # A chunk of no tokens or past the largest size: an edit, not a server's chunker.
+    (LEADER, {**CONTROLLER, "chunk_size": 10**20}, "controller chunk_size is 100000000000000000000, not a whole number"),
+    (LEADER, {**CONTROLLER, "chunk_size": 1e20}, "controller chunk_size is 1e+20, not a whole number"),
+    (LEADER, {**CONTROLLER, "chunk_size": 0}, "controller chunk_size is 0, not a whole number >= 1"),
+    (LEADER, {**CONTROLLER, "chunk_size": -64}, "controller chunk_size is -64, not a whole number >= 1"),
+    (LEADER, {**CONTROLLER, "auto_chunk_cap": 10**20}, "controller auto_chunk_cap is 100000000000000000000, not a"),
     (LEADER, {**CONTROLLER, "max_in_flight": "x"}, "controller max_in_flight is 'x', not a whole number >= 1"),
     # A NaN or negative time would replay as if it decided something.
     (LEADER, {**CONTROLLER, "cost": {**CONTROLLER["cost"], "linear_per_token": float("nan")}},
@@ -142,7 +148,8 @@ def _edited(index, **fields):
     (LEADER, {**CONTROLLER, "mode": "cpp"}, "controller mode is 'cpp', not a VPP mode name (vpp, vpp-async,"),
 ], ids=["no cost model", "pick of nothing", "negative chunk", "decisions not a list", "stage_layers text",
         "stage_layers letter", "stage_layers fraction", "stage_layers short", "pp_size text", "no mode",
-        "chunk_size text", "max_in_flight text", "cost nan", "cost negative", "fitted without model",
+        "chunk_size text", "chunk_size huge", "chunk_size huge float", "chunk_size 0", "chunk_size negative",
+        "auto_chunk_cap huge", "max_in_flight text", "cost nan", "cost negative", "fitted without model",
         "fitted model not an object", "seq inf", "seq fraction", "negative start", "requests text",
         "pick of no item", "stage huge", "stage negative", "pp_size huge", "stock mode"])
 def test_a_malformed_record_is_one_error_exit_2(tmp_path, leader, controller, message):

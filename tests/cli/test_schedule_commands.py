@@ -61,3 +61,11 @@ def test_check_exit_codes_and_json():
     text = _run("check", "--mode", "vpp-async", "--pp", "2", "--seq-len", "8k", "--chunk-size", "1k", "--groups", "1")
     assert "deadlock" in text.output and "<-- ERROR HERE" in text.output
     assert _run("check", "--mode", "vpp", "--pp", "2", "--seq-len", "8k", "--chunk-size", "0").exit_code == 2
+
+
+def test_check_header_names_a_fused_fold():
+    fused = _run("check", "--mode", "vpp", "--pp", "2", "--seq-len", "8k", "--chunk-size", "1k", "--fold", "fused")
+    assert fused.exit_code == 0, fused.output
+    assert fused.output.splitlines()[0] == "vpp pp=2 (fused fold) groups=pp blocking sends, 56 actions"
+    split = _run("check", "--mode", "vpp", "--pp", "2", "--seq-len", "8k", "--chunk-size", "1k")
+    assert split.output.splitlines()[0] == "vpp pp=2 groups=pp blocking sends, 64 actions"

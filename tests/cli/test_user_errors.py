@@ -399,6 +399,31 @@ def test_plot_without_suffix_is_written_and_named_as_png(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("flags, fragment", [
+    (["--costs", "c.json", "--trace", "c.vpp.json"], "--trace and --costs's vpp samples both name"),
+    (["--json", "c.cpp.json", "--costs", "c.json"], "--json and --costs's cpp samples both name"),
+    (["--costs", "c", "--plot", "c.vpp.json"], "--plot and --costs's vpp samples both name"),
+], ids=["trace on vpp samples", "json on cpp samples", "plot on samples of a stem"])
+def test_bench_refuses_an_output_on_a_cost_samples_file_of_costs(flags, fragment, tmp_path):
+    """``--costs c.json`` also writes ``c.<mode>.json``; another output there was overwritten silently.
+    The trailing --device npu is refused later, so no run starts without the check."""
+    flags = [str(tmp_path / f) if f.startswith("c") else f for f in flags]
+    _assert_one_line_error(CliRunner().invoke(app, _BENCH + ["--modes", "cpp,vpp", *flags, "--device", "npu"]),
+                           fragment)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--plot", "t.png", "--json", "t-gantt.png"], "--json and --plot's -gantt.png both name"),
+    (["--output-file", "t-gantt.png", "--plot", "t"], "--output-file and --plot's -gantt.png both name"),
+], ids=["json on the gantt", "output-file on the gantt of a plot without suffix"])
+def test_bench_serve_launch_refuses_an_output_on_the_gantt_of_plot(flags, fragment, tmp_path):
+    """``--launch --plot t.png`` also writes ``t-gantt.png``; another output there was overwritten
+    silently. The trailing --port 70000 is refused later, so no server starts without the check."""
+    flags = [str(tmp_path / f) if f.startswith("t") else f for f in flags]
+    _assert_one_line_error(CliRunner().invoke(app, ["bench-serve", "--launch", "cpp", "--no-progress", *flags,
+                                                    "--port", "70000"]), fragment)
+
+
 def test_a_checked_output_path_leaves_nothing_behind(tmp_path):
     from sglang_vpp.cli.common import check_output_path
 

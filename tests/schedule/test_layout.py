@@ -83,6 +83,21 @@ def test_bad_layouts_name_the_value(args, fragment):
     assert fragment in str(info.value)
 
 
+@pytest.mark.parametrize("args, fix, fits", [
+    ((100000, 8, "vpp", None), "the pp size is too large for 8 layers: use --pp 4 or less", (4, 8, "vpp", None)),
+    ((4, 3, "cpp", None), "the pp size is too large for 3 layers: use --pp 3 or less", (3, 3, "cpp", None)),
+    ((5, 9, "vpp", None, "fused"), "use --pp 4 or less", (4, 9, "vpp", None, "fused")),
+    ((5, 8, "vpp", [1] * 9, "fused"), "use --pp 4 or less", (4, 8, "vpp", [2] + [1] * 6, "fused")),
+    ((2, 3, "vpp", None), "the foldback layout needs a model of >= 4 layers (pp=2)", (2, 4, "vpp", None)),
+], ids=["huge vpp", "cpp", "fused default split", "fused split given", "no pp fits"])
+def test_too_few_layers_name_the_largest_pp_they_fill_not_a_model_of_the_pp(args, fix, fits):
+    """A typo'd --pp 100000 once asked for a model of >= 200000 layers."""
+    with pytest.raises(LayoutError) as info:
+        build_layout(*args)
+    assert str(info.value).endswith(fix) and "200000 layers" not in str(info.value)
+    build_layout(*fits)  # the fix named fills
+
+
 def test_too_few_layers_for_a_huge_pp_is_refused_before_any_stage_is_listed(monkeypatch):
     """``layout --pp 1000000000 --layers 8``: listing two billion stage ranks before finding that 8
     layers cannot fill them runs out of memory."""

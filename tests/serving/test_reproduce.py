@@ -177,8 +177,16 @@ def _shift_first_poll(data: dict) -> None:
     (1, lambda d: d.update(schema=3), "rank 1's schema 3 is newer than the 2 this version reads"),
     # Run as given, a negative duration still reproduced record by record (exit 0).
     (0, lambda d: d["records"][1].update(end_s=d["records"][1]["start_s"] - 0.5), "records[1] ends before it starts"),
+    # Run as given, a build before the clock origin or in a slot SGLang lacks still reproduced (exit 0).
+    (0, lambda d: d[BUILDS][0].update(t_s=-1), "builds[0].t_s is -1, not a finite time >= 0"),
+    (0, lambda d: d[BUILDS][0].update(slot=10**20), "builds[0].slot is 100000000000000000000, not one of the 3"),
+    (0, lambda d: d[BUILDS][1].update(slot=3), "builds[1].slot is 3, not one of the 3 micro-batch slots"),
+    (0, lambda d: d[BUILDS][0].update(slot=1e20), "builds[0].slot is 1e+20, not a whole number"),
+    (0, lambda d: d["controller"].update(chunk_size=10**20), "controller chunk_size is 100000000000000000000"),
+    (0, lambda d: d["controller"].update(chunk_size=0), "controller chunk_size is 0, not a whole number >= 1"),
 ], ids=["poll before its wake", "NaN build time", "no poll", "no such stage", "no end", "schema not a number",
-        "schema newer", "end before start"])
+        "schema newer", "end before start", "build before the origin", "slot huge", "slot past the last",
+        "slot not whole", "chunk_size huge", "chunk_size 0"])
 def test_timings_the_engine_cannot_run_are_one_error_exit_2_not_a_hang(tmp_path, rank, edit, message):
     import os
     import subprocess

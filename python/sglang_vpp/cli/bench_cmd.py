@@ -170,7 +170,7 @@ def bench(
     batch_requests: bool = typer.Option(True, "--batch-requests/--no-batch-requests", help="Batch whole requests shorter than the chunk into one forward (attention per request), as SGLang and simulate do (default); --no-batch-requests: one request per forward."),
 ) -> None:
     """Run each mode on real rank processes with real layers; check against the reference; table."""
-    from ..runtime.bench import BenchConfig, check_config, run_bench, write_outputs
+    from ..runtime.bench import BenchConfig, check_config, cost_samples_path, run_bench, write_outputs
     from ..runtime.errors import RankFailedError
     from ..runtime.spec import Device, FaultSpec, Timeouts
 
@@ -189,7 +189,9 @@ def bench(
     at_least(arrival_interval, 0, "--arrival-interval")
     _arrivals_within_a_week(arrival_interval, requests)
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
-    check_output_paths((json_out, "--json"), (trace, "--trace"), (plot, "--plot"), (costs, "--costs"))
+    mode_names = tuple(m.strip() for m in modes.split(",") if m.strip())
+    samples = [] if costs is None else [(cost_samples_path(costs, m), f"--costs's {m} samples") for m in mode_names]
+    check_output_paths((json_out, "--json"), (trace, "--trace"), (plot, "--plot"), (costs, "--costs", samples))
     layer_split = parse_int_list(split, "--split")
     from ..schedule.auto_size import AUTO_CAP, is_auto
 
@@ -199,7 +201,7 @@ def bench(
         model=model, num_ranks=pp, seq_len=prompt_len,
         chunk_size=AUTO_CAP if auto else parse_size_option(chunk_size, "--chunk-size"),
         auto_chunk=auto, batch_requests=batch_requests, fold=parse_fold_option(fold),
-        modes=tuple(m.strip() for m in modes.split(",") if m.strip()), num_requests=requests,
+        modes=mode_names, num_requests=requests,
         arrival_interval_s=arrival_interval, repeat=repeat, device=device_kind, backend=backend, seed=seed,
         split=tuple(layer_split) if layer_split else None, timeouts=Timeouts(comm_s=timeout),
         fault=FaultSpec.from_env(),  # tests inject a failing rank through SGLANG_VPP_FAULT

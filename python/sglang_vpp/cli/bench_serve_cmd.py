@@ -37,7 +37,7 @@ from sglang_vpp.serving.bench_serving import (
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
 from .common import MAX_REPEATS, MAX_REQUESTS, at_least, at_most, check_output_paths, not_blank, seed_option, parse_size_option, positive, timeout_option, user_errors
-from .bench_serve_report import WARMUP_SEED_OFFSET
+from .bench_serve_report import WARMUP_SEED_OFFSET, gantt_path
 from .common import given_flags, png_path
 
 __all__ = ["BenchServeError", "bench_serve"]
@@ -202,7 +202,8 @@ def bench_serve(
     timeout_option(timeout, "--timeout")
     timeout_option(startup_timeout, "--startup-timeout")
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
-    check_output_paths((json_out, "--json"), (output_file, "--output-file"), (plot, "--plot"))
+    gantt = [] if plot is None or launch is None else [(gantt_path(plot), "--plot's -gantt.png")]
+    check_output_paths((json_out, "--json"), (output_file, "--output-file"), (plot, "--plot", gantt))
     _check_work_dir(work_dir)
     from ..schedule.auto_size import AUTO, is_auto
 

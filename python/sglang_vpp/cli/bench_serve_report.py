@@ -25,6 +25,11 @@ WARMUP_SEED_OFFSET = 1000
 """Warm-up prompts use seed + this, so no measured prompt is already in the prefix cache."""
 
 
+def gantt_path(plot: Path) -> Path:
+    """Where ``--launch`` puts the per-rank Gantt next to the ``--plot`` PNG."""
+    return plot.with_name(plot.stem + "-gantt" + plot.suffix)
+
+
 def run_entry(label: str, url: str, config: dict[str, Any], passes: list[ServingPass]) -> dict[str, Any]:
     """One server's entry of the JSON output (and of the tagged lines): its passes merged."""
     return {
@@ -101,7 +106,7 @@ def finish(runs: list[dict[str, Any]], document: dict[str, Any], verdicts: list,
         }, plot, title="bench-serve: per-request times from bench_serving (wall clock on this host)")  # fmt: skip
         typer.echo(f"wrote {plot}", err=to_stderr)
         if spans:
-            gantt = plot.with_name(plot.stem + "-gantt" + plot.suffix)
+            gantt = gantt_path(plot)
             write_rank_gantt(spans, gantt, title="bench-serve: first measured repeat, equal-cost replayed prefill")
             typer.echo(f"wrote {gantt}", err=to_stderr)
     if work_dir is not None:

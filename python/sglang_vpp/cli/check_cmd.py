@@ -73,8 +73,10 @@ def check(
             "actions": plan.num_actions,
         })
     else:
-        typer.echo(f"{plan.policy} pp={pp} groups={','.join(plan.groups) or '-'} {plan.comm_semantics} sends, "
-                   f"{plan.num_actions} actions")
+        # The fused fold changes the stages checked (2P-1), so the header says so, as simulate's title does.
+        fused = " (fused fold)" if str(plan.layout.fold) == "fused" else ""
+        typer.echo(f"{plan.policy} pp={pp}{fused} groups={','.join(plan.groups) or '-'} {plan.comm_semantics} "
+                   f"sends, {plan.num_actions} actions")
         typer.echo("valid" if not issues else f"INVALID: {len(issues)} problems")
         for issue in issues[:10]:
             typer.echo(f"  rank {issue.rank} step {issue.step}: {issue.message}")

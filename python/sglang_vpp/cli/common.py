@@ -8,7 +8,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import typer
 
@@ -242,19 +242,23 @@ def check_output_path(path: Path | None, flag: str, stdout: bool = False) -> Non
                 folder.rmdir()
 
 
-def check_output_paths(*outputs: tuple[Path | None, str]) -> None:
-    """``check_output_path`` for each ``(path, flag)`` (``--json`` may be '-'), and no two flags
-    naming one file: each output is written after the run, the later replacing the earlier."""
+def check_output_paths(*outputs: tuple[Path | None, str] | tuple[Path | None, str, Sequence[tuple[Path, str]]]
+                       ) -> None:
+    """``check_output_path`` for each ``(path, flag)`` (``--json`` may be '-'), and no two outputs
+    naming one file: each is written after the run, the later replacing the earlier. A third item
+    lists the files a flag also writes next to its path, as ``(path, what)`` (e.g. ``--costs``'s
+    per-mode samples): another flag naming one of those would be overwritten as silently."""
     written: dict[Path, str] = {}
-    for path, flag in outputs:
+    for path, flag, *also in outputs:
         check_output_path(path, flag, stdout=flag == "--json")
         if path is None or str(path) == "-":
             continue
-        key = path.resolve()
-        if key in written:
-            raise CliInputError(f"{written[key]} and {flag} both name {str(path)!r}, and the later output would "
-                                "replace the earlier; give each its own file")
-        written[key] = flag
+        for target, what in [(path, flag), *(also[0] if also else ())]:
+            key = target.resolve()
+            if key in written:
+                raise CliInputError(f"{written[key]} and {what} both name {str(target)!r}, and the later output "
+                                    "would replace the earlier; give each its own file")
+            written[key] = what
 
 
 def png_path(path: Path | None) -> Path | None:

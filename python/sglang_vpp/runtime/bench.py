@@ -430,6 +430,11 @@ def write_outputs(report: BenchReport, json_path: Path | None = None, trace_path
     return written
 
 
+def cost_samples_path(path: Path, mode: str) -> Path:
+    """Where ``write_costs`` puts ``mode``'s raw samples next to the fitted model at ``path``."""
+    return path.with_name(f"{path.stem}.{mode}.json")
+
+
 def write_costs(report: BenchReport, path: Path) -> list[Path]:
     """Calibration output: ``path`` holds a per-layer ``FittedCostModel`` of every measured compute
     (portable across layouts, readable by ``sglang-vpp simulate --costs``; transfers as the replay
@@ -445,7 +450,7 @@ def write_costs(report: BenchReport, path: Path) -> list[Path]:
     for summary in report.modes:
         samples = report.cost_samples(summary.mode)
         everything += samples
-        target = path.with_name(f"{path.stem}.{summary.mode}.json")
+        target = cost_samples_path(path, summary.mode)
         write_cost_samples(samples, target, {"mode": summary.mode, **report.config.to_dict()})
         written.append(target)
     # Stage indices mean different layers in different layouts: keep only the per-layer fit.

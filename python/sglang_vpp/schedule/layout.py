@@ -194,6 +194,22 @@ def parse_fold(fold: Fold | str) -> Fold:
                           "(the fold rank runs its two stages as one)") from None
 
 
+def _fewer_ranks_fix(kind: LayoutKind, fold: Fold, split_given: bool, num_layers: object) -> str:
+    """The fix for a pp size the layers cannot fill: the largest pp they can, or, where even the
+    smallest pp needs more layers, the model that fills it (a model sized to a typo'd huge pp is
+    no fix)."""
+    least_ranks = 1 if kind is LayoutKind.CONTIGUOUS else 2
+    least_layers = stage_count(kind, least_ranks, fold if split_given else Fold.SPLIT)
+    if not isinstance(num_layers, int) or num_layers < least_layers:
+        return f"the {kind} layout needs a model of >= {least_layers} layers (pp={least_ranks})"
+    # P layers per stage count: P contiguous, 2P fold-back, 2P-1 for a split given to a fused fold.
+    if kind is LayoutKind.CONTIGUOUS:
+        largest = num_layers
+    else:
+        largest = (num_layers + 1) // 2 if split_given and fold is Fold.FUSED else num_layers // 2
+    return f"the pp size is too large for {num_layers} layers: use --pp {largest} or less"
+
+
 def build_layout(
     num_ranks: int,
     num_layers: int,
@@ -229,8 +245,7 @@ def build_layout(
                  if least > num_stages else "")
         raise LayoutError(
             f"{num_layers!r} layers cannot fill {least} stages ({kind} layout, pp={num_ranks}{fused}): "
-            f"every stage needs at least one layer; use a model with >= {least} layers "
-            "or a smaller pp size"
+            f"every stage needs at least one layer; {_fewer_ranks_fix(kind, fold, split is not None, num_layers)}"
         )
     if split is None and fold is Fold.FUSED:
         # The method's even split with the fold's two stages merged: the fold rank keeps its

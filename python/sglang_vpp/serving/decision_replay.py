@@ -57,6 +57,7 @@ from ..schedule import (
     split_request,
 )
 from ..schedule.errors import CostModelError, LayoutError, PolicyError
+from ..workload_file import MAX_TOKENS
 from ..trace_records import (
     ADMIT,
     CHUNK,
@@ -176,10 +177,13 @@ def _check_plan_inputs(inputs: object, path: Path) -> None:
                   "(e.g. [2, 2, 2, 2])")
     if pp_size > len(stage_layers):  # every rank runs a stage; a huge count would be planned rank by rank
         raise bad("pp_size", pp_size, f"at most the {len(stage_layers)} stages of stage_layers")
-    for field, least in (("chunk_size", 0), ("auto_chunk_cap", 1), ("max_in_flight", 1)):
+    # A chunk is at least a token and at most the most tokens any size takes (16m): a larger or
+    # empty one is an edit, and would size the replayed controller's chunker.
+    for field, least, most in (("chunk_size", 1, MAX_TOKENS), ("auto_chunk_cap", 1, MAX_TOKENS),
+                               ("max_in_flight", 1, None)):
         value = inputs.get(field)  # absent or null: a server that recorded none
-        if value is not None and (type(value) is not int or value < least):
-            raise bad(field, value, f"a whole number >= {least} (or null)")
+        if value is not None and (type(value) is not int or value < least or (most is not None and value > most)):
+            raise bad(field, value, f"a whole number >= {least}{'' if most is None else f' and <= {most}'} (or null)")
     try:
         recorded_layout(inputs)
     except (LayoutError, PolicyError) as error:

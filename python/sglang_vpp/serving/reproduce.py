@@ -526,11 +526,13 @@ def builds_from_trace(leader: dict) -> list[Build]:
 
 
 _COUNT, _TIME, _TIME_OR_NONE = "a whole number", "a finite time", "a finite time or null"
+_SINCE_ORIGIN = f"a finite time >= 0 (seconds since {CLOCK_ORIGIN})"
 _TIMING_FIELDS = {
     "records": {"stage": _COUNT, "seq": _COUNT, "start_s": _TIME, "end_s": _TIME, "poll_s": _TIME_OR_NONE,
                 "idle_s": _TIME_OR_NONE, "woke_s": _TIME_OR_NONE},
     ARRIVALS: {"stage": _COUNT, "seq": _COUNT, "t_s": _TIME},
-    BUILDS: {"seq": _COUNT, "slot": _COUNT, "t_s": _TIME},
+    # A build is a poll of rank 0's loop, which starts at the clock origin.
+    BUILDS: {"seq": _COUNT, "slot": _COUNT, "t_s": _SINCE_ORIGIN},
 }
 """The fields the engine reads from each timing list (builds: rank 0's only), and what each holds."""
 
@@ -538,7 +540,8 @@ _TIMING_FIELDS = {
 def check_timing_records(ranks: dict[int, dict]) -> None:
     """Every timing the engine reads is a finite number, each stage one of the layout's; else
     ``TraceError`` naming the entry: a missing or NaN time would stall the engine's clock."""
-    num_stages = _build_controller(ranks[0]["controller"], 0).layout.num_stages
+    leader = _build_controller(ranks[0]["controller"], 0)
+    num_stages, num_slots = leader.layout.num_stages, leader.limits.slots
     for rank, data in ranks.items():
         if not _holds(data.get(CLOCK_ORIGIN), _TIME):
             raise TraceError(f"rank {rank}: {CLOCK_ORIGIN} is {data.get(CLOCK_ORIGIN)!r}, not {_TIME}")
@@ -552,6 +555,9 @@ def check_timing_records(ranks: dict[int, dict]) -> None:
                         for key, kind in fields.items() if not _holds(entry.get(key, ...), kind)])
                 if not bad and "stage" in fields and not 0 <= entry["stage"] < num_stages:
                     bad = [f"{name}[{index}].stage is {entry['stage']}, not one of the {num_stages} stages"]
+                # A slot SGLang lacks never blocks a build: the engine would run it as if free.
+                if not bad and name == BUILDS and not entry["slot"] < num_slots:
+                    bad = [f"{name}[{index}].slot is {entry['slot']}, not one of the {num_slots} micro-batch slots"]
                 # A compute that ends before it starts runs in negative time: the engine would take
                 # it and still report the server reproduced.
                 if not bad and name == "records" and entry["end_s"] < entry["start_s"]:
@@ -566,7 +572,9 @@ def _holds(value: object, kind: str) -> bool:
         return kind == _TIME_OR_NONE
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
-    return isinstance(value, int) and value >= 0 if kind == _COUNT else math.isfinite(value)
+    if kind == _COUNT:
+        return isinstance(value, int) and value >= 0
+    return math.isfinite(value) and (kind != _SINCE_ORIGIN or value >= 0)
 
 
 def reproduce_trace(trace_dir: str | Path, timings: Timings | None = None) -> ReproduceResult:
