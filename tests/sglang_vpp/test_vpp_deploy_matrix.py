@@ -112,17 +112,28 @@ def launch(request, server_pool, tiny_model, tmp_path_factory) -> Iterator[tuple
         follower.stop()
 
 
-def test_equal_transformers_and_stock_cpp(launch, reference):
-    (name, spec, config_name, mode), server, follower = launch
-    tokens = greedy_tokens_checked(server, spec, reference, LENGTHS, seed=29)
+def _record_or_compare_with_cpp(recorded: dict, cell: tuple, tokens: list[list[int]], what: str) -> None:
+    """A cpp launch's tokens are recorded; a VPP launch's must equal those of the cpp launch of its
+    parallel configuration, where the matrix has one."""
+    name, _, config_name, mode = cell
     if mode == "cpp":
-        _CPP_TOKENS[(name, config_name)] = tokens
+        recorded[(name, config_name)] = tokens
         return
     reference_config = SAME_PARALLEL_CONFIG.get(config_name)
-    if reference_config is not None:
-        key = (name, reference_config)
-        assert key in _CPP_TOKENS, f"the cpp launch of {key} did not run first"
-        assert tokens == _CPP_TOKENS[key], f"--pp-mode {mode} at {config_name} differs from cpp at {reference_config}"
+    if reference_config is None:
+        return
+    key = (name, reference_config)
+    assert key in recorded, f"the cpp launch of {key} did not run first"
+    assert tokens == recorded[key], f"{what}: --pp-mode {mode} at {config_name} differs from cpp at {reference_config}"
+
+
+def test_equal_transformers_and_stock_cpp(launch, reference):
+    cell, server, follower = launch
+    _, spec, _, mode = cell
+    tokens = greedy_tokens_checked(server, spec, reference, LENGTHS, seed=29)
+    _record_or_compare_with_cpp(_CPP_TOKENS, cell, tokens, "greedy tokens")
+    if mode == "cpp":
+        return
     logs = server.log_tail(10**7) + (follower.log_tail(10**7) if follower is not None else "")
     assert "VPP KV rank" in logs, "no per-rank KV log line"
     if follower is None:
@@ -139,13 +150,5 @@ def test_equal_transformers_and_stock_cpp(launch, reference):
 def test_constrained_decoding_equals_stock_cpp(launch):
     """Requests waiting on their grammar under TP: pp rank 0's TP ranks agree through SGLang's
     all-gather, then rank 0's decision rides on its events (vpp/grammar_sync.py)."""
-    (name, _, config_name, mode), server, _ = launch
-    tokens = constrained_tokens_checked(server, seed=53)
-    if mode == "cpp":
-        _CPP_CONSTRAINED[(name, config_name)] = tokens
-        return
-    reference_config = SAME_PARALLEL_CONFIG.get(config_name)
-    if reference_config is not None:
-        key = (name, reference_config)
-        assert key in _CPP_CONSTRAINED, f"the cpp launch of {key} did not run first"
-        assert tokens == _CPP_CONSTRAINED[key], f"--pp-mode {mode} at {config_name} differs from cpp at {reference_config}"
+    cell, server, _ = launch
+    _record_or_compare_with_cpp(_CPP_CONSTRAINED, cell, constrained_tokens_checked(server, seed=53), "constrained")

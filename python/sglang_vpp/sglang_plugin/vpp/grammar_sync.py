@@ -17,7 +17,9 @@ So under VPP the decision travels as every other scheduling input does: rank 0's
 replaying the log queues it for its own call of that ``"sched"`` event. The stock send and
 receive never run. The TP ranks of pp rank 0 still agree among themselves through SGLang's own
 all-gather, which runs before this point; every follower then compiles (waits for) the grammar
-of each request rank 0 found ready, as in stock PP.
+of each request rank 0 found ready, as in stock PP. While a request waits on its grammar rank 0's
+loop does not go idle (``event_loop.LeaderLoop._build``): idle waits for a message, and a
+finished compile sends none.
 
     constrained.grammar_manager.GrammarManager._pp_sync_ready_failed  AROUND  (the stock p2p never runs)
 """
