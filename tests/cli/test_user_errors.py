@@ -412,6 +412,14 @@ def test_bench_refuses_an_output_on_a_cost_samples_file_of_costs(flags, fragment
                            fragment)
 
 
+def test_bench_with_a_mode_named_twice_and_costs_is_not_a_clash(tmp_path):
+    """A mode listed twice runs once and writes one samples file: nothing to refuse (the trailing
+    --device npu is then what refuses the command)."""
+    result = CliRunner().invoke(app, _BENCH + ["--modes", "vpp,vpp", "--costs", str(tmp_path / "c.json"),
+                                               "--device", "npu"])
+    assert result.exit_code == 2 and "both name" not in result.output and "npu" in result.output, result.output
+
+
 @pytest.mark.parametrize("flags, fragment", [
     (["--plot", "t.png", "--json", "t-gantt.png"], "--json and --plot's -gantt.png both name"),
     (["--output-file", "t-gantt.png", "--plot", "t"], "--output-file and --plot's -gantt.png both name"),

@@ -37,6 +37,7 @@ ROLES: dict[str, tuple[str, str]] = {
     "adder": ("sglang.srt.managers.schedule_policy.PrefillAdder", ""),
     "runner": ("sglang.srt.model_executor.model_runner.ModelRunner", ""),
     "manager": ("sglang.srt.managers.tokenizer_manager.TokenizerManager", ""),
+    "grammar_manager": ("sglang.srt.constrained.grammar_manager.GrammarManager", ""),
     "batch": ("sglang.srt.managers.schedule_batch.ScheduleBatch", ""),
     "job.batch": ("sglang.srt.managers.schedule_batch.ScheduleBatch", ""),
     "req": ("sglang.srt.managers.schedule_batch.Req", ""),

@@ -135,8 +135,8 @@ def test_every_vpp_mode_prefill_equals_cpp(deployment, model_dir, prompts, cpp_a
     check(deployment, f"{mode} prefill", four_prompts(router.url, prompts), cpp_answers)
     # Constrained decoding through the split: the prefill's first token under the grammar (rank 0's
     # readiness decision on its event log, vpp/grammar_sync.py), the decode server's the rest.
-    constrained_tokens_checked(router, seed=53)
-    assert_kv_idle(deployment.decode, what="decode server after constrained requests: ")
+    constrained_tokens_checked(router, seed=53, logs=deployment.prefill)
+    assert_kv_idle(deployment.prefill, deployment.decode, what="after constrained requests: ")
 
 
 def test_auto_sizes_the_prefill_batches_on_every_rank_and_its_trace_replays(

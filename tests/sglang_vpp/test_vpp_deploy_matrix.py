@@ -123,7 +123,7 @@ def _record_or_compare_with_cpp(recorded: dict, cell: tuple, tokens: list[list[i
     if reference_config is None:
         return
     key = (name, reference_config)
-    assert key in recorded, f"the cpp launch of {key} did not run first"
+    assert key in recorded, f"the cpp launch of {key} did not run first or failed"
     assert tokens == recorded[key], f"{what}: --pp-mode {mode} at {config_name} differs from cpp at {reference_config}"
 
 

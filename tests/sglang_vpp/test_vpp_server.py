@@ -109,7 +109,8 @@ def test_prefix_cache_hits_equal_transformers(server, reference):
 def test_constrained_decoding_follows_each_grammar(server):
     """Requests waiting on their grammar: rank 0's readiness decision reaches the followers with
     its scheduling events (vpp/grammar_sync.py), not through stock PP's lockstep send, which
-    hung a VPP server. Stock cpp's tokens for the same requests: test_vpp_deploy_matrix.py."""
+    hung a VPP server. Against stock cpp's tokens: test_vpp_deploy_matrix.py and test_vpp_models.py
+    (other models)."""
     constrained_tokens_checked(server, seed=53)
 
 

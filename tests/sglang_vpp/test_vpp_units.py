@@ -568,28 +568,32 @@ def test_grammar_readiness_rides_on_rank_0s_log_and_the_stock_p2p_never_runs():
         raise AssertionError("the stock PP send/receive ran under VPP")
 
     class GrammarWaitingScheduler:
-        """get_next_batch_to_run as SGLang's: a request waits on its grammar, so the call syncs."""
+        """get_next_batch_to_run as SGLang's: requests wait on their grammars, so the call syncs."""
 
-        def __init__(self, own_view):
+        def __init__(self, own_view, rids):
             self.own_view, self.seen = own_view, []
+            self.grammar_manager = SimpleNamespace(grammar_queue=[SimpleNamespace(rid=rid) for rid in rids])
 
         def get_next_batch_to_run(self, running_batch, last_batch):
             ready, failed = self.own_view
-            self.seen.append(grammar_sync.around_pp_sync_ready_failed(stock_p2p, None, set(ready), set(failed)))
+            self.seen.append(grammar_sync.around_pp_sync_ready_failed(
+                stock_p2p, self.grammar_manager, set(ready), set(failed)))
             return SimpleNamespace(running_batch=running_batch, batch_to_run=None)
 
     try:
-        leader_scheduler = GrammarWaitingScheduler(({0, 2}, {1}))  # rank 0 found 0 and 2 ready, 1 timed out
+        # rank 0 found requests 0 and 2 ready, 1 timed out
+        leader_scheduler = GrammarWaitingScheduler(({0, 2}, {1}), ["a", "b", "c"])
         leader = Replica(leader_scheduler, num_slots=3, rank=0)
         leader.grammar = grammar_sync.install_grammar_decisions(0)
         events = []
         for slot in (0, 1):  # a turn over two free slots: two calls before any follower replays
             batch = leader.schedule(slot)
             events += [*leader.grammar.take(), ("sched", slot, batch_signature(batch))]
-        assert events == [("grammar", [0, 2], [1]), ("sched", 0, None), ("grammar", [0, 2], [1]), ("sched", 1, None)]
+        decision = ("grammar", [0, 2], [1], ["a", "b", "c"])
+        assert events == [decision, ("sched", 0, None), decision, ("sched", 1, None)]
         assert leader_scheduler.seen == [({0, 2}, {1})] * 2
 
-        follower_scheduler = GrammarWaitingScheduler((set(), set()))  # its compiles not done yet
+        follower_scheduler = GrammarWaitingScheduler((set(), set()), ["a", "b", "c"])  # compiles not done
         follower = Replica(follower_scheduler, num_slots=3, rank=1)
         follower.grammar = grammar_sync.install_grammar_decisions(1)
         for event in events:
@@ -597,9 +601,13 @@ def test_grammar_readiness_rides_on_rank_0s_log_and_the_stock_p2p_never_runs():
         assert follower_scheduler.seen == [({0, 2}, {1})] * 2  # rank 0's decision, not its own
         with pytest.raises(SchedulerDivergenceError, match="carries no grammar decision"):
             follower.replay(("sched", 2, None))
-        follower.replay(("grammar", [0], []))
-        follower.grammar.queued.append(([1], []))  # one more than the call takes
+        follower.replay(("grammar", [0], [], ["a"]))
+        follower.grammar.queued.append(([1], [], ["b"]))  # one more than the call takes
         with pytest.raises(SchedulerDivergenceError, match="left 1 of rank 0's grammar decisions unused"):
+            follower.replay(("sched", 2, None))
+        follower.grammar.queued.clear()
+        follower.replay(("grammar", [0, 2], [], ["a", "x"]))  # rank 0's queue held another request there
+        with pytest.raises(SchedulerDivergenceError, match=r"requests \['a', 'x'\].*holds \['a', 'c'\]"):
             follower.replay(("sched", 2, None))
     finally:
         grammar_sync._decisions = None  # noqa: SLF001 - the hook is per process; leave none behind

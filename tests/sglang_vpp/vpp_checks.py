@@ -218,46 +218,50 @@ CODE_EBNF = 'root ::= "x" [0-9] [0-9]'
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}}, "required": ["a", "b"]}
 
 
-def constrained_tokens_checked(server: SGLangServer, seed: int) -> list[list[int]]:
+def constrained_tokens_checked(server: SGLangServer, seed: int, logs=None) -> list[list[int]]:
     """Constrained decoding (SGLang's grammar queue) on prompts longer than the chunk. First a
     JSON-schema request alone, on a server with nothing to do: its grammar compiles after the
     loop's first scheduling turn has found it not ready (``GRAMMAR_POLL_ENV`` makes that turn
     short), so the loop must keep polling instead of waiting for a next request. Then five at
     once: two regex, a free, a JSON-schema and an EBNF request. Checks each bounded grammar's
-    answer matches it whole and ended on it; returns every answer's tokens (a JSON schema lets a
-    tiny model pad with whitespace, so only its start is checked here: equality with stock cpp,
-    where a test has it, checks the rest)."""
+    answer matches it whole and ended on it; returns the five answers' tokens (a JSON schema lets
+    a tiny model pad with whitespace, so only its start is checked here: equality with stock cpp,
+    where a test has it, checks the rest). ``logs``: what a failure prints the log tail of
+    (default ``server``; a router's own log says little)."""
     import re
+    import uuid
 
     lone_ids, *prompts = make_prompts((60, 150, 37, 90, 20, 70), seed=seed)
     json_params = {"max_new_tokens": 24, "temperature": 0, "json_schema": json.dumps(SCHEMA)}
+    # A title SGLang has not compiled yet: on a server used before, a cached grammar is ready at once.
+    lone_params = {**json_params, "json_schema": json.dumps({**SCHEMA, "title": f"lone-{uuid.uuid4().hex}"})}
 
     def send(ids: list[int], params: dict, timeout: float = 600) -> dict:
         return post_json(server.url + "/generate", {"input_ids": ids, "sampling_params": params}, timeout=timeout)
 
-    lone = send(lone_ids, json_params, timeout=60)
+    lone = send(lone_ids, lone_params, timeout=60)
     params = [
         {"max_new_tokens": 16, "temperature": 0, "regex": ANSWER_REGEX},
-        {"max_new_tokens": 8, "temperature": 0},
+        {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
         json_params,
         {"max_new_tokens": 8, "temperature": 0, "ebnf": CODE_EBNF},
         {"max_new_tokens": 16, "temperature": 0, "regex": ANSWER_REGEX},
     ]
     with ThreadPoolExecutor(len(prompts)) as pool:  # one request each: a router takes no batch of params
         answers = [*pool.map(send, prompts, params), lone]
-    tail = server.log_tail(3000)
+    tail = (logs or server).log_tail(3000)
     for i, pattern in ((0, ANSWER_REGEX), (3, r"x[0-9][0-9]"), (4, ANSWER_REGEX)):
         text, finish = answers[i]["text"], answers[i]["meta_info"]["finish_reason"]["type"]
         assert re.fullmatch(pattern, text) and finish == "stop", f"answer {i}: {text!r} ({finish}); log tail:\n{tail}"
     for i in (2, 5):
         assert answers[i]["text"].lstrip().startswith("{"), f"JSON answer {i}: {answers[i]['text']!r}"
     assert len(answers[1]["output_ids"]) == 8
-    return [answer["output_ids"] for answer in answers]
+    return [answer["output_ids"] for answer in answers[:-1]]  # the lone one's schema differs per call
 
 
 GRAMMAR_POLL_ENV = (("SGLANG_GRAMMAR_POLL_INTERVAL", "0.00002"), ("SGLANG_GRAMMAR_MAX_POLL_ITERATIONS", "1000000"))
-"""SGLang polls a compiling grammar this long per scheduling call (default 5 ms, by which time a
-tiny model's grammars have compiled): 20 us, so a grammar is still compiling when the loop's
-first turn over the slots ends (``constrained_tokens_checked``; at 0.2 ms it had compiled, at
-20 us a loop that went idle left the request waiting); and 100 times SGLang's poll count before
-it gives a grammar up, so that still takes over 20 s."""
+"""SGLang polls a compiling grammar this long per scheduling call: 20 us, so a tiny model's
+grammar is still compiling when the loop's first turn over the slots ends
+(``constrained_tokens_checked``); at SGLang's 5 ms default, and at 0.2 ms, it has compiled by
+then. SGLang's poll count before it gives a grammar up is raised 100-fold, so that still takes
+over 20 s."""

@@ -96,7 +96,7 @@ def test_the_bound_counts_requests_released_after_the_first(deepseek, mode):
     result = run_mode(mode, late, cost, RunConfig(2, 8192), model.num_layers)
     assert result.sim.ok
     assert 100.0 < result.lower_bound_s <= result.sim.makespan_s * (1 + 1e-9)
-    assert result.sim.makespan_s / result.lower_bound_s - 1 < 0.5  # was over 10 000 % with the first release alone
+    assert result.sim.makespan_s / result.lower_bound_s - 1 < 0.5  # the first arrival alone: over 10,000 %
     # A closed loop's send times follow the mode's own completions: the bound keeps the workload's
     # arrivals (all 0 here), so it is the one of all four requests released at once.
     one_by_one = Workload("closed", tuple(RequestSpec(32 * 1024, 0.0) for _ in range(4)), concurrency=1)

@@ -189,7 +189,7 @@ def bench(
     at_least(arrival_interval, 0, "--arrival-interval")
     _arrivals_within_a_week(arrival_interval, requests)
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
-    mode_names = tuple(m.strip() for m in modes.split(",") if m.strip())
+    mode_names = tuple(dict.fromkeys(m.strip() for m in modes.split(",") if m.strip()))  # a repeat runs once
     samples = [] if costs is None else [(cost_samples_path(costs, m), f"--costs's {m} samples") for m in mode_names]
     check_output_paths((json_out, "--json"), (trace, "--trace"), (plot, "--plot"), (costs, "--costs", samples))
     layer_split = parse_int_list(split, "--split")

@@ -366,8 +366,9 @@ SURFACE: tuple[SurfaceName, ...] = (
     # --- VPP: constrained decoding's readiness decision on the event log (vpp/grammar_sync.py)
     N(_S + "constrained.grammar_manager.GrammarManager._pp_sync_ready_failed",
       H, V, ("self", "ready_req_idxs", "failed_req_idxs")),
-    N(_SCHED + "grammar_manager", R, V),  # the loop leaves idle out while a grammar compiles
+    N(_SCHED + "grammar_manager", R, V),  # rank 0's loop does not go idle while a grammar compiles
     N(_S + "constrained.grammar_manager.GrammarManager.has_waiting_grammars", C, V, ("self",)),
+    N(_S + "constrained.grammar_manager.GrammarManager.grammar_queue", R, V),  # rids a follower checks
     N(_S + "managers.scheduler_components.new_token_ratio_tracker.NewTokenRatioTracker."
       "estimate_new_token_ratio_after_retract", C, V, ("reqs",)),
     # --- serving/: bench_serving with a workload file (file_load.py), the server launcher

@@ -20,11 +20,11 @@ runs on rank r before chunk k is released and has reached r, so
 
     bound_r(k) = release(k) + fill_r(k) + work_r(k..) + drain_r
 
-where ``release(k)`` is the latest arrival among chunk k's requests and ``work_r(k..)`` the stage
-time of chunks k onwards on r's stages. The bound is the largest over k (k = 0 is the form above):
-with requests that arrive over time the first arrival says little about when the last request
-could finish. Only chunks that arrive later than every chunk before them can raise it, so only
-those are evaluated. Arrivals are the workload's: a closed-loop client sends a request when an
+where ``release(k)`` is the latest arrival among chunks 0..k's requests (chunk k follows them on
+stage 0) and ``work_r(k..)`` the stage time of chunks k onwards on r's stages. The bound is the
+largest over k (k = 0 is the form above): with requests that arrive over time the first arrival
+says little about when the last request could finish, and a later chunk with a longer path to r
+can raise it too. Arrivals are the workload's: a closed-loop client sends a request when an
 earlier one completes, which depends on the mode's own schedule, so those send times would make
 each mode's bound follow its own completions (every mode close to "its" bound); the workload's
 arrivals keep the bound a property of the work.
@@ -81,10 +81,9 @@ def lower_bound(schedule: Schedule, cost: StageCostModel, result: SimResult | No
     for before, chunk in zip(chunks, chunks[1:]):
         for rank in ranks:
             done[rank] += sum(cost.stage_cost(layout.stages[s], before) for s in layout.stages_of(rank))
-        if release(chunk) > latest:
-            latest = release(chunk)
-            best = max(best, *(_rank_bound(schedule, cost, chunk, latest, rank, rank_work[rank] - done[rank],
-                                           drains[rank]) for rank in ranks))
+        latest = max(latest, release(chunk))
+        best = max(best, *(_rank_bound(schedule, cost, chunk, latest, rank, rank_work[rank] - done[rank], drains[rank])
+                           for rank in ranks))
     return best
 
 

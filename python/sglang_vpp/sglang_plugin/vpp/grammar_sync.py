@@ -13,13 +13,16 @@ events reach them with the hidden states, so rank 0's second send waits for a re
 only after rank 0's next message: the server hangs until the pipeline's timeout ends it.
 
 So under VPP the decision travels as every other scheduling input does: rank 0's call logs
-``("grammar", ready, failed)`` just before the ``"sched"`` event of the same call, and a follower
+``("grammar", ready, failed, rids)`` just before the ``"sched"`` event of the same call, and a follower
 replaying the log queues it for its own call of that ``"sched"`` event. The stock send and
 receive never run. The TP ranks of pp rank 0 still agree among themselves through SGLang's own
 all-gather, which runs before this point; every follower then compiles (waits for) the grammar
 of each request rank 0 found ready, as in stock PP. While a request waits on its grammar rank 0's
-loop does not go idle (``event_loop.LeaderLoop._build``): idle waits for a message, and a
-finished compile sends none.
+loop does not go idle (``event_loop.LeaderLoop._build``): idle waits for a new request, and a
+finished compile is none. Each turn of the loop then calls SGLang's scheduler once per free slot
+(each call polls the compile for up to ``SGLANG_GRAMMAR_POLL_INTERVAL``, 5 ms by default) and
+sends the followers one control message of those calls' events, as stock PP sends one message
+per call: a cost paid only while a grammar compiles.
 
     constrained.grammar_manager.GrammarManager._pp_sync_ready_failed  AROUND  (the stock p2p never runs)
 """
@@ -35,8 +38,14 @@ __all__ = ["GRAMMAR_PP_SYNC", "GrammarDecisions", "around_pp_sync_ready_failed",
 
 GRAMMAR_PP_SYNC = "sglang.srt.constrained.grammar_manager.GrammarManager._pp_sync_ready_failed"
 
-Decision = tuple[list[int], list[int]]
-"""Indexes into the grammar queue: ready, failed (sorted, so the event pickles the same way everywhere)."""
+Decision = tuple[list[int], list[int], list[str]]
+"""Indexes into the grammar queue (ready, failed; sorted, so the event pickles the same way
+everywhere) and the rids at those indexes, which a follower checks against its own queue."""
+
+
+def _rids_at(grammar_manager: Any, ready: set[int], failed: set[int]) -> list[str]:
+    queue = grammar_manager.grammar_queue
+    return [str(queue[i].rid) if 0 <= i < len(queue) else "<none>" for i in sorted(ready | failed)]
 
 
 class GrammarDecisions:
@@ -49,9 +58,9 @@ class GrammarDecisions:
         self.queued: deque[Decision] = deque()
         """A follower: rank 0's decisions, replayed but not yet taken by a scheduling call."""
 
-    def decide(self, ready: set[int], failed: set[int]) -> tuple[set[int], set[int]]:
+    def decide(self, grammar_manager: Any, ready: set[int], failed: set[int]) -> tuple[set[int], set[int]]:
         if self.rank == 0:
-            self.logged.append(("grammar", sorted(ready), sorted(failed)))
+            self.logged.append(("grammar", sorted(ready), sorted(failed), _rids_at(grammar_manager, ready, failed)))
             return ready, failed
         if not self.queued:
             raise SchedulerDivergenceError(
@@ -59,8 +68,16 @@ class GrammarDecisions:
                 "but rank 0's log carries no grammar decision for it. The replicated schedulers "
                 "diverged; report this with the server log."
             )
-        ready_list, failed_list = self.queued.popleft()
-        return set(ready_list), set(failed_list)
+        ready_list, failed_list, rids = self.queued.popleft()
+        decided = set(ready_list), set(failed_list)
+        own = _rids_at(grammar_manager, *decided)
+        if own != rids:
+            raise SchedulerDivergenceError(
+                f"VPP rank {self.rank}: rank 0 decided on the grammars of requests {rids}, but this rank's "
+                f"grammar queue holds {own} at those places. The replicated schedulers diverged; report "
+                "this with the server log."
+            )
+        return decided
 
     def take(self) -> list[tuple]:
         """Rank 0: the decisions of the call just made, to log before its ``"sched"`` event."""
@@ -68,8 +85,8 @@ class GrammarDecisions:
         return logged
 
     def replay(self, event: tuple) -> None:
-        _, ready, failed = event
-        self.queued.append((list(ready), list(failed)))
+        _, ready, failed, rids = event
+        self.queued.append((list(ready), list(failed), list(rids)))
 
     def check_taken(self, num_events: int) -> None:
         """A follower after replaying a ``"sched"`` event: every decision logged for it was used."""
@@ -91,8 +108,8 @@ def install_grammar_decisions(rank: int) -> GrammarDecisions:
     return _decisions
 
 
-def around_pp_sync_ready_failed(original: Callable[..., Any], manager: Any, ready: set[int],
+def around_pp_sync_ready_failed(original: Callable[..., Any], grammar_manager: Any, ready: set[int],
                                 failed: set[int], *args: Any, **kwargs: Any) -> tuple[set[int], set[int]]:
     if _decisions is None:  # no VPP loop in this process yet: nothing schedules before it starts
-        return original(manager, ready, failed, *args, **kwargs)
-    return _decisions.decide(ready, failed)
+        return original(grammar_manager, ready, failed, *args, **kwargs)
+    return _decisions.decide(grammar_manager, ready, failed)

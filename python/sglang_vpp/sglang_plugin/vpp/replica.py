@@ -10,7 +10,8 @@ log in order (it travels with the forward-sweep messages):
     ("result", slot, outputs)     process the sampled outputs of the slot's batch (tensors on CPU,
                                   the dict of ``_pp_prepare_tensor_dict``)
     ("idle",)                     on_idle housekeeping (it resets the new-token ratio)
-    ("grammar", ready, failed)    which requests waiting on their grammar rank 0's next "sched" call
+    ("grammar", ready, failed, rids)
+                                  which requests waiting on their grammar rank 0's next "sched" call
                                   found ready or timed out (grammar_sync.py)
     ("pd", kind, ...)             a PD prefill server's bootstrap or release verdict (pd_prefill.py)
     ("auto", lengths, size, tap, seen)
