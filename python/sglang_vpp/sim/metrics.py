@@ -109,9 +109,10 @@ def _drain(schedule: Schedule, cost: StageCostModel, last, rank: int) -> float:
     return drain
 
 
-def _rank_bound(schedule: Schedule, cost: StageCostModel, first, release: float, rank: int, work: float,
+def _rank_bound(schedule: Schedule, cost: StageCostModel, chunk, release: float, rank: int, work: float,
                 drain: float) -> float:
-    fill = _path_time(schedule, cost, first, range(0, schedule.layout.stages_of(rank)[0]))
+    """``release`` + ``chunk``'s path to ``rank``'s first stage + ``work`` + ``drain``."""
+    fill = _path_time(schedule, cost, chunk, range(0, schedule.layout.stages_of(rank)[0]))
     return release + fill + work + drain
 
 

@@ -60,8 +60,8 @@ from sglang_vpp.sglang_plugin.accounting import RankAccounting
 from sglang_vpp.trace_records import ADMIT, CHUNK, DECODE, HOLD, LEFT, PICK, RESIZE, micro_batch_record
 from .chunk_sizing import AutoSituation, install_chunk_sizer, taper_note
 from .decode_slots import DecodeRegrouper
-from .grammar_sync import install_grammar_decisions
 from .errors import CommTimeoutError, SchedulerDivergenceError, VppConfigError
+from .grammar_sync import install_grammar_decisions
 from .pd_prefill import pd_prefill_for
 from .replica import Replica, batch_signature, outputs_to_cpu
 from .stage_runner import StageJob, run_stage
