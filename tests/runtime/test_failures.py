@@ -39,14 +39,21 @@ def _descendants(parent: psutil.Process) -> set[int]:
         return set()
 
 
-def _all_dead(pids: list[int]) -> bool:
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            pass
-    return True
+def _all_dead(pids: list[int], grace_s: float = 5.0) -> bool:
+    """Every one of ``pids`` gone (or a zombie) within ``grace_s``: a rank the launcher has
+    signalled may still be in its exit when the launcher itself returns; a stray stays."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() >= deadline:
+            return not alive
+        time.sleep(0.1)
 
 
 # ----------------------------------------------------------------------------- user errors (fast)
