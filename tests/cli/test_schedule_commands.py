@@ -56,8 +56,13 @@ def test_check_exit_codes_and_json():
     assert neg.exit_code == 1
     data = json.loads(neg.output)
     assert data["deadlock"] and len(data["cycle"]) == 2
+    assert (data["mode"], data["pp"], data["fold"], data["groups"], data["semantics"]) == (
+        "vpp-async", 2, "split", ["pp"], "async")
     # The streams stop at the stall (docs/cli.md): the work after it never runs.
     assert not data["valid"] and any("never runs" in issue["message"] for issue in data["issues"])
+    fused = json.loads(_run("check", "--mode", "vpp", "--pp", "2", "--seq-len", "8k", "--chunk-size", "1k",
+                            "--fold", "fused", "--json").output)
+    assert fused["fold"] == "fused" and fused["valid"]
     text = _run("check", "--mode", "vpp-async", "--pp", "2", "--seq-len", "8k", "--chunk-size", "1k", "--groups", "1")
     assert "deadlock" in text.output and "<-- ERROR HERE" in text.output
     assert _run("check", "--mode", "vpp", "--pp", "2", "--seq-len", "8k", "--chunk-size", "0").exit_code == 2

@@ -611,3 +611,44 @@ def test_grammar_readiness_rides_on_rank_0s_log_and_the_stock_p2p_never_runs():
             follower.replay(("sched", 2, None))
     finally:
         grammar_sync._decisions = None  # noqa: SLF001 - the hook is per process; leave none behind
+
+
+@pytest.mark.parametrize("jobs,waiting,idles", [({}, False, True), ({}, True, False), ({7: object()}, False, False)])
+def test_leader_build_logs_each_grammar_decision_before_its_call_and_idles_only_with_nothing_pending(
+        jobs, waiting, idles):
+    """``LeaderLoop._build`` over a turn of free slots that builds nothing: each call's grammar
+    decision precedes its ``sched`` event (a follower takes it in that call), and the loop goes idle
+    only with nothing in flight and no grammar compiling (a finished compile sends no request)."""
+    pytest.importorskip("sglang")
+    from types import SimpleNamespace
+
+    from sglang_vpp.sglang_plugin.vpp.event_loop import LeaderLoop
+
+    calls = []
+
+    def schedule(slot):
+        calls.append(slot)
+        pending.append(("grammar", [slot], [], [f"r{slot}"]))
+        return None
+
+    def take():
+        taken = list(pending)
+        pending.clear()
+        return taken
+
+    pending: list[tuple] = []
+    loop = object.__new__(LeaderLoop)
+    loop.idle, loop.num_slots, loop.cursor, loop.slot_seq, loop.events, loop.jobs = False, 3, 1, [None] * 3, [], jobs
+    loop.replica = SimpleNamespace(auto=None, schedule=schedule, grammar=SimpleNamespace(take=take))
+    loop.s = SimpleNamespace(grammar_manager=SimpleNamespace(has_waiting_grammars=lambda: waiting))
+    entered = []
+    loop._enter_idle = lambda: entered.append(True)  # noqa: SLF001 - the rule under test reads it
+    assert loop._build() is None  # noqa: SLF001
+    assert calls == [1, 2, 0] and loop.cursor == 1  # stock PP's slot order, from the cursor round
+    assert loop.events == [event for slot in (1, 2, 0)
+                           for event in (("grammar", [slot], [], [f"r{slot}"]), ("sched", slot, None))]
+    assert entered == ([True] if idles else [])
+    loop.slot_seq[2] = 5  # a slot still in flight stops the turn there
+    loop.events.clear()
+    calls.clear()
+    assert loop._build() is None and calls == [1] and loop.cursor == 2  # noqa: SLF001

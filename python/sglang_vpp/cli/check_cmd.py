@@ -65,6 +65,11 @@ def check(
     ok = not issues and not report.deadlock
     if as_json:
         emit_json({
+            "mode": str(plan.policy),
+            "pp": pp,
+            "fold": str(plan.layout.fold),
+            "groups": list(plan.groups),
+            "semantics": str(plan.comm_semantics),
             "valid": not issues,
             "deadlock": report.deadlock,
             "cycle": report.cycle,
