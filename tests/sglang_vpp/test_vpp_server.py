@@ -19,6 +19,7 @@ from __future__ import annotations
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,23 @@ def test_constrained_decoding_follows_each_grammar(server):
     hung a VPP server. Against stock cpp's tokens: test_vpp_deploy_matrix.py and test_vpp_models.py
     (other models)."""
     constrained_tokens_checked(server, seed=53)
+
+
+def test_weights_reloaded_from_disk_serve_the_new_models_tokens(server, reference, tiny_model):
+    """``/update_weights_from_disk`` (an RL trainer's reload) under VPP: every rank reloads only
+    the layers of its own two stages (vpp/ownership.py), then serves the new model's tokens; and
+    back. The prompts are their own, so no cached prefix of another test's answers them."""
+    other = replace(QWEN2_8L, seed=QWEN2_8L.seed + 1)
+    prompts = make_prompts((CHUNK + 3, 3 * CHUNK), seed=57)
+    try:
+        for spec in (other, QWEN2_8L):
+            reply = post_json(f"{server.url}/update_weights_from_disk", {"model_path": str(tiny_model(spec))},
+                              timeout=300)
+            assert reply["success"], reply
+            for ids, answer in zip(prompts, generate_concurrently(server, prompts)):
+                check_answer(answer, ids, reference(spec, ids), server)
+    finally:  # the module's other tests read the server's own weights
+        post_json(f"{server.url}/update_weights_from_disk", {"model_path": str(tiny_model(QWEN2_8L))}, timeout=300)
 
 
 def _waiting_behind_a_long_request(server, seed: int) -> None:
