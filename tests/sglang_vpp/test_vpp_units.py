@@ -652,3 +652,29 @@ def test_leader_build_logs_each_grammar_decision_before_its_call_and_idles_only_
     loop.events.clear()
     calls.clear()
     assert loop._build() is None and calls == [1] and loop.cursor == 2  # noqa: SLF001
+
+
+@pytest.mark.parametrize("comm_timeout_s", [0.5, 1.0, 300.0])
+def test_an_idle_leader_heartbeats_within_the_comm_timeout(monkeypatch, comm_timeout_s):
+    """An idle follower waits ``--vpp-comm-timeout`` for its next message, and an idle rank 0's
+    heartbeats are all that come: they must come more often than that timeout, whatever value
+    in (0 s, a week] it was given, or an idle server ends itself with ``CommTimeoutError``."""
+    pytest.importorskip("sglang")
+    from types import SimpleNamespace
+
+    from sglang_vpp.sglang_plugin.vpp import event_loop
+    from sglang_vpp.sglang_plugin.vpp.event_loop import LeaderLoop
+
+    now = [100.0]
+    monkeypatch.setattr(event_loop, "time", SimpleNamespace(
+        monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)))
+    sent = []
+    loop = object.__new__(LeaderLoop)
+    loop.config = VppConfig(mode="vpp", pp_size=2, comm_timeout_s=comm_timeout_s)
+    loop.events, loop.held, loop.idle, loop.blocking, loop.last_fwd_send = [], None, True, True, now[0]
+    loop.fwd_out = SimpleNamespace(send=lambda message, blocking: sent.append(now[0]))
+    loop._ingest = lambda: None  # noqa: SLF001 - no request comes: the loop stays idle
+    while now[0] < 100.0 + 3 * min(comm_timeout_s, loop.config.heartbeat_s) + 0.1:
+        loop._idle_poll()  # noqa: SLF001
+    gaps = [later - earlier for earlier, later in zip([100.0, *sent], sent)]
+    assert sent and max(gaps) < comm_timeout_s

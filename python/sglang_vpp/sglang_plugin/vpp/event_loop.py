@@ -422,7 +422,10 @@ class LeaderLoop(_LoopBase):
     def _idle_poll(self) -> None:
         if self.events:
             self._send_control()
-        if time.monotonic() - self.last_fwd_send >= self.config.heartbeat_s:
+        # An idle follower waits the comm timeout for its next message: beat well within it,
+        # whatever timeout was given (it may be below SGLANG_VPP_HEARTBEAT_S).
+        interval = min(self.config.heartbeat_s, self.config.comm_timeout_s / 4)
+        if time.monotonic() - self.last_fwd_send >= interval:
             self.fwd_out.send(Message(kind="heartbeat"), blocking=self.blocking)
             self.last_fwd_send = time.monotonic()
         self._ingest()
