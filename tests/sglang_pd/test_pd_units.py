@@ -449,3 +449,43 @@ def test_the_decode_refusal_hook_is_for_decode_servers_only(monkeypatch):
     assert registered == []
     assert pd_decode_refusal.install_decode_refusal_hook(SimpleNamespace(disaggregation_mode="decode"))
     assert registered == [pd_decode_refusal.ENSURE_PREFILL_INFO_TARGET]
+
+
+@SKIP_NO_SGLANG
+def test_a_release_this_rank_cannot_conclude_ends_the_server_naming_the_rank(monkeypatch):
+    """Rank 0 releases a request once every rank's transfer status has ended; a rank whose own
+    sender still says otherwise after the bounded wait (or that holds no such request) would keep
+    its KV for good, since rank 0 never names it again: that is an error naming the rank, not a
+    warning and a leak."""
+    from types import SimpleNamespace
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from sglang_vpp.sglang_plugin.vpp import pd_prefill
+    from sglang_vpp.sglang_plugin.vpp.errors import SchedulerDivergenceError
+
+    monkeypatch.setattr(pd_prefill, "RELEASE_WAIT_S", 0.01)
+
+    def request(rid, status):
+        return SimpleNamespace(rid=rid, disagg_kv_sender=SimpleNamespace(poll=lambda: status))
+
+    def scheduler(queue):
+        def process(rids):  # SGLang's: frees the checked requests whose own poll has ended
+            done = [req for req in queue if req.rid in rids and req.disagg_kv_sender.poll() in (KVPoll.Success,
+                                                                                                 KVPoll.Failed)]
+            queue[:] = [req for req in queue if req not in done]
+            return done
+        return SimpleNamespace(disagg_prefill_inflight_queue=queue, process_disagg_prefill_inflight_queue=process)
+
+    queue = [request("a", KVPoll.Success), request("b", KVPoll.Failed)]
+    released = pd_prefill.PdPrefill(scheduler(queue), rank=1, tp=None)
+    released.replay(("pd", "release", ["a", "b"]))
+    assert released.num_released == 2 and queue == []
+
+    stuck = pd_prefill.PdPrefill(scheduler([request("a", KVPoll.Success), request("b", KVPoll.Transferring)]),
+                                 rank=2, tp=None)
+    with pytest.raises(SchedulerDivergenceError, match=r"VPP PD rank 2: rank 0 released requests \['b'\]"):
+        stuck.replay(("pd", "release", ["a", "b"]))
+    absent = pd_prefill.PdPrefill(scheduler([]), rank=1, tp=None)
+    with pytest.raises(SchedulerDivergenceError, match=r"requests \['c'\].*does not hold them"):
+        absent.replay(("pd", "release", ["c"]))

@@ -240,10 +240,15 @@ class PdPrefill:
         self._wait_local_conclusion(set(rids))
         done = self.s.process_disagg_prefill_inflight_queue(list(rids))
         self.num_released += len(done)
-        if len(done) != len(rids):
-            logger.warning(
-                "VPP PD rank %d: %d of %d requests rank 0 released are not done here yet",
-                self.rank, len(rids) - len(done), len(rids),
+        kept = sorted(set(rids) - {req.rid for req in done})
+        if kept:
+            # Rank 0 never names these again: kept here, their KV would stay held on this rank
+            # alone, and its pool would no longer be rank 0's.
+            raise SchedulerDivergenceError(
+                f"VPP PD rank {self.rank}: rank 0 released requests {kept} (their KV transfer ended on "
+                f"every rank), but this rank's own KV sender has not concluded them after "
+                f"{RELEASE_WAIT_S:g} s, or this rank does not hold them; the transfer backend on this "
+                "rank is stuck or the replicated schedulers diverged"
             )
 
 
