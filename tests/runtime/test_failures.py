@@ -41,7 +41,8 @@ def _descendants(parent: psutil.Process) -> set[int]:
 
 def _all_dead(pids: list[int], grace_s: float = 5.0) -> bool:
     """Every one of ``pids`` gone (or a zombie) within ``grace_s``: a rank the launcher has
-    signalled may still be in its exit when the launcher itself returns; a stray stays."""
+    signalled may still be in its exit when the launcher itself returns, and multiprocessing's
+    resource tracker (a descendant too) exits only once the launcher has; a stray stays."""
     deadline = time.monotonic() + grace_s
     while True:
         alive = []
