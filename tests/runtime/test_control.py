@@ -196,6 +196,71 @@ def test_control_thread_error_reaches_an_executor_waiting_on_comm():
     coordinator._stop.set()
 
 
+def _handle_finishing_as_a_slice_ends(result, error):
+    """A real ``OpHandle`` whose channel thread completes it just after a timed wait gave up."""
+    from types import SimpleNamespace
+
+    from sglang_vpp.comm.base import OpKind
+    from sglang_vpp.comm.channel import OpHandle
+
+    channel = SimpleNamespace(group="fwd", peer=0, rank=1, notify=lambda: None,
+                              link=SimpleNamespace(deliver=lambda tensors: tensors),
+                              describe_pending=lambda handle: "the operation finished while the wait gave up")
+    handle = OpHandle(OpKind.RECV, "1RECV_F0.0<0@fwd", channel, default_timeout_s=60.0)
+    event_wait = handle._event.wait
+
+    def wait(timeout=None):
+        ready = event_wait(0)
+        if not ready:
+            handle._complete(result, error)  # the channel thread, right after the slice ended
+        return ready
+
+    handle._event.wait = wait
+    return handle
+
+
+def _waiting_executor():
+    from types import SimpleNamespace
+
+    from sglang_vpp.runtime.executor import RankExecutor
+    from sglang_vpp.runtime.spec import Timeouts
+
+    waiting = RankExecutor.__new__(RankExecutor)  # only what _wait reads
+    waiting.feed, waiting._aborted = SimpleNamespace(check=lambda: None), (lambda: False)
+    waiting.rank, waiting.records = 1, []
+    waiting.timeouts = Timeouts(comm_s=5.0)
+    return waiting
+
+
+def test_executor_wait_returns_an_operation_that_completes_as_a_wait_slice_ends():
+    """A receive delivered between the end of a 0.5 s wait slice and the executor's look at the
+    handle is a success, not a timeout of the slice."""
+    handle = _handle_finishing_as_a_slice_ends({"hidden": 7}, None)
+    assert _waiting_executor()._wait(handle, str(handle.action)) == {"hidden": 7}
+
+
+def test_executor_wait_raises_the_operations_own_error_when_it_fails_as_a_wait_slice_ends():
+    from sglang_vpp.comm.errors import PeerDeadError
+
+    dead = PeerDeadError(rank=1, peer=0, group="fwd", action="1RECV_F0.0<0@fwd", detail="the peer died")
+    handle = _handle_finishing_as_a_slice_ends(None, dead)
+    with pytest.raises(PeerDeadError) as info:
+        _waiting_executor()._wait(handle, str(handle.action))
+    assert info.value is dead
+
+
+def test_executor_wait_reports_an_operations_own_timeout_as_is():
+    from sglang_vpp.comm.errors import CommTimeoutError
+
+    expired = CommTimeoutError(rank=1, peer=0, group="fwd", action="1RECV_F0.0<0@fwd", timeout_s=90.0,
+                               detail="the transport gave up waiting")
+    handle = _handle_finishing_as_a_slice_ends(None, expired)
+    handle._complete(None, expired)
+    with pytest.raises(CommTimeoutError) as info:
+        _waiting_executor()._wait(handle, str(handle.action))
+    assert info.value is expired
+
+
 def test_abort_stops_the_control_thread():
     spec = _spec("cpp", 2, [64], 64, arrivals=[60.0])
     _, coordinator, _ = _feeds(spec, epoch=time.perf_counter())
@@ -243,3 +308,4 @@ def test_profiled_planner_cost_drives_dcpp():
     plan = build_schedule("dcpp", 2, 8, [RequestSpec(8192)], 512, cost=cost)
     sizes = [c.num_tokens for c in plan.chunks]
     assert sizes[0] == 512 and sizes[-2] < 512 and len(sizes) > 8192 // 512
+

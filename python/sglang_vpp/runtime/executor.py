@@ -242,9 +242,16 @@ class RankExecutor:
         while True:
             try:
                 return handle.wait(min(_WAIT_SLICE_S, max(0.0, deadline - time.monotonic())))
-            except CommTimeoutError:
+            except CommTimeoutError as timeout:
                 if handle.is_ready():
-                    raise  # the operation itself failed (transport deadline): report it as is
+                    # Done after all: either its own failure (e.g. the transport deadline), reported
+                    # as is, or it finished just as this slice gave up, which is no timeout.
+                    failure = handle.exception()
+                    if failure is None:
+                        continue  # the next wait returns its result at once
+                    if failure is timeout:
+                        raise
+                    raise failure
                 self._check_abort()
                 if time.monotonic() >= deadline:
                     raise CommTimeoutError(
