@@ -310,3 +310,50 @@ def test_close_never_raises_and_is_idempotent() -> None:
     comm.close()
     assert time.monotonic() - started < 2.0
     assert isinstance(pending.exception(), CommClosedError)
+
+
+def test_schedule_walk_surfaces_a_send_that_fails_while_it_reaps_finished_sends() -> None:
+    """The walk reaps finished asynchronous sends every 64; a send that fails between its look at
+    which handles are ready and its cut of the pending list must still raise, not be dropped."""
+    from types import SimpleNamespace
+
+    from sglang_vpp.comm.testing.schedule_walk import walk_rank
+    from sglang_vpp.schedule import ActionKind
+
+    failure = PeerDeadError(rank=0, peer=1, group="fwd", action="late", detail="the peer died")
+
+    class Handle:
+        def __init__(self, late: bool) -> None:
+            self.late, self.failed = late, False
+
+        def is_ready(self) -> bool:
+            if self.late and not self.failed:
+                self.failed = True  # it fails right after this first look
+                return False
+            return True
+
+        def exception(self):
+            return failure if self.failed else None
+
+        def wait(self, timeout_s=None):
+            if self.exception() is not None:
+                raise failure
+            return None
+
+    class Comm:
+        rank = 0
+
+        def __init__(self) -> None:
+            self.sent = 0
+
+        def isend(self, tensors, dst, group, *, action=None):
+            self.sent += 1
+            return Handle(late=self.sent == 64)
+
+    def action(kind, chunk):
+        return SimpleNamespace(kind=kind, stage_index=0, request_index=0, chunk_index=chunk,
+                               group="fwd" if kind is ActionKind.SEND else None, peer=1)
+
+    actions = [action(kind, chunk) for chunk in range(64) for kind in (ActionKind.COMPUTE, ActionKind.SEND)]
+    with pytest.raises(PeerDeadError):
+        walk_rank(Comm(), actions)

@@ -96,9 +96,12 @@ def walk_rank(comm: PipelineCommunicator, actions: Sequence[Any], *, semantics: 
             else:
                 pending.append(handle)
                 if len(pending) >= 64:  # reap finished sends; surface a failed one early
-                    for done in [h for h in pending if h.is_ready()]:
-                        done.wait(0)
-                    pending = [h for h in pending if not h.is_ready()]
+                    # One look per handle: one that finishes between two looks must not be dropped unwaited.
+                    done = [h.is_ready() for h in pending]
+                    for handle, ready in zip(pending, done):
+                        if ready:
+                            handle.wait(0)
+                    pending = [h for h, ready in zip(pending, done) if not ready]
         elif action.kind is ActionKind.RECV:
             received = comm.irecv(action.peer, group, action=str(action)).wait(timeout_s)
             assert received is not None
