@@ -64,6 +64,14 @@ def test_send_is_a_view_of_contiguous_input_and_a_copy_otherwise() -> None:
     assert payload.data_ptr() != transposed.data_ptr()
 
 
+def test_a_conjugate_view_travels_as_its_values() -> None:
+    """``x.conj()`` of a complex tensor is a lazy view (its bytes are ``x``'s); it sends its values."""
+    values = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    _, rebuilt = _through_the_wire({"t": values.conj()})
+    assert torch.equal(rebuilt["t"], torch.tensor([1 - 2j, 3 + 4j], dtype=torch.complex64))
+    assert not rebuilt["t"].is_conj()
+
+
 @pytest.mark.parametrize("bad,match", [
     ({"m": (1, 2)}, "tuple"),
     ({1: torch.ones(1)}, "not a string"),

@@ -187,7 +187,8 @@ def _tensor_payload(key: str, tensor: torch.Tensor) -> tuple[list[Any], torch.Te
     if tensor.numel() == 0:
         return entry, None
     # contiguous(): the payload must be one flat run of bytes; reshape(-1) turns 0-d into 1 element.
-    flat = tensor.detach().contiguous().reshape(-1)
+    # resolve_conj/neg: a lazy conjugate or negative view's bytes are not its values (no-ops otherwise).
+    flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
     return entry, flat.view(torch.uint8)
 
 
