@@ -226,8 +226,10 @@ def test_executor_runs_batched_forwards_as_the_reference(preset):
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, "rope_theta must be > 0"),
     ({"rope_scaling": "yarn"}, "config.json rope_scaling is 'yarn', not an object of RoPE parameters"),
     ({"num_hidden_layers": 10**30}, "num_hidden_layers must be at most 4096"),
+    ({"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+      "decoder_sparse_step": 0}, "decoder_sparse_step must be >= 1, got 0"),
 ], ids=["not an object", "size null", "layers inf", "vocab fraction", "no heads", "negative kv heads",
-        "no mlp", "rope theta 0", "rope_scaling text", "layers huge"])
+        "no mlp", "rope theta 0", "rope_scaling text", "layers huge", "moe step 0"])
 def test_a_malformed_config_json_is_a_model_error_naming_the_key(tmp_path, edit, message):
     """Unchecked, these were a TypeError, OverflowError, ZeroDivisionError or AttributeError
     traceback, or a rank process that died building 10**30 layers."""

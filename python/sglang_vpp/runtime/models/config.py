@@ -104,6 +104,8 @@ class ModelConfig:
                 f"num_experts_per_tok={self.num_experts_per_tok} must lie in [1, num_experts="
                 f"{self.num_experts}]"
             )
+        if self.num_experts and self.decoder_sparse_step < 1:  # every step-th layer is routed: a modulus
+            raise ModelConfigError(f"decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}")
         if self.is_mla and self.num_experts and self.num_experts % self.n_group:
             raise ModelConfigError(f"n_routed_experts={self.num_experts} must divide into n_group={self.n_group}")
 
