@@ -228,8 +228,13 @@ def test_executor_runs_batched_forwards_as_the_reference(preset):
     ({"num_hidden_layers": 10**30}, "num_hidden_layers must be at most 4096"),
     ({"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
       "decoder_sparse_step": 0}, "decoder_sparse_step must be >= 1, got 0"),
+    ({"head_dim": 7}, "head_dim must be even (RoPE rotates pairs of dimensions), got 7"),
+    ({**PRESETS["tiny-deepseek"], "qk_rope_head_dim": 7}, "qk_rope_head_dim must be even"),
+    ({**PRESETS["tiny-deepseek"], "topk_group": 3}, "n_group=2 and topk_group=3 need at least 2"),
+    ({**PRESETS["tiny-deepseek"], "n_group": 8}, "n_group=8 and topk_group=1 need at least 2"),
 ], ids=["not an object", "size null", "layers inf", "vocab fraction", "no heads", "negative kv heads",
-        "no mlp", "rope theta 0", "rope_scaling text", "layers huge", "moe step 0"])
+        "no mlp", "rope theta 0", "rope_scaling text", "layers huge", "moe step 0", "odd head_dim",
+        "odd rope dim", "topk_group past n_group", "one expert per group"])
 def test_a_malformed_config_json_is_a_model_error_naming_the_key(tmp_path, edit, message):
     """Unchecked, these were a TypeError, OverflowError, ZeroDivisionError or AttributeError
     traceback, or a rank process that died building 10**30 layers."""

@@ -108,6 +108,15 @@ class ModelConfig:
             raise ModelConfigError(f"decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}")
         if self.is_mla and self.num_experts and self.num_experts % self.n_group:
             raise ModelConfigError(f"n_routed_experts={self.num_experts} must divide into n_group={self.n_group}")
+        if self.is_mla and self.num_experts and not (self.num_experts // self.n_group >= 2
+                                                     and 1 <= self.topk_group <= self.n_group):
+            # The router scores a group by its best two experts, then keeps topk_group groups.
+            raise ModelConfigError(
+                f"n_group={self.n_group} and topk_group={self.topk_group} need at least 2 of the "
+                f"n_routed_experts={self.num_experts} per group and 1 <= topk_group <= n_group")
+        if self.rope_dim % 2:
+            name = "qk_rope_head_dim" if self.is_mla else "head_dim"
+            raise ModelConfigError(f"{name} must be even (RoPE rotates pairs of dimensions), got {self.rope_dim}")
 
     @property
     def is_mla(self) -> bool:
