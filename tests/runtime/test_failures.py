@@ -80,6 +80,22 @@ def test_pp_one_is_refused():
 
 
 # ----------------------------------------------------------------------------- crashed ranks (processes)
+def test_a_rank_failing_before_the_start_barrier_is_named_not_the_peer_it_left_there(tmp_path):
+    """A checkpoint without rank 1's layers fails rank 1 while it builds its share; rank 0, at the
+    start-of-run barrier, sees only that its peer left. The error names rank 1 and its cause."""
+    from safetensors.torch import load_file, save_file
+
+    save_checkpoint(full_model(resolve_model("tiny-qwen3")), tmp_path)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if not k.startswith("model.layers.7.")},
+              str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(RankFailedError) as caught:
+        launch(_spec(model=str(tmp_path), mode="cpp", requests=(RequestArrival(64),)))
+    head = str(caught.value).splitlines()[0]
+    assert "rank 1 failed: ModelPathError" in head and "model.layers.7." in head, head
+    assert "PeerDeadError" in caught.value.rank_errors[0], caught.value.rank_errors[0]
+
+
 @pytest.mark.slow
 def test_killed_rank_stops_the_run():
     started = time.monotonic()

@@ -124,9 +124,12 @@ def _run_one(rank: int, run_id: int, spec: Any, comm: Any, pool_dir: Path, contr
         model = model.to(_device(spec.device, rank))
     planner = make_planner(spec, layout)
     # One epoch for all ranks: rank 0's clock once everyone is ready (perf_counter is system-wide).
-    dist.barrier()
     box = [time.perf_counter()]
-    dist.broadcast_object_list(box, src=0)
+    try:
+        dist.barrier()
+        dist.broadcast_object_list(box, src=0)
+    except RuntimeError as error:
+        raise _start_failure(error, rank, spec.timeouts.startup_s) from error
     epoch = box[0]
     ready_s = time.perf_counter() - epoch
     result_queue.put(("ready", run_id, rank))
@@ -163,6 +166,17 @@ def _run_one(rank: int, run_id: int, spec: Any, comm: Any, pool_dir: Path, contr
         torch.save(executor.final_outputs(), path)
         report.outputs_path = str(path)
     result_queue.put(("report", run_id, rank, report))
+
+
+def _start_failure(error: RuntimeError, rank: int, timeout_s: float) -> BaseException:
+    """A gloo failure of the start-of-run barrier as a comm error of this rank: a peer that left
+    (it failed building its share of the model) is then the launcher's consequence, not the cause."""
+    from ..comm.gloo import classify_gloo_error
+
+    failure = classify_gloo_error(error, timeout_s)
+    located = type(failure)(**{**failure._state(), "rank": rank, "action": "the start-of-run barrier"})
+    located.__cause__ = error
+    return located
 
 
 class _Tagged:
