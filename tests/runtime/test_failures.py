@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -90,7 +91,9 @@ def test_a_rank_failing_before_the_start_barrier_is_named_not_the_peer_it_left_t
     save_file({k: v for k, v in weights.items() if not k.startswith("model.layers.7.")},
               str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(RankFailedError) as caught:
-        launch(_spec(model=str(tmp_path), mode="cpp", requests=(RequestArrival(64),)))
+        # A long grace: rank 0 reports its own error even on a loaded host (it ends the wait at once).
+        launch(_spec(model=str(tmp_path), mode="cpp", requests=(RequestArrival(64),),
+                     timeouts=dataclasses.replace(FAST, grace_s=60.0)))
     head = str(caught.value).splitlines()[0]
     assert "rank 1 failed: ModelPathError" in head and "model.layers.7." in head, head
     assert "PeerDeadError" in caught.value.rank_errors[0], caught.value.rank_errors[0]
