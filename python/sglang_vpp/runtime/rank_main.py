@@ -124,9 +124,9 @@ def _run_one(rank: int, run_id: int, spec: Any, comm: Any, pool_dir: Path, contr
         model = model.to(_device(spec.device, rank))
     planner = make_planner(spec, layout)
     # One epoch for all ranks: rank 0's clock once everyone is ready (perf_counter is system-wide).
-    box = [time.perf_counter()]
     try:
         dist.barrier()
+        box = [time.perf_counter()]
         dist.broadcast_object_list(box, src=0)
     except RuntimeError as error:
         raise _start_failure(error, rank, spec.timeouts.startup_s) from error
