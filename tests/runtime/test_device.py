@@ -36,15 +36,17 @@ def _available(device: Device) -> str | None:
 
 
 @pytest.mark.parametrize("device", [Device.CUDA, Device.NPU])
-@pytest.mark.parametrize("mode", ["cpp", "vpp", "vpp-pack"])
-def test_device_equals_reference(device, mode):
+@pytest.mark.parametrize("mode,model", [("cpp", "tiny-qwen3"), ("vpp", "tiny-qwen3"), ("vpp-pack", "tiny-qwen3"),
+                                        ("vpp-pack", "tiny-qwen3-moe"), ("vpp-pack", "tiny-deepseek")])
+def test_device_equals_reference(device, mode, model):
+    """Dense and MoE/MLA models: the experts' routing runs on the device too."""
     reason = _available(device)
     if reason is not None:
         pytest.skip(reason)
     torch.backends.cuda.matmul.allow_tf32 = False  # the ranks turn TF32 off too: fp32 on both sides
-    spec = RunSpec("tiny-qwen3", mode, 2, (RequestArrival(300), RequestArrival(100)), 64, device=device)
+    spec = RunSpec(model, mode, 2, (RequestArrival(300), RequestArrival(100)), 64, device=device)
     result = launch(spec)
     chunks = [ChunkSpec(*c) for c in result.reports[0].chunks]
-    want = reference_forward(resolve_model("tiny-qwen3"), [300, 100], chunks=chunks, device=f"{device.value}:0").outputs
+    want = reference_forward(resolve_model(model), [300, 100], chunks=chunks, device=f"{device.value}:0").outputs
     got = [RequestOutput(k, h, l) for k, (h, l) in sorted(result.outputs.items())]
     assert max_abs_diff(got, want) <= 1e-5

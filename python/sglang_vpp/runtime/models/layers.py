@@ -244,7 +244,7 @@ class _Router(nn.Module):
 def _run_experts(experts: nn.ModuleList, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Each token through its top-k experts, weighted and summed (transformers' loop order)."""
     out = torch.zeros_like(x)
-    hit = torch.zeros(len(experts), dtype=torch.bool)
+    hit = torch.zeros(len(experts), dtype=torch.bool, device=indices.device)  # indices may be on a GPU
     hit[indices.flatten()] = True
     for expert_index in hit.nonzero().flatten().tolist():
         token_index, slot = torch.where(indices == expert_index)
