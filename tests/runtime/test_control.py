@@ -308,4 +308,3 @@ def test_profiled_planner_cost_drives_dcpp():
     plan = build_schedule("dcpp", 2, 8, [RequestSpec(8192)], 512, cost=cost)
     sizes = [c.num_tokens for c in plan.chunks]
     assert sizes[0] == 512 and sizes[-2] < 512 and len(sizes) > 8192 // 512
-
