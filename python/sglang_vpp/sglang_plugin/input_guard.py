@@ -3,8 +3,9 @@
 Stock SGLang 0.5.23 sends two kinds of request to the model that kill the scheduler (and with
 it the whole server, every pipeline mode included): a prompt with no tokens (``"text": ""``:
 the attention reshape of zero elements fails) and token ids outside ``[0, vocab)`` (``-1`` or
-``vocab`` and above: the embedding lookup raises ``IndexError``). A token id that is not an
-integer fails the same way. So does a logprob request, whatever the prompt, with a
+``vocab`` and above: the embedding lookup raises ``IndexError``; ``vocab`` is the input
+embedding's, and a multimodal request may also carry its processor's placeholder ids, which some
+models embed past it). A token id that is not an integer fails the same way. So does a logprob request, whatever the prompt, with a
 ``top_logprobs_num`` above the vocabulary size or below 0 (``topk`` of the sampler raises "selected
 index k out of range"; the OpenAI ``logprobs`` / ``top_logprobs`` fields map to it unchecked).
 SGLang checks ``token_ids_logprob`` against the vocabulary itself, in the method the guard runs
