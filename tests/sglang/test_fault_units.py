@@ -67,6 +67,52 @@ def test_guard_accepts_the_vocabulary_bounds_and_skips_the_ids_of_embeddings():
     check_request_tokens(_Manager(), _Embeds(), None)  # embeddings carry no ids to check
 
 
+class _Prompt:
+    """A token-id request, with or without multimodal input."""
+
+    input_embeds = None
+    return_logprob = False
+    return_hidden_states = False
+
+    def __init__(self, multimodal=False):
+        self._multimodal = multimodal
+
+    def contains_mm_input(self):
+        return self._multimodal
+
+
+def _model_manager(vocab_size, text_vocab_size, image_token_id=None):
+    """A TokenizerManager of a model whose output vocabulary, input embedding and multimodal
+    placeholder are given (SGLang's ModelConfig.vocab_size is the output head's size)."""
+    manager = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(vocab_size=vocab_size,
+                                           hf_text_config=types.SimpleNamespace(vocab_size=text_vocab_size)),
+        server_args=types.SimpleNamespace(pp_size=1, disaggregation_mode="null"),
+    )
+    if image_token_id is not None:
+        manager.mm_processor = types.SimpleNamespace(
+            mm_tokens=types.SimpleNamespace(image_token_id=image_token_id, video_token_id=None, audio_token_id=None))
+    return manager
+
+
+def test_guard_accepts_a_multimodal_placeholder_past_the_vocabulary():
+    # Llama 3.2 Vision: <|image|> is id 128256 of a 128256-token text vocabulary (embedding: 8 rows more).
+    mllama = _model_manager(128256, 128256, image_token_id=128256)
+    check_request_tokens(mllama, _Prompt(multimodal=True), [128000, 128256, 9906])
+    with pytest.raises(InputRejectedError, match="128257"):  # any other id past the vocabulary still is refused
+        check_request_tokens(mllama, _Prompt(multimodal=True), [128256, 128257])
+    with pytest.raises(InputRejectedError, match="128256"):  # no image: no placeholder expected
+        check_request_tokens(mllama, _Prompt(), [128256])
+
+
+def test_guard_bounds_prompt_ids_by_the_input_embedding_not_the_output_head():
+    # GLM-Image: the head predicts 16512 vision tokens; prompts are text ids of a 168064-token embedding.
+    glm_image = _model_manager(16512, 168064)
+    check_request_tokens(glm_image, _Prompt(), [100000, 168063])
+    with pytest.raises(InputRejectedError, match=r"\[0, 168064\)"):
+        check_request_tokens(glm_image, _Prompt(), [168064])
+
+
 @pytest.mark.parametrize(
     "request_,message",
     [(_Embeds(return_logprob=True, top_logprobs_num=11), "top_logprobs_num"),

@@ -3,8 +3,9 @@
 Stock SGLang 0.5.23 sends two kinds of request to the model that kill the scheduler (and with
 it the whole server, every pipeline mode included): a prompt with no tokens (``"text": ""``:
 the attention reshape of zero elements fails) and token ids outside ``[0, vocab)`` (``-1`` or
-``vocab`` and above: the embedding lookup raises ``IndexError``). A token id that is not an
-integer fails the same way. So does a logprob request, whatever the prompt, with a
+``vocab`` and above: the embedding lookup raises ``IndexError``; ``vocab`` is the input
+embedding's, and a multimodal request may also carry its processor's placeholder ids, which some
+models embed past it). A token id that is not an integer fails the same way. So does a logprob request, whatever the prompt, with a
 ``top_logprobs_num`` above the vocabulary size or below 0 (``topk`` of the sampler raises "selected
 index k out of range"; the OpenAI ``logprobs`` / ``top_logprobs`` fields map to it unchecked).
 SGLang checks ``token_ids_logprob`` against the vocabulary itself, in the method the guard runs
@@ -56,8 +57,9 @@ VALIDATE_REQUEST_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManage
 _MAX_IDS_SHOWN = 3
 
 
-def check_token_ids(input_ids: Sequence[Any] | None, vocab_size: int) -> None:
-    """Raise InputRejectedError unless ``input_ids`` is a non-empty flat list of ids in range."""
+def check_token_ids(input_ids: Sequence[Any] | None, vocab_size: int, also_allowed: frozenset[int] = frozenset()) -> None:
+    """Raise InputRejectedError unless ``input_ids`` is a non-empty flat list of ids in range
+    (or in ``also_allowed``: a multimodal placeholder the model embeds past its vocabulary)."""
     if input_ids is None or len(input_ids) == 0:
         raise InputRejectedError(
             "the prompt has no tokens after tokenization (empty text or empty input_ids); "
@@ -71,7 +73,7 @@ def check_token_ids(input_ids: Sequence[Any] | None, vocab_size: int) -> None:
             f"({len(not_ints)} non-integer entries); send one list of ints per prompt "
             "(a list of lists is a batch)"
         )
-    out_of_range = [value for value in input_ids if not 0 <= value < vocab_size]
+    out_of_range = [value for value in input_ids if not 0 <= value < vocab_size and value not in also_allowed]
     if out_of_range:
         shown = ", ".join(str(value) for value in out_of_range[:_MAX_IDS_SHOWN])
         raise InputRejectedError(
@@ -108,11 +110,35 @@ def check_hidden_states_request(obj: Any, pp_size: int) -> None:
         )
 
 
+def _input_vocab_size(model_config: Any) -> int:
+    """The token ids the input embedding holds. ``ModelConfig.vocab_size`` is the output head's
+    size, which is below the text tokens' ids for a model that predicts another vocabulary
+    (GLM-Image: ``vision_vocab_size``); the text config's ``vocab_size`` is the embedding's."""
+    size = int(model_config.vocab_size)
+    text_size = getattr(getattr(model_config, "hf_text_config", None), "vocab_size", None)
+    return max(size, text_size) if type(text_size) is int else size
+
+
+_PLACEHOLDER_FIELDS = ("image_token_id", "video_token_id", "audio_token_id")
+
+
+def _placeholder_ids(manager: Any, obj: Any) -> frozenset[int]:
+    """The multimodal processor's placeholder token ids, for a request with multimodal input: a
+    model may embed them past its text vocabulary (Llama 3.2 Vision: ``<|image|>`` is id 128256 of
+    a 128256-token vocabulary; its embedding has 8 rows more)."""
+    contains = getattr(obj, "contains_mm_input", None)
+    if not callable(contains) or not contains():
+        return frozenset()
+    tokens = getattr(getattr(manager, "mm_processor", None), "mm_tokens", None)
+    ids = (getattr(tokens, name, None) for name in _PLACEHOLDER_FIELDS)
+    return frozenset(value for value in ids if type(value) is int and value >= 0)
+
+
 def check_request_tokens(manager: Any, obj: Any, input_ids: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE hook on ``TokenizerManager._validate_one_request(self, obj, input_ids)``."""
-    vocab_size = int(manager.model_config.vocab_size)
+    vocab_size = int(manager.model_config.vocab_size)  # the sampler's: what top_logprobs_num indexes
     if getattr(obj, "input_embeds", None) is None:  # embeddings replace the lookup; SGLang checks their shape
-        check_token_ids(input_ids, vocab_size)
+        check_token_ids(input_ids, _input_vocab_size(manager.model_config), _placeholder_ids(manager, obj))
     check_logprob_options(obj, vocab_size)
     check_hidden_states_request(obj, int(getattr(getattr(manager, "server_args", None), "pp_size", 1) or 1))
     check_bootstrap_address(manager, obj)
