@@ -116,6 +116,7 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_TM + "TokenizerManager._validate_one_request", H, E, ("self", "obj", "input_ids")),
     N(_TM + "TokenizerManager", M, E),
     N(_TM + "TokenizerManager.model_config", R, E),
+    N(_TM + "TokenizerManager.mm_processor", R, E),  # the input guard accepts its placeholder ids
     N(_S + "managers.io_struct.GenerateReqInput.input_embeds", R, E),
     N(_S + "managers.io_struct.GenerateReqInput.return_logprob", R, E),
     N(_S + "managers.io_struct.GenerateReqInput.top_logprobs_num", R, E),
