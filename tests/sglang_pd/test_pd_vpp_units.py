@@ -133,7 +133,8 @@ def test_a_release_is_logged_and_asks_the_loop_for_a_scheduling_turn():
     freed = []
     scheduler = SimpleNamespace(
         disagg_prefill_bootstrap_queue=SimpleNamespace(queue=[]), disagg_prefill_inflight_queue=inflight,
-        process_disagg_prefill_inflight_queue=lambda rids: freed.extend(rids) or list(rids),
+        # SGLang's returns the requests it freed
+        process_disagg_prefill_inflight_queue=lambda rids: freed.extend(rids) or [r for r in inflight if r.rid in rids],
     )
     pd = pd_prefill.PdPrefill(scheduler, rank=0, tp=SimpleNamespace(ready=lambda values, what: values))
     events = []
