@@ -40,7 +40,8 @@ stage agree on how many messages every one of them holds (``tp_agreement.py``), 
 the same stages in the same order. Heartbeats never enter that count: ``_poll`` handles them.
 
 Liveness: every wait has the comm timeout. An idle rank 0 sends a heartbeat down the pipeline
-every ``heartbeat_s``; the last rank echoes it back up, so no channel is silent for long.
+every ``heartbeat_s`` (a quarter of the comm timeout when that is shorter); the last rank echoes
+it back up, so no channel is silent for long.
 """
 
 from __future__ import annotations

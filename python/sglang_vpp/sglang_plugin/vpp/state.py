@@ -73,7 +73,8 @@ class VppConfig:
     comm_timeout_s: float = DEFAULT_COMM_TIMEOUT_S
     """Longest wait for a peer's message before ``CommTimeoutError``."""
     heartbeat_s: float = 1.0
-    """An idle rank 0 sends a heartbeat down the pipeline this often, so every wait can time out."""
+    """An idle rank 0 sends a heartbeat down the pipeline this often (more often when a quarter of
+    ``comm_timeout_s`` is shorter: ``LeaderLoop._idle_poll``), so an idle wait does not time out."""
     trace_dir: str | None = None
     """Directory for a Perfetto (Chrome JSON) trace per rank, or None."""
     max_in_flight: int | None = None
