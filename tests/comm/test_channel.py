@@ -357,3 +357,15 @@ def test_schedule_walk_surfaces_a_send_that_fails_while_it_reaps_finished_sends(
     actions = [action(kind, chunk) for chunk in range(64) for kind in (ActionKind.COMPUTE, ActionKind.SEND)]
     with pytest.raises(PeerDeadError):
         walk_rank(Comm(), actions)
+
+
+def test_a_failure_reported_again_keeps_its_class_and_state_with_a_new_action_and_rank():
+    """``with_action``: a later operation on a broken channel, or a failure classified before its
+    rank was known (the runtime's start-of-run barrier), keeps the class, peer, group, detail
+    and fix; only the action, and the rank when given, change."""
+    failure = PeerDeadError(rank=0, peer=1, group="fwd", action="recv", detail="gone", fix="restart")
+    again = failure.with_action("the start-of-run barrier", detail_prefix="torn: ", rank=3)
+    assert type(again) is PeerDeadError
+    assert (again.rank, again.peer, again.group, again.action) == (3, 1, "fwd", "the start-of-run barrier")
+    assert (again.detail, again.fix) == ("torn: gone", "restart")
+    assert failure.with_action("send").rank == 0

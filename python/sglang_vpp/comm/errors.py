@@ -106,10 +106,13 @@ class CommError(RuntimeError):
         return {"rank": self.rank, "peer": self.peer, "group": self.group, "action": self.action,
                 "detail": self.detail, **self.extra}
 
-    def with_action(self, action: str, detail_prefix: str = "") -> "CommError":
-        """The same failure reported for another operation (a later op on a broken channel)."""
+    def with_action(self, action: str, detail_prefix: str = "", rank: int | None = None) -> "CommError":
+        """The same failure reported for another operation (a later op on a broken channel);
+        ``rank``: and by that rank (a failure classified before its rank was known)."""
         state = self._state()
         state["action"] = action
+        if rank is not None:
+            state["rank"] = rank
         if detail_prefix:
             state["detail"] = f"{detail_prefix}{state['detail']}"
         return type(self)(**state)

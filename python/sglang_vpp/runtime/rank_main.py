@@ -174,7 +174,7 @@ def _start_failure(error: RuntimeError, rank: int, timeout_s: float) -> BaseExce
     from ..comm.gloo import classify_gloo_error
 
     failure = classify_gloo_error(error, timeout_s)
-    located = type(failure)(**{**failure._state(), "rank": rank, "action": "the start-of-run barrier"})
+    located = failure.with_action("the start-of-run barrier", rank=rank)
     located.__cause__ = error
     return located
 
