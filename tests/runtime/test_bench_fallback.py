@@ -1,6 +1,11 @@
-"""A dcpp whose profiled latency curve is flat runs fixed chunks and the bench report says so."""
+"""A dcpp whose profiled latency curve is flat runs fixed chunks and the bench report says so; the
+reference runs where the ranks do."""
+
+import pytest
 
 from sglang_vpp.runtime import bench
+from sglang_vpp.runtime.reference import ReferenceResult
+from sglang_vpp.runtime.spec import Device
 from sglang_vpp.schedule import LinearAttentionCost
 
 
@@ -22,3 +27,21 @@ def test_curved_profile_has_no_note(monkeypatch):
     config = bench.BenchConfig(model="tiny-qwen3", seq_len=96, chunk_size=32, modes=("dcpp",),
                                num_requests=1, num_layers=2)
     assert bench.run_bench(config).notes == []
+
+
+@pytest.mark.parametrize(("device", "where"), [(Device.CPU, "cpu"), (Device.CUDA, "cuda:0"), (Device.NPU, "npu:0")])
+def test_the_reference_runs_on_the_kind_of_device_the_ranks_run_on(monkeypatch, device, where):
+    """A GPU run compared with a CPU reference differs by more than the 1e-5 the CLI allows (other
+    kernels); the reference of a run on a device runs on the first device of that kind."""
+    seen = []
+
+    def fake_reference(source, lengths, **kwargs):
+        seen.append(kwargs["device"])
+        return ReferenceResult([], [])
+
+    monkeypatch.setattr(bench, "reference_forward", fake_reference)
+    config = bench.BenchConfig(model="tiny-qwen3", seq_len=96, chunk_size=32, modes=("cpp",), num_requests=1,
+                               num_layers=2, device=device)
+    references = bench._References(None, config, bench.BenchProgress())
+    references.get([(0, 0, 0, 96, True, ())])
+    assert seen == [where]

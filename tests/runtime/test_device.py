@@ -11,7 +11,7 @@ import pytest
 import torch
 from sglang_vpp.runtime.launcher import launch
 from sglang_vpp.runtime.models import resolve_model
-from sglang_vpp.runtime.reference import RequestOutput, max_abs_diff, reference_forward
+from sglang_vpp.runtime.reference import RequestOutput, max_abs_diff, reference_device, reference_forward
 from sglang_vpp.runtime.spec import Device, RequestArrival, RunSpec
 from sglang_vpp.schedule import ChunkSpec
 
@@ -43,10 +43,9 @@ def test_device_equals_reference(device, mode, model):
     reason = _available(device)
     if reason is not None:
         pytest.skip(reason)
-    torch.backends.cuda.matmul.allow_tf32 = False  # the ranks turn TF32 off too: fp32 on both sides
     spec = RunSpec(model, mode, 2, (RequestArrival(300), RequestArrival(100)), 64, device=device)
     result = launch(spec)
     chunks = [ChunkSpec(*c) for c in result.reports[0].chunks]
-    want = reference_forward(resolve_model(model), [300, 100], chunks=chunks, device=f"{device.value}:0").outputs
+    want = reference_forward(resolve_model(model), [300, 100], chunks=chunks, device=reference_device(device)).outputs
     got = [RequestOutput(k, h, l) for k, (h, l) in sorted(result.outputs.items())]
     assert max_abs_diff(got, want) <= 1e-5

@@ -35,7 +35,7 @@ from .launcher import LaunchResult, PoolSpec, RankPool, check_spec
 from .metrics import MeasuredRun, measure_run
 from .models import resolve_model
 from .profile import profiled_cost_model
-from .reference import RequestOutput, max_abs_diff, reference_forward
+from .reference import RequestOutput, max_abs_diff, reference_device, reference_forward
 from .replay import (
     MEASURED_LABEL,
     REPLAY_LABEL,
@@ -393,7 +393,8 @@ class _References:
             torch.set_num_threads(1)  # the same arithmetic as the one-thread ranks
             try:
                 result = reference_forward(self.source, [self.config.seq_len] * self.config.num_requests,
-                                           chunks=[ChunkSpec(*c) for c in chunks], token_seed=self.config.seed)
+                                           chunks=[ChunkSpec(*c) for c in chunks], token_seed=self.config.seed,
+                                           device=reference_device(self.config.device))
             finally:
                 torch.set_num_threads(threads)
             self.cache[key] = result.outputs

@@ -210,12 +210,11 @@ class _Untagged:
 def _device(device: Any, rank: int) -> Any:
     import torch
 
+    from .reference import exact_fp32
     from .spec import Device
 
     if device is Device.CUDA:
-        # fp32 means fp32: TF32 matmuls would make every mode differ from the reference by ~1e-3.
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        exact_fp32()
         count = max(torch.cuda.device_count(), 1)
         torch.cuda.set_device(rank % count)
         return torch.device("cuda", rank % count)

@@ -25,7 +25,8 @@ import torch
 from ..schedule import ChunkSpec
 from .models import KVCache, ModelSource, full_model
 
-__all__ = ["ReferenceResult", "RequestOutput", "fixed_chunks", "max_abs_diff", "prompt_tokens", "reference_forward",
+__all__ = ["ReferenceResult", "RequestOutput", "exact_fp32", "fixed_chunks", "max_abs_diff", "prompt_tokens",
+           "reference_device", "reference_forward",
            "within_fp32_rounding"]
 
 FP32_ROUNDING_REL = 1e-5
@@ -68,6 +69,21 @@ def fixed_chunks(request_index: int, length: int, chunk_size: int | None) -> lis
 
 
 @torch.inference_mode()
+def reference_device(device: str) -> str:
+    """Where the single-process reference of a run on ``device`` (``cpu``, ``cuda``, ``npu``)
+    runs: the CPU, or the first accelerator of the ranks' kind. The same kind runs the same
+    kernels, so the comparison stays at fp32 rounding; a CPU reference of a GPU run differs by
+    more than that."""
+    return "cpu" if str(device) == "cpu" else f"{device}:0"
+
+
+def exact_fp32() -> None:
+    """fp32 means fp32 on a CUDA device: TF32 matmuls would make every run differ from its
+    reference by ~1e-3 (the ranks and the reference both call this)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def reference_forward(
     source: ModelSource,
     lengths: Sequence[int],
@@ -79,7 +95,11 @@ def reference_forward(
     """Run each request through the whole model; ``chunks`` (a planner's sequence, batched
     forwards included) overrides the fixed ``chunk_size`` split.
     On a GPU/NPU ``device`` the costs are synchronised wall seconds; outputs come back on the CPU."""
+    if str(device).startswith("npu"):
+        import torch_npu  # noqa: F401  (registers the npu device)
     device = torch.device(device)
+    if device.type == "cuda":
+        exact_fp32()
     model = full_model(source).to(device)
     config = source.config
     cache = KVCache(token_dim=0 if config.is_mla else 1)
