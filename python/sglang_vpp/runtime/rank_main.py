@@ -210,15 +210,13 @@ class _Untagged:
 def _device(device: Any, rank: int) -> Any:
     import torch
 
-    from .reference import exact_fp32
+    from .reference import prepare_device
     from .spec import Device
 
+    prepare_device(device.value)
     if device is Device.CUDA:
-        exact_fp32()
         count = max(torch.cuda.device_count(), 1)
         torch.cuda.set_device(rank % count)
         return torch.device("cuda", rank % count)
-    import torch_npu  # noqa: F401  (registers the npu device)
-
     torch.npu.set_device(rank)  # type: ignore[attr-defined]
     return torch.device("npu", rank)

@@ -25,7 +25,7 @@ import torch
 from ..schedule import ChunkSpec
 from .models import KVCache, ModelSource, full_model
 
-__all__ = ["ReferenceResult", "RequestOutput", "exact_fp32", "fixed_chunks", "max_abs_diff", "prompt_tokens",
+__all__ = ["ReferenceResult", "RequestOutput", "fixed_chunks", "max_abs_diff", "prepare_device", "prompt_tokens",
            "reference_device", "reference_forward",
            "within_fp32_rounding"]
 
@@ -71,16 +71,21 @@ def fixed_chunks(request_index: int, length: int, chunk_size: int | None) -> lis
 def reference_device(device: str) -> str:
     """Where the single-process reference of a run on ``device`` (``cpu``, ``cuda``, ``npu``)
     runs: the CPU, or the first accelerator of the ranks' kind, whose kernels are the ranks'; a
-    CPU reference of a GPU run compares other kernels' rounding against a bound (1e-5) made for
-    the same arithmetic."""
+    CPU reference of a GPU run would compare other kernels' rounding, which may differ by more
+    than the bound (1e-5) made for the same arithmetic."""
     return "cpu" if str(device) == "cpu" else f"{device}:0"
 
 
-def exact_fp32() -> None:
-    """fp32 means fp32 on a CUDA device: TF32 matmuls would make every run differ from its
-    reference by ~1e-3 (the ranks and the reference both call this)."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+def prepare_device(kind: str) -> None:
+    """Make a device of ``kind`` (``cpu``, ``cuda``, ``npu``) usable for an exact fp32 run; the
+    ranks and the reference both call this. An NPU is only known to torch once torch_npu is
+    imported. fp32 means fp32 on a CUDA device: TF32 matmuls would make every run differ from
+    its reference by ~1e-3."""
+    if kind == "npu":
+        import torch_npu  # noqa: F401
+    elif kind == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
 
 
 @torch.inference_mode()
@@ -95,11 +100,8 @@ def reference_forward(
     """Run each request through the whole model; ``chunks`` (a planner's sequence, batched
     forwards included) overrides the fixed ``chunk_size`` split.
     On a GPU/NPU ``device`` the costs are synchronised wall seconds; outputs come back on the CPU."""
-    if str(device).startswith("npu"):
-        import torch_npu  # noqa: F401  (registers the npu device)
+    prepare_device(str(device).split(":")[0])
     device = torch.device(device)
-    if device.type == "cuda":
-        exact_fp32()
     model = full_model(source).to(device)
     config = source.config
     cache = KVCache(token_dim=0 if config.is_mla else 1)
