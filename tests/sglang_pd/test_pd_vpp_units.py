@@ -164,3 +164,63 @@ def test_a_head_sliced_transfer_fails_at_once_naming_the_flags_and_the_fix(caplo
     assert [r.getMessage().count("peer:") for r in caplog.records] == [1, 1]
     assert "decode session peer:1" in caplog.records[0].getMessage()
     assert "decode session peer:2" in caplog.records[1].getMessage()
+
+
+def _boot_replica(buffers: int):
+    """A rank's scheduler as far as bootstrap admission reaches: SGLang's own bootstrap queue and
+    metadata-buffer allocator, every buffer but ``buffers`` held by requests still in transfer."""
+    from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
+    from sglang.srt.disaggregation.utils import ReqToMetadataIdxAllocator
+    from sglang.srt.managers.scheduler_pp_mixin import SchedulerPPMixin
+
+    allocator = ReqToMetadataIdxAllocator(2)
+    for _ in range(2 - buffers):
+        allocator.alloc()
+    scheduler = SimpleNamespace(waiting_queue=[], disagg_prefill_inflight_queue=[], processed_tokens_counter=0,
+                                attn_cp_cpu_group=None, attn_tp_cpu_group=None, pp_group=None,
+                                token_to_kv_pool_allocator=SimpleNamespace(page_size=1))
+    queue = object.__new__(PrefillBootstrapQueue)
+    queue.__dict__.update(queue=[], pp_size=2, pp_rank=0, pp_poll_sync_work_list=[], scheduler=scheduler,
+                          scheduler_stage_metrics=None, req_to_metadata_buffer_idx_allocator=allocator)
+    scheduler.disagg_prefill_bootstrap_queue = queue
+    scheduler.process_bootstrapped_queue = lambda: SchedulerPPMixin.process_bootstrapped_queue(scheduler)
+    return scheduler
+
+
+def _bootstrapped_request(rid: str):
+    """A request whose decode side has connected on every PP rank (consensus WaitingForInput)."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    sender = SimpleNamespace(poll_pp_consensus=lambda: KVPoll.WaitingForInput, pop_decode_prefix_len=lambda: 0,
+                             init=lambda num_pages, index: None)
+    stats = SimpleNamespace(set_bootstrap_done_time=lambda: None, set_wait_queue_entry_time=lambda: None)
+    return SimpleNamespace(rid=rid, disagg_kv_sender=sender, pending_bootstrap=True, metadata_buffer_index=-1,
+                           is_retracted=False, prefill_attempt_count=0, origin_input_ids=[1] * 8, time_stats=stats)
+
+
+def test_a_request_waiting_for_a_metadata_buffer_is_logged_once_it_is_admitted(monkeypatch):
+    """Every metadata buffer is held by requests still in transfer, so SGLang leaves a bootstrapped
+    request in its bootstrap queue, poll after poll. Rank 0 logs nothing for those polls (no rank's
+    state changed), and the one verdict that admits it once a buffer is free, which every rank's
+    replay applies alike."""
+    import sglang.srt.disaggregation.prefill as prefill
+
+    monkeypatch.setattr(prefill, "poll_and_all_reduce_prefill_pp", lambda pollers, *a: pd_prefill.around_poll_prefill_pp(
+        lambda *b: pytest.fail("polled the PP ring"), pollers, *a))
+    leader, follower = _boot_replica(buffers=0), _boot_replica(buffers=0)
+    for scheduler in (leader, follower):
+        scheduler.disagg_prefill_bootstrap_queue.queue.append(_bootstrapped_request("r"))
+    pd = pd_prefill.PdPrefill(leader, rank=0, tp=SimpleNamespace(ready=lambda values, what: values))
+    events: list = []
+    for _ in range(5):
+        assert pd.leader_poll(events) is False
+    assert events == [] and len(leader.disagg_prefill_bootstrap_queue.queue) == 1 and not leader.waiting_queue
+
+    for scheduler in (leader, follower):  # a transfer ended: its release frees a buffer on every rank
+        scheduler.disagg_prefill_bootstrap_queue.req_to_metadata_buffer_idx_allocator.free(0)
+    assert pd.leader_poll(events) is True
+    assert events == [("pd", "boot", [2])]
+    pd_prefill.PdPrefill(follower, rank=1, tp=None).replay(events[0])
+    for scheduler in (leader, follower):
+        assert [req.rid for req in scheduler.waiting_queue] == ["r"] and not scheduler.disagg_prefill_bootstrap_queue.queue
+        assert scheduler.waiting_queue[0].metadata_buffer_index == 0 and not scheduler.waiting_queue[0].pending_bootstrap

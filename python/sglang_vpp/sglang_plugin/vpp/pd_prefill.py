@@ -6,8 +6,10 @@ runs them through SGLang's own methods, at points every rank reaches in the same
 
 - bootstrap admission: rank 0 reads the PP consensus of each waiting sender
   (``poll_pp_consensus``: every rank's state, replicated to rank 0 by SGLang's consensus store),
-  the TP ranks of rank 0 agree on the minimum, and when a request changes state the verdict is
-  logged as ``("pd", "boot", polls)``; every rank applies it with ``process_bootstrapped_queue``
+  the TP ranks of rank 0 agree on the minimum, rank 0 applies the verdict, and when that took a
+  request off SGLang's bootstrap queue (bootstrapped or failed; one waiting for a free metadata
+  buffer stays, unchanged) it is logged as ``("pd", "boot", polls)``; every rank applies it with
+  ``process_bootstrapped_queue``
   (the around hook on ``poll_and_all_reduce_prefill_pp`` hands the logged verdict to
   ``pop_bootstrapped``). Bootstrap only moves requests to the waiting queue: which of them form
   a micro-batch, and when it is admitted, stays with SGLang's batching and the controller.
@@ -175,8 +177,14 @@ class PdPrefill:
         polls = self.tp.ready(polls, "the PD bootstrap verdict")
         if all(poll == KVPoll.Bootstrapping for poll in polls):
             return False
-        before = len(self.s.waiting_queue)
+        queued, before = len(queue), len(self.s.waiting_queue)
         self._apply_boot(polls)
+        if len(self.s.disagg_prefill_bootstrap_queue.queue) == queued:
+            # SGLang changes a request's state only when it takes it off the queue; one that stays
+            # waits for a free metadata buffer, held by requests still in transfer, and would
+            # otherwise be logged again, unchanged, after every poll (500 a second when idle),
+            # each a message down the pipeline and a replay on every rank.
+            return False
         events.append(("pd", "boot", polls))
         return len(self.s.waiting_queue) > before
 
