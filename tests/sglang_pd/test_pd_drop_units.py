@@ -486,3 +486,45 @@ def test_only_the_process_that_tells_the_prefill_logs_the_error(told, caplog):
         _fail_on_mismatch(_decode_process(tp_rank=1, attn_tp_size=2), addr, [9])
     lines = [record for record in caplog.records if addr in record.getMessage()]
     assert [record.levelno for record in lines] == [logging.DEBUG]
+
+
+def _sglang_holds(room) -> bool:
+    """Whether SGLang 0.5.23's prefill scheduler stores ``room`` without raising: a PP rank after
+    the first replicates it to rank 0 (msgpack) when the request arrives, and every rank writes it
+    into its metadata buffer with the last chunk's send (``MetadataBuffers.set_buf``)."""
+    import queue
+
+    import torch
+    from sglang.srt.disaggregation.base.conn import KVPoll
+    from sglang.srt.disaggregation.pp_consensus_store import PPConsensusStore
+
+    store = object.__new__(PPConsensusStore)
+    store.__dict__.update(_pp_size=2, _pp_rank=1, _local_map={}, _cache_lock=threading.Lock(),
+                          _replication_queue=queue.Queue())
+    buffer = torch.zeros((1, 8), dtype=torch.uint64)  # MetadataBuffers.bootstrap_room off NPU
+    try:
+        store[room] = KVPoll.Bootstrapping
+        buffer[0, 0] = room
+    except (OverflowError, ValueError, RuntimeError):
+        return False
+    return True
+
+
+def test_the_prefill_input_guard_refuses_a_room_its_scheduler_cannot_hold(pd_drop):
+    """SGLang accepts any integer as a room; one its prefill scheduler cannot store raises there
+    and ends the server. The prefill server's guard answers those 400, naming the range, and
+    lets through every room SGLang holds."""
+    from sglang_vpp.sglang_plugin.errors import InputRejectedError
+    from sglang_vpp.sglang_plugin.input_guard import check_request_tokens
+
+    prefill = _Manager()
+    for room in (0, 7, 2**63 - 1, -1, -2**63):
+        assert _sglang_holds(room)
+        check_request_tokens(prefill, _request(room), [1, 2])
+    for room in (2**63, 2**64 - 1, 2**64, -2**63 - 1):
+        assert not _sglang_holds(room)
+        with pytest.raises(InputRejectedError, match=r"bootstrap_room must be a 64-bit signed integer"):
+            check_request_tokens(prefill, _request(room), [1, 2])
+    check_request_tokens(prefill, _request(None), [1, 2])  # SGLang's own 400
+    check_request_tokens(prefill, _request([2**64]), [1, 2])  # a list: SGLang validates a batch item by item
+    check_request_tokens(_Manager(mode="null"), _request(2**64), [1, 2])  # no split: SGLang ignores the room

@@ -17,7 +17,8 @@ last stage does not have (``AttributeError`` on ``None``). The guard turns
 each into an ``InputRejectedError`` (a ``ValueError``), which SGLang's HTTP and OpenAI-compatible
 handlers answer with status 400 and the message; the server keeps serving. On a decode server of
 a prefill-decode split the same hook refuses a bootstrap address that cannot work (``pd_guard.py``);
-on a prefill server, a request whose room its decode server already refused (``pd_drop.py``).
+on a prefill server, a bootstrap room its scheduler cannot hold (``pd_guard.py``) and a request
+whose room its decode server already refused (``pd_drop.py``).
 
 Data flow (the HTTP server process, where the TokenizerManager lives)::
 
@@ -26,7 +27,8 @@ Data flow (the HTTP server process, where the TokenizerManager lives)::
         -> TokenizerManager._validate_one_request(obj, input_ids)
              [BEFORE hook: check_request_tokens: the prompt's ids (unless it sends
               embeddings), top_logprobs_num, a hidden-states request under PP, a PD
-              decode server's bootstrap address, a PD prefill server's refused room]
+              decode server's bootstrap address, a PD prefill server's room out of range
+              or refused]
                -> InputRejectedError -> HTTP 400
       (a batch whose later item is refused: SGLang aborts the items already dispatched)
 
@@ -41,7 +43,7 @@ from typing import Any
 
 from sglang_vpp.sglang_plugin.errors import InputRejectedError, PluginError
 from sglang_vpp.sglang_plugin.pd_drop import check_refused_room
-from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address
+from sglang_vpp.sglang_plugin.pd_guard import check_bootstrap_address, check_prefill_room
 
 __all__ = [
     "VALIDATE_REQUEST_TARGET",
@@ -142,6 +144,7 @@ def check_request_tokens(manager: Any, obj: Any, input_ids: Any, *args: Any, **k
     check_logprob_options(obj, vocab_size)
     check_hidden_states_request(obj, int(getattr(getattr(manager, "server_args", None), "pp_size", 1) or 1))
     check_bootstrap_address(manager, obj)
+    check_prefill_room(manager, obj)
     check_refused_room(manager, obj)
     return None
 

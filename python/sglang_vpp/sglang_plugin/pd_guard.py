@@ -52,6 +52,7 @@ from sglang_vpp.sglang_plugin.errors import InputRejectedError
 from sglang_vpp.sglang_plugin.pd_drop import is_room
 
 __all__ = ["CONNECT_TIMEOUT_S", "PLUGIN_ROUTE", "SETUP_ROUTES", "after_setup_routes", "check_bootstrap_address",
+           "check_prefill_room", "PREFILL_ROOMS",
            "head_sliced_refusal", "refuses_other_attn_tp"]
 
 CONNECT_TIMEOUT_S = 1.0
@@ -106,6 +107,29 @@ def check_bootstrap_address(manager: Any, obj: Any) -> None:
 
         tell_prefill(f"{shown}:{port}", [room], str(exc))
         raise
+
+
+PREFILL_ROOMS = (-2**63, 2**63)
+"""The bootstrap rooms a prefill server holds: SGLang's API schema types the room int64, though
+its HTTP server accepts any integer."""
+
+
+def check_prefill_room(manager: Any, obj: Any) -> None:
+    """Raise InputRejectedError for a prefill request whose room SGLang's prefill scheduler cannot
+    hold; it would raise there and end the server. A PP rank after the first replicates its KV
+    sender's state to rank 0 keyed by the room, as msgpack (-2**63 up to 2**64 - 1), when the
+    request arrives; every rank writes the room into its uint64 metadata buffer through a signed
+    64-bit conversion (a negative room wraps, one from 2**63 raises) when it sends the last chunk
+    to a decode server that bootstrapped it (one without the plugin, whose guard above refuses
+    rooms outside [0, 2**63))."""
+    if getattr(getattr(manager, "server_args", None), "disaggregation_mode", None) != "prefill":
+        return
+    room = getattr(obj, "bootstrap_room", None)
+    if room is None or isinstance(room, list):
+        return  # no room: SGLang answers 400 itself; a batch is checked item by item
+    low, high = PREFILL_ROOMS
+    if type(room) is not int or not low <= room < high:
+        raise InputRejectedError(f"bootstrap_room must be a 64-bit signed integer, in [-2**63, 2**63); got {room!r}")
 
 
 def _decode_page_size(server_args: Any) -> int | None:
