@@ -124,6 +124,11 @@ CASES = [
      "is a malformed sglang-vpp.table-cost file (ValueError: an index of 0.7, not a whole number >= 0)"),
     (["simulate", "--costs", "NEG_INDEX_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "is a malformed sglang-vpp.table-cost file (ValueError: an index of -1, not a whole number >= 0)"),
+    # A --plot suffix matplotlib cannot write failed only when the plot was saved, after the run.
+    (["simulate", "--seq-len", "8k", "--modes", "cpp", "--plot", "PLOT.txt"],
+     "matplotlib writes no .txt files; end the name in .png, .svg or .pdf"),
+    (_BENCH + ["--plot", "PLOT.txt", "--device", "npu"], "--plot"),
+    (_URL + ["--plot", "PLOT.txt"], "matplotlib writes no .txt files"),
     (["simulate", "--seq-len", "8k", "--json", "/dev/null/out.json"], "--json"),
     (["simulate", "--seq-len", "8k", "--plot", "/dev/null/gantt.png"], "--plot"),
     (["simulate", "--seq-len", "8k", "--trace", "/dev/null/trace.json"], "--trace"),
@@ -166,7 +171,7 @@ CASES = [
     # Two outputs to one file: the one written last replaced the other, with no word said.
     (["simulate", "--seq-len", "8k", "--json", "OUT.json", "--trace", "OUT.json"],
      "--json and --trace both name"),
-    (["simulate", "--seq-len", "8k", "--json", "OUT.json", "--plot", "OUT.json"], "--json and --plot both name"),
+    (["simulate", "--seq-len", "8k", "--json", "OUT.png", "--plot", "OUT.png"], "--json and --plot both name"),
     (_BENCH + ["--costs", "OUT.json", "--json", "OUT.json"], "--json and --costs both name"),
     (_URL + ["--json", "OUT.json", "--output-file", "OUT.json"], "--json and --output-file both name"),
     # Sizes and counts of the plan commands name their flag.
@@ -368,6 +373,7 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
              "BOOL_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, true]]}\n',
              "FRACTION_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0.7, 0, 0, 0.5]]}\n',
              "NEG_INDEX_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[-1, 0, 0, 0.5]]}\n',
+             "PLOT.txt": "", "OUT.png": "",
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n',
              "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n', "LIST.json": "[]\n",
              "DEEP.json": '{"a": ' * 100_000 + "0" + "}" * 100_000 + "\n", "OUT.json": "{}\n"}
@@ -419,8 +425,8 @@ def test_plot_without_suffix_is_written_and_named_as_png(tmp_path):
 @pytest.mark.parametrize("flags, fragment", [
     (["--costs", "c.json", "--trace", "c.vpp.json"], "--trace and --costs's vpp samples both name"),
     (["--json", "c.cpp.json", "--costs", "c.json"], "--json and --costs's cpp samples both name"),
-    (["--costs", "c", "--plot", "c.vpp.json"], "--plot and --costs's vpp samples both name"),
-], ids=["trace on vpp samples", "json on cpp samples", "plot on samples of a stem"])
+    (["--costs", "c", "--json", "c.vpp.json"], "--json and --costs's vpp samples both name"),
+], ids=["trace on vpp samples", "json on cpp samples", "json on samples of a stem"])
 def test_bench_refuses_an_output_on_a_cost_samples_file_of_costs(flags, fragment, tmp_path):
     """``--costs c.json`` also writes ``c.<mode>.json``; another output there was overwritten silently.
     The trailing --device npu is refused later, so no run starts without the check."""
@@ -532,3 +538,4 @@ def test_check_trace_whose_records_are_nested_too_deep_is_one_line_exit_2(tmp_pa
     (tmp_path / "vpp_rank0.records.json").write_text(_DEEP)
     _assert_one_line_error(CliRunner().invoke(app, ["check", "--trace", str(tmp_path)]),
                            "is not a readable records file (nested too deep to read")
+

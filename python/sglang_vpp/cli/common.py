@@ -263,7 +263,17 @@ def check_output_paths(*outputs: tuple[Path | None, str] | tuple[Path | None, st
 
 def png_path(path: Path | None) -> Path | None:
     """A ``--plot`` path as matplotlib writes it: ``out`` becomes ``out.png`` (a directory or
-    ``-`` stays as given, for ``check_output_path`` to refuse, rather than become a file)."""
-    if path is None or path.suffix or path.is_dir() or str(path) == "-":
+    ``-`` stays as given, for ``check_output_path`` to refuse, rather than become a file). A
+    suffix matplotlib writes no format for is refused here: matplotlib refuses it only when the
+    plot is saved, after the whole run."""
+    if path is None or path.is_dir() or str(path) == "-":
         return path
-    return path.with_name(path.name + ".png")
+    if not path.suffix:
+        return path.with_name(path.name + ".png")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise CliInputError(f"--plot {str(path)!r}: matplotlib writes no {path.suffix} files; end the name in "
+                            ".png, .svg or .pdf, or drop the suffix for .png")
+    return path
