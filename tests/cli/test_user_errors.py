@@ -539,3 +539,12 @@ def test_check_trace_whose_records_are_nested_too_deep_is_one_line_exit_2(tmp_pa
     _assert_one_line_error(CliRunner().invoke(app, ["check", "--trace", str(tmp_path)]),
                            "is not a readable records file (nested too deep to read")
 
+
+def test_layout_fold_help_says_what_layout_does_with_a_contiguous_mode():
+    """The other commands run cpp/dcpp as always under --fold fused; layout refuses it, and its
+    help said it was ignored."""
+    help_text = " ".join(CliRunner().invoke(app, ["layout", "--help"]).output.split())
+    assert "ignore it" not in help_text
+    assert "cpp and dcpp have no fold: --fold fused with them is an error" in help_text
+    _assert_one_line_error(CliRunner().invoke(app, ["layout", "--pp", "2", "--layers", "8", "--mode", "dcpp",
+                                                    "--fold", "fused"]), "has no fold")

@@ -15,6 +15,7 @@ import typer
 __all__ = [
     "CliInputError",
     "FOLD_HELP",
+    "LAYOUT_FOLD_HELP",
     "MAX_REPEATS",
     "MAX_REQUESTS",
     "MAX_TIMEOUT_S",
@@ -96,10 +97,15 @@ def parse_int_list(text: str | None, what: str) -> list[int] | None:
         raise ValueError(f"{what} must be comma-separated integers like 3,3,3,3, got {text!r}") from None
 
 
-FOLD_HELP = ("Fold of the vpp modes: split (the method's: the last rank runs its two stages as two "
-             "forwards) or fused (one forward over both: 2P-1 stages, so --split takes 2P-1 counts). "
-             "cpp and dcpp have no fold and ignore it.")
-"""The help of every command's ``--fold`` (docs/cli.md)."""
+_FOLD_VALUES = ("Fold of the vpp modes: split (the method's: the last rank runs its two stages as two "
+                "forwards) or fused (one forward over both: 2P-1 stages, so --split takes 2P-1 counts).")
+
+FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold and ignore it."
+"""The help of the ``--fold`` of the commands that run several modes (docs/cli.md)."""
+
+LAYOUT_FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold: --fold fused with them is an error."
+"""``layout``'s ``--fold``: its one layout has no mode to run as always, so the schedule core's
+``build_layout`` refuses a fused fold of a contiguous layout."""
 
 
 def parse_fold_option(text: str) -> str:
