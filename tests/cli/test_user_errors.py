@@ -124,6 +124,11 @@ CASES = [
      "is a malformed sglang-vpp.table-cost file (ValueError: an index of 0.7, not a whole number >= 0)"),
     (["simulate", "--costs", "NEG_INDEX_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "is a malformed sglang-vpp.table-cost file (ValueError: an index of -1, not a whole number >= 0)"),
+    # A fitted file times every stage itself: --hardware and --tp ran, ignored, with the same numbers.
+    (["simulate", "--costs", "PER_LAYER_FIT", "--seq-len", "8k", "--modes", "cpp", "--tp", "4"],
+     "is a fitted cost model, which times every stage itself: --tp would change nothing; drop --tp"),
+    (["simulate", "--costs", "PER_LAYER_FIT", "--seq-len", "8k", "--modes", "cpp", "--hardware", "h200"],
+     "--hardware would change nothing; drop --hardware"),
     # A --plot suffix matplotlib cannot write failed only when the plot was saved, after the run.
     (["simulate", "--seq-len", "8k", "--modes", "cpp", "--plot", "PLOT.txt"],
      "matplotlib writes no .txt files; end the name in .png, .svg or .pdf"),
@@ -368,6 +373,7 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
                         '"1": {"a": 0, "b": 1e-6, "d": 0, "layers": 2}}}\n',
              "INF_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[Infinity, 0, 0, 1]]}\n',
              "NEG_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, -1]]}\n',
+             "PER_LAYER_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 0, "b": 1e-6, "d": 0}}\n',
              "EMPTY_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [], "transfer": [[0, 0, 0, 1]]}\n',
              "STR_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, "0.5"]]}\n',
              "BOOL_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, true]]}\n',
@@ -548,3 +554,12 @@ def test_layout_fold_help_says_what_layout_does_with_a_contiguous_mode():
     assert "cpp and dcpp have no fold: --fold fused with them is an error" in help_text
     _assert_one_line_error(CliRunner().invoke(app, ["layout", "--pp", "2", "--layers", "8", "--mode", "dcpp",
                                                     "--fold", "fused"]), "has no fold")
+
+
+def test_a_table_cost_file_still_reads_tp_for_the_actions_it_lacks(tmp_path):
+    """Only a fitted file replaces the analytic model: a table one falls back to it, --tp included."""
+    table = tmp_path / "table.json"
+    table.write_text('{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, 0.5]]}\n')
+    result = CliRunner().invoke(app, ["simulate", "--costs", str(table), "--seq-len", "8k", "--modes", "cpp",
+                                      "--tp", "4"])
+    assert result.exit_code == 0, result.output
