@@ -129,6 +129,15 @@ CASES = [
      "is a fitted cost model, which times every stage itself: --tp would change nothing; drop --tp"),
     (["simulate", "--costs", "PER_LAYER_FIT", "--seq-len", "8k", "--modes", "cpp", "--hardware", "h200"],
      "--hardware would change nothing; drop --hardware"),
+    # An output naming a file the command reads overwrote (--output-file: appended to) it after the run.
+    (["simulate", "--costs", "PER_LAYER_FIT", "--seq-len", "8k", "--modes", "cpp", "--json", "PER_LAYER_FIT"],
+     "the file --costs reads: the output would be written into it; give the output another file"),
+    (["simulate", "--workload", "file", "--file", "REQS", "--modes", "cpp", "--trace", "REQS"],
+     "the file --file reads"),
+    (["simulate", "--model", "MODEL.json", "--seq-len", "8k", "--modes", "cpp", "--json", "MODEL.json"],
+     "the file --model reads"),
+    (_URL + ["--workload", "file", "--file", "REQS", "--output-file", "REQS"], "the file --file reads"),
+    (_URL + ["--dataset-name", "sharegpt", "--dataset-path", "REQS", "--json", "REQS"], "the file --dataset-path reads"),
     # A --plot suffix matplotlib cannot write failed only when the plot was saved, after the run.
     (["simulate", "--seq-len", "8k", "--modes", "cpp", "--plot", "PLOT.txt"],
      "matplotlib writes no .txt files; end the name in .png, .svg or .pdf"),
@@ -379,7 +388,7 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
              "BOOL_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, true]]}\n',
              "FRACTION_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0.7, 0, 0, 0.5]]}\n',
              "NEG_INDEX_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[-1, 0, 0, 0.5]]}\n',
-             "PLOT.txt": "", "OUT.png": "",
+             "PLOT.txt": "", "OUT.png": "", "MODEL.json": "{}\n",
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n',
              "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n', "LIST.json": "[]\n",
              "DEEP.json": '{"a": ' * 100_000 + "0" + "}" * 100_000 + "\n", "OUT.json": "{}\n"}

@@ -248,12 +248,15 @@ def check_output_path(path: Path | None, flag: str, stdout: bool = False) -> Non
                 folder.rmdir()
 
 
-def check_output_paths(*outputs: tuple[Path | None, str] | tuple[Path | None, str, Sequence[tuple[Path, str]]]
-                       ) -> None:
+def check_output_paths(*outputs: tuple[Path | None, str] | tuple[Path | None, str, Sequence[tuple[Path, str]]],
+                       inputs: Sequence[tuple[Path | str | None, str]] = ()) -> None:
     """``check_output_path`` for each ``(path, flag)`` (``--json`` may be '-'), and no two outputs
     naming one file: each is written after the run, the later replacing the earlier. A third item
     lists the files a flag also writes next to its path, as ``(path, what)`` (e.g. ``--costs``'s
-    per-mode samples): another flag naming one of those would be overwritten as silently."""
+    per-mode samples): another flag naming one of those would be overwritten as silently.
+    ``inputs`` are the files the command reads, as ``(path, flag)``: an output naming one would
+    overwrite (``--output-file``: append to) measured costs or a workload with the results."""
+    read = {Path(path).resolve(): flag for path, flag in inputs if path is not None and Path(path).is_file()}
     written: dict[Path, str] = {}
     for path, flag, *also in outputs:
         check_output_path(path, flag, stdout=flag == "--json")
@@ -261,6 +264,9 @@ def check_output_paths(*outputs: tuple[Path | None, str] | tuple[Path | None, st
             continue
         for target, what in [(path, flag), *(also[0] if also else ())]:
             key = target.resolve()
+            if key in read:
+                raise CliInputError(f"{what} names {str(target)!r}, the file {read[key]} reads: the output would be "
+                                    "written into it; give the output another file")
             if key in written:
                 raise CliInputError(f"{written[key]} and {what} both name {str(target)!r}, and the later output "
                                     "would replace the earlier; give each its own file")

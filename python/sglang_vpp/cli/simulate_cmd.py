@@ -143,7 +143,8 @@ def simulate(
     parse_fold_option(fold)
     if workload == "long" and seq_len is None:
         seq_len = DEFAULT_LONG_SEQ_LEN
-    check_output_paths((json_out, "--json"), (trace, "--trace"), (plot, "--plot"))
+    check_output_paths((json_out, "--json"), (trace, "--trace"), (plot, "--plot"),
+                       inputs=((costs, "--costs"), (file, "--file"), (model, "--model"), (hardware, "--hardware")))
     model_spec = load_model(model)
     hardware_spec = load_hardware(hardware)
     cost = _cost_model(model_spec, hardware_spec, tp, costs)
