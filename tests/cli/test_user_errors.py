@@ -60,6 +60,7 @@ CASES = [
     (_URL + ["--workload", "file", "--file", "BAD_LEN"], "BAD_LEN:2: length must be in 1..16777216"),
     (["simulate", "--workload", "file", "--file", "BAD_LEN"], "BAD_LEN:2: length must be in 1..16777216"),
     (_URL + ["--format", "xml"], "--format"),
+    (_URL + ["--dataset-name", "sharegpt", "--dataset-path", "FOLDER.json"], "FOLDER.json: a directory, not a file"),
     (_URL + ["--dataset-name", "sharegpt"], "--dataset-path"),
     (_BENCH + ["--backend", "nope"], "nope"),
     (_BENCH + ["--backend", "nccl"], "nccl"),
