@@ -196,6 +196,10 @@ CASES = [
     (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--layers", "0"],
      "--layers must be >= 1"),
     (["check", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "0"], "--chunk-size '0'"),
+    # auto is what simulate and bench take; here it read as a malformed size.
+    (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "auto"],
+     "--chunk-size auto is chosen while a run goes (simulate, bench)"),
+    (["check", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "AUTO"], "--chunk-size auto is chosen"),
     (["check", "--mode", "cpp", "--pp", "2", "--seq-len", "-5", "--chunk-size", "8"], "--seq-len '-5'"),
     (["check", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--groups", "0"],
      "--groups must be 1 or 2"),
