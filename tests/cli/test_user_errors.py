@@ -60,6 +60,7 @@ CASES = [
     (_URL + ["--workload", "file", "--file", "BAD_LEN"], "BAD_LEN:2: length must be in 1..16777216"),
     (["simulate", "--workload", "file", "--file", "BAD_LEN"], "BAD_LEN:2: length must be in 1..16777216"),
     (_URL + ["--format", "xml"], "--format"),
+    (_URL + ["--dataset-name", "sharegpt", "--dataset-path", "FOLDER.json"], "FOLDER.json: a directory, not a file"),
     (_URL + ["--dataset-name", "sharegpt"], "--dataset-path"),
     (_BENCH + ["--backend", "nope"], "nope"),
     (_BENCH + ["--backend", "nccl"], "nccl"),
@@ -112,6 +113,37 @@ CASES = [
      "is a malformed sglang-vpp.table-cost file (OverflowError: cannot convert float infinity to integer)"),
     (["simulate", "--costs", "NEG_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "is a malformed sglang-vpp.table-cost file (ValueError: a time of -1.0 s, not a finite number >= 0)"),
+    # A table of no compute rows, or rows float() and int() read loosely, ran every action (or the
+    # mis-keyed ones) on the analytic fallback under the title "on the measured costs in FILE".
+    (["simulate", "--costs", "EMPTY_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     'is a sglang-vpp.table-cost file with no "compute" rows'),
+    (["simulate", "--costs", "STR_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.table-cost file (ValueError: a time of '0.5', not a number of seconds)"),
+    (["simulate", "--costs", "BOOL_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.table-cost file (ValueError: a time of True, not a number of seconds)"),
+    (["simulate", "--costs", "FRACTION_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.table-cost file (ValueError: an index of 0.7, not a whole number >= 0)"),
+    (["simulate", "--costs", "NEG_INDEX_TABLE", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
+     "is a malformed sglang-vpp.table-cost file (ValueError: an index of -1, not a whole number >= 0)"),
+    # A fitted file times every stage itself: --hardware and --tp ran, ignored, with the same numbers.
+    (["simulate", "--costs", "PER_LAYER_FIT", "--seq-len", "8k", "--modes", "cpp", "--tp", "4"],
+     "is a fitted cost model, which times every stage itself: --tp would change nothing; drop --tp"),
+    (["simulate", "--costs", "PER_LAYER_FIT", "--seq-len", "8k", "--modes", "cpp", "--hardware", "h200"],
+     "--hardware would change nothing; drop --hardware"),
+    # An output naming a file the command reads overwrote (--output-file: appended to) it after the run.
+    (["simulate", "--costs", "PER_LAYER_FIT", "--seq-len", "8k", "--modes", "cpp", "--json", "PER_LAYER_FIT"],
+     "the file --costs reads: the output would be written into it; give the output another file"),
+    (["simulate", "--workload", "file", "--file", "REQS", "--modes", "cpp", "--trace", "REQS"],
+     "the file --file reads"),
+    (["simulate", "--model", "MODEL.json", "--seq-len", "8k", "--modes", "cpp", "--json", "MODEL.json"],
+     "the file --model reads"),
+    (_URL + ["--workload", "file", "--file", "REQS", "--output-file", "REQS"], "the file --file reads"),
+    (_URL + ["--dataset-name", "sharegpt", "--dataset-path", "REQS", "--json", "REQS"], "the file --dataset-path reads"),
+    # A --plot suffix matplotlib cannot write failed only when the plot was saved, after the run.
+    (["simulate", "--seq-len", "8k", "--modes", "cpp", "--plot", "PLOT.txt"],
+     "matplotlib writes no .txt files; end the name in .png, .svg or .pdf"),
+    (_BENCH + ["--plot", "PLOT.txt", "--device", "npu"], "--plot"),
+    (_URL + ["--plot", "PLOT.txt"], "matplotlib writes no .txt files"),
     (["simulate", "--seq-len", "8k", "--json", "/dev/null/out.json"], "--json"),
     (["simulate", "--seq-len", "8k", "--plot", "/dev/null/gantt.png"], "--plot"),
     (["simulate", "--seq-len", "8k", "--trace", "/dev/null/trace.json"], "--trace"),
@@ -154,7 +186,7 @@ CASES = [
     # Two outputs to one file: the one written last replaced the other, with no word said.
     (["simulate", "--seq-len", "8k", "--json", "OUT.json", "--trace", "OUT.json"],
      "--json and --trace both name"),
-    (["simulate", "--seq-len", "8k", "--json", "OUT.json", "--plot", "OUT.json"], "--json and --plot both name"),
+    (["simulate", "--seq-len", "8k", "--json", "OUT.png", "--plot", "OUT.png"], "--json and --plot both name"),
     (_BENCH + ["--costs", "OUT.json", "--json", "OUT.json"], "--json and --costs both name"),
     (_URL + ["--json", "OUT.json", "--output-file", "OUT.json"], "--json and --output-file both name"),
     # Sizes and counts of the plan commands name their flag.
@@ -164,6 +196,10 @@ CASES = [
     (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--layers", "0"],
      "--layers must be >= 1"),
     (["check", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "0"], "--chunk-size '0'"),
+    # auto is what simulate and bench take; here it read as a malformed size.
+    (["schedule", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "auto"],
+     "--chunk-size auto is chosen while a run goes (simulate, bench)"),
+    (["check", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "AUTO"], "--chunk-size auto is chosen"),
     (["check", "--mode", "cpp", "--pp", "2", "--seq-len", "-5", "--chunk-size", "8"], "--seq-len '-5'"),
     (["check", "--mode", "vpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--groups", "0"],
      "--groups must be 1 or 2"),
@@ -351,6 +387,13 @@ def test_user_error_is_one_line_exit_2(args, fragment, tmp_path):
                         '"1": {"a": 0, "b": 1e-6, "d": 0, "layers": 2}}}\n',
              "INF_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[Infinity, 0, 0, 1]]}\n',
              "NEG_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, -1]]}\n',
+             "PER_LAYER_FIT": '{"format": "sglang-vpp.fitted-cost", "per_layer": {"a": 0, "b": 1e-6, "d": 0}}\n',
+             "EMPTY_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [], "transfer": [[0, 0, 0, 1]]}\n',
+             "STR_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, "0.5"]]}\n',
+             "BOOL_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, true]]}\n',
+             "FRACTION_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[0.7, 0, 0, 0.5]]}\n',
+             "NEG_INDEX_TABLE": '{"format": "sglang-vpp.table-cost", "compute": [[-1, 0, 0, 0.5]]}\n',
+             "PLOT.txt": "", "OUT.png": "", "MODEL.json": "{}\n",
              "REQS": '{"length": 64}\n{"length": 8, "arrival": 0.5}\n', "BAD_LEN": '{"length": 3}\n{"length": 0}\n',
              "LONG_REQ": '{"length": 8}\n{"length": 16385, "arrival": 1}\n', "LIST.json": "[]\n",
              "DEEP.json": '{"a": ' * 100_000 + "0" + "}" * 100_000 + "\n", "OUT.json": "{}\n"}
@@ -402,8 +445,8 @@ def test_plot_without_suffix_is_written_and_named_as_png(tmp_path):
 @pytest.mark.parametrize("flags, fragment", [
     (["--costs", "c.json", "--trace", "c.vpp.json"], "--trace and --costs's vpp samples both name"),
     (["--json", "c.cpp.json", "--costs", "c.json"], "--json and --costs's cpp samples both name"),
-    (["--costs", "c", "--plot", "c.vpp.json"], "--plot and --costs's vpp samples both name"),
-], ids=["trace on vpp samples", "json on cpp samples", "plot on samples of a stem"])
+    (["--costs", "c", "--json", "c.vpp.json"], "--json and --costs's vpp samples both name"),
+], ids=["trace on vpp samples", "json on cpp samples", "json on samples of a stem"])
 def test_bench_refuses_an_output_on_a_cost_samples_file_of_costs(flags, fragment, tmp_path):
     """``--costs c.json`` also writes ``c.<mode>.json``; another output there was overwritten silently.
     The trailing --device npu is refused later, so no run starts without the check."""
@@ -515,3 +558,22 @@ def test_check_trace_whose_records_are_nested_too_deep_is_one_line_exit_2(tmp_pa
     (tmp_path / "vpp_rank0.records.json").write_text(_DEEP)
     _assert_one_line_error(CliRunner().invoke(app, ["check", "--trace", str(tmp_path)]),
                            "is not a readable records file (nested too deep to read")
+
+
+def test_layout_fold_help_says_what_layout_does_with_a_contiguous_mode():
+    """The other commands run cpp/dcpp as always under --fold fused; layout refuses it, and its
+    help said it was ignored."""
+    help_text = " ".join(CliRunner().invoke(app, ["layout", "--help"]).output.split())
+    assert "ignore it" not in help_text
+    assert "cpp and dcpp have no fold: --fold fused with them is an error" in help_text
+    _assert_one_line_error(CliRunner().invoke(app, ["layout", "--pp", "2", "--layers", "8", "--mode", "dcpp",
+                                                    "--fold", "fused"]), "has no fold")
+
+
+def test_a_table_cost_file_still_reads_tp_for_the_actions_it_lacks(tmp_path):
+    """Only a fitted file replaces the analytic model: a table one falls back to it, --tp included."""
+    table = tmp_path / "table.json"
+    table.write_text('{"format": "sglang-vpp.table-cost", "compute": [[0, 0, 0, 0.5]]}\n')
+    result = CliRunner().invoke(app, ["simulate", "--costs", str(table), "--seq-len", "8k", "--modes", "cpp",
+                                      "--tp", "4"])
+    assert result.exit_code == 0, result.output

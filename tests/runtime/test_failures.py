@@ -80,6 +80,18 @@ def test_pp_one_is_refused():
         check_spec(_spec(num_ranks=1))
 
 
+def test_the_head_names_the_rank_that_failed_not_the_one_the_launcher_stopped_for_it():
+    """``bench --timeout 0.0001``: rank 1's receive timed out, and the launcher then stopped rank 0
+    (RunAborted, "see that rank's error"); the first line named rank 0 and its RunAborted."""
+    from sglang_vpp.runtime.launcher import _Monitor
+
+    monitor = _Monitor(_spec(), 0, [], None, None, None, set())
+    monitor.errors = {0: "RunAborted: rank 0: stopped by the launcher after 2 actions because another rank failed",
+                      1: "CommTimeoutError: rank 1, action 0RECV_F0.0<0@pp: timed out after 0.00s"}
+    monitor.first_failure = (0, monitor.errors[0])
+    assert monitor._root_cause() == (1, monitor.errors[1])
+
+
 # ----------------------------------------------------------------------------- crashed ranks (processes)
 def test_a_rank_failing_before_the_start_barrier_is_named_not_the_peer_it_left_there(tmp_path):
     """A checkpoint without rank 1's layers fails rank 1 while it builds its share; rank 0, at the

@@ -203,7 +203,8 @@ def bench_serve(
     timeout_option(startup_timeout, "--startup-timeout")
     plot = png_path(plot)  # matplotlib writes out.png for --plot out
     gantt = [] if plot is None or launch is None else [(gantt_path(plot), "--plot's -gantt.png")]
-    check_output_paths((json_out, "--json"), (output_file, "--output-file"), (plot, "--plot", gantt))
+    check_output_paths((json_out, "--json"), (output_file, "--output-file"), (plot, "--plot", gantt),
+                       inputs=((file, "--file"), (dataset_path, "--dataset-path")))
     _check_work_dir(work_dir)
     from ..schedule.auto_size import AUTO, is_auto
 

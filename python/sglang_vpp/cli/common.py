@@ -15,6 +15,7 @@ import typer
 __all__ = [
     "CliInputError",
     "FOLD_HELP",
+    "LAYOUT_FOLD_HELP",
     "MAX_REPEATS",
     "MAX_REQUESTS",
     "MAX_TIMEOUT_S",
@@ -96,10 +97,15 @@ def parse_int_list(text: str | None, what: str) -> list[int] | None:
         raise ValueError(f"{what} must be comma-separated integers like 3,3,3,3, got {text!r}") from None
 
 
-FOLD_HELP = ("Fold of the vpp modes: split (the method's: the last rank runs its two stages as two "
-             "forwards) or fused (one forward over both: 2P-1 stages, so --split takes 2P-1 counts). "
-             "cpp and dcpp have no fold and ignore it.")
-"""The help of every command's ``--fold`` (docs/cli.md)."""
+_FOLD_VALUES = ("Fold of the vpp modes: split (the method's: the last rank runs its two stages as two "
+                "forwards) or fused (one forward over both: 2P-1 stages, so --split takes 2P-1 counts).")
+
+FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold and ignore it."
+"""The help of the ``--fold`` of the commands that run several modes (docs/cli.md)."""
+
+LAYOUT_FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold: --fold fused with them is an error."
+"""``layout``'s ``--fold``: its one layout has no mode to run as always, so the schedule core's
+``build_layout`` refuses a fused fold of a contiguous layout."""
 
 
 def parse_fold_option(text: str) -> str:
@@ -242,12 +248,15 @@ def check_output_path(path: Path | None, flag: str, stdout: bool = False) -> Non
                 folder.rmdir()
 
 
-def check_output_paths(*outputs: tuple[Path | None, str] | tuple[Path | None, str, Sequence[tuple[Path, str]]]
-                       ) -> None:
+def check_output_paths(*outputs: tuple[Path | None, str] | tuple[Path | None, str, Sequence[tuple[Path, str]]],
+                       inputs: Sequence[tuple[Path | str | None, str]] = ()) -> None:
     """``check_output_path`` for each ``(path, flag)`` (``--json`` may be '-'), and no two outputs
     naming one file: each is written after the run, the later replacing the earlier. A third item
     lists the files a flag also writes next to its path, as ``(path, what)`` (e.g. ``--costs``'s
-    per-mode samples): another flag naming one of those would be overwritten as silently."""
+    per-mode samples): another flag naming one of those would be overwritten as silently.
+    ``inputs`` are the files the command reads, as ``(path, flag)``: an output naming one would
+    overwrite (``--output-file``: append to) measured costs or a workload with the results."""
+    read = {Path(path).resolve(): flag for path, flag in inputs if path is not None and Path(path).is_file()}
     written: dict[Path, str] = {}
     for path, flag, *also in outputs:
         check_output_path(path, flag, stdout=flag == "--json")
@@ -255,6 +264,9 @@ def check_output_paths(*outputs: tuple[Path | None, str] | tuple[Path | None, st
             continue
         for target, what in [(path, flag), *(also[0] if also else ())]:
             key = target.resolve()
+            if key in read:
+                raise CliInputError(f"{what} names {str(target)!r}, the file {read[key]} reads: the output would be "
+                                    "written into it; give the output another file")
             if key in written:
                 raise CliInputError(f"{written[key]} and {what} both name {str(target)!r}, and the later output "
                                     "would replace the earlier; give each its own file")
@@ -263,7 +275,17 @@ def check_output_paths(*outputs: tuple[Path | None, str] | tuple[Path | None, st
 
 def png_path(path: Path | None) -> Path | None:
     """A ``--plot`` path as matplotlib writes it: ``out`` becomes ``out.png`` (a directory or
-    ``-`` stays as given, for ``check_output_path`` to refuse, rather than become a file)."""
-    if path is None or path.suffix or path.is_dir() or str(path) == "-":
+    ``-`` stays as given, for ``check_output_path`` to refuse, rather than become a file). A
+    suffix matplotlib writes no format for is refused here: matplotlib refuses it only when the
+    plot is saved, after the whole run."""
+    if path is None or path.is_dir() or str(path) == "-":
         return path
-    return path.with_name(path.name + ".png")
+    if not path.suffix:
+        return path.with_name(path.name + ".png")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise CliInputError(f"--plot {str(path)!r}: matplotlib writes no {path.suffix} files; end the name in "
+                            ".png, .svg or .pdf, or drop the suffix for .png")
+    return path

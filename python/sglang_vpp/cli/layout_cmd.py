@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from .common import FOLD_HELP, at_least, emit_json, layers_option, parse_fold_option, parse_int_list, user_errors
+from .common import LAYOUT_FOLD_HELP, at_least, emit_json, layers_option, parse_fold_option, parse_int_list, user_errors
 
 
 @user_errors
@@ -15,7 +15,7 @@ def layout(
     layers: int = typer.Option(..., "--layers", help="Number of decoder layers L."),
     mode: str = typer.Option("vpp", "--mode", help="cpp (contiguous, P stages) or vpp (fold-back, 2P stages); any mode name works."),
     split: Optional[str] = typer.Option(None, "--split", help="Per-stage layer counts, e.g. 3,3,3,3."),
-    fold: str = typer.Option("split", "--fold", help=FOLD_HELP),
+    fold: str = typer.Option("split", "--fold", help=LAYOUT_FOLD_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Print the stage -> rank -> layers layout (layers as half-open ranges)."""

@@ -78,6 +78,18 @@ def _check_costs_layouts(cost, costs: Optional[Path], modes: str, pp: int, num_l
             raise CostModelError(f"--costs {str(costs)!r} {error} (--modes {spec.name})") from None
 
 
+def _refuse_unread_hardware(ctx: typer.Context, cost, costs: Optional[Path]) -> None:
+    """A fitted cost file times every stage and hand-off itself: the hardware preset and ``--tp``
+    set only the analytic model, which it replaces, so given with it they would change nothing
+    (a table file keeps the analytic model for the actions it did not measure, and reads them)."""
+    from ..schedule.fitted_cost import FittedCostModel
+
+    unread = given_flags(ctx, {"hardware": "--hardware", "tp": "--tp"}) if isinstance(cost, FittedCostModel) else []
+    if unread:
+        raise ValueError(f"--costs {str(costs)!r} is a fitted cost model, which times every stage itself: "
+                         f"{', '.join(unread)} would change nothing; drop {', '.join(unread)}")
+
+
 def _warn_other_depth(cost, costs: Optional[Path], model_spec) -> None:
     """A measured per-layer cost is multiplied by --model's layer count, the one thing --model
     still sets with --costs: scaling it to another depth is a what-if worth running, but never
@@ -131,10 +143,12 @@ def simulate(
     parse_fold_option(fold)
     if workload == "long" and seq_len is None:
         seq_len = DEFAULT_LONG_SEQ_LEN
-    check_output_paths((json_out, "--json"), (trace, "--trace"), (plot, "--plot"))
+    check_output_paths((json_out, "--json"), (trace, "--trace"), (plot, "--plot"),
+                       inputs=((costs, "--costs"), (file, "--file"), (model, "--model"), (hardware, "--hardware")))
     model_spec = load_model(model)
     hardware_spec = load_hardware(hardware)
     cost = _cost_model(model_spec, hardware_spec, tp, costs)
+    _refuse_unread_hardware(ctx, cost, costs)
     _warn_other_depth(cost, costs, model_spec)
     lengths = _sizes(seq_len, "--seq-len") if seq_len else None
     if sweep_chunk is not None and given_flags(ctx, {"chunk_size": "--chunk-size"}):

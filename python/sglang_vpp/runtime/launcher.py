@@ -40,7 +40,9 @@ from .spec import Device, RunSpec, Timeouts
 __all__ = ["LaunchResult", "PoolSpec", "RankPool", "check_spec", "launch"]
 
 _POLL_S = 0.1
-_CONSEQUENCES = ("RunAborted", "PeerDeadError", "CommTimeoutError", "TimeoutError", "CommClosedError")
+# Errors that usually follow another rank's failure, most likely cause first. RunAborted comes
+# last: the launcher raises it in a rank only because another rank had failed.
+_CONSEQUENCES = ("PeerDeadError", "CommTimeoutError", "TimeoutError", "CommClosedError", "RunAborted")
 
 
 @dataclass(frozen=True)

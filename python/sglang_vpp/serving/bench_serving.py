@@ -188,7 +188,8 @@ class LoadPlan:
                 raise BenchServeError("--workload file serves the requests of --file; drop --dataset-name/--dataset-path "
                                       "(or drop --workload file to use a bench_serving dataset)")
         if self.dataset_path is not None and not self.dataset_path.is_file():
-            raise BenchServeError(f"--dataset-path {self.dataset_path}: no such file")
+            what = "a directory, not a file" if self.dataset_path.is_dir() else "no such file"
+            raise BenchServeError(f"--dataset-path {self.dataset_path}: {what}")
         if self.dataset() in ("random", "sharegpt") and self.dataset_path is None:
             raise BenchServeError(f"--dataset-name {self.dataset()} samples ShareGPT, which would be downloaded; give "
                                   "--dataset-path FILE (a local ShareGPT JSON) or use random-ids")

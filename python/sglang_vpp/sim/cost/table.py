@@ -80,20 +80,34 @@ class TableCostModel(StageCostModel):
         if data.get("format") != TABLE_FORMAT:
             raise CostModelError(f"not a table cost model: format {data.get('format')!r}, expected {TABLE_FORMAT!r}")
         def seconds(value: object) -> float:
-            # A measured time: NaN, infinite or negative ones would run as meaningless timelines.
-            time = float(value)
-            if not (math.isfinite(time) and time >= 0):
-                raise ValueError(f"a time of {time} s, not a finite number >= 0")
-            return time
+            # A measured time: NaN, infinite or negative ones would run as meaningless timelines;
+            # float() would read "0.5" and true (1 s) as times.
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"a time of {value!r}, not a number of seconds")
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"a time of {float(value)} s, not a finite number >= 0")
+            return float(value)
+
+        def index(value: object) -> int:
+            # int() would read stage 0.7 as 0 and true as 1; a negative index names no action, so
+            # the row would never be looked up and its action would run on the fallback.
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+                raise ValueError(f"an index of {value!r}, not a whole number >= 0")
+            return int(value)
 
         def read(rows: list) -> dict:
-            return {(int(s), int(r), int(c)): seconds(v) for s, r, c, v in rows}
+            return {(index(s), index(r), index(c)): seconds(v) for s, r, c, v in rows}
 
         try:
-            return cls(read(data.get("compute", [])), read(data.get("transfer", [])), fallback)
+            compute = read(data.get("compute", []))
+            transfer = read(data.get("transfer", []))
         except (TypeError, ValueError, OverflowError) as error:  # OverflowError: an index of Infinity
             raise CostModelError(f"a malformed {TABLE_FORMAT} file ({type(error).__name__}: {error}); rows are "
                                  "[stage, request, chunk, seconds]") from None
+        if not compute:  # as ``fit``: every action would run on the fallback, none on a measured time
+            raise CostModelError(f"a {TABLE_FORMAT} file with no \"compute\" rows: a table model needs the measured "
+                                 "stage computes")
+        return cls(compute, transfer, fallback)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json()) + "\n")
