@@ -224,3 +224,47 @@ def test_a_request_waiting_for_a_metadata_buffer_is_logged_once_it_is_admitted(m
     for scheduler in (leader, follower):
         assert [req.rid for req in scheduler.waiting_queue] == ["r"] and not scheduler.disagg_prefill_bootstrap_queue.queue
         assert scheduler.waiting_queue[0].metadata_buffer_index == 0 and not scheduler.waiting_queue[0].pending_bootstrap
+
+
+def _sender_of_two_ranks(room: int, own, later):
+    """SGLang's KV sender on PP rank 0 as far as its polls reach: its own status and PP rank 1's,
+    replicated into rank 0's consensus store."""
+    import threading
+
+    from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVSender
+    from sglang.srt.disaggregation.pp_consensus_store import PPConsensusStore
+
+    store = object.__new__(PPConsensusStore)
+    store.__dict__.update(_pp_size=2, _pp_rank=0, _local_map={room: own}, _peer_map={1: {room: later}},
+                          _cache_lock=threading.Lock())
+    manager = SimpleNamespace(request_status=store, _staging_outstanding={}, defer_decode_allocation=False,
+                              reports_transfer_latency=False)
+    manager.check_status = lambda r: CommonKVManager.check_status(manager, r)
+    manager.check_status_pp_consensus = lambda r: CommonKVManager.check_status_pp_consensus(manager, r)
+    sender = object.__new__(CommonKVSender)
+    sender.__dict__.update(conclude_state=None, bootstrap_room=room, kv_mgr=manager, _transfer_start_time=None,
+                           trace_ctx=SimpleNamespace(trace_req_finish=lambda: None))
+    return sender, store
+
+
+def test_a_request_still_sending_on_a_later_rank_is_not_released_after_a_local_poll():
+    """SGLang's release step polls every in-flight sender on rank 0 alone, and a sender keeps the
+    first ended state a poll saw: rank 0's own Success then answers every later consensus poll.
+    Rank 0 still waits for rank 1's own transfer (else rank 1 would be told to free a request it
+    is sending), and releases it once rank 1's status has ended."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    sender, store = _sender_of_two_ranks(7, KVPoll.Success, KVPoll.WaitingForInput)
+    assert sender.poll() == KVPoll.Success  # what releasing another request does to this one
+    assert sender.poll_pp_consensus() == KVPoll.Success  # remembered: rank 1 is not asked
+    inflight = [SimpleNamespace(rid="r", bootstrap_room=7, disagg_kv_sender=sender)]
+    freed = []
+    scheduler = SimpleNamespace(
+        disagg_prefill_bootstrap_queue=SimpleNamespace(queue=[]), disagg_prefill_inflight_queue=inflight,
+        process_disagg_prefill_inflight_queue=lambda rids: freed.extend(rids) or [r for r in inflight if r.rid in rids],
+    )
+    pd = pd_prefill.PdPrefill(scheduler, rank=0, tp=SimpleNamespace(ready=lambda values, what: values))
+    events = []
+    assert pd.leader_poll(events) is False and events == [] and freed == []
+    store._peer_map[1][7] = KVPoll.Success  # rank 1's transfer ended
+    assert pd.leader_poll(events) is True and events == [("pd", "release", ["r"])] and freed == ["r"]

@@ -23,7 +23,8 @@ runs them through SGLang's own methods, at points every rank reaches in the same
   the aux data: first token) is SGLang's own send from ``process_batch_result_disagg_prefill``,
   at the same point.
 - transfer done: rank 0 releases a request once every PP rank's transfer of it ended (Success
-  or Failed, from the consensus store) on every TP rank of rank 0; it logs
+  or Failed, each rank's own status in the consensus store, not the sender's remembered
+  verdict, which a poll of this rank alone can set) on every TP rank of rank 0; it logs
   ``("pd", "release", rids)`` and every rank frees those with
   ``process_disagg_prefill_inflight_queue(rids)``; a scheduling turn follows, where SGLang
   frees what its batch building still holds of them.
@@ -198,16 +199,23 @@ class PdPrefill:
         for req in inflight:
             # The consensus is the minimum over the PP ranks: Success means every rank's
             # transfer succeeded; Failed, that one failed while another may still be sending,
-            # so then every rank's own status must have ended too. A warm-up request's fake
-            # sender keeps no per-rank status.
+            # so then every rank's own status must have ended too. A sender keeps the first
+            # ended state any poll of it saw, and SGLang's release step polls every in-flight
+            # sender on this rank alone: this rank's own Success would then read as every
+            # rank's, and a later rank would be told to free a request it is still sending. So
+            # each rank's own status is read from the consensus store as well. A warm-up
+            # request's fake sender keeps no per-rank status.
             sender = req.disagg_kv_sender
             consensus = sender.poll_pp_consensus()
             store = sender.kv_mgr.request_status
             room = req.bootstrap_room
-            if consensus == KVPoll.Failed and room in store:
+            if room not in store:
+                ended = _terminal(consensus)
+            elif consensus == KVPoll.Failed:
                 ended = all(_terminal(status) for status in store.collect(room) if status is not None)
             else:
-                ended = _terminal(consensus)
+                ended = _terminal(consensus) and all(
+                    status is not None and _terminal(status) for status in store.collect(room))
             done.append(int(ended))
         done = self.tp.ready(done, "the PD transfer-done verdict")
         rids = [req.rid for req, flag in zip(inflight, done) if flag]
