@@ -118,6 +118,18 @@ def test_every_rank_applies_the_logged_bootstrap_verdict_and_a_diverged_queue_is
     assert pd_prefill.around_poll_prefill_pp(lambda pollers, *a: "stock", ["s1"]) == "stock"
 
 
+def _leader_with_inflight(inflight: list):
+    """Rank 0's PD steps on a stand-in scheduler with these requests in transfer; ``freed`` lists
+    the ids SGLang's release step was given (it returns the requests it freed)."""
+    freed: list = []
+    scheduler = SimpleNamespace(
+        disagg_prefill_bootstrap_queue=SimpleNamespace(queue=[]), disagg_prefill_inflight_queue=inflight,
+        process_disagg_prefill_inflight_queue=lambda rids: freed.extend(rids) or [r for r in inflight if r.rid in rids],
+    )
+    pd = pd_prefill.PdPrefill(scheduler, rank=0, tp=SimpleNamespace(ready=lambda values, what: values))
+    return pd, scheduler, freed
+
+
 def test_a_release_is_logged_and_asks_the_loop_for_a_scheduling_turn():
     """Rank 0 releases a request whose transfer ended on every rank; ``leader_poll`` then says so,
     and the loop runs a scheduling turn, where SGLang frees what its batch building still holds
@@ -130,13 +142,7 @@ def test_a_release_is_logged_and_asks_the_loop_for_a_scheduling_turn():
         return SimpleNamespace(rid=rid, bootstrap_room=1, disagg_kv_sender=sender)
 
     inflight = [request("done", KVPoll.Success), request("sending", KVPoll.Transferring)]
-    freed = []
-    scheduler = SimpleNamespace(
-        disagg_prefill_bootstrap_queue=SimpleNamespace(queue=[]), disagg_prefill_inflight_queue=inflight,
-        # SGLang's returns the requests it freed
-        process_disagg_prefill_inflight_queue=lambda rids: freed.extend(rids) or [r for r in inflight if r.rid in rids],
-    )
-    pd = pd_prefill.PdPrefill(scheduler, rank=0, tp=SimpleNamespace(ready=lambda values, what: values))
+    pd, scheduler, freed = _leader_with_inflight(inflight)
     events = []
     assert pd.leader_poll(events) is True
     assert events == [("pd", "release", ["done"])] and freed == ["done"]
@@ -257,13 +263,7 @@ def test_a_request_still_sending_on_a_later_rank_is_not_released_after_a_local_p
     sender, store = _sender_of_two_ranks(7, KVPoll.Success, KVPoll.WaitingForInput)
     assert sender.poll() == KVPoll.Success  # what releasing another request does to this one
     assert sender.poll_pp_consensus() == KVPoll.Success  # remembered: rank 1 is not asked
-    inflight = [SimpleNamespace(rid="r", bootstrap_room=7, disagg_kv_sender=sender)]
-    freed = []
-    scheduler = SimpleNamespace(
-        disagg_prefill_bootstrap_queue=SimpleNamespace(queue=[]), disagg_prefill_inflight_queue=inflight,
-        process_disagg_prefill_inflight_queue=lambda rids: freed.extend(rids) or [r for r in inflight if r.rid in rids],
-    )
-    pd = pd_prefill.PdPrefill(scheduler, rank=0, tp=SimpleNamespace(ready=lambda values, what: values))
+    pd, _, freed = _leader_with_inflight([SimpleNamespace(rid="r", bootstrap_room=7, disagg_kv_sender=sender)])
     events = []
     assert pd.leader_poll(events) is False and events == [] and freed == []
     store._peer_map[1][7] = KVPoll.Success  # rank 1's transfer ended
