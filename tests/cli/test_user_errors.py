@@ -142,7 +142,7 @@ CASES = [
     # A --plot suffix matplotlib cannot write failed only when the plot was saved, after the run.
     (["simulate", "--seq-len", "8k", "--modes", "cpp", "--plot", "PLOT.txt"],
      "matplotlib writes no .txt files; end the name in .png, .svg or .pdf"),
-    (_BENCH + ["--plot", "PLOT.txt", "--device", "npu"], "--plot"),
+    (_BENCH + ["--plot", "PLOT.txt", "--device", "npu"], "matplotlib writes no .txt files"),
     (_URL + ["--plot", "PLOT.txt"], "matplotlib writes no .txt files"),
     (["simulate", "--seq-len", "8k", "--json", "/dev/null/out.json"], "--json"),
     (["simulate", "--seq-len", "8k", "--plot", "/dev/null/gantt.png"], "--plot"),
@@ -577,3 +577,13 @@ def test_a_table_cost_file_still_reads_tp_for_the_actions_it_lacks(tmp_path):
     result = CliRunner().invoke(app, ["simulate", "--costs", str(table), "--seq-len", "8k", "--modes", "cpp",
                                       "--tp", "4"])
     assert result.exit_code == 0, result.output
+
+
+def test_an_output_named_like_a_preset_is_written(tmp_path, monkeypatch):
+    """A shipped preset name reads the shipped preset, never a file of that name in the working
+    directory: such a file may be the output."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "deepseek-v3.1").write_text("{}\n")
+    result = CliRunner().invoke(app, ["simulate", "--seq-len", "8k", "--modes", "cpp", "--json", "deepseek-v3.1"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "deepseek-v3.1").read_text())["config"]["model"] == "deepseek-v3.1"

@@ -139,7 +139,7 @@ def test_a_release_is_logged_and_asks_the_loop_for_a_scheduling_turn():
     def request(rid: str, status: KVPoll):
         sender = SimpleNamespace(poll_pp_consensus=lambda: status, poll=lambda: status,
                                  kv_mgr=SimpleNamespace(request_status={}))
-        return SimpleNamespace(rid=rid, bootstrap_room=1, disagg_kv_sender=sender)
+        return SimpleNamespace(rid=rid, bootstrap_room=1, bootstrap_host="127.0.0.1", disagg_kv_sender=sender)
 
     inflight = [request("done", KVPoll.Success), request("sending", KVPoll.Transferring)]
     pd, scheduler, freed = _leader_with_inflight(inflight)
@@ -263,8 +263,25 @@ def test_a_request_still_sending_on_a_later_rank_is_not_released_after_a_local_p
     sender, store = _sender_of_two_ranks(7, KVPoll.Success, KVPoll.WaitingForInput)
     assert sender.poll() == KVPoll.Success  # what releasing another request does to this one
     assert sender.poll_pp_consensus() == KVPoll.Success  # remembered: rank 1 is not asked
-    pd, _, freed = _leader_with_inflight([SimpleNamespace(rid="r", bootstrap_room=7, disagg_kv_sender=sender)])
+    pd, _, freed = _leader_with_inflight([SimpleNamespace(rid="r", bootstrap_room=7, bootstrap_host="127.0.0.1",
+                                                           disagg_kv_sender=sender)])
     events = []
     assert pd.leader_poll(events) is False and events == [] and freed == []
     store._peer_map[1][7] = KVPoll.Success  # rank 1's transfer ended
     assert pd.leader_poll(events) is True and events == [("pd", "release", ["r"])] and freed == ["r"]
+
+
+def test_a_health_check_is_released_when_its_fake_transfer_ends_whatever_shares_its_room():
+    """A health check or warm-up sends to no decode server: SGLang gives it the fake host, room 0
+    and a fake sender over the real consensus store. A client's request may hold room 0 in that
+    store, still sending on rank 1; the health check is released on its own sender's verdict."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+    from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+
+    _, store = _sender_of_two_ranks(0, KVPoll.WaitingForInput, KVPoll.WaitingForInput)
+    fake = SimpleNamespace(poll_pp_consensus=lambda: KVPoll.Success, poll=lambda: KVPoll.Success,
+                           kv_mgr=SimpleNamespace(request_status=store))
+    check = SimpleNamespace(rid="health", bootstrap_room=0, bootstrap_host=FAKE_BOOTSTRAP_HOST, disagg_kv_sender=fake)
+    pd, _, freed = _leader_with_inflight([check])
+    events = []
+    assert pd.leader_poll(events) is True and events == [("pd", "release", ["health"])] and freed == ["health"]

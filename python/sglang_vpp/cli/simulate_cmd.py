@@ -135,7 +135,7 @@ def simulate(
     at its best chunk size).
     """
     from ..sim.config import SimConfig
-    from ..sim.preset_loader import load_hardware, load_model
+    from ..sim.preset_loader import load_hardware, load_model, preset_file
     from ..sim.sweep import best_by_mode, chunk_label, format_idle_table, format_table, simulate_matrix
     from ..sim.workloads import build_workload
 
@@ -144,7 +144,8 @@ def simulate(
     if workload == "long" and seq_len is None:
         seq_len = DEFAULT_LONG_SEQ_LEN
     check_output_paths((json_out, "--json"), (trace, "--trace"), (plot, "--plot"),
-                       inputs=((costs, "--costs"), (file, "--file"), (model, "--model"), (hardware, "--hardware")))
+                       inputs=((costs, "--costs"), (file, "--file"), (preset_file("models", model), "--model"),
+                               (preset_file("hardware", hardware), "--hardware")))
     model_spec = load_model(model)
     hardware_spec = load_hardware(hardware)
     cost = _cost_model(model_spec, hardware_spec, tp, costs)

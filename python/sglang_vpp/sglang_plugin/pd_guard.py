@@ -129,7 +129,7 @@ def check_prefill_room(manager: Any, obj: Any) -> None:
         return  # no room: SGLang answers 400 itself; a batch is checked item by item
     low, high = PREFILL_ROOMS
     if type(room) is not int or not low <= room < high:
-        raise InputRejectedError(f"bootstrap_room must be a 64-bit signed integer, in [-2**63, 2**63); got {room!r}")
+        raise InputRejectedError(f"bootstrap_room must be an integer in [-2**63, 2**63) (64-bit signed); got {room!r}")
 
 
 def _decode_page_size(server_args: Any) -> int | None:

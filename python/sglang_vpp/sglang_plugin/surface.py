@@ -186,6 +186,7 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "disaggregation.common.conn.CommonKVManager.attn_tp_rank", R, PD),
     N(_S + "disaggregation.common.conn.CommonKVManager.attn_cp_rank", R, PD),
     N(_REQ + "bootstrap_room", R, PD),  # vpp/pd_prefill.py reads it too
+    N(_REQ + "bootstrap_host", R, VPD),  # a health check's or warm-up's is FAKE_BOOTSTRAP_HOST
     # --- the decode side's refusal ends the request on its prefill server too (pd_drop.py; the
     # bootstrap server's app, declared above, takes its POST route)
     N(_S + "managers.io_struct.GenerateReqInput.bootstrap_room", R, PD),

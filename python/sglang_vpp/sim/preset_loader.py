@@ -19,7 +19,8 @@ from .hardware_spec import HardwareSpec
 from .model_spec import ModelSpec
 from .physical_ranges import PHYSICAL_RANGES, range_problem
 
-__all__ = ["PHYSICAL_RANGES", "list_models", "list_hardware", "load_model", "load_hardware", "read_preset"]
+__all__ = ["PHYSICAL_RANGES", "list_models", "list_hardware", "load_model", "load_hardware", "preset_file",
+           "read_preset"]
 
 
 def _names(kind: str) -> list[str]:
@@ -39,18 +40,25 @@ def _what(kind: str) -> str:
     return "model" if kind == "models" else "hardware"
 
 
+def preset_file(kind: str, name: str) -> Path | None:
+    """The user's file that ``read_preset`` reads for ``name``; None for a shipped preset (a file
+    named like one is not read)."""
+    return None if name in _names(kind) or not name.endswith(".json") else Path(name)
+
+
 def read_preset(kind: str, name: str) -> tuple[dict, dict, str]:
     """(values, sources, note) of preset ``name`` (or a JSON file path) of ``kind``."""
+    path = preset_file(kind, name)
     if name in _names(kind):
         text = (resources.files("sglang_vpp.sim") / "presets" / kind / f"{name}.json").read_text()
-    elif name.endswith(".json") and Path(name).exists():
+    elif path is not None and path.exists():
         try:
-            text = Path(name).read_text()
+            text = path.read_text()
         except (OSError, UnicodeDecodeError) as error:
             reason = getattr(error, "strerror", None) or error
             raise PresetError(f"{_what(kind)} preset {name!r} cannot be read ({reason}); give a .json file "
                               f"like a shipped preset ({', '.join(_names(kind))})") from None
-    elif name.endswith(".json"):
+    elif path is not None:
         raise PresetError(f"{_what(kind)} preset file {name!r} does not exist; give a shipped preset "
                           f"({', '.join(_names(kind))}) or the path to a .json file of the same shape")
     else:

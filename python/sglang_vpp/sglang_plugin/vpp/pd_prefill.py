@@ -191,6 +191,7 @@ class PdPrefill:
 
     def _poll_transfers(self, events: list) -> bool:
         from sglang.srt.disaggregation.base.conn import KVPoll
+        from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
 
         inflight = self.s.disagg_prefill_inflight_queue
         if not inflight:
@@ -203,13 +204,14 @@ class PdPrefill:
             # ended state any poll of it saw, and SGLang's release step polls every in-flight
             # sender on this rank alone: this rank's own Success would then read as every
             # rank's, and a later rank would be told to free a request it is still sending. So
-            # each rank's own status is read from the consensus store as well. A warm-up
-            # request's fake sender keeps no per-rank status.
+            # each rank's own status is read from the consensus store as well. A health check's
+            # or warm-up's fake sender sends nothing and has no status of its own; its room (0)
+            # may be a real request's, whose statuses are not its own.
             sender = req.disagg_kv_sender
             consensus = sender.poll_pp_consensus()
             store = sender.kv_mgr.request_status
             room = req.bootstrap_room
-            if room not in store:
+            if req.bootstrap_host == FAKE_BOOTSTRAP_HOST or room not in store:
                 ended = _terminal(consensus)
             elif consensus == KVPoll.Failed:
                 ended = all(_terminal(status) for status in store.collect(room) if status is not None)
