@@ -53,3 +53,33 @@ def test_too_few_layers_is_a_user_error():
 def test_one_layer_per_stage_is_the_only_split(mode, layers):
     """simulate --balance auto on a 4-layer model at pp 2 printed "min() arg is an empty sequence"."""
     assert balance_split(get_policy(mode), 2, layers, REQUESTS, 4096, PerLayer(lambda end: 1.0)) == (1,) * layers
+
+
+def test_short_requests_are_scored_on_the_plan_of_a_run_that_batches_them():
+    """A run that batches short requests plans them several to a forward; a split scored on the
+    one-request-per-forward plan is chosen for work the run never does."""
+    spec, short = get_policy("vpp-stream"), [RequestSpec(512)] * 8
+    cost = PerLayer(lambda end: 1.0 + end / 4096, weights=[4.0] + [1.0] * 15)
+    batched = estimated_makespan(spec, 2, 16, short, 4096, cost, None, batching=True)
+    alone = estimated_makespan(spec, 2, 16, short, 4096, cost, None, batching=False)
+    assert batched != alone
+    split = balance_split(spec, 2, 16, short, 4096, cost, batching=True)
+    assert (estimated_makespan(spec, 2, 16, short, 4096, cost, split, batching=True)
+            <= estimated_makespan(spec, 2, 16, short, 4096, cost, None, batching=True))
+
+
+@pytest.mark.parametrize("batch_requests", [True, False])
+def test_simulate_balances_for_the_batching_it_runs_with(monkeypatch, batch_requests):
+    from sglang_vpp.sim import sweep
+    from sglang_vpp.sim.workloads import short_workload
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("batching"))
+        return tuple(even_split(16, 4))
+
+    monkeypatch.setattr(sweep, "balance_split", spy)
+    sweep.simulate_matrix(short_workload(4, 512), PerLayer(lambda end: 1.0), 16, "vpp-stream", [4096], 2,
+                          balance="auto", batch_requests=batch_requests)
+    assert seen == [batch_requests]

@@ -74,12 +74,13 @@ RETRY_DELAYS_S = (0.2, 0.5, 1.0, 2.0)
 cannot be aborted there yet), it is looked for again after each of these delays."""
 MAX_REASON_CHARS = 4000
 ROOM_LIMIT = 2**63
-"""A bootstrap room is an integer in [0, ROOM_LIMIT) (SGLang draws them as random 63-bit numbers)."""
+"""A bootstrap room is an integer in [0, ROOM_LIMIT) (SGLang draws them as random 63-bit numbers);
+a prefill server can hold any signed 64-bit one, [-ROOM_LIMIT, ROOM_LIMIT)."""
 
 
-def is_room(value: Any) -> bool:
-    """Whether ``value`` is a bootstrap room (a bool is not)."""
-    return type(value) is int and 0 <= value < ROOM_LIMIT
+def is_room(value: Any, low: int = 0) -> bool:
+    """Whether ``value`` is a bootstrap room in [low, ROOM_LIMIT) (a bool is not)."""
+    return type(value) is int and low <= value < ROOM_LIMIT
 
 
 class RefusedRooms:

@@ -49,10 +49,10 @@ import urllib.request
 from typing import Any
 
 from sglang_vpp.sglang_plugin.errors import InputRejectedError
-from sglang_vpp.sglang_plugin.pd_drop import is_room
+from sglang_vpp.sglang_plugin.pd_drop import ROOM_LIMIT, is_room
 
 __all__ = ["CONNECT_TIMEOUT_S", "PLUGIN_ROUTE", "SETUP_ROUTES", "after_setup_routes", "check_bootstrap_address",
-           "check_prefill_room", "PREFILL_ROOMS",
+           "check_prefill_room",
            "head_sliced_refusal", "refuses_other_attn_tp"]
 
 CONNECT_TIMEOUT_S = 1.0
@@ -109,11 +109,6 @@ def check_bootstrap_address(manager: Any, obj: Any) -> None:
         raise
 
 
-PREFILL_ROOMS = (-2**63, 2**63)
-"""The bootstrap rooms a prefill server holds: SGLang's API schema types the room int64, though
-its HTTP server accepts any integer."""
-
-
 def check_prefill_room(manager: Any, obj: Any) -> None:
     """Raise InputRejectedError for a prefill request whose room SGLang's prefill scheduler cannot
     hold; it would raise there and end the server. A PP rank after the first replicates its KV
@@ -127,8 +122,8 @@ def check_prefill_room(manager: Any, obj: Any) -> None:
     room = getattr(obj, "bootstrap_room", None)
     if room is None or isinstance(room, list):
         return  # no room: SGLang answers 400 itself; a batch is checked item by item
-    low, high = PREFILL_ROOMS
-    if type(room) is not int or not low <= room < high:
+    # SGLang's API schema types the room int64, though its HTTP server accepts any integer.
+    if not is_room(room, low=-ROOM_LIMIT):
         raise InputRejectedError(f"bootstrap_room must be an integer in [-2**63, 2**63) (64-bit signed); got {room!r}")
 
 

@@ -60,7 +60,8 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
         for spec in specs:
             chosen = tuple(split) if split else None
             if balance == "auto":
-                chosen = balance_split(spec, num_ranks, num_layers, probe, chunk_size, cost, fold=fold)
+                chosen = balance_split(spec, num_ranks, num_layers, probe, chunk_size, cost, fold=fold,
+                                       batching=batch_requests)
             config = RunConfig(num_ranks, chunk_size, chosen, batch_requests=batch_requests, jitter=jitter,
                                jitter_seed=jitter_seed, sim=sim or SimConfig(), auto_chunk=auto, fold=fold)
             rows.append(SweepRow(workload.name, seq_len,
