@@ -159,6 +159,23 @@ def test_launch_checks_the_plugin_and_the_device_before_any_server_starts(monkey
         assert result.exit_code == 2 and "--device cuda needs" in result.output, result.output
 
 
+def test_a_launch_refused_before_any_server_starts_leaves_no_new_work_dir(monkeypatch, tmp_path):
+    pytest.importorskip("sglang.srt.server_args", reason="--launch needs SGLang")
+    from sglang_vpp.serving.launcher import SGLangServer
+
+    def no_start(*_args, **_kwargs):
+        raise AssertionError("a server started")
+
+    monkeypatch.setattr(SGLangServer, "start", no_start)
+    work_dir = tmp_path / "new" / "work"
+    # vpp at --pp-size 1 is refused by the plugin's argument check, after the flags' own checks.
+    result = CliRunner().invoke(app, ["bench-serve", "--launch", "cpp,vpp", "--pp-size", "1", "--no-progress",
+                                      "--work-dir", str(work_dir)])
+    assert result.exit_code == 2, result.output
+    assert "--pp-mode vpp needs pipeline parallelism but --pp-size is 1" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bench_prints_a_progress_line_per_run_when_stderr_is_not_a_terminal(capsys):
     from sglang_vpp.cli.bench_cmd import _RichProgress
 

@@ -442,6 +442,17 @@ def test_plot_without_suffix_is_written_and_named_as_png(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("command", [["simulate", "--seq-len", "8k", "--modes", "cpp"], _URL],
+                         ids=["simulate", "bench-serve"])
+def test_a_plot_name_ending_in_a_dot_is_refused_not_written_as_dot_dot_png(command, tmp_path):
+    # Path reads the empty suffix of "out." as none, and "out" + ".png" made "out..png".
+    plot = tmp_path / "out."
+    result = CliRunner().invoke(app, command + ["--plot", str(plot)])
+    _assert_one_line_error(result, f"--plot {str(plot)!r}: empty file suffix; end the name in .png, .svg or "
+                                   ".pdf, or drop the dot for .png")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("flags, fragment", [
     (["--costs", "c.json", "--trace", "c.vpp.json"], "--trace and --costs's vpp samples both name"),
     (["--json", "c.cpp.json", "--costs", "c.json"], "--json and --costs's cpp samples both name"),

@@ -167,8 +167,22 @@ def _shift_first_poll(data: dict) -> None:
     data["records"][0]["poll_s"] -= 1.0  # a poll a second before the message that woke it
 
 
+def _start_before_its_poll(data: dict) -> None:
+    record = next(r for r in data["records"] if r["poll_s"] is not None)
+    record["start_s"] = record["poll_s"] - 0.004  # its end kept: duration and host gap absorb the move
+
+
+def _fold_start_before_its_first_stage_ends(data: dict) -> None:
+    index = next(i for i, r in enumerate(data["records"]) if r["poll_s"] is None)  # run without a poll
+    data["records"][index]["start_s"] = data["records"][index - 1]["end_s"] - 0.003
+
+
 @pytest.mark.parametrize("rank,edit,message", [
     (1, _shift_first_poll, "out of order"),
+    # Run as given, a start moved alone still reproduced record by record (exit 0).
+    (1, _start_before_its_poll, "rank 1: records[0] (1F0) starts 0.004000 s before the poll that chose it"),
+    (1, _fold_start_before_its_first_stage_ends, "rank 1: records[1] (2F0) starts 0.003000 s before its first "
+                                                 "stage 1F0 ended"),
     (0, lambda d: d[BUILDS][0].update(t_s=float("nan")), "builds[0].t_s is nan, not a finite time"),
     (0, lambda d: d["records"][1].update(poll_s=None), "records[1] has no poll_s"),
     (0, lambda d: d["records"][0].update(stage=99), "records[0].stage is 99, not one of the 4 stages"),
@@ -184,7 +198,7 @@ def _shift_first_poll(data: dict) -> None:
     (0, lambda d: d[BUILDS][0].update(slot=1e20), "builds[0].slot is 1e+20, not a whole number"),
     (0, lambda d: d["controller"].update(chunk_size=10**20), "controller chunk_size is 100000000000000000000"),
     (0, lambda d: d["controller"].update(chunk_size=0), "controller chunk_size is 0, not a whole number >= 1"),
-], ids=["poll before its wake", "NaN build time", "no poll", "no such stage", "no end", "schema not a number",
+], ids=["poll before its wake", "start before its poll", "fold start before its first stage ends", "NaN build time", "no poll", "no such stage", "no end", "schema not a number",
         "schema newer", "end before start", "build before the origin", "slot huge", "slot past the last",
         "slot not whole", "chunk_size huge", "chunk_size 0"])
 def test_timings_the_engine_cannot_run_are_one_error_exit_2_not_a_hang(tmp_path, rank, edit, message):

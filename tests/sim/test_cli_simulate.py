@@ -190,6 +190,20 @@ def test_measured_costs_are_named_in_the_title_not_the_hardware_preset(tmp_path)
     assert "measured costs" in title and "tiny-qwen3" in title and "ascend-910c" not in title, title
 
 
+def test_a_fitted_cost_run_names_no_hardware_in_the_json_config(tmp_path):
+    # The fitted file times every stage itself: the default preset was never read, so naming it would
+    # credit the numbers to hardware that did not make them. A table file still reads the preset.
+    costs, out = tmp_path / "fit.json", tmp_path / "out.json"
+    costs.write_text(json.dumps({"format": "sglang-vpp.fitted-cost", "meta": {"model": "tiny-qwen3"},
+                                 "per_layer": {"a": 1e-10, "b": 1e-6, "d": 1e-4}}))
+    result = RUNNER.invoke(app, ["simulate", "--costs", str(costs), "--seq-len", "4k", "--chunk-size", "1k",
+                                 "--modes", "cpp", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    config = json.loads(out.read_text())["config"]
+    assert "hardware" in config and config["hardware"] is None and config["tp"] is None, config
+    assert config["cost_model"] == "FittedCostModel"
+
+
 @pytest.mark.parametrize("model, warned", [("deepseek-v3.1", True), ("qwen3-tiny", False)])
 def test_costs_of_another_depth_than_the_model_are_warned_about(tmp_path, model, warned):
     """--model sets only the layer count the measured per-layer cost is multiplied by: a costs

@@ -93,6 +93,13 @@ def _check_work_dir(work_dir: Path | None) -> None:
         raise BenchServeError(f"--work-dir {str(work_dir)!r} {where}; give a directory (made if missing)")
 
 
+def _make_work_dir(work_dir: Path | None) -> Path:
+    """The run's work dir (a new temporary one when None), made once every check has passed."""
+    out_dir = work_dir or Path(tempfile.mkdtemp(prefix="sglang-vpp-bench-serve-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
+
+
 def _file_records(file: Path | None, request_rate: float, sizes: dict[str, int | None],
                   num_requests: int | None, timeout: float) -> list[WorkloadRecord]:
     """``--workload file``: the requests a pass serves (the first ``--num-requests``, else all),
@@ -284,24 +291,25 @@ def bench_serve(
     if launch is not None:
         check_can_launch()  # SGLang and transformers, before the default model is built
     kept = work_dir is None
-    out_dir = work_dir or Path(tempfile.mkdtemp(prefix="sglang-vpp-bench-serve-"))
-    out_dir.mkdir(parents=True, exist_ok=True)
     if launch is not None:
+        from dataclasses import replace
+
         from .bench_serve_launch import LaunchSpec, default_model_dir
 
+        # No work dir yet: the checks below may still refuse, and a refusal leaves nothing behind.
         spec = LaunchSpec(
             model_dir=model_path or default_model_dir(), pp_size=pp_size,
             chunked_prefill_size=sizes["--chunked-prefill-size"], device=device, server_args=tuple(server_arg or ()),
-            startup_timeout=startup_timeout, work_dir=out_dir, first_port=port or 0, pd=pd,
+            startup_timeout=startup_timeout, first_port=port or 0, pd=pd,
         )  # fmt: skip
         from .bench_serve_launch import check_launch_args, model_context_len
 
         check_launch_args(spec, modes)  # the checks bench and the plugin make, before any server starts
         check_fits_context(plan, f"--model-path {spec.model_dir}", model_context_len(spec))
         if plan.tokenizer is None:
-            from dataclasses import replace
-
             plan = replace(plan, tokenizer=spec.model_dir)
+        out_dir = _make_work_dir(work_dir)
+        spec = replace(spec, work_dir=out_dir)
         from .bench_serve_report import bench_launched
 
         bench_launched(modes, spec, plan, repeats, out_dir, json_out, output_file, plot, fmt, allow_failures,
@@ -309,6 +317,7 @@ def bench_serve(
         return
     from .bench_serve_report import finish, run_entry
 
+    out_dir = _make_work_dir(work_dir)
     runs = []
     for name, target in targets:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

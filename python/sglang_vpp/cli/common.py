@@ -277,9 +277,13 @@ def png_path(path: Path | None) -> Path | None:
     """A ``--plot`` path as matplotlib writes it: ``out`` becomes ``out.png`` (a directory or
     ``-`` stays as given, for ``check_output_path`` to refuse, rather than become a file). A
     suffix matplotlib writes no format for is refused here: matplotlib refuses it only when the
-    plot is saved, after the whole run."""
+    plot is saved, after the whole run. A name ending in a dot has an empty suffix, which
+    ``Path.suffix`` reads as none (``out.`` would become ``out..png``): refused as unclear."""
     if path is None or path.is_dir() or str(path) == "-":
         return path
+    if path.name.endswith("."):
+        raise CliInputError(f"--plot {str(path)!r}: empty file suffix; end the name in .png, .svg or .pdf, or "
+                            "drop the dot for .png")
     if not path.suffix:
         return path.with_name(path.name + ".png")
     from matplotlib.backend_bases import FigureCanvasBase

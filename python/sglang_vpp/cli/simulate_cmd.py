@@ -217,8 +217,13 @@ def simulate(
             if row.result.sim.ok:
                 key = str(row.seq_len)
                 bounds[key] = min(bounds.get(key, float("inf")), row.result.lower_bound_s)
+        # A fitted cost file replaces the hardware preset, which the run then never read (a table
+        # file still reads it for the actions it did not measure).
+        from ..schedule.fitted_cost import FittedCostModel
+
+        hardware_used = None if isinstance(cost, FittedCostModel) else hardware_spec.name
         emit_json({
-            "config": {"model": model_spec.name, "hardware": hardware_spec.name, "pp": pp, "tp": getattr(cost, "tp", None),
+            "config": {"model": model_spec.name, "hardware": hardware_used, "pp": pp, "tp": getattr(cost, "tp", None),
                        "workload": workload, "chunk_sizes": chunk_sizes, "modes": modes, "balance": balance, "fold": fold,
                        "cost_model": type(cost).__name__, "jitter": jitter, "jitter_seed": jitter_seed},
             "results": [row.to_dict() for row in rows],

@@ -412,6 +412,7 @@ class ServerModel:
     # ------------------------------------------------------------------ running
     def _run(self, time: float, state: _Rank, stage: int, seq: int) -> None:
         start = time + self.timings.lead_s(state.rank, state.index)
+        self._check_start(state, stage, seq, start, time, "the poll that chose it")
         if state.rank == 0 and stage == 0:
             held, self._held = self._held, None
             assert held is not None and held.mb.seq == seq
@@ -431,6 +432,7 @@ class ServerModel:
                 raise _Stop(Difference(state.rank, "compute", state.index, f"{stage + 1}F{seq}",
                                        "nothing (its records end)"))
             start = end + self.timings.chain_s(state.rank, state.index)
+            self._check_start(state, stage + 1, seq, start, end, f"its first stage {stage}F{seq} ended")
             stage += 1
             end = self._compute(state, stage, seq, start, None)
         if stage == self.layout.last_stage:
@@ -445,6 +447,15 @@ class ServerModel:
                 self._push(arrival, 0, "arrive", dst, "fwd" if dst > state.rank else "bwd", stage, seq)
         if state.index < self.timings.count(state.rank):
             self._push(end + self.timings.tail_s(state.rank, state.index), 1, "check", state.rank)
+
+    def _check_start(self, state: _Rank, stage: int, seq: int, start: float, cause: float, what: str) -> None:
+        """A compute starts no earlier than what let it run, to ``EPS`` as every event time. Only
+        the start says so: a record whose start alone is wrong keeps its end (its duration and
+        host gap absorb the change), so every record and decision after it would still match."""
+        if start < cause - EPS:
+            raise TraceError(f"rank {state.rank}: records[{state.index}] ({stage}F{seq}) starts "
+                             f"{cause - start:.6f} s before {what}: a record's times are out of order; "
+                             "re-record the trace with --vpp-trace")
 
     def _compute(self, state: _Rank, stage: int, seq: int, start: float, poll: float | None) -> float:
         index = state.index
