@@ -16,7 +16,9 @@ of rank 1 in decode takes it down fast and is named.
 
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -242,6 +244,39 @@ def test_abort_mid_prefill_frees_kv_on_every_rank(server, reference):
     assert server.process is not None and server.process.poll() is None
     if server.config.pp_mode == "vpp":
         _abort_while_held(server, reference)
+
+
+def test_client_request_shapes_equal_transformers(server, reference):
+    """Request shapes the other tests send one at a time: a batch of prompts in one /generate
+    (1 token, the chunk, chunk + 1), ``n`` > 1 on a prompt of several chunks (its copies share the
+    prefix), and a stream whose client hangs up after its first token: each copy answers the greedy
+    tokens, and the dropped stream leaves no KV behind and the server serving."""
+    prompts = make_prompts((1, CHUNK, CHUNK + 1, 3 * CHUNK + 5), seed=17)
+    batch = prompts[:3]
+    answers = post_json(server.url + "/generate", {
+        "input_ids": batch, "return_logprob": True, "logprob_start_len": 0,
+        "sampling_params": {"temperature": 0, "max_new_tokens": NUM_NEW_TOKENS, "ignore_eos": True},
+    }, timeout=600)  # fmt: skip
+    for ids, answer in zip(batch, answers):
+        check_answer(answer, ids, reference(QWEN2_8L, ids), server)
+    copies = post_json(server.url + "/generate", {
+        "input_ids": prompts[3],
+        "sampling_params": {"temperature": 0, "max_new_tokens": NUM_NEW_TOKENS, "ignore_eos": True, "n": 2},
+    }, timeout=600)  # fmt: skip
+    assert [c["output_ids"] for c in copies] == [reference(QWEN2_8L, prompts[3])["tokens"]] * 2
+    body = json.dumps({"input_ids": prompts[3], "stream": True,
+                       "sampling_params": {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True}}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=120) as conn:
+        conn.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        received = b""
+        while b"data: {" not in received:
+            chunk = conn.recv(4096)
+            assert chunk, "the stream ended before its first token"
+            received += chunk
+    assert_kv_idle(server, bound_s=30, what="a stream dropped by its client: ")
+    check_answer(generate(server, prompts[1]), prompts[1], reference(QWEN2_8L, prompts[1]), server)
 
 
 HELD_NEW_TOKENS = 16
