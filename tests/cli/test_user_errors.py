@@ -445,7 +445,7 @@ def test_plot_without_suffix_is_written_and_named_as_png(tmp_path):
 @pytest.mark.parametrize("command", [["simulate", "--seq-len", "8k", "--modes", "cpp"], _URL],
                          ids=["simulate", "bench-serve"])
 def test_a_plot_name_ending_in_a_dot_is_refused_not_written_as_dot_dot_png(command, tmp_path):
-    # Path reads the empty suffix of "out." as none, and "out" + ".png" made "out..png".
+    # Path reads the empty suffix of "out." as none; appending ".png" would write "out..png".
     plot = tmp_path / "out."
     result = CliRunner().invoke(app, command + ["--plot", str(plot)])
     _assert_one_line_error(result, f"--plot {str(plot)!r}: empty file suffix; end the name in .png, .svg or "

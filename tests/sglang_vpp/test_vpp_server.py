@@ -260,6 +260,7 @@ def test_client_request_shapes_equal_transformers(server, reference):
         "input_ids": batch, "return_logprob": True, "logprob_start_len": 0,
         "sampling_params": {"temperature": 0, "max_new_tokens": NUM_NEW_TOKENS, "ignore_eos": True},
     }, timeout=600)  # fmt: skip
+    assert isinstance(answers, list) and len(answers) == len(batch), answers
     for ids, answer in zip(batch, answers):
         check_answer(answer, ids, reference(QWEN2_8L, ids), server)
     copies = post_json(server.url + "/generate", {
@@ -276,8 +277,10 @@ def test_client_request_shapes_equal_transformers(server, reference):
         received = b""
         while b"data: {" not in received:
             chunk = conn.recv(4096)
-            assert chunk, "the stream ended before its first token"
+            assert chunk, f"the stream ended before its first token: {received[:500]!r}"
             received += chunk
+            # An error answer would never stream a token: fail on its status instead of waiting.
+            assert len(received) < 12 or received.startswith(b"HTTP/1.1 200"), received[:500]
     assert_kv_idle(server, bound_s=30, what="a stream dropped by its client: ")
     check_answer(generate(server, prompts[1]), prompts[1], reference(QWEN2_8L, prompts[1]), server)
 

@@ -290,7 +290,6 @@ def bench_serve(
         check_fits_context(plan, target, server_context_len(target))
     if launch is not None:
         check_can_launch()  # SGLang and transformers, before the default model is built
-    kept = work_dir is None
     if launch is not None:
         from dataclasses import replace
 
@@ -312,8 +311,7 @@ def bench_serve(
         spec = replace(spec, work_dir=out_dir)
         from .bench_serve_report import bench_launched
 
-        bench_launched(modes, spec, plan, repeats, out_dir, json_out, output_file, plot, fmt, allow_failures,
-                       kept)
+        bench_launched(modes, spec, plan, repeats, out_dir, json_out, output_file, plot, fmt, allow_failures)
         return
     from .bench_serve_report import finish, run_entry
 

@@ -166,8 +166,7 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 
 def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir: Path, json_out: Path | None,
-                   output_file: Path | None, plot: Path | None, fmt: str, allow_failures: bool = False,
-                   kept: bool = True) -> None:
+                   output_file: Path | None, plot: Path | None, fmt: str, allow_failures: bool = False) -> None:
     """--launch: one server per mode, bench_serving passes against each (bench_serve_launch.run_launched)."""
     from rich.console import Console
 

@@ -78,13 +78,18 @@ def _check_costs_layouts(cost, costs: Optional[Path], modes: str, pp: int, num_l
             raise CostModelError(f"--costs {str(costs)!r} {error} (--modes {spec.name})") from None
 
 
-def _refuse_unread_hardware(ctx: typer.Context, cost, costs: Optional[Path]) -> None:
-    """A fitted cost file times every stage and hand-off itself: the hardware preset and ``--tp``
-    set only the analytic model, which it replaces, so given with it they would change nothing
-    (a table file keeps the analytic model for the actions it did not measure, and reads them)."""
+def _reads_hardware(cost) -> bool:
+    """Whether a run on ``cost`` reads the hardware preset: a fitted cost file times every stage and
+    hand-off itself and replaces the analytic model the preset (and ``--tp``) set; a table file
+    keeps it for the actions it did not measure."""
     from ..schedule.fitted_cost import FittedCostModel
 
-    unread = given_flags(ctx, {"hardware": "--hardware", "tp": "--tp"}) if isinstance(cost, FittedCostModel) else []
+    return not isinstance(cost, FittedCostModel)
+
+
+def _refuse_unread_hardware(ctx: typer.Context, cost, costs: Optional[Path]) -> None:
+    """``--hardware`` and ``--tp`` next to a cost file that does not read them would change nothing."""
+    unread = [] if _reads_hardware(cost) else given_flags(ctx, {"hardware": "--hardware", "tp": "--tp"})
     if unread:
         raise ValueError(f"--costs {str(costs)!r} is a fitted cost model, which times every stage itself: "
                          f"{', '.join(unread)} would change nothing; drop {', '.join(unread)}")
@@ -217,11 +222,7 @@ def simulate(
             if row.result.sim.ok:
                 key = str(row.seq_len)
                 bounds[key] = min(bounds.get(key, float("inf")), row.result.lower_bound_s)
-        # A fitted cost file replaces the hardware preset, which the run then never read (a table
-        # file still reads it for the actions it did not measure).
-        from ..schedule.fitted_cost import FittedCostModel
-
-        hardware_used = None if isinstance(cost, FittedCostModel) else hardware_spec.name
+        hardware_used = hardware_spec.name if _reads_hardware(cost) else None
         emit_json({
             "config": {"model": model_spec.name, "hardware": hardware_used, "pp": pp, "tp": getattr(cost, "tp", None),
                        "workload": workload, "chunk_sizes": chunk_sizes, "modes": modes, "balance": balance, "fold": fold,

@@ -183,8 +183,8 @@ class MeasuredTimings:
         return math.inf if arrived is None else arrived - self._ends[(stage, seq)]
 
     def _poll(self, rank: int, index: int) -> float:
-        """The poll that chose compute ``index`` (None only for the fold point's second stage,
-        which runs without one)."""
+        """The poll that chose compute ``index``. The fold point's second stage runs without one
+        (the replay takes its start from the first stage's end, ``chain_s``), so it is never asked."""
         poll = self._records[rank][index]["poll_s"]
         if poll is None:
             raise TraceError(f"rank {rank}: records[{index}] has no poll_s, but its compute followed a poll; "
@@ -412,7 +412,6 @@ class ServerModel:
     # ------------------------------------------------------------------ running
     def _run(self, time: float, state: _Rank, stage: int, seq: int) -> None:
         start = time + self.timings.lead_s(state.rank, state.index)
-        self._check_start(state, stage, seq, start, time, "the poll that chose it")
         if state.rank == 0 and stage == 0:
             held, self._held = self._held, None
             assert held is not None and held.mb.seq == seq
@@ -432,7 +431,6 @@ class ServerModel:
                 raise _Stop(Difference(state.rank, "compute", state.index, f"{stage + 1}F{seq}",
                                        "nothing (its records end)"))
             start = end + self.timings.chain_s(state.rank, state.index)
-            self._check_start(state, stage + 1, seq, start, end, f"its first stage {stage}F{seq} ended")
             stage += 1
             end = self._compute(state, stage, seq, start, None)
         if stage == self.layout.last_stage:
@@ -447,15 +445,6 @@ class ServerModel:
                 self._push(arrival, 0, "arrive", dst, "fwd" if dst > state.rank else "bwd", stage, seq)
         if state.index < self.timings.count(state.rank):
             self._push(end + self.timings.tail_s(state.rank, state.index), 1, "check", state.rank)
-
-    def _check_start(self, state: _Rank, stage: int, seq: int, start: float, cause: float, what: str) -> None:
-        """A compute starts no earlier than what let it run, to ``EPS`` as every event time. Only
-        the start says so: a record whose start alone is wrong keeps its end (its duration and
-        host gap absorb the change), so every record and decision after it would still match."""
-        if start < cause - EPS:
-            raise TraceError(f"rank {state.rank}: records[{state.index}] ({stage}F{seq}) starts "
-                             f"{cause - start:.6f} s before {what}: a record's times are out of order; "
-                             "re-record the trace with --vpp-trace")
 
     def _compute(self, state: _Rank, stage: int, seq: int, start: float, poll: float | None) -> float:
         index = state.index
@@ -574,8 +563,30 @@ def check_timing_records(ranks: dict[int, dict]) -> None:
                 if not bad and name == "records" and entry["end_s"] < entry["start_s"]:
                     bad = [f"{name}[{index}] ends before it starts (start_s {entry['start_s']!r}, end_s "
                            f"{entry['end_s']!r})"]
+                # A start moved alone keeps its end: the engine reads the duration and the host gap
+                # from it, which absorb the move, so every later record would still match.
+                if not bad and name == "records":
+                    bad = _start_out_of_order(entries, index)
                 if bad:
                     raise TraceError(f"rank {rank}: {bad[0]}; re-record the trace with --vpp-trace")
+
+
+def _start_out_of_order(records: list[dict], index: int) -> list[str]:
+    """Why compute ``index`` could not have started when its record says (none: an empty list):
+    before the poll that chose it, or, as the second stage of the fold point (the same
+    micro-batch's next stage, right after the first on the same rank), before the first ended.
+    Records in another order than their times are left to the replay, which reports the order."""
+    record = records[index]
+    poll, start = record.get("poll_s"), record["start_s"]
+    if poll is not None and start < poll - EPS:
+        return [f"records[{index}] starts {poll - start:.6f} s before the poll that chose it (poll_s {poll!r}, "
+                f"start_s {start!r}): a record's times are out of order"]
+    first = records[index - 1] if index else None
+    if (isinstance(first, dict) and first.get("seq") == record["seq"] and first.get("stage") == record["stage"] - 1
+            and _holds(first.get("end_s", ...), _TIME) and start < first["end_s"] - EPS):
+        return [f"records[{index}] starts {first['end_s'] - start:.6f} s before records[{index - 1}], its "
+                "micro-batch's previous stage on this rank, ended: a record's times are out of order"]
+    return []
 
 
 def _holds(value: object, kind: str) -> bool:
