@@ -14,7 +14,6 @@ CONTRIBUTING.md rule 8.
 from __future__ import annotations
 
 import math
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -91,13 +90,6 @@ def _check_work_dir(work_dir: Path | None) -> None:
     if not existing.is_dir():
         where = "is a file" if existing == work_dir else f"is inside {str(existing)!r}, a file"
         raise BenchServeError(f"--work-dir {str(work_dir)!r} {where}; give a directory (made if missing)")
-
-
-def _make_work_dir(work_dir: Path | None) -> Path:
-    """The run's work dir (a new temporary one when None), made once every check has passed."""
-    out_dir = work_dir or Path(tempfile.mkdtemp(prefix="sglang-vpp-bench-serve-"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return out_dir
 
 
 def _file_records(file: Path | None, request_rate: float, sizes: dict[str, int | None],
@@ -301,21 +293,22 @@ def bench_serve(
             chunked_prefill_size=sizes["--chunked-prefill-size"], device=device, server_args=tuple(server_arg or ()),
             startup_timeout=startup_timeout, first_port=port or 0, pd=pd,
         )  # fmt: skip
-        from .bench_serve_launch import check_launch_args, model_context_len
+        from .bench_serve_launch import check_launch_args, make_work_dir, model_context_len
 
         check_launch_args(spec, modes)  # the checks bench and the plugin make, before any server starts
         check_fits_context(plan, f"--model-path {spec.model_dir}", model_context_len(spec))
         if plan.tokenizer is None:
             plan = replace(plan, tokenizer=spec.model_dir)
-        out_dir = _make_work_dir(work_dir)
+        out_dir = make_work_dir(work_dir)
         spec = replace(spec, work_dir=out_dir)
         from .bench_serve_report import bench_launched
 
         bench_launched(modes, spec, plan, repeats, out_dir, json_out, output_file, plot, fmt, allow_failures)
         return
+    from .bench_serve_launch import make_work_dir
     from .bench_serve_report import finish, run_entry
 
-    out_dir = _make_work_dir(work_dir)
+    out_dir = make_work_dir(work_dir)
     runs = []
     for name, target in targets:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

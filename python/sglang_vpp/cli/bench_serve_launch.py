@@ -280,12 +280,19 @@ def run_launched(
     for mode in modes:
         spec.config(mode, Path("."))  # option errors before any server starts
     check_can_launch()
-    work_dir = spec.work_dir or Path(tempfile.mkdtemp(prefix="sglang-vpp-bench-serve-"))
-    work_dir.mkdir(parents=True, exist_ok=True)
+    work_dir = make_work_dir(spec.work_dir)
     from sglang_vpp.serving.termination import stop_signals_as_exit
 
     with stop_signals_as_exit():  # a SIGTERM stops the servers too, through the finally blocks
         return _launch(spec, modes, work_dir, repeats, warm_up, run_once, on_event, on_wait, deployment)
+
+
+def make_work_dir(work_dir: Path | None) -> Path:
+    """A run's work dir (a new temporary one when None); callers make it once every check has
+    passed, so a refused run leaves no directory behind."""
+    out_dir = work_dir or Path(tempfile.mkdtemp(prefix="sglang-vpp-bench-serve-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
 
 
 def _launch(spec: LaunchSpec, modes: list[str], work_dir: Path, repeats: int, warm_up: Callable[[str], int],

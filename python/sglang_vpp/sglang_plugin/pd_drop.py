@@ -53,7 +53,7 @@ from typing import Any, Hashable, Iterable
 from sglang_vpp.sglang_plugin.errors import InputRejectedError
 
 __all__ = ["DROP_ROUTE", "REFUSED_MAX", "REFUSED_TTL_S", "ROOM_LIMIT", "LogOnce", "RefusedRooms", "check_refused_room",
-           "drop_room", "is_room", "parse_drop", "remember_manager", "tell_prefill"]
+           "drop_room", "is_room", "parse_drop", "remember_manager", "room_range", "tell_prefill"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,13 @@ a prefill server can hold any signed 64-bit one, [-ROOM_LIMIT, ROOM_LIMIT)."""
 def is_room(value: Any, low: int = 0) -> bool:
     """Whether ``value`` is a bootstrap room in [low, ROOM_LIMIT) (a bool is not)."""
     return type(value) is int and low <= value < ROOM_LIMIT
+
+
+def room_range(low: int = 0) -> str:
+    """The range ``is_room(value, low)`` accepts, as a refusal spells it (``[0, 2**63)``)."""
+    bits = ROOM_LIMIT.bit_length() - 1
+    lower = "0" if low == 0 else f"-2**{bits}" if low == -ROOM_LIMIT else str(low)
+    return f"[{lower}, 2**{bits})"
 
 
 class RefusedRooms:
@@ -179,7 +186,7 @@ def parse_drop(body: Any) -> tuple[int, str]:
         raise ValueError('the body must be a JSON object {"room": int, "reason": str}')
     room, reason = body.get("room"), body.get("reason")
     if not is_room(room):
-        raise ValueError(f"room must be an integer in [0, 2**63); got {room!r}")
+        raise ValueError(f"room must be an integer in {room_range()}; got {room!r}")
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError(f"reason must be a non-empty string; got {reason!r}")
     return room, reason[:MAX_REASON_CHARS]

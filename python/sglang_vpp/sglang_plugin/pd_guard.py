@@ -49,7 +49,7 @@ import urllib.request
 from typing import Any
 
 from sglang_vpp.sglang_plugin.errors import InputRejectedError
-from sglang_vpp.sglang_plugin.pd_drop import ROOM_LIMIT, is_room
+from sglang_vpp.sglang_plugin.pd_drop import ROOM_LIMIT, is_room, room_range
 
 __all__ = ["CONNECT_TIMEOUT_S", "PLUGIN_ROUTE", "SETUP_ROUTES", "after_setup_routes", "check_bootstrap_address",
            "check_prefill_room",
@@ -88,7 +88,7 @@ def check_bootstrap_address(manager: Any, obj: Any) -> None:
     if not isinstance(host, str):
         raise InputRejectedError(f"bootstrap_host must be a host name or address; got {host!r}")
     if room is not None and not is_room(room):
-        raise InputRejectedError(f"bootstrap_room must be an integer in [0, 2**63); got {room!r}")
+        raise InputRejectedError(f"bootstrap_room must be an integer in {room_range()}; got {room!r}")
     if port is None:
         return
     if type(port) is not int or not 0 < port < 65536:
@@ -124,7 +124,8 @@ def check_prefill_room(manager: Any, obj: Any) -> None:
         return  # no room: SGLang answers 400 itself; a batch is checked item by item
     # SGLang's API schema types the room int64, though its HTTP server accepts any integer.
     if not is_room(room, low=-ROOM_LIMIT):
-        raise InputRejectedError(f"bootstrap_room must be an integer in [-2**63, 2**63) (64-bit signed); got {room!r}")
+        raise InputRejectedError(
+            f"bootstrap_room must be an integer in {room_range(-ROOM_LIMIT)} (64-bit signed); got {room!r}")
 
 
 def _decode_page_size(server_args: Any) -> int | None:
