@@ -191,12 +191,26 @@ def idle_table(cells: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def grid_parser(description: str, workloads: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The options every simulator grid script shares: the preset and the cells to run."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--hardware", default="ascend-910c")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--pp", default=",".join(map(str, RANKS)))
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workloads", default=",".join(workloads))
+    return parser
+
+
+def grid_cells(args: argparse.Namespace):
+    """(model, P, workload) of every cell ``grid_parser``'s options name, in table order."""
+    for model in args.models.split(","):
+        for pp in (int(p) for p in args.pp.split(",")):
+            for workload in args.workloads.split(","):
+                yield model, pp, workload
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = grid_parser(__doc__.splitlines()[0], WORKLOADS)
     parser.add_argument("--vpp-mode", default=VPP_MODE, help="the fold-back mode auto sizes (default %(default)s)")
     parser.add_argument("--fold", default="split", choices=("split", "fused", "both"),
                         help="fold of the VPP runs: split (the method's), fused, or both: each cell with "
@@ -210,13 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     folds = ("split", "fused") if args.fold == "both" else (args.fold,)
     runs: dict[str, list[dict]] = {fold: [] for fold in folds}
     started = time.perf_counter()
-    for model in args.models.split(","):
-        for pp in (int(p) for p in args.pp.split(",")):
-            for workload in args.workloads.split(","):
-                for fold in folds:
-                    t0 = time.perf_counter()
-                    runs[fold].append(run_cell(model, args.hardware, pp, workload, args.vpp_mode, fold))
-                    print(f"{model} P={pp} {workload} {fold}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    for model, pp, workload in grid_cells(args):
+        for fold in folds:
+            t0 = time.perf_counter()
+            runs[fold].append(run_cell(model, args.hardware, pp, workload, args.vpp_mode, fold))
+            print(f"{model} P={pp} {workload} {fold}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     seconds = time.perf_counter() - started
     if args.fold == "both":
         print(f"{fold_table(runs['split'], runs['fused'])}\n\n{len(runs['split'])} cells, both folds, in "

@@ -18,7 +18,6 @@ preset with the revisit re-priced. Deterministic simulator: one run per cell.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from auto_sweep import CHUNKS, MODELS, RANKS, VPP_MODE, _metrics, _workload  # noqa: E402
+from auto_sweep import CHUNKS, VPP_MODE, _metrics, _workload, grid_cells, grid_parser  # noqa: E402
 
 from sglang_vpp.sim.config import SimConfig  # noqa: E402
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel  # noqa: E402
@@ -77,11 +76,7 @@ def table(cells: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hardware", default="ascend-910c")
-    ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--pp", default=",".join(map(str, RANKS)))
-    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap = grid_parser(__doc__.splitlines()[0], WORKLOADS)
     ap.add_argument("--revisit-share", type=float, default=1.0,
                     help="host time of a rank's second forward of a micro-batch as a share of a whole "
                          "scheduler iteration (1.0: as much as the first forward)")
@@ -91,11 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--revisit-share must be within [0, 1], got {args.revisit_share}")
     began = time.monotonic()
     cells = []
-    for model in args.models.split(","):
-        for pp in (int(p) for p in args.pp.split(",")):
-            for workload in args.workloads.split(","):
-                print(f"{model} P={pp} {workload} ...", file=sys.stderr, flush=True)
-                cells.append(run_cell(model, args.hardware, pp, workload, args.revisit_share))
+    for model, pp, workload in grid_cells(args):
+        print(f"{model} P={pp} {workload} ...", file=sys.stderr, flush=True)
+        cells.append(run_cell(model, args.hardware, pp, workload, args.revisit_share))
     text = table(cells)
     print(text)
     if args.markdown:

@@ -41,6 +41,33 @@ def test_draws_are_per_seed_stage_and_chunk() -> None:
         JitteredCostModel(COST, 1.5)
 
 
+def test_per_rank_draws_are_shared_by_a_chunks_stages_on_one_rank() -> None:
+    chunk = ChunkSpec(0, 3, 4096, 4096)
+    fold = JitteredCostModel(COST, 0.05, seed=1, stage_ranks=(0, 1, 1, 0))  # the V at P = 2
+    factors = [fold.factor(StageSpec(s, 0, 0, 8), chunk) for s in range(4)]
+    assert factors[0] == factors[3] and factors[1] == factors[2] and factors[0] != factors[1]
+    per_stage = JitteredCostModel(COST, 0.05, seed=1)
+    assert len({per_stage.factor(StageSpec(s, 0, 0, 8), chunk) for s in range(4)}) == 4
+    # Another chunk of the same rank draws anew.
+    assert fold.factor(StageSpec(0, 0, 0, 8), ChunkSpec(0, 4, 8192, 4096)) != factors[0]
+
+
+def test_a_run_jittered_per_rank_shares_each_ranks_factor_across_its_two_stages() -> None:
+    config = RunConfig(2, 4096, jitter=0.05, jitter_seed=3, jitter_by="rank")
+    result = run_mode("vpp", WORK, COST, config, 16, keep_schedule=True)
+    exact = _run("vpp", 0.0)
+    time = {(s.stage_index, s.chunk_index): s.end - s.start for s in result.sim.timeline if s.kind == "compute"}
+    base = {(s.stage_index, s.chunk_index): s.end - s.start for s in exact.sim.timeline if s.kind == "compute"}
+    # Stage 0 and 3 (rank 0), stage 1 and 2 (rank 1): each rank's two stages of a chunk scale alike.
+    for chunk in {c for _, c in time}:
+        for first, second in ((0, 3), (1, 2)):
+            assert time[first, chunk] / base[first, chunk] == pytest.approx(time[second, chunk] / base[second, chunk])
+        assert time[0, chunk] / base[0, chunk] != pytest.approx(time[1, chunk] / base[1, chunk])
+    assert result.sim.makespan_s != _run("vpp", 0.05, seed=3).sim.makespan_s
+    with pytest.raises(SimError, match="jitter_by must be one of stage, rank"):
+        RunConfig(2, 4096, jitter_by="device")
+
+
 @pytest.mark.parametrize("mode", ["cpp", "dcpp", "vpp", "vpp-pack"])
 def test_the_dry_run_and_the_simulator_use_the_same_jittered_durations(mode: str) -> None:
     result = _run(mode, 0.05, seed=3)

@@ -5,6 +5,12 @@ breakdown) times ``max(0.05, 1 + spread * z)``, ``z`` standard normal, drawn onc
 (seed, stage, request, chunk): the same work has the same duration wherever it is asked for,
 so a dry run and a simulation on these durations agree. Transfers are not jittered. The spread is an
 assumption to explore (``simulate --jitter``), not a fitted property of any hardware.
+
+Whether a real device's variation is drawn per forward or shared by a rank's whole share of a
+micro-batch is not known either. Per stage (the default), a fold-back rank's two stages of a
+chunk draw apart, so its time per micro-batch varies by about 1/sqrt(2) of a contiguous rank's,
+which holds the same layers in one stage; with ``stage_ranks`` (the rank of each stage) a
+chunk's stages on one rank share one draw, and both layouts vary alike per rank.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ class JitteredCostModel(BreakdownCostModel):
     spread: float
     """Relative standard deviation of a stage's time (0.03: 3 %)."""
     seed: int = 0
+    stage_ranks: tuple[int, ...] | None = None
+    """The rank of each stage index: a chunk's stages on one rank share one draw (module docstring);
+    None: each stage draws its own."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.spread <= 1.0:
@@ -36,7 +45,8 @@ class JitteredCostModel(BreakdownCostModel):
     def factor(self, stage: StageSpec, chunk: ChunkSpec) -> float:
         if self.spread == 0.0:
             return 1.0
-        rng = random.Random(f"{self.seed}:{stage.stage_index}:{chunk.request_index}:{chunk.chunk_index}")
+        where = f"rank{self.stage_ranks[stage.stage_index]}" if self.stage_ranks is not None else stage.stage_index
+        rng = random.Random(f"{self.seed}:{where}:{chunk.request_index}:{chunk.chunk_index}")
         return max(_FLOOR, 1.0 + self.spread * rng.gauss(0.0, 1.0))
 
     def stage_breakdown(self, stage: StageSpec, chunk: ChunkSpec) -> StageTime:

@@ -1,0 +1,160 @@
+"""What-if: the short cells of ``auto_sweep.py`` with stage times that vary around the estimate.
+
+The simulator runs every stage exactly as the cost model estimates it, so in a short cell (100
+equal prompts) every micro-batch costs the same and the V's returning micro-batch reaches a
+rank just after the rank has started its next forward: the hop per rank that puts auto's TTFT
+behind cpp's there (docs/auto-chunk.md, "TTFT pays a hop per rank"). A real device does not
+repeat a stage's time exactly. This script runs the same cells with ``--jitter`` (each stage's
+time times ``1 + spread * z``, z standard normal, seeded; ``sim/cost/jitter.py``): the
+controller still decides with the unjittered estimate, as a server decides with its own. The
+spread is assumed, not measured on any hardware: the table shows several. So is what one draw
+covers: ``stage`` draws each stage of a chunk apart (a fold-back rank's two stages then vary
+less together than a contiguous rank's one stage of the same layers), ``rank`` gives a chunk's
+stages on one rank one draw (both layouts vary alike per rank); the table shows both.
+
+Per cell (model x P x short workload), spread, draw and seed: cpp and dcpp at every swept size and
+vpp-stream with ``auto``. The baseline is the cpp/dcpp run (mode and size) with the best median
+over the seeds, for each metric on its own, as the exact table takes the best swept size.
+auto against it, seed by seed (the same seed draws the same factor for the same stage, request
+and chunk), is a paired comparison with ``sglang_vpp.verdict.compare``: a difference counts when
+its median is at least 1 % and the seeds agree in sign (one in five may not); otherwise "no
+significant difference". Spread 0 is the exact table's run (one run, no range).
+
+    python benchmarks/short_jitter.py --markdown docs/figures/short_jitter.md
+    python benchmarks/short_jitter.py --models deepseek-v3.1 --pp 8 --workloads short-16k --seeds 3 --jitter-by rank
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from auto_sweep import CHUNKS, VPP_MODE, _metrics, _size, _workload, grid_cells, grid_parser  # noqa: E402
+
+from sglang_vpp.sim.config import SimConfig  # noqa: E402
+from sglang_vpp.sim.cost.analytic import AnalyticCostModel  # noqa: E402
+from sglang_vpp.sim.preset_loader import load_hardware, load_model  # noqa: E402
+from sglang_vpp.sim.sweep import simulate_matrix  # noqa: E402
+from sglang_vpp.verdict import compare  # noqa: E402
+
+WORKLOADS = ("short-4k", "short-16k")
+SPREADS = (0.0, 0.02, 0.05, 0.10)
+SEEDS = 5
+DRAWS = ("stage", "rank")
+BASE_MODES = "cpp,dcpp"
+
+
+def _runs(model_name: str, hardware: str, num_ranks: int, workload_name: str, spread: float, draw: str,
+          seed: int) -> tuple[dict, list[dict]]:
+    """(vpp-stream auto, every cpp/dcpp run) of one cell at one spread, draw and seed."""
+    model = load_model(model_name)
+    cost = AnalyticCostModel(model, load_hardware(hardware))
+    work = _workload(workload_name)
+    sim = SimConfig(record_timeline=False)
+    base = simulate_matrix(work, cost, model.num_layers, BASE_MODES, list(CHUNKS), num_ranks, sim=sim,
+                           jitter=spread, jitter_seed=seed, jitter_by=draw)
+    auto = simulate_matrix(work, cost, model.num_layers, VPP_MODE, ["auto"], num_ranks, sim=sim,
+                           jitter=spread, jitter_seed=seed, jitter_by=draw)[0]
+    if not auto.result.sim.ok or not all(row.result.sim.ok for row in base):
+        raise SystemExit(f"{model_name} P={num_ranks} {workload_name} jitter {spread} per {draw} seed {seed}: "
+                         "a run deadlocked")
+    return _metrics(auto), [_metrics(row) for row in base]
+
+
+def _best(per_seed: list[list[dict]], metric: str, lower_is_better: bool) -> tuple[str, list[float]]:
+    """The cpp/dcpp (mode, size) with the best median over the seeds, and its value per seed."""
+    labels = [f"{run['mode']} {_size(run)}" for run in per_seed[0]]
+    values = {label: [runs[i][metric] for runs in per_seed] for i, label in enumerate(labels)}
+    pick = (min if lower_is_better else max)(labels, key=lambda label: statistics.median(values[label]))
+    return pick, values[pick]
+
+
+def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, spread: float,
+             seeds: int, draw: str = "stage") -> dict:
+    draws = [_runs(model_name, hardware, num_ranks, workload_name, spread, draw, seed)
+             for seed in range(seeds if spread else 1)]
+    auto = [a for a, _ in draws]
+    base = [b for _, b in draws]
+    ttft_label, ttft_base = _best(base, "ttft_s", lower_is_better=True)
+    tput_label, tput_base = _best(base, "throughput_tok_s", lower_is_better=False)
+    # Time per token, so that both metrics are "lower is better" for the paired rule.
+    ttft = compare({"auto": [a["ttft_s"] for a in auto], "base": ttft_base}, "auto", "base", paired=True)
+    per_token = compare({"auto": [1.0 / a["throughput_tok_s"] for a in auto], "base": [1.0 / v for v in tput_base]},
+                        "auto", "base", paired=True)
+    return {"model": model_name, "pp": num_ranks, "workload": workload_name, "spread": spread,
+            "draw": draw if spread else "-", "seeds": len(draws), "auto_sizes": sorted({_size(a) for a in auto}),
+            "ttft_base": ttft_label, "tput_base": tput_label, "ttft": ttft, "per_token": per_token}
+
+
+def _shown(comparison) -> str:
+    """Median [min .. max] and the outcome; one run: the value alone."""
+    if comparison.repeats < 2:
+        return f"{comparison.median:+.1%}"
+    return (f"{comparison.median:+.1%} [{comparison.low:+.1%} .. {comparison.high:+.1%}] "
+            f"{comparison.outcome}")
+
+
+def table(cells: list[dict]) -> str:
+    lines = ["| model | P | workload | jitter | drawn per | auto size | TTFT vs cpp/dcpp (best median) | "
+             "time per token vs cpp/dcpp (best median) |", "|" + "---|" * 8]
+    for c in cells:
+        lines.append(f"| {c['model']} | {c['pp']} | {c['workload']} | {c['spread']:.0%} | {c['draw']} | "
+                     f"{'/'.join(c['auto_sizes'])} | {_shown(c['ttft'])} ({c['ttft_base']}) | "
+                     f"{_shown(c['per_token'])} ({c['tput_base']}) |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = grid_parser(__doc__.splitlines()[0], WORKLOADS)
+    ap.add_argument("--jitter", default=",".join(f"{s:g}" for s in SPREADS),
+                    help="relative spreads of a stage's time, comma-separated (0: the exact run)")
+    ap.add_argument("--jitter-by", default=",".join(DRAWS),
+                    help="what one draw covers, comma-separated: stage (each stage of a chunk) or rank (a "
+                         "chunk's stages on one rank)")
+    ap.add_argument("--seeds", type=int, default=SEEDS, help="seeds per spread above 0 (at least 2 for a range)")
+    ap.add_argument("--markdown", type=Path, help="write the table and its header to this file")
+    args = ap.parse_args(argv)
+    if args.seeds < 2:
+        raise SystemExit(f"--seeds must be at least 2 (one seed gives no range), got {args.seeds}")
+    try:
+        spreads = [float(s) for s in args.jitter.split(",")]
+    except ValueError:
+        raise SystemExit(f"--jitter takes comma-separated numbers, got {args.jitter!r}") from None
+    if not all(0.0 <= s <= 1.0 for s in spreads):
+        raise SystemExit(f"--jitter spreads must lie in [0, 1], got {args.jitter!r}")
+    draws = args.jitter_by.split(",")
+    if not all(draw in DRAWS for draw in draws):
+        raise SystemExit(f"--jitter-by takes {' or '.join(DRAWS)}, comma-separated; got {args.jitter_by!r}")
+    for workload in args.workloads.split(","):
+        if not workload.startswith("short-"):
+            raise SystemExit(f"--workloads: {workload!r} is not a short cell; valid: {', '.join(WORKLOADS)}")
+    began = time.monotonic()
+    cells = []
+    for model, pp, workload in grid_cells(args):
+        for spread in spreads:
+            for draw in draws if spread else draws[:1]:
+                print(f"{model} P={pp} {workload} jitter {spread:g} per {draw} ...", file=sys.stderr, flush=True)
+                cells.append(run_cell(model, args.hardware, pp, workload, spread, args.seeds, draw))
+    text = table(cells)
+    print(text)
+    if args.markdown:
+        seconds = time.monotonic() - began
+        args.markdown.write_text(
+            f"Generated by `python benchmarks/short_jitter.py --markdown {args.markdown}` ({args.hardware}, "
+            f"{len(cells)} rows, {args.seeds} seeds per spread above 0, {seconds:.0f} s). Positive % = vpp-stream "
+            "with auto worse than the cpp/dcpp run (mode and swept size) with the best median over the seeds, "
+            "each metric on its own: TTFT, and time per token (the inverse of throughput). Median [min .. max] "
+            "of the per-seed difference and the paired verdict (a difference counts when its median is at "
+            "least 1 % and the seeds agree in sign, one in five may not). \"drawn per\": stage, each stage of "
+            "a chunk draws its own time; rank, a chunk's stages on one rank share one draw. The spread and "
+            "what a draw covers are assumed, not measured.\n\n"
+            + text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
