@@ -29,6 +29,7 @@ from pathlib import Path
 
 from sglang_vpp.sim.config import SimConfig
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel
+from sglang_vpp.sim.errors import PresetError
 from sglang_vpp.sim.idle import IDLE_CAUSES
 from sglang_vpp.sim.preset_loader import load_hardware, load_model
 from sglang_vpp.sim.sweep import simulate_matrix
@@ -201,12 +202,26 @@ def grid_parser(description: str, workloads: tuple[str, ...]) -> argparse.Argume
     return parser
 
 
-def grid_cells(args: argparse.Namespace):
-    """(model, P, workload) of every cell ``grid_parser``'s options name, in table order."""
-    for model in args.models.split(","):
-        for pp in (int(p) for p in args.pp.split(",")):
-            for workload in args.workloads.split(","):
-                yield model, pp, workload
+def grid_cells(args: argparse.Namespace, workloads: tuple[str, ...]) -> list[tuple[str, int, str]]:
+    """(model, P, workload) of every cell ``grid_parser``'s options name, in table order; a bad
+    name or P is refused here, before any cell runs."""
+    models = args.models.split(",")
+    for model in models:
+        try:
+            load_model(model)
+        except PresetError as exc:
+            raise SystemExit(f"--models: {exc}") from None
+    try:
+        ranks = [int(p) for p in args.pp.split(",")]
+    except ValueError:
+        raise SystemExit(f"--pp takes comma-separated integers, got {args.pp!r}") from None
+    if not all(pp >= 1 for pp in ranks):
+        raise SystemExit(f"--pp values must be >= 1, got {args.pp!r}")
+    names = args.workloads.split(",")
+    for name in names:
+        if name not in workloads:
+            raise SystemExit(f"--workloads: unknown workload {name!r}; valid: {', '.join(workloads)}")
+    return [(model, pp, name) for model in models for pp in ranks for name in names]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     folds = ("split", "fused") if args.fold == "both" else (args.fold,)
     runs: dict[str, list[dict]] = {fold: [] for fold in folds}
     started = time.perf_counter()
-    for model, pp, workload in grid_cells(args):
+    for model, pp, workload in grid_cells(args, WORKLOADS):
         for fold in folds:
             t0 = time.perf_counter()
             runs[fold].append(run_cell(model, args.hardware, pp, workload, args.vpp_mode, fold))

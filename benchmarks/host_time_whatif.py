@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--revisit-share must be within [0, 1], got {args.revisit_share}")
     began = time.monotonic()
     cells = []
-    for model, pp, workload in grid_cells(args):
+    for model, pp, workload in grid_cells(args, WORKLOADS):
         print(f"{model} P={pp} {workload} ...", file=sys.stderr, flush=True)
         cells.append(run_cell(model, args.hardware, pp, workload, args.revisit_share))
     text = table(cells)

@@ -8,9 +8,8 @@ repeat a stage's time exactly. This script runs the same cells with ``--jitter``
 time times ``1 + spread * z``, z standard normal, seeded; ``sim/cost/jitter.py``): the
 controller still decides with the unjittered estimate, as a server decides with its own. The
 spread is assumed, not measured on any hardware: the table shows several. So is what one draw
-covers: ``stage`` draws each stage of a chunk apart (a fold-back rank's two stages then vary
-less together than a contiguous rank's one stage of the same layers), ``rank`` gives a chunk's
-stages on one rank one draw (both layouts vary alike per rank); the table shows both.
+covers (``stage`` or ``rank``, ``RunConfig.jitter_by``; what each means for a fold-back rank:
+``sim/cost/jitter.py``); the table shows both.
 
 Per cell (model x P x short workload), spread, draw and seed: cpp and dcpp at every swept size and
 vpp-stream with ``auto``. The baseline is the cpp/dcpp run (mode and size) with the best median
@@ -38,13 +37,14 @@ from auto_sweep import CHUNKS, VPP_MODE, _metrics, _size, _workload, grid_cells,
 from sglang_vpp.sim.config import SimConfig  # noqa: E402
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel  # noqa: E402
 from sglang_vpp.sim.preset_loader import load_hardware, load_model  # noqa: E402
+from sglang_vpp.sim.runner import JITTER_BY  # noqa: E402
 from sglang_vpp.sim.sweep import simulate_matrix  # noqa: E402
-from sglang_vpp.verdict import compare  # noqa: E402
+from sglang_vpp.verdict import MIN_EFFECT, compare  # noqa: E402
 
 WORKLOADS = ("short-4k", "short-16k")
 SPREADS = (0.0, 0.02, 0.05, 0.10)
 SEEDS = 5
-DRAWS = ("stage", "rank")
+DRAWS = JITTER_BY
 BASE_MODES = "cpp,dcpp"
 
 
@@ -74,7 +74,7 @@ def _best(per_seed: list[list[dict]], metric: str, lower_is_better: bool) -> tup
 
 
 def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, spread: float,
-             seeds: int, draw: str = "stage") -> dict:
+             seeds: int, draw: str = DRAWS[0]) -> dict:
     draws = [_runs(model_name, hardware, num_ranks, workload_name, spread, draw, seed)
              for seed in range(seeds if spread else 1)]
     auto = [a for a, _ in draws]
@@ -91,11 +91,10 @@ def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str,
 
 
 def _shown(comparison) -> str:
-    """Median [min .. max] and the outcome; one run: the value alone."""
-    if comparison.repeats < 2:
-        return f"{comparison.median:+.1%}"
-    return (f"{comparison.median:+.1%} [{comparison.low:+.1%} .. {comparison.high:+.1%}] "
-            f"{comparison.outcome}")
+    """Median [min .. max] (with the decimals that keep the median on its side of the floor) and
+    the outcome; one run: the value alone."""
+    median, bounds = comparison.range_text()
+    return median if comparison.repeats < 2 else f"{median} {bounds} {comparison.outcome}"
 
 
 def table(cells: list[dict]) -> str:
@@ -129,12 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     draws = args.jitter_by.split(",")
     if not all(draw in DRAWS for draw in draws):
         raise SystemExit(f"--jitter-by takes {' or '.join(DRAWS)}, comma-separated; got {args.jitter_by!r}")
-    for workload in args.workloads.split(","):
-        if not workload.startswith("short-"):
-            raise SystemExit(f"--workloads: {workload!r} is not a short cell; valid: {', '.join(WORKLOADS)}")
+    grid = grid_cells(args, WORKLOADS)
     began = time.monotonic()
     cells = []
-    for model, pp, workload in grid_cells(args):
+    for model, pp, workload in grid:
         for spread in spreads:
             for draw in draws if spread else draws[:1]:
                 print(f"{model} P={pp} {workload} jitter {spread:g} per {draw} ...", file=sys.stderr, flush=True)
@@ -149,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             "with auto worse than the cpp/dcpp run (mode and swept size) with the best median over the seeds, "
             "each metric on its own: TTFT, and time per token (the inverse of throughput). Median [min .. max] "
             "of the per-seed difference and the paired verdict (a difference counts when its median is at "
-            "least 1 % and the seeds agree in sign, one in five may not). \"drawn per\": stage, each stage of "
+            f"least {MIN_EFFECT:.0%} and the seeds agree in sign, one in five may not). \"drawn per\": stage, each stage of "
             "a chunk draws its own time; rank, a chunk's stages on one rank share one draw. The spread and "
             "what a draw covers are assumed, not measured.\n\n"
             + text + "\n")

@@ -114,21 +114,21 @@ class Comparison:
             return "min-max ranges overlap"
         return f"under the {MIN_EFFECT:.0%} floor" if abs(self.median) < MIN_EFFECT else "repeats disagree in sign"
 
-    def _range_text(self) -> tuple[str, str]:
+    def range_text(self) -> tuple[str, str]:
         """The median and ``[low .. high]``, all with the decimals that keep the median on its side
         of the paired rule's floor (the unpaired rule has no floor)."""
         places = percent_places(self.median, MIN_EFFECT) if self.paired else 1
         return f"{self.median:+.{places}%}", f"[{self.low:+.{places}%} .. {self.high:+.{places}%}]"
 
     def text(self) -> str:
-        median, bounds = self._range_text()
+        median, bounds = self.range_text()
         spread = median if self.repeats < 2 else f"{median} {bounds}"
         why = f" ({self.reason})" if self.reason else ""
         return f"{self.mode} vs {self.baseline}: {spread} -> {self.outcome}{why}"
 
     def lines(self, indent: str = "  ") -> list[str]:
         """``text()`` wrapped to ``WIDTH`` columns; the range and the outcome each stay on one line."""
-        spread = self._range_text()[1] if self.repeats >= 2 else ""
+        spread = self.range_text()[1] if self.repeats >= 2 else ""
         why = f"({self.reason})" if self.reason else ""
         return _wrap(self.text(), indent, keep=[k for k in (spread, f"-> {self.outcome}", why) if k])
 

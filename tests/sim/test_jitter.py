@@ -43,27 +43,32 @@ def test_draws_are_per_seed_stage_and_chunk() -> None:
 
 def test_per_rank_draws_are_shared_by_a_chunks_stages_on_one_rank() -> None:
     chunk = ChunkSpec(0, 3, 4096, 4096)
-    fold = JitteredCostModel(COST, 0.05, seed=1, stage_ranks=(0, 1, 1, 0))  # the V at P = 2
-    factors = [fold.factor(StageSpec(s, 0, 0, 8), chunk) for s in range(4)]
+    v_at_two = [StageSpec(s, r, 2 * s, 2 * s + 2) for s, r in enumerate((0, 1, 1, 0))]
+    per_rank = JitteredCostModel(COST, 0.05, seed=1, per_rank=True)
+    factors = [per_rank.factor(stage, chunk) for stage in v_at_two]
     assert factors[0] == factors[3] and factors[1] == factors[2] and factors[0] != factors[1]
     per_stage = JitteredCostModel(COST, 0.05, seed=1)
-    assert len({per_stage.factor(StageSpec(s, 0, 0, 8), chunk) for s in range(4)}) == 4
+    assert len({per_stage.factor(stage, chunk) for stage in v_at_two}) == 4
+    # A contiguous layout (stage i on rank i) draws the same either way.
+    contiguous = [StageSpec(s, s, 4 * s, 4 * s + 4) for s in range(2)]
+    assert [per_rank.factor(s, chunk) for s in contiguous] == [per_stage.factor(s, chunk) for s in contiguous]
     # Another chunk of the same rank draws anew.
-    assert fold.factor(StageSpec(0, 0, 0, 8), ChunkSpec(0, 4, 8192, 4096)) != factors[0]
+    assert per_rank.factor(v_at_two[0], ChunkSpec(0, 4, 8192, 4096)) != factors[0]
 
 
-def test_a_run_jittered_per_rank_shares_each_ranks_factor_across_its_two_stages() -> None:
-    config = RunConfig(2, 4096, jitter=0.05, jitter_seed=3, jitter_by="rank")
+@pytest.mark.parametrize("fold, pairs", [("split", ((0, 3), (1, 2))), ("fused", ((0, 2),))])
+def test_a_run_jittered_per_rank_shares_each_ranks_factor_across_its_stages(fold: str, pairs) -> None:
+    config = RunConfig(2, 4096, jitter=0.05, jitter_seed=3, jitter_by="rank", fold=fold)
     result = run_mode("vpp", WORK, COST, config, 16, keep_schedule=True)
-    exact = _run("vpp", 0.0)
+    exact = run_mode("vpp", WORK, COST, RunConfig(2, 4096, fold=fold), 16)
     time = {(s.stage_index, s.chunk_index): s.end - s.start for s in result.sim.timeline if s.kind == "compute"}
     base = {(s.stage_index, s.chunk_index): s.end - s.start for s in exact.sim.timeline if s.kind == "compute"}
-    # Stage 0 and 3 (rank 0), stage 1 and 2 (rank 1): each rank's two stages of a chunk scale alike.
     for chunk in {c for _, c in time}:
-        for first, second in ((0, 3), (1, 2)):
+        for first, second in pairs:
             assert time[first, chunk] / base[first, chunk] == pytest.approx(time[second, chunk] / base[second, chunk])
         assert time[0, chunk] / base[0, chunk] != pytest.approx(time[1, chunk] / base[1, chunk])
-    assert result.sim.makespan_s != _run("vpp", 0.05, seed=3).sim.makespan_s
+    per_stage = run_mode("vpp", WORK, COST, RunConfig(2, 4096, jitter=0.05, jitter_seed=3, fold=fold), 16)
+    assert result.sim.makespan_s != per_stage.sim.makespan_s
     with pytest.raises(SimError, match="jitter_by must be one of stage, rank"):
         RunConfig(2, 4096, jitter_by="device")
 

@@ -27,19 +27,42 @@ def test_spread_zero_is_one_exact_run_and_a_spread_varies_the_seeds(short_jitter
     exact = short_jitter.run_cell("deepseek-v3.1", "ascend-910c", 2, "short-4k", 0.0, 3)
     assert exact["seeds"] == 1 and exact["ttft"].repeats == 1 and not exact["ttft"].significant
     assert exact["draw"] == "-"  # no draw at all
-    for draw in short_jitter.DRAWS:
-        varied = short_jitter.run_cell("deepseek-v3.1", "ascend-910c", 2, "short-4k", 0.05, 3, draw)
-        assert varied["seeds"] == 3 and varied["ttft"].repeats == 3 and varied["draw"] == draw
-        assert len(set(varied["ttft"].relative)) == 3  # each seed draws other stage times
+    varied = {draw: short_jitter.run_cell("deepseek-v3.1", "ascend-910c", 2, "short-4k", 0.05, 3, draw)
+              for draw in short_jitter.DRAWS}
+    for draw, cell in varied.items():
+        assert cell["seeds"] == 3 and cell["ttft"].repeats == 3 and cell["draw"] == draw
+        assert len(set(cell["ttft"].relative)) == 3  # each seed draws other stage times
+    # The draw reaches the runs: vpp-stream's two stages per rank draw otherwise.
+    assert varied["stage"]["ttft"].relative != varied["rank"]["ttft"].relative
+
+
+def test_positive_is_auto_worse_in_both_metrics(short_jitter, monkeypatch):
+    auto = {"ttft_s": 11.0, "throughput_tok_s": 90.0, "mode": "vpp-stream", "chunk": "auto",
+            "auto_fixed": [8192], "auto_tapered": []}
+    base = [{"ttft_s": 10.0, "throughput_tok_s": 100.0, "mode": "cpp", "chunk": 8192},
+            {"ttft_s": 12.0, "throughput_tok_s": 110.0, "mode": "cpp", "chunk": 16384}]
+    monkeypatch.setattr(short_jitter, "_runs", lambda *args: (auto, base))
+    cell = short_jitter.run_cell("deepseek-v3.1", "ascend-910c", 2, "short-4k", 0.05, 2)
+    assert (cell["ttft_base"], cell["tput_base"]) == ("cpp 8k", "cpp 16k")  # each metric its own best
+    assert cell["ttft"].relative == pytest.approx((0.1, 0.1))  # auto's TTFT 10 % above
+    assert cell["per_token"].relative == pytest.approx((110 / 90 - 1,) * 2)  # and its throughput below
+    assert cell["ttft"].outcome == cell["per_token"].outcome == "slower"
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--seeds", "1"], "--seeds must be at least 2"),
-    (["--workloads", "long-64k"], "is not a short cell"),
+    (["--workloads", "short-4k,long-64k"], "unknown workload 'long-64k'"),
+    (["--workloads", "short-4k,short-8k"], "unknown workload 'short-8k'"),
+    (["--pp", "2,x"], "--pp takes comma-separated integers"),
+    (["--models", "deepseek-v3.1,nope"], "--models: unknown model preset 'nope'"),
     (["--jitter", "0.05,x"], "comma-separated numbers"),
     (["--jitter", "1.5"], "must lie in \\[0, 1\\]"),
     (["--jitter-by", "stage,device"], "--jitter-by takes stage or rank"),
 ])
-def test_bad_arguments_are_refused(short_jitter, argv, message):
+def test_bad_arguments_are_refused_before_any_run(short_jitter, monkeypatch, argv, message):
+    def no_run(*args, **kwargs):
+        raise AssertionError("a cell ran before the arguments were checked")
+
+    monkeypatch.setattr(short_jitter, "run_cell", no_run)
     with pytest.raises(SystemExit, match=message):
         short_jitter.main(argv)

@@ -26,7 +26,6 @@ from ..schedule import (
     RequestSpec,
     Schedule,
     Fold,
-    Layout,
     StageCostModel,
     controller_config,
     dry_run,
@@ -73,7 +72,7 @@ class RunConfig:
     jitter_seed: int = 0
     jitter_by: str = "stage"
     """``stage``: every stage of a chunk draws its own time; ``rank``: a chunk's stages on one
-    rank share one draw (``JitteredCostModel.stage_ranks``)."""
+    rank share one draw (``JitteredCostModel.per_rank``)."""
     sim: SimConfig = field(default_factory=SimConfig)
     auto_chunk: bool = False
     """Let the controller's ``auto`` chunker pick the chunk size and batch budget per situation
@@ -140,20 +139,11 @@ class ModeResult:
         }
 
 
-def _layout(mode: str, config: RunConfig, num_layers: int) -> Layout:
-    return policy_layout(get_policy(mode), config.num_ranks, num_layers, list(config.split) if config.split else None,
-                         config.fold)
-
-
-def stage_durations(cost: StageCostModel, config: RunConfig, mode: str, num_layers: int) -> StageCostModel:
-    """The durations ``mode`` executes with: ``cost``, jittered when ``config.jitter`` is set."""
+def stage_durations(cost: StageCostModel, config: RunConfig) -> StageCostModel:
+    """The durations a run executes with: ``cost``, jittered when ``config.jitter`` is set."""
     if not config.jitter:
         return cost
-    ranks = None
-    if config.jitter_by == "rank":
-        layout = _layout(mode, config, num_layers)
-        ranks = tuple(layout.rank_of(index) for index in range(layout.num_stages))
-    return JitteredCostModel(cost, config.jitter, config.jitter_seed, ranks)
+    return JitteredCostModel(cost, config.jitter, config.jitter_seed, per_rank=config.jitter_by == "rank")
 
 
 def _workload_planner(mode: str, workload: Workload, estimate: StageCostModel, config: RunConfig,
@@ -162,7 +152,8 @@ def _workload_planner(mode: str, workload: Workload, estimate: StageCostModel, c
     request from the completion callback (at the completion's time), and ``auto`` sees every
     send (``LiveSituation``)."""
     spec = get_policy(mode)
-    layout = _layout(mode, config, num_layers)
+    layout = policy_layout(spec, config.num_ranks, num_layers, list(config.split) if config.split else None,
+                           config.fold)
     pending = list(workload.requests)
     concurrency = workload.concurrency if workload.concurrency is not None else len(pending)
     first, pending = pending[:concurrency], pending[concurrency:]
@@ -195,9 +186,9 @@ def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: R
                   num_layers: int, durations: StageCostModel | None = None) -> PlannedWorkload:
     """The dry run of ``workload`` for ``mode`` (``schedule.dry_run``): the engine without the
     simulator's accounting, the controller deciding with ``cost`` at the times ``durations``
-    gives (default: ``stage_durations``): ``run_engine``'s plan."""
+    gives (default: ``stage_durations(cost, config)``): ``run_engine``'s plan."""
     planner = _workload_planner(mode, workload, cost, config, num_layers)
-    dry_run(planner, durations if durations is not None else stage_durations(cost, config, mode, num_layers))
+    dry_run(planner, durations if durations is not None else stage_durations(cost, config))
     schedule = schedule_from_planner(planner)
     assert len(schedule.requests) == len(workload.requests), (len(schedule.requests), len(workload.requests))
     return PlannedWorkload(schedule, *_auto_choices(planner))
@@ -225,6 +216,5 @@ def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunCon
              keep_schedule: bool = False) -> ModeResult:
     """Simulate one mode: the engine with ``cost`` as the estimate and the durations (jittered
     when ``config.jitter`` is set)."""
-    return run_engine(mode, workload, config, num_layers, estimate=cost,
-                      durations=stage_durations(cost, config, mode, num_layers),
+    return run_engine(mode, workload, config, num_layers, estimate=cost, durations=stage_durations(cost, config),
                       keep_schedule=keep_schedule)

@@ -2,15 +2,16 @@
 
 Each stage compute of each chunk takes the base model's time (every component of its
 breakdown) times ``max(0.05, 1 + spread * z)``, ``z`` standard normal, drawn once per
-(seed, stage, request, chunk): the same work has the same duration wherever it is asked for,
+(seed, stage or rank, request, chunk): the same work has the same duration wherever it is asked for,
 so a dry run and a simulation on these durations agree. Transfers are not jittered. The spread is an
 assumption to explore (``simulate --jitter``), not a fitted property of any hardware.
 
 Whether a real device's variation is drawn per forward or shared by a rank's whole share of a
 micro-batch is not known either. Per stage (the default), a fold-back rank's two stages of a
 chunk draw apart, so its time per micro-batch varies by about 1/sqrt(2) of a contiguous rank's,
-which holds the same layers in one stage; with ``stage_ranks`` (the rank of each stage) a
-chunk's stages on one rank share one draw, and both layouts vary alike per rank.
+which holds the same layers in one stage; ``per_rank`` gives a chunk's stages on one rank one
+draw, so both layouts vary alike per rank. The draw is keyed by the stage index or the rank
+number: a contiguous layout, whose stage i is rank i, draws the same either way.
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ class JitteredCostModel(BreakdownCostModel):
     spread: float
     """Relative standard deviation of a stage's time (0.03: 3 %)."""
     seed: int = 0
-    stage_ranks: tuple[int, ...] | None = None
-    """The rank of each stage index: a chunk's stages on one rank share one draw (module docstring);
-    None: each stage draws its own."""
+    per_rank: bool = False
+    """A chunk's stages on one rank share one draw (module docstring); False: each stage draws its own."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.spread <= 1.0:
@@ -45,7 +45,7 @@ class JitteredCostModel(BreakdownCostModel):
     def factor(self, stage: StageSpec, chunk: ChunkSpec) -> float:
         if self.spread == 0.0:
             return 1.0
-        where = f"rank{self.stage_ranks[stage.stage_index]}" if self.stage_ranks is not None else stage.stage_index
+        where = stage.rank if self.per_rank else stage.stage_index
         rng = random.Random(f"{self.seed}:{where}:{chunk.request_index}:{chunk.chunk_index}")
         return max(_FLOOR, 1.0 + self.spread * rng.gauss(0.0, 1.0))
 
