@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from sglang_vpp.schedule import build_layout, default_in_flight_limit
 from sglang_vpp.sim.config import SimConfig
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel
 from sglang_vpp.sim.decode import estimate_decode
@@ -69,7 +70,7 @@ def best_runs(model, cost, num_ranks: int, seed: int, ablation: bool = False) ->
                                                  sim=quiet)]
     labelled = [(r.mode, r) for r in results]
     if ablation:
-        window = 2 * num_ranks - 1
+        window = default_in_flight_limit(build_layout(num_ranks, model.num_layers, "foldback"))  # vpp-pack's 2P-1
         labelled += [(ABLATION, run_mode("vpp-stream", work, cost, RunConfig(num_ranks, chunk, max_in_flight=window,
                                                                            sim=quiet), model.num_layers))
                      for chunk in CHUNKS]

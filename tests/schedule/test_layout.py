@@ -112,3 +112,14 @@ def test_too_few_layers_for_a_huge_pp_is_refused_before_any_stage_is_listed(monk
         build_layout(10**9, 8, "vpp")
     assert stage_count("vpp", 10**9) == 2 * 10**9 and stage_count("vpp", 10**9, "fused") == 2 * 10**9 - 1
     assert stage_count("cpp", 10**9) == 10**9
+
+
+def test_a_mode_name_gives_its_policys_layout_and_an_unknown_kind_is_refused_by_name():
+    from sglang_vpp.schedule.layout import stage_count
+    from sglang_vpp.schedule.policies import POLICIES
+
+    for name, policy in POLICIES.items():
+        assert build_layout(2, 8, name).kind is policy.layout_kind, name
+    for ask in (lambda: stage_count("vpp-stram", 2), lambda: build_layout(2, 8, "vpp-stram")):
+        with pytest.raises(LayoutError, match="unknown layout kind 'vpp-stram'"):
+            ask()

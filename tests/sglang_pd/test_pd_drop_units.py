@@ -128,10 +128,11 @@ def test_the_route_refuses_a_bad_body_with_400_and_remembers_a_good_one(pd_drop)
 
 def test_a_room_refusal_names_the_range_is_room_accepts(pd_drop):
     limit = pd_drop.ROOM_LIMIT
-    for low, text in ((0, "[0, 2**63)"), (-limit, "[-2**63, 2**63)")):
-        assert pd_drop.room_range(low) == text
-        assert pd_drop.is_room(low, low=low) and pd_drop.is_room(limit - 1, low=low)
-        assert not pd_drop.is_room(low - 1, low=low) and not pd_drop.is_room(limit, low=low)
+    for signed, low, text in ((False, 0, "[0, 2**63)"), (True, -limit, "[-2**63, 2**63)")):
+        assert pd_drop.room_range(signed) == text
+        assert pd_drop.is_room(low, signed) and pd_drop.is_room(limit - 1, signed)
+        assert not pd_drop.is_room(low - 1, signed) and not pd_drop.is_room(limit, signed)
+        assert not pd_drop.is_room(True, signed) and not pd_drop.is_room(float(low), signed)
     with pytest.raises(ValueError, match=r"room must be an integer in \[0, 2\*\*63\); got -1"):
         pd_drop.parse_drop({"room": -1, "reason": "x"})
 

@@ -282,6 +282,8 @@ def bench_serve(
         check_fits_context(plan, target, server_context_len(target))
     if launch is not None:
         check_can_launch()  # SGLang and transformers, before the default model is built
+    from .bench_serve_launch import make_work_dir
+
     if launch is not None:
         from dataclasses import replace
 
@@ -293,7 +295,7 @@ def bench_serve(
             chunked_prefill_size=sizes["--chunked-prefill-size"], device=device, server_args=tuple(server_arg or ()),
             startup_timeout=startup_timeout, first_port=port or 0, pd=pd,
         )  # fmt: skip
-        from .bench_serve_launch import check_launch_args, make_work_dir, model_context_len
+        from .bench_serve_launch import check_launch_args, model_context_len
 
         check_launch_args(spec, modes)  # the checks bench and the plugin make, before any server starts
         check_fits_context(plan, f"--model-path {spec.model_dir}", model_context_len(spec))
@@ -305,7 +307,6 @@ def bench_serve(
 
         bench_launched(modes, spec, plan, repeats, out_dir, json_out, output_file, plot, fmt, allow_failures)
         return
-    from .bench_serve_launch import make_work_dir
     from .bench_serve_report import finish, run_entry
 
     out_dir = make_work_dir(work_dir)

@@ -188,9 +188,11 @@ class Controller:
     def __init__(self, policy: PolicySpec, layout: Layout, cost: StageCostModel,
                  max_in_flight: int | None = None, token_budget: int | None = None, *,
                  chunker: Chunker | None = None, num_groups: int | None = None, decodes: bool = True) -> None:
-        """``chunker``: None when the executor never asks ``next_chunk_size``. ``num_groups``:
-        groups per link, None for the policy's (an executor whose transport needs one direction
-        per link passes 2). ``decodes``: False on a server that only prefills (``decode_groups``)."""
+        """``max_in_flight``: a fixed in-flight limit, also a packing mode's pack cap, with no deep
+        window; None: ``default_in_flight_limit``. ``chunker``: None when the executor never asks
+        ``next_chunk_size``. ``num_groups``: groups per link, None for the policy's (an executor
+        whose transport needs one direction per link passes 2). ``decodes``: False on a server
+        that only prefills (``decode_groups``)."""
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         if token_budget is not None and token_budget < 1:
@@ -236,11 +238,7 @@ class Controller:
         """The decision for ``mb`` in the current state; changes nothing."""
         if self.in_flight >= self.limits.slots:
             return Admission.NO
-        normal = sum(not entry.packed for entry in self._in_flight.values())
-        limit = self.limits.in_flight
-        if self._shallow is not None and normal >= self._shallow and not self.deep_window_open:
-            limit = self._shallow
-        within_limit = normal < limit
+        within_limit = sum(not entry.packed for entry in self._in_flight.values()) < self.in_flight_limit
         if not mb.is_prefill or not self.policy.request_barrier:
             return Admission.YES if within_limit else Admission.NO
         group = self._group_of(mb)
@@ -283,6 +281,13 @@ class Controller:
         newest = None if self._newest_prefill is None else (self._newest_prefill.mb.seq, self._newest_prefill.group,
                                                            tuple(sorted(map(str, self._newest_prefill.mb.requests))))
         return in_flight, window, newest, self._next_group, self._shallow is not None and self.deep_window_open
+
+    @property
+    def in_flight_limit(self) -> int:
+        """Micro-batches, packed ones not counted, that may be in flight now: ``limits.in_flight``,
+        or the shallow limit while a ``deep_window`` policy's window is closed (always with
+        nothing but decode in flight)."""
+        return self._shallow if self._shallow is not None and not self.deep_window_open else self.limits.in_flight
 
     @property
     def deep_window_open(self) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .chunking import Chunker, DynamicChunker, FixedChunker, FlatCurveFallback, TaperedChunker
-from .controller import Controller, default_in_flight_limit
+from .controller import Controller
 from .cost import LinearAttentionCost, StageCostModel
 from .cpu_cost import cpu_serving_cost
 from .errors import CostModelError, FlatCurveError, PolicyError
@@ -158,14 +158,6 @@ class ControllerConfig:
                 f"mode {self.policy.name} needs a {self.policy.layout_kind} layout, got {self.layout.kind}"
             )
         # The limits are checked where they are used: ``Controller.__init__``.
-
-    @property
-    def in_flight_limit(self) -> int:
-        return self.max_in_flight if self.max_in_flight is not None else default_in_flight_limit(self.layout, self.policy)
-
-    @property
-    def groups(self) -> int:
-        return self.num_groups if self.num_groups is not None else self.policy.num_groups
 
 
 def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int, cost: StageCostModel | None,

@@ -161,10 +161,19 @@ def _method_stage_count(kind: LayoutKind, num_ranks: int) -> int:
 def stage_count(kind: LayoutKind | str, num_ranks: int, fold: Fold | str = Fold.SPLIT) -> int:
     """Stages of a layout of ``kind`` over ``num_ranks`` ranks: P contiguous, 2P fold-back, 2P-1
     with a fused fold. The number of layer counts a split gives."""
-    kind = _KIND_ALIASES[kind] if isinstance(kind, str) and not isinstance(kind, LayoutKind) else kind
+    kind = _parse_kind(kind)
     # Counted without listing them: a plan's size is checked on this before any work, whatever --pp says
     # (len() of a range past sys.maxsize raises OverflowError; the arithmetic does not).
     return sum(_range_size(run) for run in _rank_runs(kind, num_ranks, parse_fold(fold)))
+
+
+def _parse_kind(kind: LayoutKind | str) -> LayoutKind:
+    """A layout kind, or the name of one or of a mode (``_KIND_ALIASES``)."""
+    if isinstance(kind, LayoutKind):
+        return kind
+    if kind not in _KIND_ALIASES:
+        raise LayoutError(f"unknown layout kind {kind!r}; expected one of {', '.join(sorted(_KIND_ALIASES))}")
+    return _KIND_ALIASES[kind]
 
 
 def _range_size(run: range) -> int:
@@ -220,12 +229,7 @@ def build_layout(
     """Build a layout; raise ``LayoutError`` naming the bad value and the fix. ``fold``: for the
     fold-back layout only ([Note: fused fold])."""
     fold = parse_fold(fold)
-    if isinstance(kind, str) and not isinstance(kind, LayoutKind):
-        if kind not in _KIND_ALIASES:
-            raise LayoutError(
-                f"unknown layout kind {kind!r}; expected one of {', '.join(sorted(_KIND_ALIASES))}"
-            )
-        kind = _KIND_ALIASES[kind]
+    kind = _parse_kind(kind)
     if not isinstance(num_ranks, int) or num_ranks < 1:
         raise LayoutError(f"pp size must be an integer >= 1, got {num_ranks!r}")
     if kind is LayoutKind.FOLDBACK and num_ranks < 2:

@@ -55,7 +55,7 @@ class Schedule:
 
 def schedule_from_planner(planner: Planner) -> Schedule:
     config = planner.config
-    groups = hand_off_groups(config.groups)
+    groups = hand_off_groups(planner.controller.num_groups)
     return Schedule(
         policy=config.policy.name,
         layout=config.layout,

@@ -78,16 +78,16 @@ ROOM_LIMIT = 2**63
 a prefill server can hold any signed 64-bit one, [-ROOM_LIMIT, ROOM_LIMIT)."""
 
 
-def is_room(value: Any, low: int = 0) -> bool:
-    """Whether ``value`` is a bootstrap room in [low, ROOM_LIMIT) (a bool is not)."""
-    return type(value) is int and low <= value < ROOM_LIMIT
+def is_room(value: Any, signed: bool = False) -> bool:
+    """Whether ``value`` is a bootstrap room in [0, ROOM_LIMIT), or with ``signed`` in
+    [-ROOM_LIMIT, ROOM_LIMIT) (a bool is not)."""
+    return type(value) is int and (-ROOM_LIMIT if signed else 0) <= value < ROOM_LIMIT
 
 
-def room_range(low: int = 0) -> str:
-    """The range ``is_room(value, low)`` accepts, as a refusal spells it (``[0, 2**63)``)."""
+def room_range(signed: bool = False) -> str:
+    """The range ``is_room(value, signed)`` accepts, as a refusal spells it (``[0, 2**63)``)."""
     bits = ROOM_LIMIT.bit_length() - 1
-    lower = "0" if low == 0 else f"-2**{bits}" if low == -ROOM_LIMIT else str(low)
-    return f"[{lower}, 2**{bits})"
+    return f"[{f'-2**{bits}' if signed else 0}, 2**{bits})"
 
 
 class RefusedRooms:

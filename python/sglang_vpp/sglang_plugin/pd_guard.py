@@ -49,7 +49,7 @@ import urllib.request
 from typing import Any
 
 from sglang_vpp.sglang_plugin.errors import InputRejectedError
-from sglang_vpp.sglang_plugin.pd_drop import ROOM_LIMIT, is_room, room_range
+from sglang_vpp.sglang_plugin.pd_drop import is_room, room_range
 
 __all__ = ["CONNECT_TIMEOUT_S", "PLUGIN_ROUTE", "SETUP_ROUTES", "after_setup_routes", "check_bootstrap_address",
            "check_prefill_room",
@@ -123,9 +123,9 @@ def check_prefill_room(manager: Any, obj: Any) -> None:
     if room is None or isinstance(room, list):
         return  # no room: SGLang answers 400 itself; a batch is checked item by item
     # SGLang's API schema types the room int64, though its HTTP server accepts any integer.
-    if not is_room(room, low=-ROOM_LIMIT):
+    if not is_room(room, signed=True):
         raise InputRejectedError(
-            f"bootstrap_room must be an integer in {room_range(-ROOM_LIMIT)} (64-bit signed); got {room!r}")
+            f"bootstrap_room must be an integer in {room_range(signed=True)} (64-bit signed); got {room!r}")
 
 
 def _decode_page_size(server_args: Any) -> int | None:

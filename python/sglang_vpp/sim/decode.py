@@ -19,7 +19,9 @@ moves every decode micro-batch one token:
   forward of a micro-batch paying the revisit instead of an iteration, so more, smaller
   micro-batches cost more per token);
 - a micro-batch's trip through every stage and pipeline hop takes ``T``; with at most ``W``
-  micro-batches in flight (the controller's in-flight limit), a round takes at least ``S / W * T``.
+  micro-batches in flight (the controller's limit with only decode in flight,
+  ``Controller.in_flight_limit``: 2P-1 for vpp-stream too, whose deeper window opens for uneven
+  prefill only), a round takes at least ``S / W * T``.
 
 ``itl_s`` is the larger of the two. With P decode micro-batches a fold-back mode runs the same
 layers per round as stock PP in twice the forwards, so when the ranks bound the round its ITL
@@ -89,7 +91,7 @@ def estimate_decode(mode: str, num_ranks: int, num_layers: int, cost: StageCostM
     trip = sum(times) + hops
     per_rank = [sum(times[s.stage_index] for s in layout.stages if s.rank == rank) for rank in range(num_ranks)]
     rank_round = slots * max(per_rank)
-    in_flight = min(limits.in_flight, slots)  # decode is never packed
+    in_flight = min(controller.in_flight_limit, slots)  # decode is never packed, and opens no deep window
     itl = max(rank_round, slots / in_flight * trip)
     forwards = slots * max(len(layout.stages_of(rank)) for rank in range(num_ranks))
     return DecodeEstimate(str(spec.name), slots, per_slot, forwards, rank_round, trip, itl)

@@ -60,7 +60,8 @@ class RunConfig:
     split: tuple[int, ...] | None = None
     """Per-stage layer counts; None splits evenly (remainder to the first stages)."""
     max_in_flight: int | None = None
-    """Override the planner's in-flight chunk limit (default: P contiguous, 2P-1 fold-back)."""
+    """A fixed in-flight limit for the controller (``Controller``'s ``max_in_flight``: also the pack
+    cap, and no deep window); None: the mode's ``default_in_flight_limit``."""
     batch_requests: bool = True
     """Batch short requests into one forward up to ``chunk_size`` tokens, as SGLang's prefill adder
     does with its chunked-prefill budget (``Controller.joins_batch``); False: one request per

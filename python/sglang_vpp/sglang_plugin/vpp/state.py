@@ -78,7 +78,9 @@ class VppConfig:
     trace_dir: str | None = None
     """Directory for a Perfetto (Chrome JSON) trace per rank, or None."""
     max_in_flight: int | None = None
-    """Micro-batches between stage 0 and the end of the last stage; None: the controller's 2P-1."""
+    """A fixed limit of micro-batches between stage 0 and the end of the last stage
+    (``Controller``'s ``max_in_flight``: also the pack cap, and no deep window); None: the mode's
+    ``default_in_flight_limit``."""
     cost_profile: str | None = None
     """Fitted cost model file for the controller's estimates (``--vpp-cost-profile``); None: the
     controller factory's estimate for the device and ``auto`` (``schedule.factory.choose_cost``)."""
