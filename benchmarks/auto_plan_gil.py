@@ -36,7 +36,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from sglang_vpp.plan_process import PLANNER_NICENESS, ProcessPlanner, ThreadPlanner, sizer_bytes
-from sglang_vpp.schedule import build_controller, build_layout, controller_config
+from sglang_vpp.schedule import build_controller, build_layout, server_controller_config
 from sglang_vpp.schedule.auto_size import SERVER_CAP
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel
 from sglang_vpp.sim.preset_loader import load_hardware, load_model
@@ -52,9 +52,7 @@ def server_controller():
     model = load_model(MODEL)
     cost = AnalyticCostModel(model, load_hardware(HARDWARE))
     layout = build_layout(PP, model.num_layers, "foldback")
-    config = controller_config(MODE, layout, SERVER_CAP, cost, SERVER_CAP, batching=False, num_groups=2,
-                               auto_chunk=True, forward_batches=True, decodes=False)
-    return build_controller(config)
+    return build_controller(server_controller_config(MODE, layout, SERVER_CAP, cost, auto_chunk=True, decodes=False))
 
 
 def situation(repeat: int) -> tuple[int, ...]:

@@ -54,6 +54,21 @@ def test_fused_layout_stages_ranks_layers(num_ranks):
     assert fused.stages[-1].layer_end == fused.num_layers
 
 
+@pytest.mark.parametrize("num_ranks", [2, 3, 4, 5])
+@pytest.mark.parametrize("fold", [Fold.SPLIT, Fold.FUSED])
+def test_a_ranks_stages_and_the_fold_rank_for_both_folds(num_ranks, fold):
+    """What a server's follower loop reads off the layout: rank r's first stage is r on the way
+    down and its last is ``last_stage - r`` on the way up (the same one on a fused fold rank),
+    and the fold rank, the last, hands its way-down output to itself or back up."""
+    layout = build_layout(num_ranks, 4 * num_ranks, "foldback", fold=fold)
+    assert layout.fold_rank == num_ranks - 1
+    for rank in range(num_ranks):
+        stages = layout.stages_of(rank)
+        assert (stages[0], stages[-1]) == (rank, layout.last_stage - rank)
+        assert (layout.rank_of(stages[0] + 1) <= rank) == (rank == layout.fold_rank)
+    assert len(layout.stages_of(layout.fold_rank)) == (1 if fold is Fold.FUSED else 2)
+
+
 def test_fused_layout_with_an_explicit_split():
     layout = build_layout(3, 12, "vpp", [3, 2, 4, 2, 1], fold="fused")
     assert [(s.rank, s.layer_start, s.layer_end) for s in layout.stages] == [

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_vpp.schedule import build_layout
 from sglang_vpp.serving.pipeline_report import (
     TraceUnavailableError,
     measure_idle,
@@ -66,6 +67,16 @@ def test_records_of_a_fused_fold_replay_on_the_fused_layout():
     # The split fold's records still read as split.
     split = [_rec(0, 0, 0, 0, 1.0), _rec(1, 1, 0, 1, 1.0), _rec(1, 2, 0, 2, 1.0), _rec(0, 3, 0, 3, 1.0)]
     assert str(records_schedule(split, 2)[0].layout.fold) == "split"
+
+
+@pytest.mark.parametrize("num_ranks", [2, 3, 5])
+@pytest.mark.parametrize("fold", ["split", "fused"])
+def test_records_read_as_the_fold_whose_ranks_they_ran_on(num_ranks, fold):
+    layout = build_layout(num_ranks, 2 * num_ranks, "foldback", fold=fold)
+    recs = [_rec(s.rank, s.stage_index, 0, s.stage_index, 1.0) for s in layout.stages]
+    assert records_schedule(recs, num_ranks)[0].layout == layout
+    # A window cut after the first stage past the fold still tells the folds apart.
+    assert records_schedule(recs[:num_ranks + 1], num_ranks)[0].layout == layout
 
 
 def test_a_stage_consumed_out_of_its_send_order_keeps_each_computes_own_dependency():

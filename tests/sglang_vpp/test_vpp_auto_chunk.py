@@ -136,16 +136,16 @@ def test_a_trace_from_a_server_whose_auto_weighed_no_tapered_cut_still_replays(m
     same cuts under inputs that say the taper was weighed fail, where the taper cuts otherwise
     (the analytic estimate, no per-forward cost: 256 tapered, ramps of 128)."""
     from sglang_vpp.schedule import build_layout, get_policy
-    from sglang_vpp.schedule.factory import build_controller, controller_config
+    from sglang_vpp.schedule.factory import build_controller, server_controller_config
     from sglang_vpp.serving.decision_replay import _cost_model
 
     state, scheduler, _ = _server(monkeypatch, cap=16384)
     inputs = state.controller_inputs(scheduler.dynamic_chunk_sizer.controller)
     assert inputs["auto_taper"] is True
     policy = get_policy("vpp-pack")
-    untapered = build_controller(controller_config(
-        policy, build_layout(2, 8, policy.layout_kind), 16384, _cost_model(inputs["cost"]), 16384, batching=False,
-        auto_chunk=True, forward_batches=True, auto_taper=False))
+    untapered = build_controller(server_controller_config(
+        policy, build_layout(2, 8, policy.layout_kind), 16384, _cost_model(inputs["cost"]), auto_chunk=True,
+        auto_taper=False))
     records: list[dict] = []
     untapered.chunker.on_choice = lambda **fields: records.append({"kind": CHUNK, **fields})
     old_cuts = [size for _, size in split_request(untapered.chunker, 1500)]

@@ -45,7 +45,15 @@ from .ir import (
     send,
 )
 from .layout import Fold, Layout, LayoutKind, StageSpec, build_layout, even_split, parse_fold, stage_count
-from .factory import ControllerConfig, build_controller, controller_config, default_chunker, plan_stages, policy_layout
+from .factory import (
+    ControllerConfig,
+    build_controller,
+    controller_config,
+    default_chunker,
+    plan_stages,
+    policy_layout,
+    server_controller_config,
+)
 from .planner import Planner, TimelineEntry
 from .policies import FOLDBACK_MODES, POLICIES, CommSemantics, Policy, PolicySpec, Priority, get_policy, parse_policies
 from .schedule import Schedule, schedule_from_planner
@@ -62,6 +70,7 @@ __all__ = [
     "GROUP_BACKWARD", "GROUP_FORWARD", "GROUP_SINGLE", "Action", "ActionKind", "ChunkSpec",
     "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout", "Fold", "parse_fold", "stage_count", "plan_stages", "policy_layout",
     "even_split", "FOLDBACK_MODES", "Planner", "ControllerConfig", "build_controller", "controller_config",
+    "server_controller_config",
     "TimelineEntry", "POLICIES", "CommSemantics", "Policy",
     "PolicySpec", "Priority", "get_policy", "parse_policies", "Schedule", "build_schedule", "DryRun", "dry_run", "Engine",
     "default_chunker", "schedule_from_planner", "format_grid", "parse_rank_lines",

@@ -26,8 +26,13 @@ from .ir import ChunkSpec
 from .layout import Fold, Layout, LayoutKind, build_layout, parse_fold, stage_count
 from .policies import PolicySpec, dcpp, get_policy, parse_policies, vpp_taper
 
-__all__ = ["ControllerConfig", "CostChoice", "build_controller", "choose_cost", "controller_config",
-           "default_chunker", "plan_stages", "policy_layout", "read_cost_profile", "tapered_chunker"]
+__all__ = ["SERVER_NUM_GROUPS", "ControllerConfig", "CostChoice", "build_controller", "choose_cost",
+           "controller_config", "default_chunker", "plan_stages", "policy_layout", "read_cost_profile",
+           "server_controller_config", "tapered_chunker"]
+
+SERVER_NUM_GROUPS = 2
+"""Groups per link on an SGLang server, whatever the mode: its transport keeps a receive posted
+on every link, so each link carries one direction (``sglang_plugin/vpp/transport.py``)."""
 
 
 def policy_layout(policy: str | PolicySpec, num_ranks: int, num_layers: int, split: Sequence[int] | None = None,
@@ -191,6 +196,25 @@ def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int,
         chunker = default_chunker(spec, chunk_size, layout, estimate, max_length)
     return ControllerConfig(spec, layout, chunker, estimate, max_in_flight, num_groups,
                             chunk_size if batching else None, decodes)
+
+
+def server_controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int, cost: StageCostModel | None,
+                             *, max_in_flight: int | None = None, auto_chunk: bool = False, decodes: bool = True,
+                             auto_taper: bool = True) -> ControllerConfig:
+    """The configuration of an SGLang server's controller (``VppState.build_controller``), and of
+    every controller that stands for one: ``check --trace`` proves a server obeyed its controller
+    only by rebuilding this same one from the trace (``serving.decision_replay``).
+
+    What a server fixes: SGLang forms its own batches (the controller only sizes them), so one
+    request per forward, while ``auto`` plans SGLang's batching of whole short requests;
+    ``SERVER_NUM_GROUPS`` groups per link; and ``chunk_size`` (--chunked-prefill-size, the cap
+    under ``auto``) stands for the longest prompt, which only the DCPP fit reads, and dcpp is no
+    mode of the plugin. What varies, as in ``controller_config``: ``max_in_flight``,
+    ``auto_chunk``, ``decodes`` (False: the prefill server of a prefill-decode split) and
+    ``auto_taper``."""
+    return controller_config(policy, layout, chunk_size, cost, chunk_size, batching=False,
+                             max_in_flight=max_in_flight, num_groups=SERVER_NUM_GROUPS, auto_chunk=auto_chunk,
+                             forward_batches=True, decodes=decodes, auto_taper=auto_taper)
 
 
 def build_controller(config: ControllerConfig) -> Controller:

@@ -119,6 +119,13 @@ class Layout:
     def last_stage(self) -> int:
         return len(self.stages) - 1
 
+    @property
+    def fold_rank(self) -> int:
+        """The rank a fold-back chunk turns back on: it holds the fold's two stages, or the fused
+        one ([Note: fold point has no comm]). The rank of the way down's last stage, ``P-1``."""
+        assert self.kind is LayoutKind.FOLDBACK, "only a fold-back layout has a fold"
+        return self.stages[self.num_ranks - 1].rank
+
     def rank_of(self, stage_index: int) -> int:
         return self.stages[stage_index].rank
 

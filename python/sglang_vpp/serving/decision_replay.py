@@ -45,6 +45,7 @@ from ..schedule import (
     Admission,
     FOLDBACK_MODES,
     Controller,
+    ControllerConfig,
     Fold,
     FixedChunker,
     Layout,
@@ -52,8 +53,8 @@ from ..schedule import (
     StageCostModel,
     build_controller,
     build_layout,
-    controller_config,
     get_policy,
+    server_controller_config,
     split_request,
 )
 from ..schedule.errors import CostModelError, LayoutError, PolicyError
@@ -221,21 +222,25 @@ def recorded_layout(inputs: dict) -> Layout:
 
 def _build_controller(inputs: dict, rank: int) -> Controller:
     try:
-        policy = get_policy(inputs["mode"])
-        layout = recorded_layout(inputs)
-        # Admission and order never read the chunker; traces written before chunk sizes were
-        # recorded replay with any. An ``auto`` server records its cap instead.
-        cap = inputs.get("auto_chunk_cap")
-        chunk_size = int(cap if cap is not None else (inputs.get("chunk_size") or 1))
-        config = controller_config(policy, layout, chunk_size, _cost_model(inputs["cost"]), chunk_size,
-                                   batching=False, max_in_flight=inputs.get("max_in_flight"), num_groups=2,
-                                   auto_chunk=cap is not None, forward_batches=True,
-                                   decodes=bool(inputs.get("decodes", True)),
-                                   # A trace without the field comes from a server whose auto weighed no tapered cut.
-                                   auto_taper=bool(inputs.get("auto_taper", False)))
-        return build_controller(config)
+        return build_controller(_controller_config(inputs))
     except (KeyError, TypeError) as exc:
         raise TraceError(f"rank {rank}: the controller inputs in the trace are incomplete ({exc!r})") from None
+
+
+def _controller_config(inputs: dict) -> ControllerConfig:
+    """The configuration the server built its controller from (``VppState.controller_config``),
+    from its recorded controller inputs; KeyError or TypeError where they are incomplete."""
+    policy = get_policy(inputs["mode"])
+    layout = recorded_layout(inputs)
+    # Admission and order never read the chunker; traces written before chunk sizes were
+    # recorded replay with any. An ``auto`` server records its cap instead.
+    cap = inputs.get("auto_chunk_cap")
+    chunk_size = int(cap if cap is not None else (inputs.get("chunk_size") or 1))
+    return server_controller_config(policy, layout, chunk_size, _cost_model(inputs["cost"]),
+                                    max_in_flight=inputs.get("max_in_flight"), auto_chunk=cap is not None,
+                                    decodes=bool(inputs.get("decodes", True)),
+                                    # A trace without the field comes from a server whose auto weighed no tapered cut.
+                                    auto_taper=bool(inputs.get("auto_taper", False)))
 
 
 def _cost_model(spec: dict) -> StageCostModel:

@@ -36,8 +36,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..schedule import (
-    GROUP_BACKWARD,
-    GROUP_FORWARD,
     ChunkSpec,
     CommSemantics,
     Layout,
@@ -53,6 +51,7 @@ from ..schedule import (
     recv,
     send,
 )
+from ..schedule.controller import hand_off_group, hand_off_groups
 
 if TYPE_CHECKING:
     from ..runtime.equal_cost import SharedCostModel
@@ -60,6 +59,10 @@ if TYPE_CHECKING:
 
 __all__ = ["IncompleteRecordsError", "RankTimeline", "Span", "WindowReplay", "records_schedule", "replay_window",
            "shared_cost_model"]
+
+_NUM_GROUPS = 2
+"""One group per direction (module docstring), whatever the mode recorded."""
+_GROUPS = hand_off_groups(_NUM_GROUPS)
 
 Span = tuple[float, float, int, int]
 """(start, end, stage, seq) of one replayed compute."""
@@ -103,15 +106,22 @@ def _positions(window: Sequence[dict]) -> dict[int, tuple[int, int]]:
 
 
 def _window_layout(window: Sequence[dict], num_ranks: int) -> Layout:
-    """Contiguous when every stage index is a rank, else fold-back, fused when a stage past the
-    fold ran on the rank the fused fold gives it (``2P-2-s``, the split fold's being ``2P-1-s``);
-    one layer per stage (the records' own costs need no layer count)."""
+    """Contiguous when every stage index is a rank, else fold-back: fused when a stage past the
+    fold ran on the rank the fused layout gives it (the two folds agree on the way down); one
+    layer per stage (the records' own costs need no layer count)."""
     num_stages = max((r["stage"] for r in window), default=0) + 1
     if num_stages <= num_ranks:
         return build_layout(num_ranks, num_ranks, LayoutKind.CONTIGUOUS)
-    fused = any(r["rank"] == 2 * num_ranks - 2 - r["stage"] for r in window if r["stage"] >= num_ranks)
-    fold = Fold.FUSED if fused else Fold.SPLIT
-    return build_layout(num_ranks, 2 * num_ranks, LayoutKind.FOLDBACK, fold=fold)
+    split, fused = (build_layout(num_ranks, 2 * num_ranks, LayoutKind.FOLDBACK, fold=fold)
+                    for fold in (Fold.SPLIT, Fold.FUSED))
+    if any(_ran_where(fused, r) and not _ran_where(split, r) for r in window):
+        return fused
+    return split
+
+
+def _ran_where(layout: Layout, record: dict) -> bool:
+    """Whether ``layout`` gives ``record``'s stage the rank it ran on."""
+    return 0 <= record["stage"] < layout.num_stages and layout.rank_of(record["stage"]) == record["rank"]
 
 
 def records_schedule(window: Sequence[dict], num_ranks: int,
@@ -148,21 +158,21 @@ def records_schedule(window: Sequence[dict], num_ranks: int,
         source = layout.rank_of(stage - 1) if stage > 0 else rank
         if (stage - 1, seq) in done and source != rank:
             link = links[(source, rank)]
-            group = GROUP_FORWARD if source < rank else GROUP_BACKWARD
+            group = hand_off_group(source, rank, _NUM_GROUPS)
             for key in link[received[(source, rank)] : link.index((stage - 1, seq)) + 1]:
                 streams[rank].append(recv(key[0], 0, index[key[1]], source, group))
                 received[(source, rank)] += 1
         streams[rank].append(compute(stage, 0, index[seq]))
         if (stage + 1, seq) in done and layout.rank_of(stage + 1) != rank:
             target = layout.rank_of(stage + 1)
-            streams[rank].append(send(stage, 0, index[seq], target, GROUP_FORWARD if rank < target else GROUP_BACKWARD))
+            streams[rank].append(send(stage, 0, index[seq], target, hand_off_group(rank, target, _NUM_GROUPS)))
     chunks = tuple(ChunkSpec(0, k, positions[seq][0], positions[seq][1], k == len(seqs) - 1)
                    for k, seq in enumerate(seqs))
     length = sum(tokens for _, tokens in positions.values())
     schedule = Schedule(
         policy=Policy.CPP if layout.kind is LayoutKind.CONTIGUOUS else Policy.VPP,  # a label only
         layout=layout, chunks=chunks, rank_actions=tuple(tuple(s) for s in streams),
-        comm_semantics=CommSemantics.ASYNC, groups=(GROUP_FORWARD, GROUP_BACKWARD),
+        comm_semantics=CommSemantics.ASYNC, groups=_GROUPS,
         requests=(RequestSpec(length),) if length else ())
     return schedule, dict(enumerate(seqs))
 

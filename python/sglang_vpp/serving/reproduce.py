@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
-from ..schedule import Admission, Controller, MicroBatch
+from ..schedule import GROUP_BACKWARD, GROUP_FORWARD, Admission, Controller, MicroBatch
 from ..trace_records import (
     ADMIT,
     ARRIVALS,
@@ -381,7 +381,7 @@ class ServerModel:
         """The rank's ready ``(stage, seq)`` items in the order its loop lists them."""
         if state.index >= self.timings.count(state.rank):
             return []
-        back = self._visible(time, state, "bwd")
+        back = self._visible(time, state, GROUP_BACKWARD)
         forward = None
         if state.rank == 0:
             held = self._build(time)
@@ -393,7 +393,7 @@ class ServerModel:
                 else:
                     forward = held.mb.seq
         else:
-            visible = self._visible(time, state, "fwd")
+            visible = self._visible(time, state, GROUP_FORWARD)
             forward = None if visible is None else visible[1]
         return state.controller.ready_items(state.rank, None if back is None else back[1], forward)
 
@@ -421,7 +421,10 @@ class ServerModel:
             self._slots[held.slot] = seq
             self._jobs.add(seq)
         else:
-            direction = "bwd" if stage > self.layout.stages_of(state.rank)[0] or state.rank == 0 else "fwd"
+            incoming = state.controller.hand_off(stage - 1)
+            # None only at the fold point, whose second stage ran above without a poll.
+            assert incoming is not None, f"rank {state.rank} polled for stage {stage}"
+            direction = incoming.group
             position = next(i for i, (_, d, _, s) in enumerate(state.inbox) if d == direction and s == seq)
             state.inbox.pop(position)
         end = self._compute(state, stage, seq, start, time)
@@ -439,10 +442,11 @@ class ServerModel:
             self._slots = {slot: s for slot, s in self._slots.items() if s != seq}
             self._jobs.discard(seq)
         else:
-            dst = self.layout.stages[stage + 1].rank
+            outgoing = state.controller.hand_off(stage)
+            assert outgoing is not None  # the next stage on this rank ran above
             arrival = end + self.timings.hand_off_s(stage, seq)
             if not math.isinf(arrival):  # inf: the receiver's records end before it
-                self._push(arrival, 0, "arrive", dst, "fwd" if dst > state.rank else "bwd", stage, seq)
+                self._push(arrival, 0, "arrive", outgoing.dst_rank, outgoing.group, stage, seq)
         if state.index < self.timings.count(state.rank):
             self._push(end + self.timings.tail_s(state.rank, state.index), 1, "check", state.rank)
 

@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from sglang_vpp.schedule import Admission, Controller, MicroBatch
+from sglang_vpp.schedule import GROUP_FORWARD, Admission, Controller, MicroBatch
 from sglang_vpp.schedule.auto_size import AutoChunker
 
 from sglang_vpp.sglang_plugin.accounting import RankAccounting
@@ -143,7 +143,7 @@ class _LoopBase:
             outgoing = self.controller.hand_off(stage)
             if outgoing is not None:
                 link = self._channel(outgoing.group, outgoing.dst_rank)
-                if outgoing.dst_rank > self.rank:
+                if outgoing.group == GROUP_FORWARD:  # a server's links carry one direction each
                     self.fwd_out = link
                 else:
                     self.bwd_out = link
@@ -448,9 +448,9 @@ class FollowerLoop(_LoopBase):
 
     def __init__(self, scheduler: Any, state: VppState) -> None:
         super().__init__(scheduler, state)
-        self.down_stage = self.rank
-        self.up_stage = self.last_stage - self.rank
-        self.is_fold = self.rank == self.num_ranks - 1
+        stages = self.layout.stages_of(self.rank)
+        self.down_stage, self.up_stage = stages[0], stages[-1]  # one stage on a fused fold rank
+        self.is_fold = self.rank == self.layout.fold_rank
 
     def run(self) -> None:
         s = self.s

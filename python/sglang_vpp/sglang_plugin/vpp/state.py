@@ -24,6 +24,7 @@ from sglang_vpp.trace_records import cost_record
 from sglang_vpp.schedule import (
     FOLDBACK_MODES,
     Controller,
+    ControllerConfig,
     Fold,
     LayoutKind,
     LayoutError,
@@ -32,8 +33,8 @@ from sglang_vpp.schedule import (
     StageCostModel,
     build_controller,
     build_layout,
-    controller_config,
     get_policy,
+    server_controller_config,
     stage_count,
 )
 from sglang_vpp.schedule.auto_size import AutoChunker
@@ -188,18 +189,18 @@ class VppState:
         return self.cost().source
 
     def build_controller(self, chunk_size: int, decodes: bool = True) -> Controller:
-        """This rank's controller; every rank builds an equal one. Chunks are ``chunk_size``
-        (SGLang's --chunked-prefill-size), cut by the mode's chunker. Two groups per link whatever the mode: the transport
-        keeps a receive posted on every link, so each link carries one direction (transport.py).
-        ``decodes``: False on the prefill server of a prefill-decode split."""
+        """This rank's controller; every rank builds an equal one (``controller_config``)."""
+        return build_controller(self.controller_config(chunk_size, decodes))
+
+    def controller_config(self, chunk_size: int, decodes: bool = True) -> ControllerConfig:
+        """The server's controller configuration (``schedule.factory.server_controller_config``)
+        with this server's mode, layout, estimate, window and ``auto``: chunks are ``chunk_size``
+        (SGLang's --chunked-prefill-size), cut by the mode's chunker. ``decodes``: False on the
+        prefill server of a prefill-decode split."""
         assert self.layout is not None
-        # SGLang forms its own batches (the controller only sizes them: batch_budget), and the
-        # chunkers the plugin serves (fixed, tapered) do not read the longest prompt; ``auto``
-        # plans SGLang's batching of whole short requests.
-        config = controller_config(self.config.policy, self.layout, chunk_size, self.cost_model(), chunk_size,
-                                   batching=False, max_in_flight=self.config.max_in_flight, num_groups=2,
-                                   auto_chunk=self.config.auto_chunk, forward_batches=True, decodes=decodes)
-        return build_controller(config)
+        return server_controller_config(self.config.policy, self.layout, chunk_size, self.cost_model(),
+                                        max_in_flight=self.config.max_in_flight,
+                                        auto_chunk=self.config.auto_chunk, decodes=decodes)
 
     def controller_inputs(self, controller: Controller) -> dict:
         """What ``check --trace`` needs to rebuild ``controller`` offline."""

@@ -42,10 +42,11 @@ import torch
 
 from sglang_vpp.comm import CommConfig, CommHandle, Communicator, create_communicator
 from sglang_vpp.schedule.controller import hand_off_groups
+from sglang_vpp.schedule.factory import SERVER_NUM_GROUPS
 
 __all__ = ["Message", "MessageLink", "Inbox", "GROUPS", "backend_for", "open_communicator"]
 
-GROUPS = hand_off_groups(2)  # one direction per link: a posted receive never holds a send back
+GROUPS = hand_off_groups(SERVER_NUM_GROUPS)  # one direction per link: a posted receive never holds a send back
 _TENSOR_PREFIX = "t."
 _MAX_PENDING_SENDS = 8
 
