@@ -26,7 +26,7 @@ makespan and the bubble stay shows there as a later first TTFT.
 
     python benchmarks/short_jitter.py --markdown docs/figures/short_jitter.md
     python benchmarks/short_jitter.py --models deepseek-v3.1 --pp 8 --workloads short-16k --seeds 3 --jitter-by rank
-    python benchmarks/short_jitter.py --models deepseek-v3.1 --pp 8 --workloads short-4k --jitter 0,0.05 --jitter-by stage --idle
+    python benchmarks/short_jitter.py --models deepseek-v3.1 --pp 8 --workloads short-4k,short-16k --jitter 0,0.05 --idle
 """
 
 from __future__ import annotations
