@@ -19,8 +19,14 @@ and chunk), is a paired comparison with ``sglang_vpp.verdict.compare``: a differ
 its median is at least 1 % and the seeds agree in sign (one in five may not); otherwise "no
 significant difference". Spread 0 is the exact table's run (one run, no range).
 
+``--idle`` adds, per row, auto and the two baselines (mean over the seeds): TTFT, the first
+request's TTFT, the makespan and the bubble per rank by cause (``sim/idle.py``). A micro-batch
+that waits while its rank computes another one is no rank's idle: a TTFT that rises while the
+makespan and the bubble stay shows there as a later first TTFT.
+
     python benchmarks/short_jitter.py --markdown docs/figures/short_jitter.md
     python benchmarks/short_jitter.py --models deepseek-v3.1 --pp 8 --workloads short-16k --seeds 3 --jitter-by rank
+    python benchmarks/short_jitter.py --models deepseek-v3.1 --pp 8 --workloads short-4k,short-16k --jitter 0,0.05 --idle
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from auto_sweep import CHUNKS, VPP_MODE, _metrics, _size, _workload, grid_cells,
 
 from sglang_vpp.sim.config import SimConfig  # noqa: E402
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel  # noqa: E402
+from sglang_vpp.sim.idle import IDLE_CAUSES  # noqa: E402
 from sglang_vpp.sim.preset_loader import load_hardware, load_model  # noqa: E402
 from sglang_vpp.sim.runner import JITTER_BY  # noqa: E402
 from sglang_vpp.sim.sweep import simulate_matrix  # noqa: E402
@@ -46,6 +53,13 @@ SPREADS = (0.0, 0.02, 0.05, 0.10)
 SEEDS = 5
 DRAWS = JITTER_BY
 BASE_MODES = "cpp,dcpp"
+
+
+def _measures(row) -> dict:
+    """``_metrics`` plus what the idle table reads besides the bubble: the makespan and the first
+    request's TTFT."""
+    s = row.result.sim
+    return {**_metrics(row), "makespan_s": s.makespan_s, "first_ttft_s": min(s.request_ttft_s.values())}
 
 
 def _runs(model_name: str, hardware: str, num_ranks: int, workload_name: str, spread: float, draw: str,
@@ -62,7 +76,7 @@ def _runs(model_name: str, hardware: str, num_ranks: int, workload_name: str, sp
     if not auto.result.sim.ok or not all(row.result.sim.ok for row in base):
         raise SystemExit(f"{model_name} P={num_ranks} {workload_name} jitter {spread} per {draw} seed {seed}: "
                          "a run deadlocked")
-    return _metrics(auto), [_metrics(row) for row in base]
+    return _measures(auto), [_measures(row) for row in base]
 
 
 def _best(per_seed: list[list[dict]], metric: str, lower_is_better: bool) -> tuple[str, list[float]]:
@@ -71,6 +85,11 @@ def _best(per_seed: list[list[dict]], metric: str, lower_is_better: bool) -> tup
     values = {label: [runs[i][metric] for runs in per_seed] for i, label in enumerate(labels)}
     pick = (min if lower_is_better else max)(labels, key=lambda label: statistics.median(values[label]))
     return pick, values[pick]
+
+
+def _seeds_of(per_seed: list[list[dict]], label: str) -> list[dict]:
+    """The cpp/dcpp run ``label`` (mode and size), one per seed."""
+    return [next(run for run in runs if f"{run['mode']} {_size(run)}" == label) for runs in per_seed]
 
 
 def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, spread: float,
@@ -87,7 +106,10 @@ def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str,
                         "auto", "base", paired=True)
     return {"model": model_name, "pp": num_ranks, "workload": workload_name, "spread": spread,
             "draw": draw if spread else "-", "seeds": len(draws), "auto_sizes": sorted({_size(a) for a in auto}),
-            "ttft_base": ttft_label, "tput_base": tput_label, "ttft": ttft, "per_token": per_token}
+            "ttft_base": ttft_label, "tput_base": tput_label, "ttft": ttft, "per_token": per_token,
+            # Per seed, for the idle table: auto, then the TTFT baseline and the throughput one.
+            "runs": {f"{VPP_MODE} auto {'/'.join(sorted({_size(a) for a in auto}))}": auto,
+                     ttft_label: _seeds_of(base, ttft_label), tput_label: _seeds_of(base, tput_label)}}
 
 
 def _shown(comparison) -> str:
@@ -107,6 +129,28 @@ def table(cells: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def idle_table(cells: list[dict]) -> str:
+    """Per row and run (auto, the TTFT baseline, the throughput one): TTFT, first TTFT, makespan
+    and the bubble per rank by cause (s, mean over ranks), each the mean over the seeds."""
+    def mean(runs: list[dict], key: str) -> float:
+        return statistics.fmean(run[key] for run in runs)
+
+    def cause(runs: list[dict], name: str) -> float:
+        return statistics.fmean(run["idle_by_cause_s"][name] for run in runs)
+
+    shown = [c for c in IDLE_CAUSES
+             if any(abs(cause(runs, c)) > 1e-9 for cell in cells for runs in cell["runs"].values())]
+    lines = ["| model | P | workload | jitter | drawn per | run | TTFT s | first TTFT s | makespan s | bubble s | "
+             + " | ".join(shown) + " |", "|" + "---|" * (10 + len(shown))]
+    for c in cells:
+        for label, runs in c["runs"].items():
+            causes = " | ".join(f"{cause(runs, k):.3f}" for k in shown)
+            lines.append(f"| {c['model']} | {c['pp']} | {c['workload']} | {c['spread']:.0%} | {c['draw']} | {label} | "
+                         f"{mean(runs, 'ttft_s'):.3f} | {mean(runs, 'first_ttft_s'):.3f} | "
+                         f"{mean(runs, 'makespan_s'):.3f} | {mean(runs, 'bubble_s'):.3f} | {causes} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = grid_parser(__doc__.splitlines()[0], WORKLOADS)
     ap.add_argument("--jitter", default=",".join(f"{s:g}" for s in SPREADS),
@@ -116,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                          "chunk's stages on one rank)")
     ap.add_argument("--seeds", type=int, default=SEEDS, help="seeds per spread above 0 (at least 2 for a range)")
     ap.add_argument("--markdown", type=Path, help="write the table and its header to this file")
+    ap.add_argument("--idle", action="store_true",
+                    help="also print auto's and the baselines' TTFT, first TTFT, makespan and bubble by cause "
+                         "(mean over the seeds)")
     args = ap.parse_args(argv)
     if args.seeds < 2:
         raise SystemExit(f"--seeds must be at least 2 (one seed gives no range), got {args.seeds}")
@@ -138,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(run_cell(model, args.hardware, pp, workload, spread, args.seeds, draw))
     text = table(cells)
     print(text)
+    if args.idle:
+        print(f"\nTTFT, first TTFT, makespan and bubble per rank by cause (s, mean over ranks), mean over the "
+              f"seeds:\n\n{idle_table(cells)}")
     if args.markdown:
         seconds = time.monotonic() - began
         args.markdown.write_text(

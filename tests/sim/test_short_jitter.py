@@ -1,5 +1,6 @@
 """``benchmarks/short_jitter.py``: a sampled row of docs/figures/short_jitter.md matches the code,
-spread 0 is the exact run, and bad arguments are refused before any run."""
+spread 0 is the exact run, ``--idle`` shows auto and each baseline over the seeds, and bad
+arguments are refused before any run."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from benchmark_scripts import load_benchmark
+
+from sglang_vpp.sim.idle import IDLE_CAUSES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,6 +50,34 @@ def test_positive_is_auto_worse_in_both_metrics(short_jitter, monkeypatch):
     assert cell["ttft"].relative == pytest.approx((0.1, 0.1))  # auto's TTFT 10 % above
     assert cell["per_token"].relative == pytest.approx((110 / 90 - 1,) * 2)  # and its throughput below
     assert cell["ttft"].outcome == cell["per_token"].outcome == "slower"
+
+
+def _run(mode: str, chunk, ttft: float, tput: float, first: float, makespan: float, upstream: float) -> dict:
+    idle = dict.fromkeys(IDLE_CAUSES, 0.0) | {"upstream_wait": upstream}
+    return {"mode": mode, "chunk": chunk, "auto_fixed": [8192] if chunk == "auto" else [], "auto_tapered": [],
+            "ttft_s": ttft, "throughput_tok_s": tput, "first_ttft_s": first, "makespan_s": makespan,
+            "bubble_s": upstream, "idle_by_cause_s": idle}
+
+
+def test_idle_table_shows_auto_and_each_baseline_as_means_over_the_seeds(short_jitter, monkeypatch, capsys):
+    def runs(model, hardware, num_ranks, workload, spread, draw, seed):
+        k = 1.0 + seed  # seed 0 and 1: the means are the values at k = 1.5
+        auto = _run("vpp-stream", "auto", 11.0 * k, 90.0, 2.0 * k, 20.0, 0.1 * k)
+        return auto, [_run("cpp", 8192, 10.0 * k, 100.0, 1.0 * k, 21.0 * k, 0.2 * k),
+                      _run("cpp", 16384, 12.0 * k, 110.0, 1.5, 19.0, 0.3)]
+
+    monkeypatch.setattr(short_jitter, "_runs", runs)
+    short_jitter.main(["--models", "deepseek-v3.1", "--pp", "2", "--workloads", "short-4k", "--jitter", "0.05",
+                       "--jitter-by", "stage", "--seeds", "2", "--idle"])
+    out = capsys.readouterr().out
+    head, rows = out.split("mean over the seeds:")[1].strip().splitlines()[0], out.split("|---")[-1].splitlines()[1:]
+    # Only upstream_wait is not zero: the one cause shown.
+    assert head.endswith("| TTFT s | first TTFT s | makespan s | bubble s | upstream_wait |")
+    idle = {cells[5]: cells[6:] for cells in (row.strip("| ").split(" | ") for row in rows)}
+    # auto, the TTFT baseline (cpp 8k) and the throughput one (cpp 16k): TTFT, first TTFT, makespan, bubble, cause.
+    assert idle == {"vpp-stream auto 8k": ["16.500", "3.000", "20.000", "0.150", "0.150"],
+                    "cpp 8k": ["15.000", "1.500", "31.500", "0.300", "0.300"],
+                    "cpp 16k": ["18.000", "1.500", "19.000", "0.300", "0.300"]}
 
 
 @pytest.mark.parametrize("argv, message", [
