@@ -20,7 +20,8 @@ its median is at least 1 % and the seeds agree in sign (one in five may not); ot
 significant difference". Spread 0 is the exact table's run (one run, no range).
 
 ``--idle`` adds, per row, auto and the two baselines (mean over the seeds): TTFT, the first
-request's TTFT, the makespan and the bubble per rank by cause (``sim/idle.py``). A micro-batch
+TTFT (the earliest completion's, whichever request it is), the makespan and the bubble per rank
+by cause (``sim/idle.py``). A micro-batch
 that waits while its rank computes another one is no rank's idle: a TTFT that rises while the
 makespan and the bubble stay shows there as a later first TTFT.
 
@@ -35,6 +36,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -43,9 +45,11 @@ from auto_sweep import CHUNKS, VPP_MODE, _metrics, _size, _workload, grid_cells,
 from sglang_vpp.sim.config import SimConfig  # noqa: E402
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel  # noqa: E402
 from sglang_vpp.sim.idle import IDLE_CAUSES  # noqa: E402
+from sglang_vpp.sim.model_spec import ModelSpec  # noqa: E402
 from sglang_vpp.sim.preset_loader import load_hardware, load_model  # noqa: E402
 from sglang_vpp.sim.runner import JITTER_BY  # noqa: E402
 from sglang_vpp.sim.sweep import simulate_matrix  # noqa: E402
+from sglang_vpp.sim.workloads.base import Workload  # noqa: E402
 from sglang_vpp.verdict import MIN_EFFECT, compare  # noqa: E402
 
 WORKLOADS = ("short-4k", "short-16k")
@@ -57,28 +61,37 @@ BASE_MODES = "cpp,dcpp"
 
 def _measures(row) -> dict:
     """``_metrics`` plus what the idle table reads besides the bubble: the makespan and the first
-    request's TTFT."""
+    TTFT (the earliest completion's)."""
     s = row.result.sim
     return {**_metrics(row), "makespan_s": s.makespan_s, "first_ttft_s": min(s.request_ttft_s.values())}
 
 
-def _runs(cell: tuple, num_ranks: int, spread: float, draw: str, seed: int) -> tuple[dict, list[dict]]:
-    """(vpp-stream auto, every cpp/dcpp run) of one cell (``_cell``) at one spread, draw and seed."""
-    name, model, cost, work = cell
+class Cell(NamedTuple):
+    """What every seed of a cell shares."""
+
+    label: str
+    model: ModelSpec
+    cost: AnalyticCostModel
+    work: Workload
+
+
+def _runs(cell: Cell, num_ranks: int, spread: float, draw: str, seed: int) -> tuple[dict, list[dict]]:
+    """(vpp-stream auto, every cpp/dcpp run) of one cell at one spread, draw and seed."""
+    model, cost, work = cell.model, cell.cost, cell.work
     sim = SimConfig(record_timeline=False)
     base = simulate_matrix(work, cost, model.num_layers, BASE_MODES, list(CHUNKS), num_ranks, sim=sim,
                            jitter=spread, jitter_seed=seed, jitter_by=draw)
     auto = simulate_matrix(work, cost, model.num_layers, VPP_MODE, ["auto"], num_ranks, sim=sim,
                            jitter=spread, jitter_seed=seed, jitter_by=draw)[0]
     if not auto.result.sim.ok or not all(row.result.sim.ok for row in base):
-        raise SystemExit(f"{name} P={num_ranks} jitter {spread} per {draw} seed {seed}: a run deadlocked")
+        raise SystemExit(f"{cell.label} P={num_ranks} jitter {spread} per {draw} seed {seed}: a run deadlocked")
     return _measures(auto), [_measures(row) for row in base]
 
 
-def _cell(model_name: str, hardware: str, workload_name: str) -> tuple:
-    """What every seed of a cell shares: (label, model, cost model, workload)."""
+def _cell(model_name: str, hardware: str, workload_name: str) -> Cell:
     model = load_model(model_name)
-    return f"{model_name} {workload_name}", model, AnalyticCostModel(model, load_hardware(hardware)), _workload(workload_name)
+    return Cell(f"{model_name} {workload_name}", model, AnalyticCostModel(model, load_hardware(hardware)),
+                _workload(workload_name))
 
 
 def _best(per_seed: list[list[dict]], metric: str, lower_is_better: bool) -> tuple[str, list[float]]:

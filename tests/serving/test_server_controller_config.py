@@ -51,7 +51,7 @@ def test_the_replay_rebuilds_the_config_the_server_built(mode, fold, auto_chunk,
 def test_a_server_controller_has_one_group_per_direction_and_leaves_batching_to_sglang(mode, auto_chunk):
     layout = build_layout(2, 8, get_policy(mode).layout_kind)
     config = server_controller_config(mode, layout, 64, None, auto_chunk=auto_chunk)
-    assert config.groups == SERVER_NUM_GROUPS == 2 and config.token_budget is None
+    assert config.num_groups == SERVER_NUM_GROUPS == 2 and config.token_budget is None
     if auto_chunk:  # auto plans SGLang's batching of whole short requests
         assert config.chunker.sizer.batch and max(config.chunker.sizer.candidates) <= 64
 

@@ -205,8 +205,9 @@ def server_controller_config(policy: str | PolicySpec, layout: Layout, chunk_siz
     every controller that stands for one: ``check --trace`` proves a server obeyed its controller
     only by rebuilding this same one from the trace (``serving.decision_replay``).
 
-    What a server fixes: SGLang forms its own batches (the controller only sizes them), so one
-    request per forward, while ``auto`` plans SGLang's batching of whole short requests;
+    What a server fixes: SGLang forms its own batches (the controller only sizes them), so the
+    controller has no token budget of its own, while ``auto`` plans SGLang's batching of whole
+    short requests;
     ``SERVER_NUM_GROUPS`` groups per link; and ``chunk_size`` (--chunked-prefill-size, the cap
     under ``auto``) stands for the longest prompt, which only the DCPP fit reads, and dcpp is no
     mode of the plugin. What varies, as in ``controller_config``: ``max_in_flight``,

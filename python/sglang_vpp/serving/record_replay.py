@@ -61,7 +61,9 @@ __all__ = ["IncompleteRecordsError", "RankTimeline", "Span", "WindowReplay", "re
            "shared_cost_model"]
 
 _NUM_GROUPS = 2
-"""One group per direction (module docstring), whatever the mode recorded."""
+"""One group per direction (module docstring), whatever the mode recorded, stock cpp's one group
+included: with free transfers and each link's receives posted in send order, a group only names
+the direction of a link here."""
 _GROUPS = hand_off_groups(_NUM_GROUPS)
 
 Span = tuple[float, float, int, int]

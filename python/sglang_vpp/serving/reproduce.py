@@ -422,7 +422,7 @@ class ServerModel:
             self._jobs.add(seq)
         else:
             incoming = state.controller.hand_off(stage - 1)
-            # None only at the fold point, whose second stage ran above without a poll.
+            # None only at the fold point, whose second stage runs chained below, without a poll.
             assert incoming is not None, f"rank {state.rank} polled for stage {stage}"
             direction = incoming.group
             position = next(i for i, (_, d, _, s) in enumerate(state.inbox) if d == direction and s == seq)
