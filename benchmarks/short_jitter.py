@@ -94,17 +94,13 @@ def _cell(model_name: str, hardware: str, workload_name: str) -> Cell:
                 _workload(workload_name))
 
 
-def _best(per_seed: list[list[dict]], metric: str, lower_is_better: bool) -> tuple[str, list[float]]:
-    """The cpp/dcpp (mode, size) with the best median over the seeds, and its value per seed."""
-    labels = [f"{run['mode']} {_size(run)}" for run in per_seed[0]]
-    values = {label: [runs[i][metric] for runs in per_seed] for i, label in enumerate(labels)}
-    pick = (min if lower_is_better else max)(labels, key=lambda label: statistics.median(values[label]))
-    return pick, values[pick]
-
-
-def _seeds_of(per_seed: list[list[dict]], label: str) -> list[dict]:
-    """The cpp/dcpp run ``label`` (mode and size), one per seed."""
-    return [next(run for run in runs if f"{run['mode']} {_size(run)}" == label) for runs in per_seed]
+def _best(per_seed: list[list[dict]], metric: str, lower_is_better: bool) -> tuple[str, list[dict]]:
+    """The label (mode and size) of the cpp/dcpp run with the best median of ``metric`` over the
+    seeds, and that run in each seed (every seed runs the same modes and sizes in one order)."""
+    by_label = {f"{run['mode']} {_size(run)}": [runs[i] for runs in per_seed] for i, run in enumerate(per_seed[0])}
+    pick = (min if lower_is_better else max)(by_label, key=lambda label: statistics.median(
+        run[metric] for run in by_label[label]))
+    return pick, by_label[pick]
 
 
 def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, spread: float,
@@ -116,15 +112,16 @@ def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str,
     ttft_label, ttft_base = _best(base, "ttft_s", lower_is_better=True)
     tput_label, tput_base = _best(base, "throughput_tok_s", lower_is_better=False)
     # Time per token, so that both metrics are "lower is better" for the paired rule.
-    ttft = compare({"auto": [a["ttft_s"] for a in auto], "base": ttft_base}, "auto", "base", paired=True)
-    per_token = compare({"auto": [1.0 / a["throughput_tok_s"] for a in auto], "base": [1.0 / v for v in tput_base]},
-                        "auto", "base", paired=True)
+    ttft = compare({"auto": [a["ttft_s"] for a in auto], "base": [b["ttft_s"] for b in ttft_base]},
+                   "auto", "base", paired=True)
+    per_token = compare({"auto": [1.0 / a["throughput_tok_s"] for a in auto],
+                         "base": [1.0 / b["throughput_tok_s"] for b in tput_base]}, "auto", "base", paired=True)
+    auto_sizes = sorted({_size(a) for a in auto})
     return {"model": model_name, "pp": num_ranks, "workload": workload_name, "spread": spread,
-            "draw": draw if spread else "-", "seeds": len(per_seed), "auto_sizes": sorted({_size(a) for a in auto}),
+            "draw": draw if spread else "-", "seeds": len(per_seed), "auto_sizes": auto_sizes,
             "ttft_base": ttft_label, "tput_base": tput_label, "ttft": ttft, "per_token": per_token,
             # Per seed, for the idle table: auto, then the TTFT baseline and the throughput one.
-            "runs": {f"{VPP_MODE} auto {'/'.join(sorted({_size(a) for a in auto}))}": auto,
-                     ttft_label: _seeds_of(base, ttft_label), tput_label: _seeds_of(base, tput_label)}}
+            "runs": {f"{VPP_MODE} auto {'/'.join(auto_sizes)}": auto, ttft_label: ttft_base, tput_label: tput_base}}
 
 
 def _shown(comparison) -> str:
