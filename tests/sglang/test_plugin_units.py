@@ -160,15 +160,29 @@ def test_dcpp_profile_is_retried_until_sglang_accepts_a_fit(monkeypatch):
         calls.append(sizer)
         return next(outcomes)
 
+    waits = []
+    monkeypatch.setattr(dcpp, "_sleep", waits.append)
     monkeypatch.delenv(dcpp.ATTEMPTS_ENV, raising=False)
     assert dcpp.around_profile_and_fit(profile_and_fit, "sizer") is True
     assert calls == ["sizer"] * 3
+    assert waits == [0.5, 1.0]  # a wait after each rejected fit, none after the accepted one
+
+
+def test_dcpp_retry_waits_double_up_to_four_seconds(monkeypatch):
+    from sglang_vpp.sglang_plugin import dcpp
+
+    waits = []
+    monkeypatch.setattr(dcpp, "_sleep", waits.append)
+    monkeypatch.setenv(dcpp.ATTEMPTS_ENV, "8")
+    assert dcpp.around_profile_and_fit(lambda sizer: False, "s") is False
+    assert waits == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]  # none after the last profile
 
 
 def test_dcpp_profile_gives_up_after_the_attempts(monkeypatch):
     from sglang_vpp.sglang_plugin import dcpp
 
     calls = []
+    monkeypatch.setattr(dcpp, "_sleep", lambda s: None)
     monkeypatch.setenv(dcpp.ATTEMPTS_ENV, "2")
     assert dcpp.around_profile_and_fit(lambda sizer: calls.append(sizer) or False, "s") is False
     assert len(calls) == 2

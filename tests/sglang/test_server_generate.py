@@ -33,9 +33,10 @@ LOGPROB_TOLERANCE = 1e-4
 # stock with chunks of 64): same configs, so both are started once for the two modules.
 CASES = {
     "pp2-cpp": dict(pp_size=2, pp_mode="cpp", chunked_prefill_size=64),
-    # SGLang rejects a noisy latency fit and serves fixed chunks; the plugin profiles again, and
-    # here often enough (a rejection came about one start in two on 2 vCPUs: 0.5**8 < 0.5 %) that
-    # a fallback is a failure of the mode, not of the host.
+    # SGLang rejects a noisy latency fit and serves fixed chunks; the plugin profiles again, with
+    # waits (about 20 s over 8 attempts) so the retries outlast a burst of start-up load, and here
+    # often enough (a rejection came about one start in two on 2 vCPUs) that a fallback is a
+    # failure of the mode, not of the host.
     "pp2-dcpp": dict(pp_size=2, pp_mode="dcpp", chunked_prefill_size=128,
                      extra_args=("--vpp-comm-timeout", str(STOP_COMM_TIMEOUT_S)),
                      extra_env=(("SGLANG_VPP_DCPP_PROFILE_ATTEMPTS", "8"),)),

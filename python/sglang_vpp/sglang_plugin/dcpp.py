@@ -6,6 +6,13 @@ life, so a "dcpp" baseline silently becomes cpp. On small models or busy machine
 often (seen on a 2-vCPU machine about one start in two). The plugin profiles again, up to
 ``SGLANG_VPP_DCPP_PROFILE_ATTEMPTS`` times (default 3), before accepting SGLang's fallback.
 
+The profile runs while the server's other processes are still starting (the launcher loads its
+tokenizer and HTTP front end at the same moment), so on a small host its noise comes in bursts:
+eight profiles back to back all failed inside one such burst (a 2-vCPU CI run), and under two
+busy-looping processes every profile of a 128-token chunk failed. Retries therefore wait, 0.5 s
+doubling to at most 4 s (``retry_wait_s``), so they sample the host after the burst; the waits
+cost nothing when the first fit is accepted.
+
     managers.scheduler_components.dynamic_chunk_sizer.DynamicChunkSizer.profile_and_fit  AROUND
 
 Safe to repeat on every rank alike: ``profile_and_fit`` broadcasts rank 0's samples and every rank
@@ -17,13 +24,17 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Callable
 
-__all__ = ["ATTEMPTS_ENV", "around_profile_and_fit", "install_dcpp_hooks", "profile_attempts"]
+__all__ = ["ATTEMPTS_ENV", "around_profile_and_fit", "install_dcpp_hooks", "profile_attempts", "retry_wait_s"]
 
 logger = logging.getLogger(__name__)
 
 ATTEMPTS_ENV = "SGLANG_VPP_DCPP_PROFILE_ATTEMPTS"
+_FIRST_WAIT_S = 0.5
+_MAX_WAIT_S = 4.0
+_sleep: Callable[[float], None] = time.sleep  # tests replace it
 _TARGET = "sglang.srt.managers.scheduler_components.dynamic_chunk_sizer.DynamicChunkSizer.profile_and_fit"
 
 
@@ -38,8 +49,16 @@ def profile_attempts() -> int:
     return attempts
 
 
+def retry_wait_s(failed_attempt: int) -> float:
+    """Seconds to wait after the ``failed_attempt``-th rejected fit (1-based) before profiling again."""
+    return min(_FIRST_WAIT_S * 2 ** (failed_attempt - 1), _MAX_WAIT_S)
+
+
 def around_profile_and_fit(original: Callable[..., bool], sizer: Any, *args: Any, **kwargs: Any) -> bool:
-    """Call SGLang's profile-and-fit until it succeeds or the attempts run out."""
+    """Call SGLang's profile-and-fit until it succeeds or the attempts run out, waiting between tries.
+
+    Every rank waits the same: each fits rank 0's broadcast samples, so all fail together.
+    """
     attempts = profile_attempts()
     for attempt in range(1, attempts + 1):
         if original(sizer, *args, **kwargs):
@@ -47,10 +66,12 @@ def around_profile_and_fit(original: Callable[..., bool], sizer: Any, *args: Any
                 logger.info("sglang-vpp dcpp: chunk-size predictor fitted on attempt %d of %d", attempt, attempts)
             return True
         if attempt < attempts:
+            wait_s = retry_wait_s(attempt)
             logger.warning(
-                "sglang-vpp dcpp: SGLang rejected its chunk-size predictor (attempt %d of %d); profiling again",
-                attempt, attempts,
+                "sglang-vpp dcpp: SGLang rejected its chunk-size predictor (attempt %d of %d); profiling again in %.1f s",
+                attempt, attempts, wait_s,
             )  # fmt: skip
+            _sleep(wait_s)
     logger.warning(
         "sglang-vpp dcpp: no usable chunk-size predictor after %d profiles; this server runs fixed chunks "
         "(SGLang's fallback). Raise %s or use a larger --chunked-prefill-size.",
