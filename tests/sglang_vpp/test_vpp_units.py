@@ -13,7 +13,7 @@ from sglang_vpp.serving.record_replay import replay_window
 def test_config_refuses_pp1_and_bad_split_with_the_fix():
     with pytest.raises(VppConfigError, match="--pp-size >= 2"):
         VppConfig(mode="vpp", pp_size=1)
-    with pytest.raises(VppConfigError, match="expected 4"):
+    with pytest.raises(VppConfigError, match="2,2,2 has 3 entries but --pp-size 2 has 4 virtual stages"):
         VppConfig(mode="vpp-pack", pp_size=2, layer_split=(2, 2, 2))
     with pytest.raises(VppConfigError, match="not a VPP mode"):
         VppConfig(mode="cpp", pp_size=2)
@@ -37,8 +37,14 @@ def test_fused_fold_gives_the_last_rank_one_stage_and_check_trace_rebuilds_it():
     from sglang_vpp.schedule import Fold
     from sglang_vpp.serving.decision_replay import _build_controller, recorded_layout
 
-    with pytest.raises(VppConfigError, match=r"expected 3 \(one per virtual stage for --pp-size 2, --vpp-fold fused\)"):
+    from sglang_vpp.sglang_plugin.options import layer_split_count_error
+
+    # The scheduler's config refuses with the launcher's words (one rule, one message).
+    words = layer_split_count_error((2, 2, 2, 2), 2, Fold.FUSED)
+    assert words is not None and "3 virtual stages (2 per rank, 1 on the last with --vpp-fold fused)" in words
+    with pytest.raises(VppConfigError, match=re.escape(words)):
         VppConfig(mode="vpp-pack", pp_size=2, layer_split=(2, 2, 2, 2), fold=Fold.FUSED)
+    assert layer_split_count_error((2, 4, 2), 2, Fold.FUSED) is None and layer_split_count_error(None, 2, Fold.FUSED) is None
     state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, fold=Fold.FUSED), rank=1)
     state.ensure_layout(8)
     # The method's even split with the fold's two stages as one: every rank keeps its layers.

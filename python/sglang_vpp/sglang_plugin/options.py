@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_vpp.comm.config import SERVED_COMM_TIMEOUT_S
-from sglang_vpp.schedule import FOLDBACK_MODES, Fold, LayoutError, Policy, parse_fold
+from sglang_vpp.schedule import FOLDBACK_MODES, Fold, LayoutError, Policy, parse_fold, stage_count
 from sglang_vpp.sglang_plugin.errors import PpModeError
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "check_options_reached",
     "check_options_travel",
     "is_vpp_mode",
+    "layer_split_count_error",
     "options_of",
     "parse_layer_split",
     "parse_vpp_fold",
@@ -162,6 +163,20 @@ def parse_layer_split(text: str | tuple[int, ...] | None) -> tuple[int, ...] | N
     if any(n < 1 for n in split):
         raise PpModeError(f"--vpp-layer-split {text!r}: every virtual stage needs at least 1 layer")
     return split
+
+
+def layer_split_count_error(split: tuple[int, ...] | None, pp_size: int, fold: Fold) -> str | None:
+    """Why ``--vpp-layer-split`` has the wrong number of counts for ``--pp-size`` and the fold, or
+    None when it has one per virtual stage (or is not given). The launcher's flag check and the
+    scheduler's ``VppConfig`` both refuse with these words."""
+    num_counts = stage_count("foldback", pp_size, fold)
+    if split is None or len(split) == num_counts:
+        return None
+    per_rank = "2 per rank, 1 on the last with --vpp-fold fused" if fold is Fold.FUSED else "2 per rank"
+    return (
+        f"--vpp-layer-split {','.join(map(str, split))} has {len(split)} entries but "
+        f"--pp-size {pp_size} has {num_counts} virtual stages ({per_rank}); give {num_counts} layer counts"
+    )
 
 
 def attach(server_args: Any, options: PipelineOptions) -> None:

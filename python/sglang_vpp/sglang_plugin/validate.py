@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from sglang_vpp.schedule import Fold, stage_count
 from sglang_vpp.sglang_plugin.errors import PpModeError
-from sglang_vpp.sglang_plugin.options import PipelineOptions, PpMode, is_vpp_mode
+from sglang_vpp.sglang_plugin.options import PipelineOptions, PpMode, is_vpp_mode, layer_split_count_error
 
 __all__ = ["GRAPH_BACKEND_FLAGS", "local_model_config", "SCHEDULER_OPTIONS", "VPP_REFUSALS", "Refusal", "check_vpp_features", "model_num_layers",
            "refuse_graph_capture", "turn_graph_capture_off", "validate_pipeline_args"]
@@ -260,17 +260,11 @@ def _check_vpp_compatible_features(args: Any, mode: str) -> None:
 
 def _check_layer_split(args: Any, options: PipelineOptions, pp_size: int) -> None:
     num_stages = stage_count("foldback", pp_size)  # the method's: an even split needs this many layers, fused or not
-    fused = options.vpp_fold is Fold.FUSED
-    num_counts = stage_count("foldback", pp_size, options.vpp_fold)
     num_layers = model_num_layers(_get(args, "model_path"), bool(_get(args, "trust_remote_code")))
     split = options.vpp_layer_split
-    if split is not None and len(split) != num_counts:
-        per_rank = "2 per rank, 1 on the last with --vpp-fold fused" if fused else "2 per rank"
-        raise PpModeError(
-            f"--vpp-layer-split {','.join(map(str, split))} has {len(split)} entries but "
-            f"--pp-size {pp_size} has {num_counts} virtual stages ({per_rank}); give "
-            f"{num_counts} layer counts"
-        )
+    count_error = layer_split_count_error(split, pp_size, options.vpp_fold)
+    if count_error is not None:
+        raise PpModeError(count_error)
     if num_layers is None:
         return  # not readable here (remote model): vpp.install checks it at start-up
     if split is not None and sum(split) != num_layers:

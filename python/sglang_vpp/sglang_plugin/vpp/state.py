@@ -26,7 +26,6 @@ from sglang_vpp.schedule import (
     Controller,
     ControllerConfig,
     Fold,
-    LayoutKind,
     LayoutError,
     Layout,
     PolicySpec,
@@ -35,13 +34,12 @@ from sglang_vpp.schedule import (
     build_layout,
     get_policy,
     server_controller_config,
-    stage_count,
 )
 from sglang_vpp.schedule.auto_size import AutoChunker
 from sglang_vpp.schedule.errors import CostModelError
 from sglang_vpp.schedule.factory import CostChoice, choose_cost, read_cost_profile
 
-from sglang_vpp.sglang_plugin.options import DEFAULT_COMM_TIMEOUT_S, resolve_comm_timeout
+from sglang_vpp.sglang_plugin.options import DEFAULT_COMM_TIMEOUT_S, layer_split_count_error, resolve_comm_timeout
 
 from .errors import VppConfigError
 
@@ -98,13 +96,9 @@ class VppConfig:
             raise VppConfigError(
                 f"--pp-mode {self.mode} needs --pp-size >= 2, got {self.pp_size}; use --pp-size 2 or more"
             )
-        num_stages = stage_count(LayoutKind.FOLDBACK, self.pp_size, self.fold)
-        if self.layer_split is not None and len(self.layer_split) != num_stages:
-            fused = f", --vpp-fold {self.fold}" if self.fold is Fold.FUSED else ""
-            raise VppConfigError(
-                f"--vpp-layer-split has {len(self.layer_split)} values, expected {num_stages} "
-                f"(one per virtual stage for --pp-size {self.pp_size}{fused})"
-            )
+        count_error = layer_split_count_error(self.layer_split, self.pp_size, self.fold)
+        if count_error is not None:
+            raise VppConfigError(count_error)
 
     @property
     def policy(self) -> PolicySpec:
