@@ -15,8 +15,12 @@ cell is one run (no spread to report).
     python benchmarks/auto_sweep.py --models deepseek-v3.1 --pp 2 --workloads long-64k
     python benchmarks/auto_sweep.py --fold fused              # the VPP runs on the fused fold
     python benchmarks/auto_sweep.py --fold both               # both folds, the fold table
+    python benchmarks/auto_sweep.py --workloads short-4k,short-16k --partial-fill
 
 ``--fold`` sets the fold of the VPP runs (cpp and dcpp have none; docs/method.md, "The fused fold").
+``--partial-fill``: every mode's batch starts the request that overflows its budget in what is left
+(``ControllerConfig.partial_fill``, as SGLang's prefill adder does); the default batches whole
+requests only.
 """
 
 from __future__ import annotations
@@ -71,21 +75,23 @@ def _metrics(row) -> dict:
 
 
 def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, vpp_mode: str = VPP_MODE,
-             fold: str = "split") -> dict:
+             fold: str = "split", partial_fill: bool = False) -> dict:
     model = load_model(model_name)
     cost = AnalyticCostModel(model, load_hardware(hardware))
     work = _workload(workload_name)
     sim = SimConfig(record_timeline=False)
     rows = simulate_matrix(work, cost, model.num_layers, f"cpp,dcpp,{vpp_mode}", list(CHUNKS), num_ranks, sim=sim,
-                           fold=fold)
-    rows += simulate_matrix(work, cost, model.num_layers, vpp_mode, ["auto"], num_ranks, sim=sim, fold=fold)
+                           fold=fold, partial_fill=partial_fill)
+    rows += simulate_matrix(work, cost, model.num_layers, vpp_mode, ["auto"], num_ranks, sim=sim, fold=fold,
+                            partial_fill=partial_fill)
     runs = [_metrics(r) for r in rows if r.result.sim.ok]
     base = [r for r in runs if r["mode"] in ("cpp", "dcpp")]
     vpp = [r for r in runs if r["mode"] == vpp_mode and r["chunk"] != "auto"]
     auto = next(r for r in runs if r["chunk"] == "auto")
     compare = None
     if workload_name.startswith("short") and vpp_mode != BARRIER_MODE:
-        row = simulate_matrix(work, cost, model.num_layers, BARRIER_MODE, ["auto"], num_ranks, sim=sim, fold=fold)[0]
+        row = simulate_matrix(work, cost, model.num_layers, BARRIER_MODE, ["auto"], num_ranks, sim=sim, fold=fold,
+                              partial_fill=partial_fill)[0]
         compare = _metrics(row) if row.result.sim.ok else None
     best = {
         "base_ttft": min(base, key=lambda r: r["ttft_s"]),
@@ -237,9 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fold", default="split", choices=("split", "fused", "both"),
                         help="fold of the VPP runs: split (the method's), fused, or both: each cell with "
                         "either fold and the fold table comparing them (default %(default)s)")
+    parser.add_argument("--partial-fill", action="store_true",
+                        help="a batch starts the request that overflows its budget in what is left (every mode)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path, help="write the tables into this file between the markers")
     args = parser.parse_args(argv)
+    if args.partial_fill and args.markdown:
+        parser.error("--markdown writes docs/auto-chunk.md's tables, which batch whole requests; "
+                     "--partial-fill's what-if goes to stdout or --json")
     if args.fold != "split" and args.markdown:
         parser.error("--markdown writes docs/auto-chunk.md's tables, which are of the split fold (the default); "
                      "the fused fold's comparison (--fold both) goes to stdout (docs/method.md, \"The fused fold\")")
@@ -249,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     for model, pp, workload in grid_cells(args, WORKLOADS):
         for fold in folds:
             t0 = time.perf_counter()
-            runs[fold].append(run_cell(model, args.hardware, pp, workload, args.vpp_mode, fold))
+            runs[fold].append(run_cell(model, args.hardware, pp, workload, args.vpp_mode, fold, args.partial_fill))
             print(f"{model} P={pp} {workload} {fold}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     seconds = time.perf_counter() - started
     if args.fold == "both":
@@ -265,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(cells)} cells in {seconds:.0f} s", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps({"hardware": args.hardware, "fold": args.fold, "chunks": CHUNKS,
-                                         "cells": cells}, indent=1))
+                                         "partial_fill": args.partial_fill, "cells": cells}, indent=1))
     if args.markdown:
         _write_markdown(args.markdown, cells, args.hardware, seconds, args.fold)
     return 0

@@ -145,3 +145,22 @@ def test_batched_short_requests_equal_reference(pool2, matches_reference, model,
     samples = [s for s in cost_samples(result.spec.layout(layers), result.reports) if s.kind == "compute"]
     assert any(s.batch for s in samples)
     assert all(s.total_tokens == forwards[s.key] for s in samples)
+
+
+@pytest.mark.parametrize("model,mode", [
+    ("tiny-qwen3", "cpp"), ("tiny-qwen3", "vpp-stream"), ("tiny-deepseek", "vpp-pack"),
+])
+def test_partial_fill_equals_reference(pool2, matches_reference, model, mode):
+    """A request that overflows the budget starts in what is left (a head in the batch, its rest
+    the request's next forward), as SGLang's prefill adder fills a batch: the head's KV carries
+    over to the rest on every stage."""
+    result = pool2.run(_spec(mode, 2, [20, 30, 17, 100, 12, 9, 40], 64, model=model, batch_requests=True,
+                             partial_fill=True))
+    assert matches_reference(result) == 0.0
+    chunks = result.reports[0].chunks
+    heads = [part for row in chunks for part in row[5] if not part.is_last]
+    assert heads and all(part.chunk_index == 0 and part.start == 0 for part in heads)
+    rests = {(row[0], row[1]): row for row in chunks}
+    assert all((h.request_index, 1) in rests and rests[(h.request_index, 1)][2] == h.num_tokens for h in heads)
+    assert all(row[3] + sum(part.num_tokens for part in row[5]) <= 64 for row in chunks)
+    assert sorted(result.outputs) == list(range(7))

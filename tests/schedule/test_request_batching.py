@@ -1,4 +1,5 @@
-"""Short requests batched into one forward up to the token budget (``Controller.joins_batch``)."""
+"""Short requests batched into one forward up to the token budget (``Controller.joining_tokens``),
+whole or, with ``partial_fill``, the overflowing one's head."""
 
 import pytest
 
@@ -24,12 +25,13 @@ MODES = ["cpp", "dcpp", "vpp", "vpp-async", "vpp-pack", "vpp-taper"]
 LENGTHS = [100, 300, 200, 700, 50, 400, 1500, 90, 60]
 
 
-def _plan(mode, lengths, budget, num_ranks=2, arrivals=None):
+def _plan(mode, lengths, budget, num_ranks=2, arrivals=None, partial_fill=False):
     spec = get_policy(mode)
     layout = build_layout(num_ranks, 4 * num_ranks, spec.layout_kind)
     cost = LinearAttentionCost()
     chunker = default_chunker(spec, 512, layout, cost, max(lengths))
-    planner = Planner(ControllerConfig(spec, layout, chunker, cost, token_budget=budget), sees_transfers=True)
+    planner = Planner(ControllerConfig(spec, layout, chunker, cost, token_budget=budget, partial_fill=partial_fill),
+                      sees_transfers=True)
     for i, length in enumerate(lengths):
         planner.submit(RequestSpec(length, arrivals[i] if arrivals else 0.0))
     dry_run(planner)
@@ -108,3 +110,58 @@ def test_json_round_trip_keeps_the_batch():
     _, plan = _plan("vpp-pack", LENGTHS, 512)
     again = schedule_from_json(schedule_to_json(plan))
     assert again.chunks == plan.chunks
+
+
+def test_partial_fill_rule_gives_the_head_that_fills_the_budget():
+    layout = build_layout(2, 8, "contiguous")
+    controller = Controller(get_policy("cpp"), layout, LinearAttentionCost(), token_budget=512, partial_fill=True)
+    lead = _mb(0, "a", 200, start=512, index=1)
+    assert controller.joining_tokens(lead, _mb(1, "b", 312)) == 312, "fits whole"
+    assert controller.joining_tokens(lead, _mb(1, "b", 400)) == 312, "the head that fills the budget"
+    assert not controller.joins_batch(lead, _mb(1, "b", 400))
+    assert controller.joining_tokens(_mb(0, "a", 512), _mb(1, "b", 10)) == 0, "no room left"
+    assert controller.joining_tokens(_mb(0, "a", 200, last=False), _mb(1, "b", 400)) == 0, "lead continues"
+    assert controller.joining_tokens(lead, _mb(1, "b", 400, last=False)) == 0, "a request of several chunks"
+    whole_only = Controller(get_policy("cpp"), layout, LinearAttentionCost(), token_budget=512)
+    assert whole_only.joining_tokens(lead, _mb(1, "b", 400)) == 0
+
+
+@pytest.mark.parametrize("mode", MODES + ["vpp-stream"])
+@pytest.mark.parametrize("num_ranks", [2, 3])
+def test_partial_fill_plans_are_valid_and_every_token_runs_once_in_order(mode, num_ranks):
+    planner, plan = _plan(mode, LENGTHS, 512, num_ranks=num_ranks, partial_fill=True)
+    validate_schedule(plan)
+    assert not check_deadlock(plan).deadlock
+    assert set(planner.request_finish) == set(range(len(LENGTHS)))
+    assert all(c.total_tokens <= 512 for c in plan.chunks)
+    covered: dict[int, list[tuple[int, int, int, bool]]] = {}
+    for c in plan.chunks:
+        for part in c.parts:
+            covered.setdefault(part.request_index, []).append((part.chunk_index, part.start, part.num_tokens, part.is_last))
+    for request, parts in covered.items():
+        assert [p[0] for p in sorted(parts)] == list(range(len(parts))), (request, parts)
+        position = 0
+        for index, start, tokens, is_last in sorted(parts):
+            assert start == position and is_last == (index == len(parts) - 1), (request, parts)
+            position += tokens
+        assert position == LENGTHS[request]
+    heads = [part for c in plan.chunks for part in c.batch if not part.is_last]
+    assert heads, "no request started in a batch's leftover budget"
+    # A head ends its forward; its rest runs first in the next one and completes the request then.
+    order = [c.key for c in plan.chunks]
+    for c in plan.chunks:
+        if c.batch and not c.batch[-1].is_last:
+            head = c.batch[-1]
+            assert order[order.index(c.key) + 1] == (head.request_index, 1)
+    assert schedule_from_json(schedule_to_json(plan)).chunks == plan.chunks
+
+
+def test_partial_fill_carries_more_tokens_per_forward_in_budget_order():
+    _, plan = _plan("cpp", [300, 300, 300], 512, partial_fill=True)
+    assert [[(p.request_index, p.start, p.num_tokens) for p in c.parts] for c in plan.chunks] == [
+        [(0, 0, 300), (1, 0, 212)], [(1, 212, 88), (2, 0, 300)]]
+    planner, _ = _plan("cpp", [300, 300, 300], 512, partial_fill=True)
+    # Request 1 completes with its rest, in the second forward, as request 2 does.
+    assert planner.request_finish[1] == planner.request_finish[2] > planner.request_finish[0]
+    _, whole = _plan("cpp", [300, 300, 300], 512)
+    assert len(whole.chunks) == 3

@@ -109,7 +109,8 @@ def run_controller_config(spec: RunSpec, layout: Layout) -> ControllerConfig:
     # With ``batch_requests`` whole short requests share a forward up to the chunk size, as
     # SGLang's prefill adder fills a batch (the model runs attention per request).
     return controller_config(spec.mode, layout, spec.chunk_size, spec.planner_cost,  # type: ignore[arg-type]
-                             spec.max_length, batching=spec.batch_requests, auto_chunk=spec.auto_chunk)
+                             spec.max_length, batching=spec.batch_requests, auto_chunk=spec.auto_chunk,
+                             partial_fill=spec.partial_fill)
 
 
 def make_planner(spec: RunSpec, layout: Layout) -> Planner:

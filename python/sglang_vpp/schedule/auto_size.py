@@ -139,9 +139,12 @@ class AutoSizer:
 
     def __init__(self, policy: PolicySpec, layout: Layout, cost: StageCostModel, chunker_for: ChunkerFactory, *,
                  max_in_flight: int | None = None, candidates: Sequence[int] = CANDIDATES,
-                 window: int = WINDOW, batch: bool = True, taper_for: ChunkerFactory | None = None) -> None:
+                 window: int = WINDOW, batch: bool = True, taper_for: ChunkerFactory | None = None,
+                 partial_fill: bool = False) -> None:
         """``chunker_for``: the mode's chunker at a size (fixed, tapered or the DCPP curve);
         ``batch``: the executor batches whole short requests up to the size (SGLang does);
+        ``partial_fill``: and starts the request that overflows in what is left (``choose``'s
+        plans; a live plan keeps its planner's controller);
         ``taper_for``: a tapered chunker at a size, weighed beside ``chunker_for``'s near the
         best of those (``_taper_sizes``); None: no tapered candidates."""
         if not candidates or any(not isinstance(c, int) or c < 1 for c in candidates):
@@ -156,6 +159,7 @@ class AutoSizer:
         self.candidates = tuple(sorted(set(candidates)))
         self.window = window
         self.batch = batch
+        self.partial_fill = partial_fill
         self.taper_for = taper_for
         self._cache: OrderedDict[tuple[int, ...], AutoChoice] = OrderedDict()
         """Answers by situation, at most ``CHOICE_CACHE``; a situation planned again is
@@ -268,7 +272,7 @@ class AutoSizer:
 
     def _plan(self, chunker: Chunker, size: int, situation: tuple[int, ...]) -> tuple[float, float]:
         config = ControllerConfig(self.policy, self.layout, chunker, self.cost, self.max_in_flight,
-                                  token_budget=size if self.batch else None)
+                                  token_budget=size if self.batch else None, partial_fill=self.partial_fill)
         planner = Planner(config, sees_transfers=True)
         for length in situation:
             planner.submit(RequestSpec(length))
@@ -413,7 +417,7 @@ class TaperedChunkers:
 
 def auto_chunker(policy: PolicySpec, layout: Layout, cost: StageCostModel, cap: int | None = None, *,
                  max_in_flight: int | None = None, chunker_for: ChunkerFactory | None = None,
-                 batch: bool = True, taper: bool = True) -> AutoChunker:
+                 batch: bool = True, taper: bool = True, partial_fill: bool = False) -> AutoChunker:
     """An ``auto`` chunker choosing among the candidates up to ``cap`` tokens (the executor's
     largest forward); ``chunker_for`` defaults to ``default_chunker``'s chunker for the mode, and
     then, with ``taper``, a fold-back mode with fixed chunks also weighs vpp-taper's cut
@@ -424,7 +428,8 @@ def auto_chunker(policy: PolicySpec, layout: Layout, cost: StageCostModel, cap: 
         if taper and layout.kind is LayoutKind.FOLDBACK and not policy.tapered_chunks and not policy.dynamic_chunks:
             taper_for = TaperedChunkers(layout)
     sizer = AutoSizer(policy, layout, cost, chunker_for, max_in_flight=max_in_flight,
-                      candidates=candidates_up_to(cap), batch=batch, taper_for=taper_for)
+                      candidates=candidates_up_to(cap), batch=batch, taper_for=taper_for,
+                      partial_fill=partial_fill)
     return AutoChunker(sizer)
 
 

@@ -45,8 +45,12 @@ Rules (the meaning of each mode, also in docs/method.md):
   of C_{n-2P+2}). For P = 2 and tau_k = (k+1) t this is the method's (N + 1) t.
 - Batching (``token_budget``, SGLang's chunked-prefill size): a prefill micro-batch that ends its
   request may take further whole requests into the same forward while their tokens fit the budget
-  (``joins_batch``), as SGLang's prefill adder fills a batch; a request that does not fit whole
-  waits for the next micro-batch. The batch is one micro-batch for every rule above.
+  (``joining_tokens``), as SGLang's prefill adder fills a batch; a request that does not fit whole
+  waits for the next micro-batch, or, with ``partial_fill``, starts in the budget left over (a
+  head of its prompt) and runs its rest as its next chunk, first in the next micro-batch, as
+  SGLang's adder truncates the request that overflows. A batch with a head does not end its
+  requests (the head's continues), so it takes nothing more and the rest joins its group. The
+  batch is one micro-batch for every rule above.
 - Hand-off: ``blocking`` or ``async`` as the policy says; the group is ``pp`` with one group,
   else ``fwd`` (r -> r+1) or ``bwd`` (r+1 -> r) (``hand_off_group``).
 - Order: ``OLDEST_FIRST`` runs the oldest micro-batch first (ties: the higher stage);
@@ -187,12 +191,14 @@ class Controller:
 
     def __init__(self, policy: PolicySpec, layout: Layout, cost: StageCostModel,
                  max_in_flight: int | None = None, token_budget: int | None = None, *,
-                 chunker: Chunker | None = None, num_groups: int | None = None, decodes: bool = True) -> None:
+                 chunker: Chunker | None = None, num_groups: int | None = None, decodes: bool = True,
+                 partial_fill: bool = False) -> None:
         """``max_in_flight``: a fixed in-flight limit, also a packing mode's pack cap, with no deep
         window; None: ``default_in_flight_limit``. ``chunker``: None when the executor never asks
         ``next_chunk_size``. ``num_groups``: groups per link, None for the policy's (an executor
         whose transport needs one direction per link passes 2). ``decodes``: False on a server
-        that only prefills (``decode_groups``)."""
+        that only prefills (``decode_groups``). ``partial_fill``: a request that overflows the token
+        budget starts in what is left of it (``joining_tokens``)."""
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         if token_budget is not None and token_budget < 1:
@@ -213,6 +219,8 @@ class Controller:
         """The in-flight limit while the deep window is closed; None: ``limits.in_flight`` always."""
         self.token_budget = token_budget
         """Tokens one prefill forward may carry when requests are batched; None: no batching."""
+        self.partial_fill = partial_fill
+        """A request that does not fit the budget whole starts in what is left (a head)."""
         self.auto_size: int | None = None
         """The size an ``auto`` chunker chose last (``resize``); None: none chosen yet."""
         self.decodes = decodes
@@ -303,14 +311,27 @@ class Controller:
             if not any(e.group == self._window.group for e in self._in_flight.values()):
                 self._window = None
 
-    def joins_batch(self, batch: MicroBatch, candidate: MicroBatch) -> bool:
-        """May ``candidate`` (a request's whole prompt) ride in the forward of ``batch``, not yet
-        admitted? Only behind a micro-batch that ends its request, and only while the tokens fit
-        ``token_budget``; the caller then asks ``admission`` about the grown batch."""
-        return (self.token_budget is not None and batch.is_prefill and candidate.is_prefill
+    def joining_tokens(self, batch: MicroBatch, candidate: MicroBatch) -> int:
+        """How many tokens of ``candidate`` (a request's whole prompt) ride in the forward of
+        ``batch``, not yet admitted: all of them while they fit ``token_budget``; with
+        ``partial_fill`` otherwise the head that fills what is left (the caller runs the rest as
+        the request's next chunk); else 0. Only behind a micro-batch that ends its requests; the
+        caller then asks ``admission`` about the grown batch.
+
+        A candidate cut into several chunks never starts in a batch: its chunks are the chunker's
+        (a DCPP curve or a taper sized from its first chunk), which a head would shift."""
+        if not (self.token_budget is not None and batch.is_prefill and candidate.is_prefill
                 and batch.ends_request and candidate.ends_request and candidate.chunk_index == 0
-                and not candidate.requests & batch.requests
-                and batch.num_tokens + candidate.num_tokens <= self.token_budget)
+                and not candidate.requests & batch.requests):
+            return 0
+        room = self.token_budget - batch.num_tokens
+        if candidate.num_tokens <= room:
+            return candidate.num_tokens
+        return room if self.partial_fill and room >= 1 else 0
+
+    def joins_batch(self, batch: MicroBatch, candidate: MicroBatch) -> bool:
+        """Does all of ``candidate`` join ``batch`` (``joining_tokens``)?"""
+        return self.joining_tokens(batch, candidate) == candidate.num_tokens
 
     def decode_move(self, slot: int, *, prefill_ended: bool, running: Mapping[int, int],
                     in_flight: Collection[int]) -> DecodeMove | None:

@@ -441,9 +441,10 @@ class Engine:
         assert stage.rank == rank, (rank, step, action)
         end = now + self._compute_time(rank, action, stage, chunk, now)
         self.data_ready[action.key] = end
-        if action.stage_index == self.last_stage and chunk.is_last:
+        if action.stage_index == self.last_stage:
             for part in chunk.parts:
-                self.completion[part.request_index] = end
+                if part.is_last:  # a head's request completes with its rest
+                    self.completion[part.request_index] = end
         return end
 
     def _start_time(self, action: Action, now: float) -> tuple[float, float]:

@@ -156,6 +156,9 @@ class ControllerConfig:
     chunked-prefill size); None: one request per forward."""
     decodes: bool = True
     """Whether the executor decodes (False: the prefill server of a prefill-decode split)."""
+    partial_fill: bool = False
+    """A request that overflows ``token_budget`` starts in what is left of it, as SGLang's prefill
+    adder does (``Controller.joining_tokens``); False: whole requests only."""
 
     def __post_init__(self) -> None:
         if self.layout.kind is not self.policy.layout_kind:
@@ -169,7 +172,7 @@ def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int,
                       max_length: int, *, batching: bool = True, max_in_flight: int | None = None,
                       num_groups: int | None = None, chunker: Chunker | None = None, auto_chunk: bool = False,
                       forward_batches: bool | None = None, decodes: bool = True,
-                      auto_taper: bool = True) -> ControllerConfig:
+                      auto_taper: bool = True, partial_fill: bool = False) -> ControllerConfig:
     """The configuration of ``policy``'s controller on ``layout`` with base chunk ``chunk_size``.
 
     ``cost``: the estimate the controller decides with (None: ``LinearAttentionCost``).
@@ -183,7 +186,9 @@ def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int,
     the batches).
     ``decodes``: False on a server that only prefills (no decode slots, ``decode_groups``).
     ``auto_taper``: ``auto`` also weighs the tapered cut where the mode allows (False: only the
-    mode's own cut, as servers traced before the tapered cut was weighed chose)."""
+    mode's own cut, as servers traced before the tapered cut was weighed chose).
+    ``partial_fill``: with ``batching``, a request that overflows the budget starts in what is
+    left of it (``ControllerConfig.partial_fill``); ``auto`` plans so."""
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
     estimate = cost if cost is not None else LinearAttentionCost()
     if chunker is None and auto_chunk:
@@ -191,11 +196,11 @@ def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int,
 
         batches = batching if forward_batches is None else forward_batches
         chunker = auto_chunker(spec, layout, estimate, chunk_size, max_in_flight=max_in_flight, batch=batches,
-                               taper=auto_taper)
+                               taper=auto_taper, partial_fill=partial_fill)
     elif chunker is None:
         chunker = default_chunker(spec, chunk_size, layout, estimate, max_length)
     return ControllerConfig(spec, layout, chunker, estimate, max_in_flight, num_groups,
-                            chunk_size if batching else None, decodes)
+                            chunk_size if batching else None, decodes, partial_fill)
 
 
 def server_controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int, cost: StageCostModel | None,
@@ -222,4 +227,4 @@ def build_controller(config: ControllerConfig) -> Controller:
     """A fresh controller for ``config``; every rank of a pipeline builds an equal one."""
     return Controller(config.policy, config.layout, config.cost, config.max_in_flight,
                       token_budget=config.token_budget, chunker=config.chunker, num_groups=config.num_groups,
-                      decodes=config.decodes)
+                      decodes=config.decodes, partial_fill=config.partial_fill)

@@ -180,11 +180,19 @@ class ChunkSpec:
     num_tokens: int
     is_last: bool = False
     batch: tuple["ChunkSpec", ...] = ()
-    """Other requests' chunks in the same forward (each the last chunk of its request)."""
+    """Other requests' chunks in the same forward: each the last chunk of its request, except that
+    the final one may be a request's first chunk (a head: ``Controller.partial_fill``)."""
 
     def __post_init__(self) -> None:
         assert self.num_tokens >= 1 and self.start >= 0, self
-        assert all(part.is_last and not part.batch for part in self.batch), self
+        assert all(not part.batch for part in self.batch), self
+        assert all(part.is_last for part in self.batch[:-1]), self
+        assert not self.batch or self.batch[-1].is_last or self.batch[-1].start == 0, self
+
+    @property
+    def ends_requests(self) -> bool:
+        """Every request in the forward has its last chunk here (False: one continues)."""
+        return self.is_last and all(part.is_last for part in self.batch)
 
     @property
     def parts(self) -> tuple["ChunkSpec", ...]:

@@ -406,35 +406,49 @@ class Planner:
         if last is not None and last[0] is chunk and last[1].seq == position:
             return last[1]
         micro_batch = MicroBatch(position, frozenset(part.request_index for part in chunk.parts), chunk.start,
-                                 chunk.total_tokens, chunk.is_last, chunk_index=chunk.chunk_index, batch=chunk.batch)
+                                 chunk.total_tokens, chunk.ends_requests, chunk_index=chunk.chunk_index,
+                                 batch=chunk.batch)
         self._last_micro_batch = (chunk, micro_batch)
         return micro_batch
 
     def _form_batch(self, position: int, now: float) -> None:
-        """Grow the micro-batch at ``position`` (about to enter stage 0) by the whole requests
-        after it that have arrived, while the controller lets them join and admits the result."""
+        """Grow the micro-batch at ``position`` (about to enter stage 0) by the requests after it
+        that have arrived, while the controller lets them join and admits the result: whole, or
+        the last one's head (``Controller.joining_tokens``), whose rest then takes that request's
+        place in the sequence, next after the batch."""
         if self.controller.token_budget is None:
             return
         batch = self._micro_batch(position)
         end = position + 1
+        rest: ChunkSpec | None = None
         while end < len(self.sequence):
             chunk = self.sequence[end]
             if self.requests[chunk.request_index].arrival > now:
                 break
             candidate = self._micro_batch(end)
-            if not self.controller.joins_batch(batch, candidate):
+            tokens = self.controller.joining_tokens(batch, candidate)
+            if tokens == 0:
                 break
+            whole = tokens == chunk.num_tokens
+            part = chunk if whole else ChunkSpec(chunk.request_index, 0, 0, tokens, is_last=False)
             grown = MicroBatch(position, batch.requests | candidate.requests, batch.start,
-                               batch.num_tokens + candidate.num_tokens, True, chunk_index=batch.chunk_index,
-                               batch=batch.batch + (chunk,))
+                               batch.num_tokens + tokens, whole, chunk_index=batch.chunk_index,
+                               batch=batch.batch + (part,))
             if self.controller.admission(grown) is Admission.NO:
                 break
-            batch, end = grown, end + 1
+            batch = grown
+            if not whole:
+                rest = ChunkSpec(chunk.request_index, 1, tokens, chunk.num_tokens - tokens, is_last=True)
+                break
+            end += 1
         if not batch.batch:
             return
         # The joined chunks have not entered any stage (every stage runs the sequence in order).
         lead = self.sequence[position] = dataclasses.replace(self.sequence[position], batch=batch.batch)
         self.chunks[lead.key] = lead
+        if rest is not None:  # the split request's slot in the sequence (and its lists) is the rest's
+            del self.chunks[self.sequence[end].key]
+            self.sequence[end] = self.chunks[rest.key] = rest
         for joined in self.sequence[position + 1 : end]:
             del self.chunks[joined.key]
         del self.sequence[position + 1 : end]
@@ -537,10 +551,11 @@ class Planner:
         """The requests whose last chunk ``chunk`` carried are complete at ``end``. Every part is
         finished before any completion sends more work: a fork taken in a callback (``fork``)
         then sees the whole micro-batch done."""
-        for part in chunk.parts:
-            self.request_finish[part.request_index] = end
-        for part in chunk.parts:
-            self._complete_request(part.request_index, end)
+        finished = [part.request_index for part in chunk.parts if part.is_last]  # not a head
+        for request_index in finished:
+            self.request_finish[request_index] = end
+        for request_index in finished:
+            self._complete_request(request_index, end)
 
     def _complete_request(self, request_index: int, end: float) -> None:
         if self._on_complete is not None:

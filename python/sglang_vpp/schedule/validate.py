@@ -8,7 +8,8 @@ Checks, each reported with rank, step, expected against actual, and the rank x s
 2. Completeness: every stage of every chunk runs exactly once; nothing runs that is not a chunk.
 3. Causality (program order on each rank): a compute's input is produced earlier (the previous
    stage locally, or received earlier); its KV prefix (the previous chunk of the same request on
-   the same stage) was computed earlier; a send follows the compute that produced it.
+   the same stage, perhaps a head batched in another request's forward) was computed earlier; a
+   send follows the compute that produced it.
 4. Pairing: every cross-rank hand-off has exactly one send and one receive on the same group, and
    per group and direction the order of sends on one end equals the order of receives on the other.
 
@@ -52,6 +53,8 @@ def validate_schedule(schedule) -> None:
 def find_issues(schedule, limit: int = 50) -> list[ValidationIssue]:
     layout = schedule.layout
     chunk_keys = {c.key for c in schedule.chunks}
+    # The other requests' chunks that ride in each batched forward run when its lead runs.
+    batched = {c.key: tuple(part.key for part in c.batch) for c in schedule.chunks if c.batch}
     issues: list[ValidationIssue] = []
     computed: dict[tuple[int, int, int], int] = {}
     sends: dict[tuple[str, int, int], list[tuple[int, int, int]]] = defaultdict(list)
@@ -76,6 +79,7 @@ def find_issues(schedule, limit: int = 50) -> list[ValidationIssue]:
                 continue
             if action.kind is ActionKind.COMPUTE:
                 _check_compute(layout, rank, step, action, done, received, computed, report)
+                done.update((stage, *key) for key in batched.get(action.chunk_key, ()))
             else:
                 _check_comm(schedule, rank, step, action, done, sent, received, sends, recvs, report)
     for chunk in schedule.chunks:

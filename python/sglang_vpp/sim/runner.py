@@ -64,8 +64,11 @@ class RunConfig:
     cap, and no deep window); None: the mode's ``default_in_flight_limit``."""
     batch_requests: bool = True
     """Batch short requests into one forward up to ``chunk_size`` tokens, as SGLang's prefill adder
-    does with its chunked-prefill budget (``Controller.joins_batch``); False: one request per
+    does with its chunked-prefill budget (``Controller.joining_tokens``); False: one request per
     forward."""
+    partial_fill: bool = False
+    """With ``batch_requests``: the request that overflows the budget starts in what is left of it
+    (a head; its rest runs next), as SGLang's prefill adder does; False: whole requests only."""
     jitter: float = 0.0
     """Relative spread of every stage's time around the cost model's (``JitteredCostModel``);
     the controller still decides with the unjittered model, as a server decides with its
@@ -169,7 +172,7 @@ def _workload_planner(mode: str, workload: Workload, estimate: StageCostModel, c
 
     planner = Planner(controller_config(spec, layout, config.chunk_size, estimate, workload.max_length,
                                         batching=config.batch_requests, max_in_flight=config.max_in_flight,
-                                        auto_chunk=config.auto_chunk),
+                                        auto_chunk=config.auto_chunk, partial_fill=config.partial_fill),
                       on_complete=on_complete, sees_transfers=True)
     situation = LiveSituation(planner)
     situation.sent(first, len(pending) if workload.concurrency is not None else 0)

@@ -38,12 +38,14 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
                     sim: SimConfig | None = None, seq_len: int | None = None,
                     keep_schedules: bool = False, balance: str = "even",
                     batch_requests: bool = True, jitter: float = 0.0, jitter_seed: int = 0,
-                    fold: Fold | str = Fold.SPLIT, jitter_by: str = "stage") -> list[SweepRow]:
+                    fold: Fold | str = Fold.SPLIT, jitter_by: str = "stage",
+                    partial_fill: bool = False) -> list[SweepRow]:
     """Every mode at every chunk size on one workload (the planner's estimate is ``cost``).
 
     ``balance="auto"``: each (mode, chunk size) runs on the layer split ``balance_split``
     chooses for this cost model from the workload's first requests (up to 8).
-    ``batch_requests``, ``jitter``, ``jitter_seed``, ``jitter_by``, ``fold``: see ``RunConfig``. A chunk size ``"auto"``
+    ``batch_requests``, ``partial_fill``, ``jitter``, ``jitter_seed``, ``jitter_by``, ``fold``: see ``RunConfig``.
+    A chunk size ``"auto"``
     runs the controller's ``auto`` chunker (``RunConfig.auto_chunk``) with every candidate allowed.
     """
     if balance not in BALANCE_MODES:
@@ -64,7 +66,7 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
                                        batching=batch_requests)
             config = RunConfig(num_ranks, chunk_size, chosen, batch_requests=batch_requests, jitter=jitter,
                                jitter_seed=jitter_seed, jitter_by=jitter_by, sim=sim or SimConfig(), auto_chunk=auto,
-                               fold=fold)
+                               fold=fold, partial_fill=partial_fill)
             rows.append(SweepRow(workload.name, seq_len,
                                  run_mode(str(spec.name), workload, cost, config, num_layers, keep_schedules)))
     return rows
