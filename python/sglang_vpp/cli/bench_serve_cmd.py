@@ -250,15 +250,15 @@ def bench_serve(
                               "raise --request-rate or --timeout")
     modes = None
     if launch is not None:
-        from .bench_serve_launch import check_can_launch, parse_modes
+        from .bench_serve_launch import check_can_launch, parse_modes, port_range_error
 
         modes = parse_modes(launch)
         if model_path is not None and _looks_local(model_path) and not Path(model_path).expanduser().is_dir():
             raise BenchServeError(f"--model-path {model_path!r} is not a directory; give a local model directory "
                                   "or a Hugging Face repo id like Qwen/Qwen2-0.5B")
-        if port is not None and not 0 < port <= 65536 - len(modes):
-            raise BenchServeError(f"--port {port}: {len(modes)} server(s) need ports {port}..{port + len(modes) - 1}, "
-                                  "all in 1..65535")
+        port_error = port_range_error(port, len(modes)) if port is not None else None
+        if port_error:
+            raise BenchServeError(port_error)
     targets = _parse_targets(url, label) if url is not None else []
     plan.check()
     missing = bench_serving_missing()
