@@ -354,3 +354,23 @@ def test_a_dsa_model_is_refused_at_launch_when_its_config_is_local(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"],
                                                       "num_hidden_layers": 8}))
     vpp.check_args(_args(tmp_path, pp_size=2, chunked_prefill_size=64), PipelineOptions(pp_mode="vpp-pack"))
+
+
+def test_the_cost_profile_help_states_the_default_choose_cost_makes():
+    """Without --vpp-cost-profile, choose_cost picks the measured CPU estimate on CPU with auto chunks
+    and the analytic one otherwise; the help quotes the factory's one description of that choice."""
+    from sglang_vpp.schedule import LinearAttentionCost, build_layout
+    from sglang_vpp.schedule.cpu_cost import cpu_serving_cost
+    from sglang_vpp.schedule.factory import DEFAULT_COST_DESCRIPTION, choose_cost
+    from sglang_vpp.sglang_plugin.cli_args import add_pipeline_args
+
+    parser = argparse.ArgumentParser()
+    add_pipeline_args(parser)
+    (action,) = [a for a in parser._actions if "--vpp-cost-profile" in a.option_strings]
+    assert action.help.endswith(f"Default: {DEFAULT_COST_DESCRIPTION}.")
+    layout = build_layout(2, 8, "foldback")
+    assert "--chunked-prefill-size auto on --device cpu, the CPU estimate" in DEFAULT_COST_DESCRIPTION
+    assert choose_cost(layout, on_cpu=True, auto_chunk=True).model == cpu_serving_cost(layout)
+    assert DEFAULT_COST_DESCRIPTION.endswith("otherwise the analytic linear + attention estimate")
+    assert all(isinstance(choose_cost(layout, on_cpu=on_cpu, auto_chunk=auto).model, LinearAttentionCost)
+               for on_cpu, auto in ((True, False), (False, True), (False, False)))
