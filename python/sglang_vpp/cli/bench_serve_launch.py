@@ -41,10 +41,15 @@ from sglang_vpp.serving.host_time import HostTime, host_time
 from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
 
 __all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args", "model_context_len",
-           "parse_modes", "port_range_error", "run_launched", "default_model_dir", "starting_event", "starting_mode"]
+           "parse_modes", "port_range_error", "STARTUP_TIMEOUT_S", "run_launched", "default_model_dir", "starting_event", "starting_mode"]
 
 ALL_MODES = tuple(p.value for p in Policy)
 """What ``--launch all`` starts: every mode the plugin serves (with ``--pd``, as prefill servers)."""
+
+
+STARTUP_TIMEOUT_S = 600.0
+"""``--startup-timeout``'s default: seconds one server may take to become healthy (loading the
+model, SGLang's own start-up profiling)."""
 
 
 class LaunchError(ValueError):
@@ -192,7 +197,7 @@ class LaunchSpec:
     the cap SGLang gets with it (``auto_size.SERVER_CAP``)."""
     device: str = "cpu"
     server_args: tuple[str, ...] = ()
-    startup_timeout: float = 600.0
+    startup_timeout: float = STARTUP_TIMEOUT_S
     work_dir: Path | None = None
     """Logs and traces go here (a fresh temporary directory when None)."""
     first_port: int = 0
