@@ -15,12 +15,13 @@ from pathlib import Path
 
 import typer
 
+from ..max_timeout import MAX_TIMEOUT_S
 from ..runtime.bench_config import BenchConfig
 from ..runtime.spec import BACKEND_FOR_DEVICE
 from ..sim.sweep import size_label
 from .common import (at_least, check_output_paths, echo_wrapped, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
-from .common import FOLD_HELP, MAX_REPEATS, MAX_TIMEOUT_S, CliInputError, at_most, not_blank, parse_fold_option, png_path, seed_option
+from .common import FOLD_HELP, MAX_REPEATS, CliInputError, at_most, not_blank, parse_fold_option, png_path, seed_option
 
 _DEFAULTS = BenchConfig()
 """Every flag's default is the config's own (``runtime/bench_config.py``), kept in that one place."""
