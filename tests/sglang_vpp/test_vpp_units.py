@@ -711,3 +711,16 @@ def test_an_idle_leader_heartbeats_within_the_comm_timeout(monkeypatch, comm_tim
         loop._idle_poll()  # noqa: SLF001
     gaps = [later - earlier for earlier, later in zip([100.0, *sent], sent)]
     assert sent and max(gaps) < comm_timeout_s
+
+
+def test_the_heartbeat_default_is_one_constant(monkeypatch):
+    """``VppConfig``'s field and ``from_env`` without SGLANG_VPP_HEARTBEAT_S give the same default;
+    the variable still overrides it."""
+    from sglang_vpp.sglang_plugin.vpp import state
+
+    monkeypatch.delenv("SGLANG_VPP_HEARTBEAT_S", raising=False)
+    assert VppConfig("vpp", 2).heartbeat_s == state.DEFAULT_HEARTBEAT_S == 1.0
+    monkeypatch.setattr(state, "DEFAULT_HEARTBEAT_S", 2.5)  # from_env reads the constant, not a copy of it
+    assert VppConfig.from_env("vpp", 2, None).heartbeat_s == 2.5
+    monkeypatch.setenv("SGLANG_VPP_HEARTBEAT_S", "0.25")
+    assert VppConfig.from_env("vpp", 2, None).heartbeat_s == 0.25
