@@ -91,3 +91,34 @@ def test_docs_cli_names_every_command_and_flag():
         if gaps:
             missing[name] = gaps
     assert not missing, f"flags not documented in docs/cli.md: {missing}"
+
+
+def _default(command: str, flag: str):
+    group = typer.main.get_command(app)
+    return next(p.default for p in group.commands[command].params if flag in p.opts)
+
+
+def test_bench_flags_default_to_the_bench_config():
+    """``bench``'s flags take their defaults from ``BenchConfig`` (one place), and ``--repeat`` stays
+    the documented 5 (docs/cli.md), so a config built in code runs what the command runs."""
+    from sglang_vpp.cli.common import parse_size_option
+    from sglang_vpp.runtime.bench_config import BenchConfig
+
+    config = BenchConfig()
+    assert _default("bench", "--repeat") == config.repeat == 5
+    assert parse_size_option(_default("bench", "--seq-len"), "--seq-len") == config.seq_len
+    assert parse_size_option(_default("bench", "--chunk-size"), "--chunk-size") == config.chunk_size
+    assert tuple(_default("bench", "--modes").split(",")) == config.modes
+    assert (_default("bench", "--model"), _default("bench", "--pp"), _default("bench", "--requests"),
+            _default("bench", "--arrival-interval"), _default("bench", "--device"), _default("bench", "--backend"),
+            _default("bench", "--seed"), _default("bench", "--fold"), _default("bench", "--timeout"),
+            _default("bench", "--batch-requests")) == (
+        config.model, config.num_ranks, config.num_requests, config.arrival_interval_s, str(config.device),
+        config.backend, config.seed, config.fold, config.timeouts.comm_s, config.batch_requests)
+
+
+def test_bench_serve_startup_timeout_defaults_to_the_launch_spec():
+    from sglang_vpp.cli.bench_serve_launch import STARTUP_TIMEOUT_S, LaunchSpec
+
+    spec = LaunchSpec(model_dir="m", pp_size=2, chunked_prefill_size=64)
+    assert _default("bench-serve", "--startup-timeout") == spec.startup_timeout == STARTUP_TIMEOUT_S

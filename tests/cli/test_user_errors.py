@@ -598,3 +598,29 @@ def test_an_output_named_like_a_preset_is_written(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["simulate", "--seq-len", "8k", "--modes", "cpp", "--json", "deepseek-v3.1"])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "deepseek-v3.1").read_text())["config"]["model"] == "deepseek-v3.1"
+
+
+class _PastThePortCheck(Exception):
+    """Raised where run_launched would go on to start servers."""
+
+
+@pytest.mark.parametrize("first_port, modes, accepted", [
+    (65535, ["cpp"], True),  # one server, on the highest port
+    (65534, ["cpp", "vpp"], True),
+    (65535, ["cpp", "vpp"], False),
+])
+def test_the_highest_port_is_one_rule_for_bench_serve_and_the_launcher(monkeypatch, first_port, modes, accepted):
+    """Server i listens on --port + i: the last of N servers on --port + N - 1 <= 65535. The command's
+    check and run_launched's ask one helper, so both accept and refuse the same ports in the same words."""
+    def past_the_port_check() -> None:
+        raise _PastThePortCheck
+
+    monkeypatch.setattr(bench_serve_launch, "check_can_launch", past_the_port_check)
+    spec = bench_serve_launch.LaunchSpec(model_dir="m", pp_size=2, chunked_prefill_size=64, first_port=first_port)
+    expected = pytest.raises(_PastThePortCheck) if accepted else pytest.raises(
+        bench_serve_launch.LaunchError, match=rf"^--port {first_port}: {len(modes)} server\(s\) need ports ")
+    with expected:
+        bench_serve_launch.run_launched(spec, modes, repeats=1, warm_up=lambda _url: 0,
+                                        run_once=lambda _url, _repeat: None)
+    error = bench_serve_launch.port_range_error(first_port, len(modes))
+    assert (error is None) == accepted

@@ -14,7 +14,7 @@ def test_flat_profile_runs_dcpp_as_fixed_chunks_with_a_note(monkeypatch):
     # fitted square term is rounding noise of either sign.
     monkeypatch.setattr(bench, "profiled_cost_model", lambda *_a: LinearAttentionCost(attention_per_pair=0.0))
     config = bench.BenchConfig(model="tiny-qwen3", seq_len=96, chunk_size=32, modes=("cpp", "dcpp"),
-                               num_requests=1, num_layers=2)
+                               num_requests=1, num_layers=2, repeat=1)
     report = bench.run_bench(config)
     assert len(report.notes) == 1 and report.notes[0].startswith("dcpp ran fixed 32-token chunks (cpp in effect)")
     assert report.to_json()["notes"] == report.notes
@@ -25,7 +25,7 @@ def test_flat_profile_runs_dcpp_as_fixed_chunks_with_a_note(monkeypatch):
 def test_curved_profile_has_no_note(monkeypatch):
     monkeypatch.setattr(bench, "profiled_cost_model", lambda *_a: LinearAttentionCost())
     config = bench.BenchConfig(model="tiny-qwen3", seq_len=96, chunk_size=32, modes=("dcpp",),
-                               num_requests=1, num_layers=2)
+                               num_requests=1, num_layers=2, repeat=1)
     assert bench.run_bench(config).notes == []
 
 

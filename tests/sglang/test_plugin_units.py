@@ -354,3 +354,45 @@ def test_a_dsa_model_is_refused_at_launch_when_its_config_is_local(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"],
                                                       "num_hidden_layers": 8}))
     vpp.check_args(_args(tmp_path, pp_size=2, chunked_prefill_size=64), PipelineOptions(pp_mode="vpp-pack"))
+
+
+def test_the_cost_profile_help_states_the_default_choose_cost_makes():
+    """Without --vpp-cost-profile, choose_cost picks the measured CPU estimate on CPU with auto chunks
+    and the analytic one otherwise; the help quotes the factory's one description of that choice."""
+    from sglang_vpp.schedule import LinearAttentionCost, build_layout
+    from sglang_vpp.schedule.cpu_cost import cpu_serving_cost
+    from sglang_vpp.schedule.factory import DEFAULT_COST_DESCRIPTION, choose_cost
+    from sglang_vpp.sglang_plugin.cli_args import add_pipeline_args
+
+    parser = argparse.ArgumentParser()
+    add_pipeline_args(parser)
+    (action,) = [a for a in parser._actions if "--vpp-cost-profile" in a.option_strings]
+    assert action.help.endswith(f"Default: {DEFAULT_COST_DESCRIPTION}.")
+    layout = build_layout(2, 8, "foldback")
+    assert "--chunked-prefill-size auto on --device cpu, the CPU estimate" in DEFAULT_COST_DESCRIPTION
+    assert choose_cost(layout, on_cpu=True, auto_chunk=True).model == cpu_serving_cost(layout)
+    assert DEFAULT_COST_DESCRIPTION.endswith("otherwise the analytic linear + attention estimate")
+    assert all(isinstance(choose_cost(layout, on_cpu=on_cpu, auto_chunk=auto).model, LinearAttentionCost)
+               for on_cpu, auto in ((True, False), (False, True), (False, False)))
+
+
+def test_one_week_bounds_every_timeout_of_the_cli_and_the_plugin(monkeypatch):
+    """The CLI's timeouts and --vpp-comm-timeout share one bound (``max_timeout.MAX_TIMEOUT_S``),
+    kept where the CLI reads it without importing torch."""
+    import subprocess
+    import sys
+
+    from sglang_vpp.cli.common import CliInputError, timeout_option
+    from sglang_vpp.max_timeout import MAX_TIMEOUT_S
+    from sglang_vpp.sglang_plugin.options import resolve_comm_timeout
+
+    monkeypatch.delenv("SGLANG_VPP_COMM_TIMEOUT_S", raising=False)
+    assert MAX_TIMEOUT_S == 7 * 24 * 3600
+    assert resolve_comm_timeout(MAX_TIMEOUT_S) == MAX_TIMEOUT_S
+    timeout_option(MAX_TIMEOUT_S, "--timeout")
+    with pytest.raises(PpModeError, match=r"in \(0, 604800\] \(a week\)"):
+        resolve_comm_timeout(MAX_TIMEOUT_S + 1)
+    with pytest.raises(CliInputError, match="at most 604800 s"):
+        timeout_option(MAX_TIMEOUT_S + 1, "--timeout")
+    code = "import sys, sglang_vpp.cli.app; assert 'torch' not in sys.modules, 'the CLI imported torch at start'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -525,6 +525,33 @@ def test_kv_cache_dtypes_whose_pools_allocate_by_their_own_code_are_refused(dtyp
         check_vpp_features(argparse.Namespace(**{**base, "kv_cache_dtype": dtype}), "vpp")
 
 
+def test_disabled_chunked_prefill_is_one_rule_at_launch_and_in_the_scheduler():
+    """An unset --chunked-prefill-size (None in the launcher's Namespace) is a size SGLang resolves
+    later, so neither launcher check refuses it; in SGLang's resolved arguments None and -1 both
+    mean no chunked prefill. Every place words the refusal the same."""
+    import argparse
+
+    from sglang_vpp.sglang_plugin.errors import PpModeError
+    from sglang_vpp.sglang_plugin.options import PipelineOptions
+    from sglang_vpp.sglang_plugin.validate import VPP_REFUSALS, validate_pipeline_args
+    from sglang_vpp.sglang_plugin.vpp import _refuse_unsupported
+
+    base = {refusal.attr: None for refusal in VPP_REFUSALS}
+    unset = argparse.Namespace(**{**base, "pp_size": 2, "chunked_prefill_size": None})
+    validate_pipeline_args(unset, PipelineOptions(pp_mode="vpp"))
+    _refuse_unsupported(unset, "vpp")
+    with pytest.raises(VppConfigError, match=r"chunked prefill is disabled \(--chunked-prefill-size None as "
+                                             r"SGLang resolved it for this model and machine\)"):
+        _refuse_unsupported(unset, "vpp", resolved=True)
+    disabled = argparse.Namespace(**{**base, "pp_size": 2, "chunked_prefill_size": -1})
+    with pytest.raises(PpModeError) as launcher:
+        validate_pipeline_args(disabled, PipelineOptions(pp_mode="vpp"))
+    with pytest.raises(VppConfigError) as scheduler:
+        _refuse_unsupported(disabled, "vpp")
+    assert str(launcher.value) == str(scheduler.value)
+    assert "(--chunked-prefill-size -1); pass a positive --chunked-prefill-size" in str(launcher.value)
+
+
 def test_a_refusal_in_a_scheduler_says_the_value_may_be_sglangs():
     """SGLang sets is_embedding for an embedding architecture and detects the device itself: the
     scheduler's message does not claim the user passed the flag."""
@@ -684,3 +711,16 @@ def test_an_idle_leader_heartbeats_within_the_comm_timeout(monkeypatch, comm_tim
         loop._idle_poll()  # noqa: SLF001
     gaps = [later - earlier for earlier, later in zip([100.0, *sent], sent)]
     assert sent and max(gaps) < comm_timeout_s
+
+
+def test_the_heartbeat_default_is_one_constant(monkeypatch):
+    """``VppConfig``'s field and ``from_env`` without SGLANG_VPP_HEARTBEAT_S give the same default;
+    the variable still overrides it."""
+    from sglang_vpp.sglang_plugin.vpp import state
+
+    monkeypatch.delenv("SGLANG_VPP_HEARTBEAT_S", raising=False)
+    assert VppConfig("vpp", 2).heartbeat_s == state.DEFAULT_HEARTBEAT_S == 1.0
+    monkeypatch.setattr(state, "DEFAULT_HEARTBEAT_S", 2.5)  # from_env reads the constant, not a copy of it
+    assert VppConfig.from_env("vpp", 2, None).heartbeat_s == 2.5
+    monkeypatch.setenv("SGLANG_VPP_HEARTBEAT_S", "0.25")
+    assert VppConfig.from_env("vpp", 2, None).heartbeat_s == 0.25

@@ -15,11 +15,16 @@ from pathlib import Path
 
 import typer
 
-from ..runtime.spec import BACKEND_FOR_DEVICE, DEFAULT_MODES
+from ..max_timeout import MAX_TIMEOUT_S
+from ..runtime.bench_config import BenchConfig
+from ..runtime.spec import BACKEND_FOR_DEVICE
+from ..sim.sweep import size_label
 from .common import (at_least, check_output_paths, echo_wrapped, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
-from .common import FOLD_HELP, MAX_REPEATS, MAX_TIMEOUT_S, CliInputError, at_most, not_blank, parse_fold_option, png_path, seed_option
+from .common import FOLD_HELP, MAX_REPEATS, CliInputError, at_most, not_blank, parse_fold_option, png_path, seed_option
 
+_DEFAULTS = BenchConfig()
+"""Every flag's default is the config's own (``runtime/bench_config.py``), kept in that one place."""
 TOLERANCE = 1e-5
 #: Above this many prompt tokens in total a CPU run takes long (attention grows with the square of
 #: the prompt): say so before starting.
@@ -148,26 +153,26 @@ def _arrivals_within_a_week(interval: float, requests: int) -> None:
 
 @user_errors
 def bench(
-    backend: str | None = typer.Option(None, "--backend", help="Comm backend: gloo (CPU), nccl (cuda), hccl (npu); default by --device."),
-    model: str = typer.Option("tiny-qwen3", "--model", help="Preset (tiny-qwen3, tiny-llama, tiny-qwen3-moe, tiny-deepseek) or a local HF model directory."),
-    pp: int = typer.Option(2, "--pp", help="Pipeline ranks (one process each)."),
-    seq_len: str = typer.Option("8k", "--seq-len", help="Prompt length per request (8k, 16k, 3000, ...)."),
-    chunk_size: str = typer.Option("512", "--chunk-size", help="Chunk size (base size for dcpp), or auto: the controller picks each request's."),
-    modes: str = typer.Option(",".join(DEFAULT_MODES), "--modes", help="Comma-separated modes."),
-    requests: int = typer.Option(2, "--requests", help="Requests of --seq-len tokens."),
-    arrival_interval: float = typer.Option(0.0, "--arrival-interval", help="Seconds between request arrivals (0: all queued at start)."),
-    repeat: int = typer.Option(5, "--repeat", help="Runs per mode (>= 2 for a verdict: ranges over repeats; 5 keeps it stable on a shared host)."),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda or npu."),
-    seed: int = typer.Option(0, "--seed", help="Weights and prompt seed."),
+    backend: str | None = typer.Option(_DEFAULTS.backend, "--backend", help="Comm backend: gloo (CPU), nccl (cuda), hccl (npu); default by --device."),
+    model: str = typer.Option(_DEFAULTS.model, "--model", help="Preset (tiny-qwen3, tiny-llama, tiny-qwen3-moe, tiny-deepseek) or a local HF model directory."),
+    pp: int = typer.Option(_DEFAULTS.num_ranks, "--pp", help="Pipeline ranks (one process each)."),
+    seq_len: str = typer.Option(size_label(_DEFAULTS.seq_len), "--seq-len", help="Prompt length per request (8k, 16k, 3000, ...)."),
+    chunk_size: str = typer.Option(size_label(_DEFAULTS.chunk_size), "--chunk-size", help="Chunk size (base size for dcpp), or auto: the controller picks each request's."),
+    modes: str = typer.Option(",".join(_DEFAULTS.modes), "--modes", help="Comma-separated modes."),
+    requests: int = typer.Option(_DEFAULTS.num_requests, "--requests", help="Requests of --seq-len tokens."),
+    arrival_interval: float = typer.Option(_DEFAULTS.arrival_interval_s, "--arrival-interval", help="Seconds between request arrivals (0: all queued at start)."),
+    repeat: int = typer.Option(_DEFAULTS.repeat, "--repeat", help="Runs per mode (>= 2 for a verdict: ranges over repeats; the default keeps it stable on a shared host)."),
+    device: str = typer.Option(str(_DEFAULTS.device), "--device", help="cpu, cuda or npu."),
+    seed: int = typer.Option(_DEFAULTS.seed, "--seed", help="Weights and prompt seed."),
     split: str | None = typer.Option(None, "--split", help="Per-stage layer counts (P entries for cpp/dcpp, 2P for vpp modes, 2P-1 with --fold fused)."),
-    fold: str = typer.Option("split", "--fold", help=FOLD_HELP),
-    timeout: float = typer.Option(60.0, "--timeout", help="Seconds any single communication wait may take."),
+    fold: str = typer.Option(_DEFAULTS.fold, "--fold", help=FOLD_HELP),
+    timeout: float = typer.Option(_DEFAULTS.timeouts.comm_s, "--timeout", help="Seconds any single communication wait may take."),
     json_out: Path | None = typer.Option(None, "--json", help="Write results as JSON ('-' for stdout)."),
     trace: Path | None = typer.Option(None, "--trace", help="Perfetto trace of each mode: measured and replayed."),
     plot: Path | None = typer.Option(None, "--plot", help="Gantt PNG of each mode: measured and replayed."),
     costs: Path | None = typer.Option(None, "--costs", help="Write measured per-action costs: a fitted cost model here, raw samples per mode next to it."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
-    batch_requests: bool = typer.Option(True, "--batch-requests/--no-batch-requests", help="Batch whole requests shorter than the chunk into one forward (attention per request), as SGLang and simulate do (default); --no-batch-requests: one request per forward."),
+    batch_requests: bool = typer.Option(_DEFAULTS.batch_requests, "--batch-requests/--no-batch-requests", help="Batch whole requests shorter than the chunk into one forward (attention per request), as SGLang and simulate do (default); --no-batch-requests: one request per forward."),
 ) -> None:
     """Run each mode on real rank processes with real layers; check against the reference; table."""
     from ..runtime.bench import BenchConfig, check_config, cost_samples_path, run_bench, write_outputs

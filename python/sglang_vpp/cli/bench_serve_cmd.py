@@ -36,6 +36,7 @@ from sglang_vpp.serving.bench_serving import (
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
 from .common import MAX_REPEATS, MAX_REQUESTS, at_least, at_most, check_output_paths, not_blank, seed_option, parse_size_option, positive, timeout_option, user_errors
+from .bench_serve_launch import STARTUP_TIMEOUT_S
 from .bench_serve_report import WARMUP_SEED_OFFSET, gantt_path
 from .common import given_flags, png_path
 
@@ -125,7 +126,7 @@ def bench_serve(
     server_arg: Optional[list[str]] = typer.Option(None, "--server-arg", help="--launch: one more launch_server argument, repeatable (e.g. --server-arg=--max-total-tokens --server-arg=32768)."),
     repeats: int = typer.Option(3, "--repeats", help="--launch: measured bench_serving passes per server (idle spread and verdict ranges are over repeats; 1 gives no verdict)."),
     work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="Where server logs, traces and bench_serving's JSONL and logs go (default: a new temporary directory)."),
-    startup_timeout: float = typer.Option(600.0, "--startup-timeout", help="--launch: seconds a server may take to become healthy."),
+    startup_timeout: float = typer.Option(STARTUP_TIMEOUT_S, "--startup-timeout", help="--launch: seconds a server may take to become healthy."),
     pd: bool = typer.Option(False, "--pd", help="--launch: serve each mode as the prefill server of a prefill-decode split (one pp-1 decode server, SGLang's router, Mooncake over TCP); docs/pd.md."),
     port: Optional[int] = typer.Option(None, "--port", help="--launch: the first server's port; the next mode gets the next port (default: free ports)."),
     workload: Workload = typer.Option(Workload.SHORT, "--workload", help="Preset of bench_serving's random-ids dataset: long (4 x 8k, one at a time), short (16 x 1k, 16 at once), mixed (lengths uniform up to 2x --input-len), or file (--file: the requests of a workload file, the format simulate reads)."),
@@ -250,15 +251,15 @@ def bench_serve(
                               "raise --request-rate or --timeout")
     modes = None
     if launch is not None:
-        from .bench_serve_launch import check_can_launch, parse_modes
+        from .bench_serve_launch import check_can_launch, parse_modes, port_range_error
 
         modes = parse_modes(launch)
         if model_path is not None and _looks_local(model_path) and not Path(model_path).expanduser().is_dir():
             raise BenchServeError(f"--model-path {model_path!r} is not a directory; give a local model directory "
                                   "or a Hugging Face repo id like Qwen/Qwen2-0.5B")
-        if port is not None and not 0 < port <= 65536 - len(modes):
-            raise BenchServeError(f"--port {port}: {len(modes)} server(s) need ports {port}..{port + len(modes) - 1}, "
-                                  "all in 1..65535")
+        port_error = port_range_error(port, len(modes)) if port is not None else None
+        if port_error:
+            raise BenchServeError(port_error)
     targets = _parse_targets(url, label) if url is not None else []
     plan.check()
     missing = bench_serving_missing()

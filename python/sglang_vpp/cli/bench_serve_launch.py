@@ -41,10 +41,15 @@ from sglang_vpp.serving.host_time import HostTime, host_time
 from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
 
 __all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args", "model_context_len",
-           "parse_modes", "run_launched", "default_model_dir", "starting_event", "starting_mode"]
+           "parse_modes", "port_range_error", "STARTUP_TIMEOUT_S", "run_launched", "default_model_dir", "starting_event", "starting_mode"]
 
 ALL_MODES = tuple(p.value for p in Policy)
 """What ``--launch all`` starts: every mode the plugin serves (with ``--pd``, as prefill servers)."""
+
+
+STARTUP_TIMEOUT_S = 600.0
+"""``--startup-timeout``'s default: seconds one server may take to become healthy (loading the
+model, SGLang's own start-up profiling)."""
 
 
 class LaunchError(ValueError):
@@ -70,6 +75,19 @@ def starting_event(mode: str, detail: str) -> str:
 def starting_mode(text: str, modes: list[str]) -> str | None:
     """The mode whose ``starting_event`` ``text`` is, or None."""
     return next((mode for mode in modes if text.startswith(starting_event(mode, ""))), None)
+
+
+MAX_PORT = 65535
+"""The highest TCP port."""
+
+
+def port_range_error(first_port: int, num_servers: int) -> str | None:
+    """Why ``num_servers`` servers cannot listen on ``first_port`` and the ports after it (server i
+    on ``first_port + i``, so the last on ``first_port + num_servers - 1``), or None."""
+    last_port = first_port + num_servers - 1
+    if 0 < first_port and last_port <= MAX_PORT:
+        return None
+    return f"--port {first_port}: {num_servers} server(s) need ports {first_port}..{last_port}, all in 1..{MAX_PORT}"
 
 
 #: What --launch imports: SGLang to serve, transformers to build the default tiny model.
@@ -179,7 +197,7 @@ class LaunchSpec:
     the cap SGLang gets with it (``auto_size.SERVER_CAP``)."""
     device: str = "cpu"
     server_args: tuple[str, ...] = ()
-    startup_timeout: float = 600.0
+    startup_timeout: float = STARTUP_TIMEOUT_S
     work_dir: Path | None = None
     """Logs and traces go here (a fresh temporary directory when None)."""
     first_port: int = 0
@@ -274,9 +292,9 @@ def run_launched(
     servers and is left running; None starts one and stops it at the end."""
     if repeats < 1:
         raise LaunchError(f"--repeats must be >= 1, got {repeats}")
-    if spec.first_port and not 0 < spec.first_port <= 65535 - len(modes):
-        raise LaunchError(f"--port {spec.first_port}: the servers need ports {spec.first_port}.."
-                          f"{spec.first_port + len(modes) - 1}, all in 1..65535")
+    port_error = port_range_error(spec.first_port, len(modes)) if spec.first_port else None
+    if port_error:
+        raise LaunchError(port_error)
     for mode in modes:
         spec.config(mode, Path("."))  # option errors before any server starts
     check_can_launch()

@@ -12,13 +12,14 @@ from typing import Any, Callable, Sequence
 
 import typer
 
+from ..max_timeout import MAX_TIMEOUT_S
+
 __all__ = [
     "CliInputError",
     "FOLD_HELP",
     "LAYOUT_FOLD_HELP",
     "MAX_REPEATS",
     "MAX_REQUESTS",
-    "MAX_TIMEOUT_S",
     "at_least",
     "at_most",
     "check_output_path",
@@ -192,11 +193,6 @@ def layers_option(value: int, flag: str = "--layers") -> None:
     layers = PHYSICAL_RANGES["models"]["num_layers"]
     at_least(value, int(layers.low), flag)
     at_most(value, int(layers.high), flag, "(the most layers a model takes)")
-
-
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
-"""The longest timeout any command takes (a week): the waits it bounds count in milliseconds in
-C ints, and ``inf`` or 1e300 s failed there with a traceback."""
 
 
 def timeout_option(value: float, flag: str) -> None:

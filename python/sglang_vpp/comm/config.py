@@ -19,7 +19,7 @@ SINGLE_GROUP = ("pp",)
 SERVED_COMM_TIMEOUT_S = 300.0
 """Default wait of a served pipeline's send or receive (and of a stock loop on its peers)
 before it fails: long enough for a long prompt's chunk on a slow rank, short enough that a dead
-rank stops the server within minutes (``--vpp-comm-timeout``)."""
+rank stops the server within minutes (``--vpp-comm-timeout``; at most ``max_timeout.MAX_TIMEOUT_S``)."""
 
 _GROUP_RE = re.compile(r"[a-z][a-z0-9_]{0,11}")
 

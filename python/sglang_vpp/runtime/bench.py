@@ -43,7 +43,8 @@ from .replay import (
     replay_run,
     write_traces,
 )
-from .spec import DEFAULT_MODES, Device, FaultSpec, RequestArrival, RunSpec, Timeouts
+from .bench_config import BenchConfig
+from .spec import DEFAULT_MODES, Device, RunSpec
 
 __all__ = [
     "DEFAULT_MODES",
@@ -62,56 +63,6 @@ JSON_FIELDS = ("mode", "max_abs_diff", "wall_s", "replay_makespan_s", "compute_s
                "replay_bubble_ratio", "exposed_comm_s", "ttft_s")
 _LIST_FIELDS = ("wall_s", "replay_makespan_s", "ttft_s", "replay_ttft_s", "bubble_ratio_runs",
                 "replay_bubble_ratio_runs", "equal_cost_makespan_s", "equal_cost_ttft_s")
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """What ``sglang-vpp bench`` runs (CLI flags map one to one)."""
-
-    model: str = "tiny-qwen3"
-    """Preset name or local Hugging Face directory."""
-    num_ranks: int = 2
-    seq_len: int = 8192
-    """Prompt length of every request (tokens)."""
-    chunk_size: int = 512
-    modes: tuple[str, ...] = DEFAULT_MODES
-    num_requests: int = 2
-    arrival_interval_s: float = 0.0
-    """Request i reaches rank 0 at ``i * arrival_interval_s`` seconds (0: all queued at start)."""
-    repeat: int = 1
-    device: Device = Device.CPU
-    backend: str | None = None
-    seed: int = 0
-    num_layers: int | None = None
-    split: tuple[int, ...] | None = None
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    fault: FaultSpec | None = None
-    """Test hook: make one rank fail (the CLI reads ``SGLANG_VPP_FAULT``)."""
-    profile_planner: bool = True
-    """Give the planner (and dcpp's chunk curve) a cost estimate profiled on this model at start-up
-    (``profile.profiled_cost_model``), as SGLang's dynamic chunking profiles rank 0; False: the
-    schedule core's generic ``LinearAttentionCost``."""
-    auto_chunk: bool = False
-    """``--chunk-size auto``: the controller picks each request's chunk size and the batch budget
-    (``chunk_size`` is the largest it may pick, ``auto_size.AUTO_CAP``); ``RunSpec.auto_chunk``."""
-    batch_requests: bool = True
-    """``--batch-requests/--no-batch-requests``: ``RunSpec.batch_requests``."""
-    fold: str = "split"
-    """``--fold``: ``RunSpec.fold``."""
-
-    def run_spec(self, mode: str, planner_cost: Any = None) -> RunSpec:
-        requests = tuple(RequestArrival(self.seq_len, i * self.arrival_interval_s) for i in range(self.num_requests))
-        return RunSpec(model=self.model, mode=mode, num_ranks=self.num_ranks, requests=requests,
-                       chunk_size=self.chunk_size, seed=self.seed, num_layers=self.num_layers, split=self.split,
-                       device=self.device, backend=self.backend, timeouts=self.timeouts, fault=self.fault,
-                       planner_cost=planner_cost, auto_chunk=self.auto_chunk, batch_requests=self.batch_requests,
-                       fold=self.fold)
-
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["device"] = str(self.device)
-        data.pop("fault")
-        return data
 
 
 class BenchProgress:

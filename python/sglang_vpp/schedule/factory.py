@@ -26,8 +26,8 @@ from .ir import ChunkSpec
 from .layout import Fold, Layout, LayoutKind, build_layout, parse_fold, stage_count
 from .policies import PolicySpec, dcpp, get_policy, parse_policies, vpp_taper
 
-__all__ = ["SERVER_NUM_GROUPS", "ControllerConfig", "CostChoice", "build_controller", "choose_cost",
-           "controller_config", "default_chunker", "plan_stages", "policy_layout", "read_cost_profile",
+__all__ = ["DEFAULT_COST_DESCRIPTION", "SERVER_NUM_GROUPS", "ControllerConfig", "CostChoice", "build_controller",
+           "choose_cost", "controller_config", "default_chunker", "plan_stages", "policy_layout", "read_cost_profile",
            "server_controller_config", "tapered_chunker"]
 
 SERVER_NUM_GROUPS = 2
@@ -97,6 +97,12 @@ class CostChoice:
 
     model: StageCostModel
     source: str
+
+
+DEFAULT_COST_DESCRIPTION = ("with --chunked-prefill-size auto on --device cpu, the CPU estimate measured on the "
+                            "tiny Qwen2 (schedule/cpu_cost.py); otherwise the analytic linear + attention estimate")
+"""What ``choose_cost`` picks without a profile, in words: the ``--vpp-cost-profile`` help quotes it,
+so a change to the choice below changes the help with it."""
 
 
 def choose_cost(layout: Layout, *, on_cpu: bool, auto_chunk: bool, profile_path: str | None = None) -> CostChoice:

@@ -34,6 +34,7 @@ from typing import Any
 
 from sglang_vpp.schedule import FOLDBACK_MODES, Policy
 from sglang_vpp.schedule.auto_size import AUTO, SERVER_CAP, is_auto
+from sglang_vpp.schedule.factory import DEFAULT_COST_DESCRIPTION
 from sglang_vpp.sglang_plugin.cpu_compat import apply_cpu_pd_args
 from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.failure_report import (
@@ -207,8 +208,7 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="vpp modes: stage costs the controller estimates with (packing budget), a fitted cost "
-        "model written by 'sglang-vpp bench --costs FILE'. Default: the analytic linear + attention "
-        "estimate.",
+        f"model written by 'sglang-vpp bench --costs FILE'. Default: {DEFAULT_COST_DESCRIPTION}.",
     )
 
 

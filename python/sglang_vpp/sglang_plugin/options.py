@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_vpp.comm.config import SERVED_COMM_TIMEOUT_S
+from sglang_vpp.max_timeout import MAX_TIMEOUT_S
 from sglang_vpp.schedule import FOLDBACK_MODES, Fold, LayoutError, Policy, parse_fold, stage_count
 from sglang_vpp.sglang_plugin.errors import PpModeError
 
@@ -35,7 +36,6 @@ __all__ = [
     "COMM_TIMEOUT_ENV",
     "DEFAULT_COMM_TIMEOUT_S",
     "EXPECTED_MODE_ENV",
-    "MAX_COMM_TIMEOUT_S",
     "OPTIONS_ATTR",
     "PipelineOptions",
     "PpMode",
@@ -61,14 +61,9 @@ DEFAULT_COMM_TIMEOUT_S = SERVED_COMM_TIMEOUT_S
 """``--vpp-comm-timeout`` when neither the flag nor ``COMM_TIMEOUT_ENV`` is given."""
 
 
-MAX_COMM_TIMEOUT_S = 7 * 24 * 3600.0
-"""The longest ``--vpp-comm-timeout`` (a week): the waits it bounds go to ``timedelta`` and
-thread waits, which fail on ``inf`` or 1e300 s inside the scheduler process, after start-up."""
-
-
 def resolve_comm_timeout(flag: float | None) -> float:
     """Flag > ``SGLANG_VPP_COMM_TIMEOUT_S`` > ``DEFAULT_COMM_TIMEOUT_S``; PpModeError unless it is
-    in (0, ``MAX_COMM_TIMEOUT_S``] seconds (every mode: the stock loop watchdog of cpp and dcpp
+    in (0, ``MAX_TIMEOUT_S``] seconds (every mode: the stock loop watchdog of cpp and dcpp
     waits on it too)."""
     raw = os.environ.get(COMM_TIMEOUT_ENV)
     if flag is not None:
@@ -80,8 +75,8 @@ def resolve_comm_timeout(flag: float | None) -> float:
             value, given = float(raw), f"{COMM_TIMEOUT_ENV}={raw!r}"
         except ValueError:
             raise PpModeError(f"{COMM_TIMEOUT_ENV}={raw!r} is not a number of seconds; set e.g. {COMM_TIMEOUT_ENV}=60") from None
-    if not 0 < value <= MAX_COMM_TIMEOUT_S:  # NaN fails too
-        raise PpModeError(f"{given} must be a number of seconds in (0, {MAX_COMM_TIMEOUT_S:.0f}] (a week), e.g. 60")
+    if not 0 < value <= MAX_TIMEOUT_S:  # NaN fails too
+        raise PpModeError(f"{given} must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}] (a week), e.g. 60")
     return value
 
 

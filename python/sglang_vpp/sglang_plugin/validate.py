@@ -24,7 +24,7 @@ from sglang_vpp.sglang_plugin.errors import PpModeError
 from sglang_vpp.sglang_plugin.options import PipelineOptions, PpMode, is_vpp_mode, layer_split_count_error
 
 __all__ = ["GRAPH_BACKEND_FLAGS", "local_model_config", "SCHEDULER_OPTIONS", "VPP_REFUSALS", "Refusal", "check_vpp_features", "model_num_layers",
-           "refuse_graph_capture", "turn_graph_capture_off", "validate_pipeline_args"]
+           "chunked_prefill_refusal", "refuse_graph_capture", "turn_graph_capture_off", "validate_pipeline_args"]
 
 
 def _get(args: Any, name: str, default: Any = None) -> Any:
@@ -208,6 +208,31 @@ def check_vpp_features(args: Any, mode: str, resolved: bool = False) -> None:
             )
 
 
+def chunked_prefill_refusal(args: Any, mode: str, resolved: bool = False) -> str | None:
+    """Why ``--pp-mode mode`` cannot run with ``args``'s ``chunked_prefill_size``, or None.
+
+    dcpp and the vpp modes pipeline prefill chunks, so chunked prefill must be on. What SGLang
+    0.5.23 hands over differs by when ``args`` are read:
+
+    - the launcher's raw Namespace (``resolved`` False): None is an unset flag, which SGLang's
+      argument resolution (``arg_groups.memory_hook.handle_gpu_memory_settings``) later turns into a
+      positive size for the machine (4096 when it cannot read the device memory), so only a size
+      the user gave that is <= 0 (SGLang's -1 disables chunking) is refused here;
+    - SGLang's resolved arguments in a scheduler process (``resolved`` True): a model or feature
+      hook may have resolved the size to -1, and SGLang's scheduler reads None and <= 0 alike as
+      "no chunked prefill" (``Scheduler.init_chunked_prefill``), so both are refused.
+    """
+    value = getattr(args, "chunked_prefill_size", None)
+    if value is None and not resolved:
+        return None
+    if value is not None and int(value) > 0:
+        return None
+    source = " as SGLang resolved it for this model and machine" if resolved else ""
+    return (f"--pp-mode {mode} pipelines prefill chunks but chunked prefill is disabled "
+            f"(--chunked-prefill-size {value}{source}); pass a positive --chunked-prefill-size, e.g. 4096, "
+            "or use --pp-mode cpp")
+
+
 GRAPH_BACKEND_FLAGS = {"cuda_graph_backend_decode": "--cuda-graph-backend-decode",
                        "cuda_graph_backend_prefill": "--cuda-graph-backend-prefill"}
 """SGLang's per-phase graph capture switches, which a vpp* mode sets to ``disabled``."""
@@ -288,8 +313,6 @@ def validate_pipeline_args(args: Any, options: PipelineOptions) -> None:
     """Raise PpModeError for an invalid flag combination; see the module docstring."""
     mode = options.pp_mode
     pp_size = int(_get(args, "pp_size", 1))
-    chunked = _get(args, "chunked_prefill_size")
-    chunked_disabled = chunked is not None and int(chunked) <= 0
 
     if not is_vpp_mode(mode) and options.vpp_fold is not Fold.SPLIT:
         raise PpModeError(
@@ -308,11 +331,9 @@ def validate_pipeline_args(args: Any, options: PipelineOptions) -> None:
             f"--pp-mode {mode} needs pipeline parallelism but --pp-size is {pp_size}; "
             "pass --pp-size 2 (or more), or use --pp-mode cpp"
         )
-    if chunked_disabled:
-        raise PpModeError(
-            f"--pp-mode {mode} pipelines prefill chunks but chunked prefill is disabled "
-            f"(--chunked-prefill-size {chunked}); pass a positive --chunked-prefill-size, e.g. 4096"
-        )
+    chunked_refusal = chunked_prefill_refusal(args, mode)
+    if chunked_refusal:
+        raise PpModeError(chunked_refusal)
     if mode == PpMode.DCPP:
         return
     _check_vpp_compatible_features(args, mode)

@@ -65,14 +65,12 @@ def _options(server_args: Any) -> tuple[str, tuple[int, ...] | None, str | None,
 def _refuse_unsupported(server_args: Any, mode: str, resolved: bool = False) -> None:
     """The plugin's one refusal list (``validate.VPP_REFUSALS``) plus what needs chunked prefill;
     ``resolved``: ``server_args`` are SGLang's resolved arguments (a scheduler process)."""
-    from sglang_vpp.sglang_plugin.validate import check_vpp_features
+    from sglang_vpp.sglang_plugin.validate import check_vpp_features, chunked_prefill_refusal
 
     check_vpp_features(server_args, mode, resolved=resolved)
-    if (getattr(server_args, "chunked_prefill_size", 0) or 0) <= 0:
-        raise VppConfigError(
-            f"--pp-mode {mode} pipelines prefill chunks but chunked prefill is disabled; "
-            "pass a positive --chunked-prefill-size (or --pp-mode cpp)"
-        )
+    chunked_refusal = chunked_prefill_refusal(server_args, mode, resolved=resolved)
+    if chunked_refusal:
+        raise VppConfigError(chunked_refusal)
 
 
 def _refuse_missing_hook_targets(mode: str) -> None:

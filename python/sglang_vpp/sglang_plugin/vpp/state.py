@@ -44,6 +44,7 @@ from sglang_vpp.sglang_plugin.options import DEFAULT_COMM_TIMEOUT_S, layer_split
 from .errors import VppConfigError
 
 __all__ = [
+    "DEFAULT_HEARTBEAT_S",
     "VPP_MODES",
     "VppConfig",
     "VppState",
@@ -55,6 +56,9 @@ __all__ = [
 ]
 
 VPP_MODES: tuple[str, ...] = tuple(str(mode) for mode in FOLDBACK_MODES)
+
+DEFAULT_HEARTBEAT_S = 1.0
+"""``VppConfig.heartbeat_s`` unless ``SGLANG_VPP_HEARTBEAT_S`` sets it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +75,7 @@ class VppConfig:
     """``--vpp-fold``: ``fused`` runs the last rank's two stages as one ([Note: fused fold])."""
     comm_timeout_s: float = DEFAULT_COMM_TIMEOUT_S
     """Longest wait for a peer's message before ``CommTimeoutError``."""
-    heartbeat_s: float = 1.0
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
     """An idle rank 0 sends a heartbeat down the pipeline this often (more often when a quarter of
     ``comm_timeout_s`` is shorter: ``LeaderLoop._idle_poll``), so an idle wait does not time out."""
     trace_dir: str | None = None
@@ -116,7 +120,7 @@ class VppConfig:
             layer_split=layer_split,
             fold=fold,
             comm_timeout_s=resolve_comm_timeout(None),
-            heartbeat_s=float(os.environ.get("SGLANG_VPP_HEARTBEAT_S", "1.0")),
+            heartbeat_s=float(os.environ.get("SGLANG_VPP_HEARTBEAT_S") or DEFAULT_HEARTBEAT_S),
             trace_dir=trace_dir,
             max_in_flight=int(max_in_flight) if max_in_flight else None,
         )
