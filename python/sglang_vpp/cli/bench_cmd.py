@@ -173,6 +173,7 @@ def bench(
     costs: Path | None = typer.Option(None, "--costs", help="Write measured per-action costs: a fitted cost model here, raw samples per mode next to it."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     batch_requests: bool = typer.Option(_DEFAULTS.batch_requests, "--batch-requests/--no-batch-requests", help="Batch whole requests shorter than the chunk into one forward (attention per request), as SGLang and simulate do (default); --no-batch-requests: one request per forward."),
+    partial_fill: bool = typer.Option(_DEFAULTS.partial_fill, "--partial-fill", help="With --batch-requests: a batch starts the request that overflows the chunk in what is left (a head; its rest runs next), as SGLang's prefill adder does."),
 ) -> None:
     """Run each mode on real rank processes with real layers; check against the reference; table."""
     from ..runtime.bench import BenchConfig, check_config, cost_samples_path, run_bench, write_outputs
@@ -205,7 +206,7 @@ def bench(
     config = BenchConfig(
         model=model, num_ranks=pp, seq_len=prompt_len,
         chunk_size=AUTO_CAP if auto else parse_size_option(chunk_size, "--chunk-size"),
-        auto_chunk=auto, batch_requests=batch_requests, fold=parse_fold_option(fold),
+        auto_chunk=auto, batch_requests=batch_requests, partial_fill=partial_fill, fold=parse_fold_option(fold),
         modes=mode_names, num_requests=requests,
         arrival_interval_s=arrival_interval, repeat=repeat, device=device_kind, backend=backend, seed=seed,
         split=tuple(layer_split) if layer_split else None, timeouts=Timeouts(comm_s=timeout),

@@ -130,6 +130,7 @@ def simulate(
     costs: Optional[Path] = typer.Option(None, "--costs", help="Fitted or table cost JSON from measured samples instead of the analytic model."),
     jitter: float = typer.Option(0.0, "--jitter", help="What-if: relative spread of every stage's time (0.03 = 3%), drawn per stage and chunk; the controller still decides with the cost model."),
     jitter_seed: int = typer.Option(0, "--jitter-seed", help="Seed of the --jitter draws."),
+    partial_fill: bool = typer.Option(False, "--partial-fill", help="A batch starts the request that overflows its chunk budget in what is left (a head; its rest runs next), as SGLang's prefill adder does; default: whole requests only."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON ('-' for stdout)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Perfetto/Chrome trace of each mode's run."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a Gantt PNG of each mode's run."),
@@ -200,7 +201,7 @@ def simulate(
     for length, work in runs:
         rows += simulate_matrix(work, cost, model_spec.num_layers, modes, chunk_sizes, pp, layer_split,
                                 sim_config, seq_len=length, balance=balance, jitter=jitter, jitter_seed=jitter_seed,
-                                fold=fold)
+                                fold=fold, partial_fill=partial_fill)
     # With --json - the JSON owns stdout; the human-readable table goes to stderr.
     to_stderr = json_out is not None and str(json_out) == "-"
     # Measured costs replace the hardware: the title says whose they are, not the preset's.
@@ -212,6 +213,7 @@ def simulate(
     title = (f"{model_spec.name} {where}, pp={pp}, " + ("fused fold, " if fold == "fused" else "") +
              ("layer split by --balance auto, " if balance == "auto" else "") +
              (f"jitter {jitter * 100:g}% (seed {jitter_seed}), " if jitter else "") +
+             ("partial fill, " if partial_fill else "") +
              f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""))
     echo_wrapped(title, err=to_stderr)
     typer.echo(format_table(rows, mark_best=bool(sweep_chunk)), err=to_stderr)
@@ -226,7 +228,8 @@ def simulate(
         emit_json({
             "config": {"model": model_spec.name, "hardware": hardware_used, "pp": pp, "tp": getattr(cost, "tp", None),
                        "workload": workload, "chunk_sizes": chunk_sizes, "modes": modes, "balance": balance, "fold": fold,
-                       "cost_model": type(cost).__name__, "jitter": jitter, "jitter_seed": jitter_seed},
+                       "cost_model": type(cost).__name__, "jitter": jitter, "jitter_seed": jitter_seed,
+                       "partial_fill": partial_fill},
             "results": [row.to_dict() for row in rows],
             "run_lower_bound_s": bounds,
         }, json_out)

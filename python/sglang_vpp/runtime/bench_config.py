@@ -47,6 +47,8 @@ class BenchConfig:
     (``chunk_size`` is the largest it may pick, ``auto_size.AUTO_CAP``); ``RunSpec.auto_chunk``."""
     batch_requests: bool = True
     """``--batch-requests/--no-batch-requests``: ``RunSpec.batch_requests``."""
+    partial_fill: bool = False
+    """``--partial-fill``: ``RunSpec.partial_fill``."""
     fold: str = "split"
     """``--fold``: ``RunSpec.fold``."""
 
@@ -56,7 +58,7 @@ class BenchConfig:
                        chunk_size=self.chunk_size, seed=self.seed, num_layers=self.num_layers, split=self.split,
                        device=self.device, backend=self.backend, timeouts=self.timeouts, fault=self.fault,
                        planner_cost=planner_cost, auto_chunk=self.auto_chunk, batch_requests=self.batch_requests,
-                       fold=self.fold)
+                       partial_fill=self.partial_fill, fold=self.fold)
 
     def to_dict(self) -> dict:
         data = asdict(self)
