@@ -20,8 +20,9 @@ each ``[stage, seq]``; ``decode`` the prefill-only slot whose requests wait to d
 ``chosen`` slot (null: none could); ``chunk`` an ``auto`` chunker's cut (``prefix``,
 ``remaining``, ``size``); ``resize`` an ``auto`` situation (``lengths``) and the cut chosen for it
 (``size``, ``tapered``; a trace without resize records replays its chunk records alone). The
-``controller`` inputs of an ``auto`` server carry ``auto_chunk_cap`` and ``auto_taper`` (whether
-auto weighed the tapered cut; absent: it did not). ``DIR/vpp_rank<r>.json`` is the Perfetto (Chrome JSON) view of ``records``.
+``controller`` inputs of an ``auto`` server carry ``auto_chunk_cap``, ``auto_taper`` (whether
+auto weighed the tapered cut; absent: it did not) and ``auto_partial_fill`` (whether auto planned
+SGLang's partial fill of a batch; absent: it did not). ``DIR/vpp_rank<r>.json`` is the Perfetto (Chrome JSON) view of ``records``.
 
 Times are seconds on the rank's ``time.perf_counter`` since ``clock_origin_s`` (that clock's
 value when the loop started; one clock for every rank of a host). What ``check --trace

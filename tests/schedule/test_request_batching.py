@@ -42,17 +42,17 @@ def _mb(seq, request, tokens, last=True, index=0, start=0):
     return MicroBatch(seq, frozenset((request,)), start, tokens, last, chunk_index=index)
 
 
-def test_joins_batch_rules():
+def test_whole_join_rules():
     layout = build_layout(2, 8, "contiguous")
     controller = Controller(get_policy("cpp"), layout, LinearAttentionCost(), token_budget=512)
     lead = _mb(0, "a", 200, start=512, index=1)
-    assert controller.joins_batch(lead, _mb(1, "b", 312))
-    assert not controller.joins_batch(lead, _mb(1, "b", 313)), "over the budget"
-    assert not controller.joins_batch(_mb(0, "a", 200, last=False), _mb(1, "b", 100)), "lead continues its request"
-    assert not controller.joins_batch(lead, _mb(1, "b", 100, last=False)), "candidate not whole"
-    assert not controller.joins_batch(lead, _mb(1, "b", 100, index=1, start=64)), "candidate not from its start"
+    assert controller.joining_tokens(lead, _mb(1, "b", 312)) == 312
+    assert controller.joining_tokens(lead, _mb(1, "b", 313)) == 0, "over the budget"
+    assert controller.joining_tokens(_mb(0, "a", 200, last=False), _mb(1, "b", 100)) == 0, "lead continues its request"
+    assert controller.joining_tokens(lead, _mb(1, "b", 100, last=False)) == 0, "candidate not whole"
+    assert controller.joining_tokens(lead, _mb(1, "b", 100, index=1, start=64)) == 0, "candidate not from its start"
     plain = Controller(get_policy("cpp"), layout, LinearAttentionCost())
-    assert not plain.joins_batch(lead, _mb(1, "b", 10)), "no budget, no batching"
+    assert plain.joining_tokens(lead, _mb(1, "b", 10)) == 0, "no budget, no batching"
     with pytest.raises(ValueError, match="token_budget"):
         Controller(get_policy("cpp"), layout, LinearAttentionCost(), token_budget=0)
     with pytest.raises(ValueError, match="token_budget"):  # a planner's controller checks it too
@@ -118,7 +118,6 @@ def test_partial_fill_rule_gives_the_head_that_fills_the_budget():
     lead = _mb(0, "a", 200, start=512, index=1)
     assert controller.joining_tokens(lead, _mb(1, "b", 312)) == 312, "fits whole"
     assert controller.joining_tokens(lead, _mb(1, "b", 400)) == 312, "the head that fills the budget"
-    assert not controller.joins_batch(lead, _mb(1, "b", 400))
     assert controller.joining_tokens(_mb(0, "a", 512), _mb(1, "b", 10)) == 0, "no room left"
     assert controller.joining_tokens(_mb(0, "a", 200, last=False), _mb(1, "b", 400)) == 0, "lead continues"
     assert controller.joining_tokens(lead, _mb(1, "b", 400, last=False)) == 0, "a request of several chunks"

@@ -29,7 +29,7 @@ def _comparable(config: ControllerConfig) -> dict:
     if isinstance(config.chunker, AutoChunker):
         sizer = config.chunker.sizer
         out["chunker"] = (AutoChunker, sizer.policy, sizer.layout, sizer.cost, sizer.chunker_for, sizer.max_in_flight,
-                          sizer.candidates, sizer.window, sizer.batch, sizer.taper_for)
+                          sizer.candidates, sizer.window, sizer.batch, sizer.taper_for, sizer.partial_fill)
     return out
 
 
@@ -52,8 +52,9 @@ def test_a_server_controller_has_one_group_per_direction_and_leaves_batching_to_
     layout = build_layout(2, 8, get_policy(mode).layout_kind)
     config = server_controller_config(mode, layout, 64, None, auto_chunk=auto_chunk)
     assert config.num_groups == SERVER_NUM_GROUPS == 2 and config.token_budget is None
-    if auto_chunk:  # auto plans SGLang's batching of whole short requests
-        assert config.chunker.sizer.batch and max(config.chunker.sizer.candidates) <= 64
+    if auto_chunk:  # auto plans SGLang's batching: whole short requests and the overflowing one's head
+        assert config.chunker.sizer.batch and config.chunker.sizer.partial_fill
+        assert max(config.chunker.sizer.candidates) <= 64
 
 
 @pytest.mark.parametrize("mode", [str(mode) for mode in FOLDBACK_MODES])
@@ -67,3 +68,15 @@ def test_a_server_hand_offs_group_is_its_direction(mode, fold):
     for hand_off in filter(None, hand_offs):
         assert hand_off.group == (GROUP_FORWARD if hand_off.dst_rank > hand_off.src_rank else GROUP_BACKWARD)
     assert sum(hand_off is None for hand_off in hand_offs) == (1 if fold is Fold.FUSED else 2)  # last, fold point
+
+
+def test_a_trace_without_the_partial_fill_field_replays_auto_planning_whole_requests():
+    """A server's auto plans SGLang's partial fill and records it; a trace from before the field
+    existed comes from a server whose auto planned whole requests, and replays so."""
+    state = VppState(config=VppConfig(mode="vpp-pack", pp_size=2, auto_chunk=True), rank=0)
+    state.ensure_layout(8)
+    inputs = state.controller_inputs(build_controller(state.controller_config(SERVER_CAP)))
+    assert inputs["auto_partial_fill"] is True
+    assert _controller_config(inputs).chunker.sizer.partial_fill
+    old = {key: value for key, value in inputs.items() if key != "auto_partial_fill"}
+    assert not _controller_config(old).chunker.sizer.partial_fill

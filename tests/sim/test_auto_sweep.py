@@ -44,3 +44,15 @@ def test_sampled_fold_table_rows_match_the_code(bench, model, pp, workload):
     row = bench.fold_table(cells[:1], cells[1:]).splitlines()[-1]
     doc = (ROOT / "docs" / "method.md").read_text()
     assert row in doc, f"{row}\nnot in docs/method.md: run python benchmarks/auto_sweep.py --fold both"
+
+
+def test_sampled_partial_fill_row_matches_the_code(bench):
+    """docs/auto-chunk.md's partial-fill table ("Partial fill") is this code's, and partial fill
+    changes the cell it is cited for."""
+    cell = bench.run_cell("qwen3-coder-30b-a3b", "ascend-910c", 4, "short-16k", partial_fill=True)
+    row = bench.table([cell]).splitlines()[-1]
+    doc = (ROOT / "docs" / "auto-chunk.md").read_text()
+    block = doc[doc.index(bench.PF_BEGIN):doc.index(bench.PF_END)]
+    assert row in block, (f"{row}\nnot in docs/auto-chunk.md's partial-fill table: run python benchmarks/auto_sweep.py "
+                          "--workloads short-4k,short-16k,mixed --partial-fill --markdown docs/auto-chunk.md")
+    assert row not in doc[doc.index(bench.BEGIN):doc.index(bench.END)]

@@ -329,10 +329,6 @@ class Controller:
             return candidate.num_tokens
         return room if self.partial_fill and room >= 1 else 0
 
-    def joins_batch(self, batch: MicroBatch, candidate: MicroBatch) -> bool:
-        """Does all of ``candidate`` join ``batch`` (``joining_tokens``)?"""
-        return self.joining_tokens(batch, candidate) == candidate.num_tokens
-
     def decode_move(self, slot: int, *, prefill_ended: bool, running: Mapping[int, int],
                     in_flight: Collection[int]) -> DecodeMove | None:
         """Whether the requests of ``slot`` move to a decode slot now, and to which

@@ -211,22 +211,25 @@ def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int,
 
 def server_controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int, cost: StageCostModel | None,
                              *, max_in_flight: int | None = None, auto_chunk: bool = False, decodes: bool = True,
-                             auto_taper: bool = True) -> ControllerConfig:
+                             auto_taper: bool = True, auto_partial_fill: bool = True) -> ControllerConfig:
     """The configuration of an SGLang server's controller (``VppState.build_controller``), and of
     every controller that stands for one: ``check --trace`` proves a server obeyed its controller
     only by rebuilding this same one from the trace (``serving.decision_replay``).
 
     What a server fixes: SGLang forms its own batches (the controller only sizes them), so the
-    controller has no token budget of its own, while ``auto`` plans SGLang's batching of whole
-    short requests;
+    controller has no token budget of its own, while ``auto`` plans SGLang's batching: whole
+    short requests, and with ``auto_partial_fill`` the head of the one that overflows (SGLang's
+    adder truncates it to the budget left; ``ControllerConfig.partial_fill``);
     ``SERVER_NUM_GROUPS`` groups per link; and ``chunk_size`` (--chunked-prefill-size, the cap
     under ``auto``) stands for the longest prompt, which only the DCPP fit reads, and dcpp is no
     mode of the plugin. What varies, as in ``controller_config``: ``max_in_flight``,
-    ``auto_chunk``, ``decodes`` (False: the prefill server of a prefill-decode split) and
-    ``auto_taper``."""
+    ``auto_chunk``, ``decodes`` (False: the prefill server of a prefill-decode split),
+    ``auto_taper`` and ``auto_partial_fill`` (False: auto plans whole requests only, as servers
+    traced before it planned the fill chose)."""
     return controller_config(policy, layout, chunk_size, cost, chunk_size, batching=False,
                              max_in_flight=max_in_flight, num_groups=SERVER_NUM_GROUPS, auto_chunk=auto_chunk,
-                             forward_batches=True, decodes=decodes, auto_taper=auto_taper)
+                             forward_batches=True, decodes=decodes, auto_taper=auto_taper,
+                             partial_fill=auto_chunk and auto_partial_fill)
 
 
 def build_controller(config: ControllerConfig) -> Controller:

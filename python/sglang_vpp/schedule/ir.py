@@ -169,7 +169,7 @@ class ChunkSpec:
     """Tokens ``[start, start + num_tokens)`` of request ``request_index``; ``start`` is the prefix.
 
     A micro-batch that carries several requests (short prompts batched into one forward, see
-    ``Controller.joins_batch``) is written as its first request's chunk (the *lead*, which names
+    ``Controller.joining_tokens``) is written as its first request's chunk (the *lead*, which names
     the micro-batch in actions) with the others' whole prompts in ``batch``. One forward runs
     ``total_tokens`` tokens; each part attends over its own prefix only.
     """

@@ -25,8 +25,9 @@ and completion times, decides when blocking hand-offs pair up, and passes each d
   controller's in-flight set when its last stage is reported done.
 - With a token budget (``ControllerConfig.token_budget``), a chunk that stage 0 starts takes the
   following whole requests that have arrived into its forward while the controller lets them join
-  (``Controller.joins_batch``) and still admits the grown micro-batch; their chunks leave the
-  sequence and ride in the lead's ``ChunkSpec.batch``.
+  (``Controller.joining_tokens``) and still admits the grown micro-batch; their chunks leave the
+  sequence and ride in the lead's ``ChunkSpec.batch``. With ``partial_fill`` the last may join as
+  a head, and its rest takes its place in the sequence.
 - ``async`` policies post a send right after the compute that produced it and receive right
   before the compute that consumes it (``Lowering.compute``). ``blocking`` policies pair each
   hand-off on both ranks at the same moment (a rendezvous); when two neighbours hold outputs for

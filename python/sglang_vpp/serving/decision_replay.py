@@ -240,7 +240,9 @@ def _controller_config(inputs: dict) -> ControllerConfig:
                                     max_in_flight=inputs.get("max_in_flight"), auto_chunk=cap is not None,
                                     decodes=bool(inputs.get("decodes", True)),
                                     # A trace without the field comes from a server whose auto weighed no tapered cut.
-                                    auto_taper=bool(inputs.get("auto_taper", False)))
+                                    auto_taper=bool(inputs.get("auto_taper", False)),
+                                    # Nor without this one: its auto planned whole requests only.
+                                    auto_partial_fill=bool(inputs.get("auto_partial_fill", False)))
 
 
 def _cost_model(spec: dict) -> StageCostModel:

@@ -216,6 +216,7 @@ class VppState:
         if isinstance(controller.chunker, AutoChunker):
             inputs["auto_chunk_cap"] = max(controller.chunker.sizer.candidates)
             inputs["auto_taper"] = controller.chunker.sizer.taper_for is not None
+            inputs["auto_partial_fill"] = controller.chunker.sizer.partial_fill
         return inputs
 
     def owned_stages(self) -> tuple[int, ...]:
