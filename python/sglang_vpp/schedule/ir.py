@@ -170,8 +170,9 @@ class ChunkSpec:
 
     A micro-batch that carries several requests (short prompts batched into one forward, see
     ``Controller.joining_tokens``) is written as its first request's chunk (the *lead*, which names
-    the micro-batch in actions) with the others' whole prompts in ``batch``. One forward runs
-    ``total_tokens`` tokens; each part attends over its own prefix only.
+    the micro-batch in actions) with the others' whole prompts in ``batch`` (the last may be a
+    head: the first chunk of a prompt whose rest runs next). One forward runs ``total_tokens``
+    tokens; each part attends over its own prefix only.
     """
 
     request_index: int
