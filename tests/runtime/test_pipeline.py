@@ -164,3 +164,12 @@ def test_partial_fill_equals_reference(pool2, matches_reference, model, mode):
     assert all((h.request_index, 1) in rests and rests[(h.request_index, 1)][2] == h.num_tokens for h in heads)
     assert all(row[3] + sum(part.num_tokens for part in row[5]) <= 64 for row in chunks)
     assert sorted(result.outputs) == list(range(7))
+    # A head's request has its first token when its rest leaves the last stage, not its head.
+    layout = result.spec.layout(resolve_model(model, 0, None).config.num_hidden_layers)
+    measured = measure_run(result.reports, layout.last_stage)
+    last = {(r.request_index, r.chunk_index): r.end_s for report in result.reports for r in report.records
+            if r.is_compute and r.stage_index == layout.last_stage}
+    arrivals = result.reports[0].arrivals_s
+    for head in heads:
+        rest_end = last[(head.request_index, 1)]
+        assert measured.request_ttft_s[head.request_index] == pytest.approx(rest_end - arrivals[head.request_index])

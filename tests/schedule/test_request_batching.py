@@ -164,3 +164,18 @@ def test_partial_fill_carries_more_tokens_per_forward_in_budget_order():
     assert planner.request_finish[1] == planner.request_finish[2] > planner.request_finish[0]
     _, whole = _plan("cpp", [300, 300, 300], 512)
     assert len(whole.chunks) == 3
+
+
+def test_partial_fill_without_batching_is_refused_by_the_executors():
+    from sglang_vpp.runtime.errors import RunConfigError
+    from sglang_vpp.runtime.spec import RequestArrival, RunSpec
+    from sglang_vpp.schedule.factory import PARTIAL_FILL_NEEDS_BATCHING
+    from sglang_vpp.sim.errors import SimError
+    from sglang_vpp.sim.runner import RunConfig
+
+    with pytest.raises(SimError, match="--partial-fill needs --batch-requests"):
+        RunConfig(2, 512, batch_requests=False, partial_fill=True)
+    spec = RunSpec("tiny-qwen3", "cpp", 2, (RequestArrival(100, 0.0),), 64, batch_requests=False, partial_fill=True)
+    with pytest.raises(RunConfigError, match="--partial-fill needs --batch-requests"):
+        spec.check()
+    assert "no batch" in PARTIAL_FILL_NEEDS_BATCHING

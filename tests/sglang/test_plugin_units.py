@@ -163,6 +163,7 @@ def test_dcpp_profile_is_retried_until_sglang_accepts_a_fit(monkeypatch):
     waits = []
     monkeypatch.setattr(dcpp, "_sleep", waits.append)
     monkeypatch.delenv(dcpp.ATTEMPTS_ENV, raising=False)
+    assert dcpp.profile_attempts() == dcpp.DEFAULT_ATTEMPTS == 5
     assert dcpp.around_profile_and_fit(profile_and_fit, "sizer") is True
     assert calls == ["sizer"] * 3
     assert waits == [0.5, 1.0]  # a wait after each rejected fit, none after the accepted one

@@ -52,7 +52,7 @@ def test_sampled_partial_fill_row_matches_the_code(bench):
     cell = bench.run_cell("qwen3-coder-30b-a3b", "ascend-910c", 4, "short-16k", partial_fill=True)
     row = bench.table([cell]).splitlines()[-1]
     doc = (ROOT / "docs" / "auto-chunk.md").read_text()
-    block = doc[doc.index(bench.PF_BEGIN):doc.index(bench.PF_END)]
+    block = doc[doc.index(bench.PARTIAL_FILL_BEGIN):doc.index(bench.PARTIAL_FILL_END)]
     assert row in block, (f"{row}\nnot in docs/auto-chunk.md's partial-fill table: run python benchmarks/auto_sweep.py "
                           "--workloads short-4k,short-16k,mixed --partial-fill --markdown docs/auto-chunk.md")
     assert row not in doc[doc.index(bench.BEGIN):doc.index(bench.END)]

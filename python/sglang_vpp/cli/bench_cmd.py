@@ -21,7 +21,7 @@ from ..runtime.spec import BACKEND_FOR_DEVICE
 from ..sim.sweep import size_label
 from .common import (at_least, check_output_paths, echo_wrapped, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
-from .common import FOLD_HELP, MAX_REPEATS, CliInputError, at_most, not_blank, parse_fold_option, png_path, seed_option
+from .common import FOLD_HELP, MAX_REPEATS, PARTIAL_FILL_HELP, CliInputError, at_most, not_blank, parse_fold_option, png_path, seed_option
 
 _DEFAULTS = BenchConfig()
 """Every flag's default is the config's own (``runtime/bench_config.py``), kept in that one place."""
@@ -173,7 +173,7 @@ def bench(
     costs: Path | None = typer.Option(None, "--costs", help="Write measured per-action costs: a fitted cost model here, raw samples per mode next to it."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     batch_requests: bool = typer.Option(_DEFAULTS.batch_requests, "--batch-requests/--no-batch-requests", help="Batch whole requests shorter than the chunk into one forward (attention per request), as SGLang and simulate do (default); --no-batch-requests: one request per forward."),
-    partial_fill: bool = typer.Option(_DEFAULTS.partial_fill, "--partial-fill", help="With --batch-requests: a batch starts the request that overflows the chunk in what is left (a head; its rest runs next), as SGLang's prefill adder does."),
+    partial_fill: bool = typer.Option(_DEFAULTS.partial_fill, "--partial-fill", help="With --batch-requests. " + PARTIAL_FILL_HELP),
 ) -> None:
     """Run each mode on real rank processes with real layers; check against the reference; table."""
     from ..runtime.bench import BenchConfig, check_config, cost_samples_path, run_bench, write_outputs

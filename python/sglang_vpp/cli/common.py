@@ -17,6 +17,7 @@ from ..max_timeout import MAX_TIMEOUT_S
 __all__ = [
     "CliInputError",
     "FOLD_HELP",
+    "PARTIAL_FILL_HELP",
     "LAYOUT_FOLD_HELP",
     "MAX_REPEATS",
     "MAX_REQUESTS",
@@ -102,6 +103,9 @@ _FOLD_VALUES = ("Fold of the vpp modes: split (the method's: the last rank runs 
                 "forwards) or fused (one forward over both: 2P-1 stages, so --split takes 2P-1 counts).")
 
 FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold and ignore it."
+
+PARTIAL_FILL_HELP = ("A batch starts the request that overflows its chunk budget in what is left (a head; its rest "
+                     "runs first in the next forward), as SGLang's prefill adder does; default: whole requests only.")
 """The help of the ``--fold`` of the commands that run several modes (docs/cli.md)."""
 
 LAYOUT_FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold: --fold fused with them is an error."

@@ -10,7 +10,7 @@ import typer
 
 from .. import json_text
 from ..schedule.policies.spec import Policy
-from .common import (FOLD_HELP, check_output_paths, echo_wrapped, emit_json, given_flags, parse_fold_option,
+from .common import (FOLD_HELP, PARTIAL_FILL_HELP, check_output_paths, echo_wrapped, emit_json, given_flags, parse_fold_option,
                      parse_int_list, parse_size_option, png_path, seed_option, user_errors)
 
 DEFAULT_LONG_SEQ_LEN = "128k"
@@ -130,7 +130,7 @@ def simulate(
     costs: Optional[Path] = typer.Option(None, "--costs", help="Fitted or table cost JSON from measured samples instead of the analytic model."),
     jitter: float = typer.Option(0.0, "--jitter", help="What-if: relative spread of every stage's time (0.03 = 3%), drawn per stage and chunk; the controller still decides with the cost model."),
     jitter_seed: int = typer.Option(0, "--jitter-seed", help="Seed of the --jitter draws."),
-    partial_fill: bool = typer.Option(False, "--partial-fill", help="A batch starts the request that overflows its chunk budget in what is left (a head; its rest runs next), as SGLang's prefill adder does; default: whole requests only."),
+    partial_fill: bool = typer.Option(False, "--partial-fill", help=PARTIAL_FILL_HELP),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON ('-' for stdout)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Perfetto/Chrome trace of each mode's run."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a Gantt PNG of each mode's run."),

@@ -107,8 +107,8 @@ def reference_forward(
     cache = KVCache(token_dim=0 if config.is_mla else 1)
     planned = {c.request_index for chunk in chunks or () for c in chunk.parts}
     # The given forwards in their order (request-major, so every prefix is built before it is
-    # read; a batched forward carries whole requests after its lead), then any request left out
-    # in fixed chunks.
+    # read; a batched forward carries whole requests after its lead, the last perhaps a head
+    # whose rest comes in a later forward), then any request left out in fixed chunks.
     forwards = list(chunks or ())
     forwards += [c for i, n in enumerate(lengths) if i not in planned for c in fixed_chunks(i, n, chunk_size)]
     tokens = {i: prompt_tokens(i, n, config.vocab_size, token_seed).to(device) for i, n in enumerate(lengths)}

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ..schedule import Policy, PolicyError
+from ..schedule.factory import PARTIAL_FILL_NEEDS_BATCHING
 from .errors import RunConfigError
 
 __all__ = ["BACKEND_FOR_DEVICE", "DEFAULT_MODES", "Device", "FaultKind", "FaultSpec", "RequestArrival", "RunSpec", "Timeouts"]
@@ -174,6 +175,8 @@ class RunSpec:
             raise RunConfigError("a run needs at least one request (--requests >= 1)")
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
             raise RunConfigError(f"--chunk-size must be an integer >= 1, got {self.chunk_size!r}")
+        if self.partial_fill and not self.batch_requests:
+            raise RunConfigError(PARTIAL_FILL_NEEDS_BATCHING)
         from ..schedule import LayoutError, parse_fold
 
         try:

@@ -111,7 +111,8 @@ class MicroBatch:
     num_tokens: int
     """Tokens of the whole forward (every request's in a batch)."""
     ends_request: bool
-    """It carries the last prefill chunk of a request (or, for decode, nothing to drain)."""
+    """Every request it carries ends its prefill here (False: one continues, e.g. a head batched
+    behind the lead); for decode, nothing to drain."""
     is_prefill: bool = True
     chunk_index: int = 0
     """Index of the chunk in its request, for cost models that read it (the planner's synthetic

@@ -26,7 +26,7 @@ from .ir import ChunkSpec
 from .layout import Fold, Layout, LayoutKind, build_layout, parse_fold, stage_count
 from .policies import PolicySpec, dcpp, get_policy, parse_policies, vpp_taper
 
-__all__ = ["DEFAULT_COST_DESCRIPTION", "SERVER_NUM_GROUPS", "ControllerConfig", "CostChoice", "build_controller",
+__all__ = ["DEFAULT_COST_DESCRIPTION", "PARTIAL_FILL_NEEDS_BATCHING", "SERVER_NUM_GROUPS", "ControllerConfig", "CostChoice", "build_controller",
            "choose_cost", "controller_config", "default_chunker", "plan_stages", "policy_layout", "read_cost_profile",
            "server_controller_config", "tapered_chunker"]
 
@@ -142,6 +142,11 @@ def read_cost_profile(path: str) -> FittedCostModel:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CostModelError(f"{path!r} is not a readable fitted cost model ({exc}); write one with "
                              "'sglang-vpp bench --costs FILE'") from None
+
+
+PARTIAL_FILL_NEEDS_BATCHING = ("--partial-fill needs --batch-requests: it starts a request in what a batch of "
+                               "whole requests leaves of the budget, and without batching there is no batch")
+"""The refusal of an executor asked for partial fill without batching (the fill would do nothing)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -191,7 +191,7 @@ class ChunkSpec:
         assert not self.batch or self.batch[-1].is_last or self.batch[-1].start == 0, self
 
     @property
-    def ends_requests(self) -> bool:
+    def ends_request(self) -> bool:
         """Every request in the forward has its last chunk here (False: one continues)."""
         return self.is_last and all(part.is_last for part in self.batch)
 

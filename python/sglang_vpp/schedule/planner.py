@@ -407,7 +407,7 @@ class Planner:
         if last is not None and last[0] is chunk and last[1].seq == position:
             return last[1]
         micro_batch = MicroBatch(position, frozenset(part.request_index for part in chunk.parts), chunk.start,
-                                 chunk.total_tokens, chunk.ends_requests, chunk_index=chunk.chunk_index,
+                                 chunk.total_tokens, chunk.ends_request, chunk_index=chunk.chunk_index,
                                  batch=chunk.batch)
         self._last_micro_batch = (chunk, micro_batch)
         return micro_batch
@@ -431,7 +431,7 @@ class Planner:
             if tokens == 0:
                 break
             whole = tokens == chunk.num_tokens
-            part = chunk if whole else ChunkSpec(chunk.request_index, 0, 0, tokens, is_last=False)
+            part = chunk if whole else dataclasses.replace(chunk, num_tokens=tokens, is_last=False)
             grown = MicroBatch(position, batch.requests | candidate.requests, batch.start,
                                batch.num_tokens + tokens, whole, chunk_index=batch.chunk_index,
                                batch=batch.batch + (part,))
@@ -439,7 +439,8 @@ class Planner:
                 break
             batch = grown
             if not whole:
-                rest = ChunkSpec(chunk.request_index, 1, tokens, chunk.num_tokens - tokens, is_last=True)
+                rest = ChunkSpec(chunk.request_index, chunk.chunk_index + 1, chunk.start + tokens,
+                                 chunk.num_tokens - tokens, is_last=chunk.is_last)
                 break
             end += 1
         if not batch.batch:

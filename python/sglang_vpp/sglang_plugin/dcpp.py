@@ -4,14 +4,14 @@ Why: SGLang profiles 128 prefill latencies on rank 0 at start-up and fits f(l) =
 when timing noise gives a <= 0 it rejects the fit and serves fixed chunks for the server's whole
 life, so a "dcpp" baseline silently becomes cpp. On small models or busy machines that happens
 often (seen on a 2-vCPU machine about one start in two). The plugin profiles again, up to
-``SGLANG_VPP_DCPP_PROFILE_ATTEMPTS`` times (default 3), before accepting SGLang's fallback.
+``SGLANG_VPP_DCPP_PROFILE_ATTEMPTS`` times (default 5), before accepting SGLang's fallback.
 
 The profile runs while the server's other processes are still starting (the launcher loads its
-tokenizer and HTTP front end at the same moment), so on a small host its noise comes in bursts:
-eight profiles back to back all failed inside one such burst (a 2-vCPU CI run), and under two
-busy-looping processes every profile of a 128-token chunk failed. Retries therefore wait, 0.5 s
-doubling to at most 4 s (``retry_wait_s``), so they sample the host after the burst; the waits
-cost nothing when the first fit is accepted.
+tokenizer and HTTP front end at the same moment), so on a small host its noise comes in bursts
+that back-to-back profiles all land in (under two busy-looping processes every profile of a
+128-token chunk failed here). Retries therefore wait, 0.5 s doubling to at most 4 s
+(``retry_wait_s``: 7.5 s over the default five profiles, about 20 s over eight), so they
+sample the host after the burst; the waits cost nothing when the first fit is accepted.
 
     managers.scheduler_components.dynamic_chunk_sizer.DynamicChunkSizer.profile_and_fit  AROUND
 
@@ -27,11 +27,12 @@ import os
 import time
 from typing import Any, Callable
 
-__all__ = ["ATTEMPTS_ENV", "around_profile_and_fit", "install_dcpp_hooks", "profile_attempts", "retry_wait_s"]
+__all__ = ["ATTEMPTS_ENV", "DEFAULT_ATTEMPTS", "around_profile_and_fit", "install_dcpp_hooks", "profile_attempts", "retry_wait_s"]
 
 logger = logging.getLogger(__name__)
 
 ATTEMPTS_ENV = "SGLANG_VPP_DCPP_PROFILE_ATTEMPTS"
+DEFAULT_ATTEMPTS = 5
 _FIRST_WAIT_S = 0.5
 _MAX_WAIT_S = 4.0
 _sleep: Callable[[float], None] = time.sleep  # tests replace it
@@ -39,7 +40,7 @@ _TARGET = "sglang.srt.managers.scheduler_components.dynamic_chunk_sizer.DynamicC
 
 
 def profile_attempts() -> int:
-    raw = os.environ.get(ATTEMPTS_ENV, "3")
+    raw = os.environ.get(ATTEMPTS_ENV, str(DEFAULT_ATTEMPTS))
     try:
         attempts = int(raw)
     except ValueError:

@@ -35,6 +35,7 @@ from ..schedule import (
     validate_schedule,
 )
 from ..schedule.auto_size import AUTO, LiveSituation
+from ..schedule.factory import PARTIAL_FILL_NEEDS_BATCHING
 from .config import SimConfig
 from .cost.jitter import JitteredCostModel
 from .engine import simulate_live
@@ -89,6 +90,8 @@ class RunConfig:
             raise SimError(f"--pp must be >= 1, got {self.num_ranks}")
         if self.chunk_size < 1:
             raise SimError(f"--chunk-size must be >= 1 token, got {self.chunk_size}")
+        if self.partial_fill and not self.batch_requests:
+            raise SimError(PARTIAL_FILL_NEEDS_BATCHING)
         if self.jitter_by not in JITTER_BY:
             raise SimError(f"jitter_by must be one of {', '.join(JITTER_BY)}, got {self.jitter_by!r}")
 
