@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import fmean
 
+from ..schedule import ChunkSpec
 from ..sim.entities import RankStats, SliceKind, TimelineSlice, bubble_ratio, mean_ttft_s
 from .records import ActionRecord, RankReport
 
@@ -89,10 +90,8 @@ def measure_run(reports: Sequence[RankReport], last_stage: int) -> MeasuredRun:
         rank_stats.bubble_s = max(0.0, makespan - rank_stats.compute_s - rank_stats.exposed_comm_s)
         stats.append(rank_stats)
     arrivals = reports[0].arrivals_s
-    # A forward that ends requests: its lead's last chunk, and each request batched into it whose
-    # last chunk it carries (a head's request ends in a later forward).
-    finishes = {(c[0], c[1]): ([c[0]] if c[4] else []) + [part.request_index for part in c[5] if part.is_last]
-                for c in reports[0].chunks}
+    # The requests each forward completes (``report.chunks`` rows are ``ChunkSpec`` fields).
+    finishes = {(c[0], c[1]): ChunkSpec(*c).completed_requests for c in reports[0].chunks}
     ttft = {
         request: r.end_s - arrivals[request]
         for report in reports for r in report.records

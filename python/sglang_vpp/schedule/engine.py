@@ -442,9 +442,8 @@ class Engine:
         end = now + self._compute_time(rank, action, stage, chunk, now)
         self.data_ready[action.key] = end
         if action.stage_index == self.last_stage:
-            for part in chunk.parts:
-                if part.is_last:  # a head's request completes with its rest
-                    self.completion[part.request_index] = end
+            for request_index in chunk.completed_requests:
+                self.completion[request_index] = end
         return end
 
     def _start_time(self, action: Action, now: float) -> tuple[float, float]:

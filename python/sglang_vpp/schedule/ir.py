@@ -196,6 +196,11 @@ class ChunkSpec:
         return self.is_last and all(part.is_last for part in self.batch)
 
     @property
+    def completed_requests(self) -> tuple[int, ...]:
+        """The requests whose last chunk the forward carries (a head's request completes later)."""
+        return tuple(part.request_index for part in self.parts if part.is_last)
+
+    @property
     def parts(self) -> tuple["ChunkSpec", ...]:
         """Every request's chunk in the forward, the lead first (the lead without ``batch``)."""
         if not self.batch:

@@ -553,7 +553,7 @@ class Planner:
         """The requests whose last chunk ``chunk`` carried are complete at ``end``. Every part is
         finished before any completion sends more work: a fork taken in a callback (``fork``)
         then sees the whole micro-batch done."""
-        finished = [part.request_index for part in chunk.parts if part.is_last]  # not a head
+        finished = chunk.completed_requests
         for request_index in finished:
             self.request_finish[request_index] = end
         for request_index in finished:
