@@ -83,3 +83,15 @@ def test_simulate_balances_for_the_batching_it_runs_with(monkeypatch, batch_requ
     sweep.simulate_matrix(short_workload(4, 512), PerLayer(lambda end: 1.0), 16, "vpp-stream", [4096], 2,
                           balance="auto", batch_requests=batch_requests)
     assert seen == [batch_requests]
+
+
+def test_a_partial_fill_run_gets_the_split_scored_on_its_own_plan():
+    """Batches that start the overflowing request (partial fill) run other forwards than batches of
+    whole requests, so the split is scored on the partial-fill plan."""
+    spec, short = get_policy("vpp-stream"), [RequestSpec(300)] * 3
+    cost = PerLayer(lambda end: 1.0 + end / 4096, weights=[4.0] + [1.0] * 15)
+    whole = balance_split(spec, 2, 16, short, 512, cost, batching=True)
+    filled = balance_split(spec, 2, 16, short, 512, cost, batching=True, partial_fill=True)
+    assert whole != filled
+    assert (estimated_makespan(spec, 2, 16, short, 512, cost, filled, batching=True, partial_fill=True)
+            < estimated_makespan(spec, 2, 16, short, 512, cost, whole, batching=True, partial_fill=True))

@@ -34,29 +34,33 @@ BALANCE_MODES = ("even", "auto")
 
 def estimated_makespan(policy: PolicySpec, num_ranks: int, num_layers: int, requests: Sequence[RequestSpec],
                        chunk_size: int, cost: StageCostModel, split: Sequence[int] | None,
-                       fold: Fold | str = Fold.SPLIT, batching: bool = False) -> float:
-    """End of the last compute of the dry run for this split (None: even); ``batching`` as the run
-    it is chosen for batches short requests (``build_schedule``)."""
+                       fold: Fold | str = Fold.SPLIT, batching: bool = False, partial_fill: bool = False) -> float:
+    """End of the last compute of the dry run for this split (None: even); ``batching`` and
+    ``partial_fill`` as the run it is chosen for batches short requests (``build_schedule``)."""
     schedule = build_schedule(policy, num_ranks, num_layers, list(requests), chunk_size,
-                              None if split is None else list(split), cost, fold=fold, batching=batching)
+                              None if split is None else list(split), cost, fold=fold, batching=batching,
+                              partial_fill=partial_fill)
     return max((entry.end for entry in schedule.timeline), default=0.0)
 
 
 def balance_split(policy: PolicySpec, num_ranks: int, num_layers: int, requests: Sequence[RequestSpec],
                   chunk_size: int, cost: StageCostModel, max_moves: int = 64,
-                  fold: Fold | str = Fold.SPLIT, batching: bool = False) -> tuple[int, ...]:
+                  fold: Fold | str = Fold.SPLIT, batching: bool = False,
+                  partial_fill: bool = False) -> tuple[int, ...]:
     """Per-stage layer counts that shorten the estimated makespan (see the module docstring).
 
     Starts from the even split; each round tries every one-layer move between adjacent stages
     and applies the best one that helps by more than 0.01 %; stops when none does or after
     ``max_moves`` moves. ``batching``: whether the run this split is for batches short requests into
-    one forward; the split is scored on the plan that run makes.
+    one forward, and ``partial_fill`` whether its batches start the request that overflows them; the
+    split is scored on the plan that run makes.
     """
     # The layout says how many stages there are (and refuses too few layers).
     layout = policy_layout(policy, num_ranks, num_layers, None, fold)
     num_stages = layout.num_stages
     split = [stage.num_layers for stage in layout.stages]
-    best = estimated_makespan(policy, num_ranks, num_layers, requests, chunk_size, cost, split, fold, batching)
+    best = estimated_makespan(policy, num_ranks, num_layers, requests, chunk_size, cost, split, fold, batching,
+                              partial_fill)
     for _ in range(max_moves):
         candidates = []
         for i in range(num_stages - 1):
@@ -68,7 +72,8 @@ def balance_split(policy: PolicySpec, num_ranks: int, num_layers: int, requests:
                     candidates.append(moved)
         if not candidates:  # one layer per stage: the only split there is
             break
-        scored = [(estimated_makespan(policy, num_ranks, num_layers, requests, chunk_size, cost, c, fold, batching), c)
+        scored = [(estimated_makespan(policy, num_ranks, num_layers, requests, chunk_size, cost, c, fold, batching,
+                                      partial_fill), c)
                   for c in candidates]
         value, choice = min(scored, key=lambda item: item[0])
         if value >= best * (1 - 1e-4):

@@ -74,17 +74,20 @@ def build_schedule(
     max_in_flight: int | None = None,
     batching: bool = False,
     fold: Fold | str = Fold.SPLIT,
+    partial_fill: bool = False,
 ) -> Schedule:
     """Plan ``requests`` (lengths or ``RequestSpec``) end to end for one policy by a dry run.
     ``batching`` off by default: one request per forward, the reference runtime's
     ``--no-batch-requests`` (``factory.controller_config``); the runtime's default batches, as
-    ``batching=True`` plans. ``fold``: a fold-back mode's fold (``factory.policy_layout``)."""
+    ``batching=True`` plans. ``fold``: a fold-back mode's fold (``factory.policy_layout``).
+    ``partial_fill``: with ``batching``, a batch starts the request that overflows it
+    (``ControllerConfig.partial_fill``)."""
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
     layout = policy_layout(spec, num_ranks, num_layers, split, fold)
     specs = [r if isinstance(r, RequestSpec) else RequestSpec(int(r)) for r in requests]
     config = controller_config(spec, layout, chunk_size, cost, max((r.length for r in specs), default=1),
                                batching=batching, max_in_flight=max_in_flight, num_groups=num_groups,
-                               chunker=chunker)
+                               chunker=chunker, partial_fill=partial_fill)
     planner = Planner(config, sees_transfers=True)
     for request in specs:
         planner.submit(request)

@@ -63,7 +63,7 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
             chosen = tuple(split) if split else None
             if balance == "auto":
                 chosen = balance_split(spec, num_ranks, num_layers, probe, chunk_size, cost, fold=fold,
-                                       batching=batch_requests)
+                                       batching=batch_requests, partial_fill=partial_fill)
             config = RunConfig(num_ranks, chunk_size, chosen, batch_requests=batch_requests, jitter=jitter,
                                jitter_seed=jitter_seed, jitter_by=jitter_by, sim=sim or SimConfig(), auto_chunk=auto,
                                fold=fold, partial_fill=partial_fill)
