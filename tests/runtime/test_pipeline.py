@@ -152,18 +152,20 @@ def test_batched_short_requests_equal_reference(pool2, matches_reference, model,
 ])
 def test_partial_fill_equals_reference(pool2, matches_reference, model, mode):
     """A request that overflows the budget starts in what is left (a head in the batch, its rest
-    the request's next forward), as SGLang's prefill adder fills a batch: the head's KV carries
-    over to the rest on every stage."""
-    result = pool2.run(_spec(mode, 2, [20, 30, 17, 100, 12, 9, 40], 64, model=model, batch_requests=True,
-                             partial_fill=True))
+    the request's next forwards), as SGLang's prefill adder fills a batch: the head's KV carries
+    over to the rest on every stage, a long prompt's (150 tokens: a head, then chunks of 64 from
+    its end) as a short one's."""
+    lengths = [20, 30, 150, 17, 100, 12, 9, 40]
+    result = pool2.run(_spec(mode, 2, lengths, 64, model=model, batch_requests=True, partial_fill=True))
     assert matches_reference(result) == 0.0
     chunks = result.reports[0].chunks
     heads = [part for row in chunks for part in row[5] if not part.is_last]
     assert heads and all(part.chunk_index == 0 and part.start == 0 for part in heads)
+    assert any(lengths[h.request_index] > 64 for h in heads), "no long prompt started in a leftover"
     rests = {(row[0], row[1]): row for row in chunks}
     assert all((h.request_index, 1) in rests and rests[(h.request_index, 1)][2] == h.num_tokens for h in heads)
     assert all(row[3] + sum(part.num_tokens for part in row[5]) <= 64 for row in chunks)
-    assert sorted(result.outputs) == list(range(7))
+    assert sorted(result.outputs) == list(range(len(lengths)))
     # A head's request has its first token when its rest leaves the last stage, not its head.
     layout = result.spec.layout(resolve_model(model, 0, None).config.num_hidden_layers)
     measured = measure_run(result.reports, layout.last_stage)
@@ -171,5 +173,6 @@ def test_partial_fill_equals_reference(pool2, matches_reference, model, mode):
             if r.is_compute and r.stage_index == layout.last_stage}
     arrivals = result.reports[0].arrivals_s
     for head in heads:
-        rest_end = last[(head.request_index, 1)]
+        final = max(index for request, index in rests if request == head.request_index)
+        rest_end = last[(head.request_index, final)]
         assert measured.request_ttft_s[head.request_index] == pytest.approx(rest_end - arrivals[head.request_index])

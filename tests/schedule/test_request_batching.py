@@ -120,9 +120,12 @@ def test_partial_fill_rule_gives_the_head_that_fills_the_budget():
     assert controller.joining_tokens(lead, _mb(1, "b", 400)) == 312, "the head that fills the budget"
     assert controller.joining_tokens(_mb(0, "a", 512), _mb(1, "b", 10)) == 0, "no room left"
     assert controller.joining_tokens(_mb(0, "a", 200, last=False), _mb(1, "b", 400)) == 0, "lead continues"
-    assert controller.joining_tokens(lead, _mb(1, "b", 400, last=False)) == 0, "a request of several chunks"
+    assert controller.joining_tokens(lead, _mb(1, "b", 400, last=False)) == 312, "a request of several chunks"
+    assert controller.joining_tokens(lead, _mb(1, "b", 100, last=False)) == 100, "its first chunk, at most"
+    assert controller.joining_tokens(lead, _mb(1, "b", 400, index=1)) == 0, "a request already started"
     whole_only = Controller(get_policy("cpp"), layout, LinearAttentionCost(), token_budget=512)
     assert whole_only.joining_tokens(lead, _mb(1, "b", 400)) == 0
+    assert whole_only.joining_tokens(lead, _mb(1, "b", 100, last=False)) == 0, "whole prompts only"
 
 
 @pytest.mark.parametrize("mode", MODES + ["vpp-stream"])
@@ -164,6 +167,18 @@ def test_partial_fill_carries_more_tokens_per_forward_in_budget_order():
     assert planner.request_finish[1] == planner.request_finish[2] > planner.request_finish[0]
     _, whole = _plan("cpp", [300, 300, 300], 512)
     assert len(whole.chunks) == 3
+
+
+def test_partial_fill_starts_a_long_prompt_and_cuts_its_rest_from_the_head():
+    """A prompt of several chunks starts in the leftover too, and runs on in chunks of the
+    chunker's size from the head's end, as SGLang's adder runs its chunked request on."""
+    _, plan = _plan("cpp", [300, 1300, 300], 512, partial_fill=True)
+    assert [[(p.request_index, p.start, p.num_tokens) for p in c.parts] for c in plan.chunks] == [
+        [(0, 0, 300), (1, 0, 212)], [(1, 212, 512)], [(1, 724, 512)], [(1, 1236, 64), (2, 0, 300)]]
+    assert [c.chunk_index for c in plan.chunks[1:]] == [1, 2, 3]
+    _, whole = _plan("cpp", [300, 1300, 300], 512)
+    assert [[(p.request_index, p.start, p.num_tokens) for p in c.parts] for c in whole.chunks] == [
+        [(0, 0, 300)], [(1, 0, 512)], [(1, 512, 512)], [(1, 1024, 276)], [(2, 0, 300)]]
 
 
 def test_partial_fill_without_batching_is_refused_by_the_executors():

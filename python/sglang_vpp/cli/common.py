@@ -105,7 +105,8 @@ _FOLD_VALUES = ("Fold of the vpp modes: split (the method's: the last rank runs 
 FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold and ignore it."
 
 PARTIAL_FILL_HELP = ("A batch starts the request that overflows its chunk budget in what is left (a head; its rest "
-                     "runs first in the next forward), as SGLang's prefill adder does; default: whole requests only.")
+                     "runs next, cut from the head's end), as SGLang's prefill adder does; default: whole requests "
+                     "only.")
 """The help of the ``--fold`` of the commands that run several modes (docs/cli.md)."""
 
 LAYOUT_FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold: --fold fused with them is an error."

@@ -313,22 +313,20 @@ class Controller:
                 self._window = None
 
     def joining_tokens(self, batch: MicroBatch, candidate: MicroBatch) -> int:
-        """How many tokens of ``candidate`` (a request's whole prompt) ride in the forward of
-        ``batch``, not yet admitted: all of them while they fit ``token_budget``; with
-        ``partial_fill`` otherwise the head that fills what is left (the caller runs the rest as
-        the request's next chunk); else 0. Only behind a micro-batch that ends its requests; the
-        caller then asks ``admission`` about the grown batch.
-
-        A candidate cut into several chunks never starts in a batch: its chunks are the chunker's
-        (a DCPP curve or a taper sized from its first chunk), which a head would shift."""
+        """How many tokens of ``candidate`` (a request's first chunk) ride in the forward of
+        ``batch``, not yet admitted: a whole prompt while it fits ``token_budget``; with
+        ``partial_fill`` otherwise the head that fills what is left, at most the first chunk (the
+        caller cuts the rest anew from the head's end, as SGLang's adder runs its chunked request
+        on from where the truncation left it); else 0. Only behind a micro-batch that ends its
+        requests; the caller then asks ``admission`` about the grown batch."""
         if not (self.token_budget is not None and batch.is_prefill and candidate.is_prefill
-                and batch.ends_request and candidate.ends_request and candidate.chunk_index == 0
+                and batch.ends_request and candidate.chunk_index == 0
                 and not candidate.requests & batch.requests):
             return 0
         room = self.token_budget - batch.num_tokens
-        if candidate.num_tokens <= room:
+        if candidate.ends_request and candidate.num_tokens <= room:
             return candidate.num_tokens
-        return room if self.partial_fill and room >= 1 else 0
+        return min(room, candidate.num_tokens) if self.partial_fill and room >= 1 else 0
 
     def decode_move(self, slot: int, *, prefill_ended: bool, running: Mapping[int, int],
                     in_flight: Collection[int]) -> DecodeMove | None:

@@ -415,13 +415,13 @@ class Planner:
     def _form_batch(self, position: int, now: float) -> None:
         """Grow the micro-batch at ``position`` (about to enter stage 0) by the requests after it
         that have arrived, while the controller lets them join and admits the result: whole, or
-        the last one's head (``Controller.joining_tokens``), whose rest then takes that request's
-        place in the sequence, next after the batch."""
+        the last one's head (``Controller.joining_tokens``), whose rest, cut anew from the head's
+        end, then takes that request's place in the sequence, next after the batch."""
         if self.controller.token_budget is None:
             return
         batch = self._micro_batch(position)
         end = position + 1
-        rest: ChunkSpec | None = None
+        split = False
         while end < len(self.sequence):
             chunk = self.sequence[end]
             if self.requests[chunk.request_index].arrival > now:
@@ -430,17 +430,15 @@ class Planner:
             tokens = self.controller.joining_tokens(batch, candidate)
             if tokens == 0:
                 break
-            whole = tokens == chunk.num_tokens
-            part = chunk if whole else dataclasses.replace(chunk, num_tokens=tokens, is_last=False)
+            part = chunk if tokens == chunk.num_tokens else dataclasses.replace(chunk, num_tokens=tokens, is_last=False)
             grown = MicroBatch(position, batch.requests | candidate.requests, batch.start,
-                               batch.num_tokens + tokens, whole, chunk_index=batch.chunk_index,
+                               batch.num_tokens + tokens, part.is_last, chunk_index=batch.chunk_index,
                                batch=batch.batch + (part,))
             if self.controller.admission(grown) is Admission.NO:
                 break
             batch = grown
-            if not whole:
-                rest = ChunkSpec(chunk.request_index, chunk.chunk_index + 1, chunk.start + tokens,
-                                 chunk.num_tokens - tokens, is_last=chunk.is_last)
+            if not part.is_last:
+                split = True
                 break
             end += 1
         if not batch.batch:
@@ -448,15 +446,37 @@ class Planner:
         # The joined chunks have not entered any stage (every stage runs the sequence in order).
         lead = self.sequence[position] = dataclasses.replace(self.sequence[position], batch=batch.batch)
         self.chunks[lead.key] = lead
-        if rest is not None:  # the split request's slot in the sequence (and its lists) is the rest's
-            del self.chunks[self.sequence[end].key]
-            self.sequence[end] = self.chunks[rest.key] = rest
+        if split:  # the split request's slots in the sequence (and their lists) are its rest's
+            self._recut_rest(end, batch.batch[-1])
         for joined in self.sequence[position + 1 : end]:
             del self.chunks[joined.key]
         del self.sequence[position + 1 : end]
         for stage in range(self._num_stages):
             del self._ready_at[stage][position + 1 : end]
             del self._finish[stage][position + 1 : end]
+
+    def _recut_rest(self, position: int, head: ChunkSpec) -> None:
+        """Replace the chunks of ``head``'s request from ``position`` on (none has entered a stage)
+        by its rest, cut by the controller's chunker from the head's end: one chunk for a prompt
+        the head started in a batch's leftover, the chunker's sizes on from there for a longer one."""
+        request = head.request_index
+        stop = position
+        while stop < len(self.sequence) and self.sequence[stop].request_index == request:
+            del self.chunks[self.sequence[stop].key]
+            stop += 1
+        length = self.requests[request].length
+        rest = []
+        start, index = head.start + head.num_tokens, head.chunk_index + 1
+        while start < length:
+            size = self.controller.next_chunk_size(start, length - start)
+            rest.append(ChunkSpec(request, index, start, size, start + size == length))
+            start, index = start + size, index + 1
+        self.sequence[position:stop] = rest
+        for chunk in rest:
+            self.chunks[chunk.key] = chunk
+        for stage in range(self._num_stages):
+            self._ready_at[stage][position:stop] = [None] * len(rest)
+            self._finish[stage][position:stop] = [None] * len(rest)
 
     # ----------------------------------------------------------------- emitting work
     def _run(self, rank: int, stage: int, position: int, now: float) -> None:
