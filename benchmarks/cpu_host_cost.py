@@ -6,11 +6,12 @@
     python benchmarks/cpu_host_cost.py W/short.json W/long.json
 
 Per JSON: each mode's host time per micro-batch and per forward (``runs[i].host_time``: per rank,
-min / median / max over repeats). Then, from the vpp-pack traces of the work directories, a
-least-squares fit of a middle stage's prefill compute (thread CPU time) on
-``layers * (linear * c + attention * c (L + (c + 1) / 2)) + fixed``, with each micro-batch's
-tokens ``c`` and prefix ``L`` from the rank-0 ``admit`` decisions of one-request micro-batches (rank 1's stages hold no
-embedding or head, so they are the per-layer cost). Prints the values to put in cpu_cost.py.
+min / median / max over repeats). Then, from the vpp-pack traces of the work directories, the
+fitted-cost fit (``sim.cost.fitted.fit_coefficients``: ``FittedCostModel``'s form, the one
+cpu_cost.py's estimate evaluates) of a middle stage's prefill compute (thread CPU time), with each
+micro-batch's tokens ``c`` and prefix ``L`` from the rank-0 ``admit`` decisions of one-request
+micro-batches (rank 1's stages hold no embedding or head, so they are the per-layer cost). Prints
+the values to put in cpu_cost.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ import argparse
 import json
 import statistics
 from pathlib import Path
+
+from sglang_vpp.schedule.fitted_cost import Coefficients
+from sglang_vpp.sim.cost.fitted import fit_coefficients
+from sglang_vpp.sim.cost.samples import CostSample
 
 
 def host_lines(doc: dict) -> list[str]:
@@ -34,8 +39,8 @@ def host_lines(doc: dict) -> list[str]:
     return out
 
 
-def fit_samples(trace_dir: Path, layers_per_stage: int) -> list[tuple[float, float, float]]:
-    """(tokens, pairs, cpu_s) of rank 1's prefill computes (``admit`` records give c and L)."""
+def fit_samples(trace_dir: Path, layers_per_stage: int) -> list[CostSample]:
+    """Rank 1's prefill computes as cost samples (``admit`` records give c and L)."""
     rank0 = json.loads((trace_dir / "vpp_rank0.records.json").read_text())
     rank1 = json.loads((trace_dir / "vpp_rank1.records.json").read_text())
     # One request per micro-batch only: a batch's record has its total tokens and longest prefix.
@@ -46,17 +51,15 @@ def fit_samples(trace_dir: Path, layers_per_stage: int) -> list[tuple[float, flo
         if not record["is_prefill"] or record["seq"] not in shape:
             continue
         tokens, prefix = shape[record["seq"]]
-        out.append((layers_per_stage * tokens, layers_per_stage * tokens * (prefix + (tokens + 1) / 2), record["cpu_s"]))
+        out.append(CostSample("compute", 1, 0, record["seq"], prefix, tokens, record["cpu_s"], layers_per_stage))
     return out
 
 
-def fit(samples: list[tuple[float, float, float]]) -> tuple[float, float, float]:
-    import numpy as np
-
-    a = np.array([[t, p, 1.0] for t, p, _ in samples])
-    y = np.array([c for _, _, c in samples])
-    (linear, attention, fixed), *_ = np.linalg.lstsq(a, y, rcond=None)
-    return float(linear), float(attention), float(fixed)
+def fit(samples: list[CostSample], layers_per_stage: int) -> tuple[Coefficients, float, float]:
+    """The stage fit, and its ``a`` and ``b`` per layer (cpu_cost.py's ``PAIR_PER_LAYER_S``,
+    ``CONTEXT_PER_LAYER_S``; ``d`` is the stage call's, ``STAGE_CALL_S``)."""
+    stage = fit_coefficients(samples)
+    return stage, stage.a / layers_per_stage, stage.b / layers_per_stage
 
 
 def main() -> None:
@@ -80,9 +83,9 @@ def main() -> None:
         print(f"vpp-pack host gap per forward, ms: median of all {statistics.median(gaps):.3f}, "
               f"range {min(gaps):.3f}-{max(gaps):.3f}")
     if len(samples) >= 3:
-        linear, attention, fixed = fit(samples)
-        print(f"fit on {len(samples)} rank-1 prefill computes: linear_per_token {linear:.3e} s, "
-              f"attention_per_pair {attention:.3e} s, fixed per stage call {fixed:.3e} s")
+        stage, pair, context = fit(samples, args.layers_per_stage)
+        print(f"fit on {len(samples)} rank-1 prefill computes (relative RMS residual {stage.rel_rmse:.0%}): "
+              f"PAIR_PER_LAYER_S {pair:.3e}, CONTEXT_PER_LAYER_S {context:.3e}, STAGE_CALL_S {stage.d:.3e}")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from sglang_vpp.schedule import ChunkSpec, LinearAttentionCost, build_layout, build_schedule
+from sglang_vpp.schedule import ChunkSpec, LinearAttentionCost, build_layout, build_schedule, causal_pairs
 from sglang_vpp.sim import CostModelError, SliceKind, simulate_schedule
-from sglang_vpp.sim.cost.analytic import AnalyticCostModel, causal_pairs, sparse_pairs
+from sglang_vpp.sim.cost.analytic import AnalyticCostModel, sparse_pairs
 from sglang_vpp.sim.cost_model import (CostSample, FittedCostModel, TableCostModel, fit_cost_model, read_samples,
                                       write_samples)
 from sglang_vpp.sim.preset_loader import load_hardware, load_model

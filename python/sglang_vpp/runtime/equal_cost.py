@@ -39,7 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..schedule import ChunkSpec, Layout, Schedule, StageCostModel, StageSpec
+from ..schedule.fitted_cost import TransferFit
 from ..sim import SimConfig, SimResult, simulate_schedule
+from ..sim.cost.fitted import fit_transfer_line
 from ..sim.cost.samples import CostSample
 
 __all__ = ["EQUAL_COST_LABEL", "MeasuredRunCosts", "SharedCostModel", "equal_cost_replay"]
@@ -70,7 +72,8 @@ class SharedCostModel:
     """``fixed``, ``embed``, ``head`` seconds (``_FIXED_TERMS``)."""
     per_layer: dict[Shape, float]
     transfer_by_tokens: dict[int, float]
-    transfer_line: tuple[float, float]
+    transfer_line: TransferFit
+    """Asked for message sizes no mode measured (``fit_transfer_line`` through the per-size minima)."""
     num_shapes: int
     rel_rmse: float
     """Root mean square of the relative residuals over the fitted shapes."""
@@ -93,13 +96,12 @@ class SharedCostModel:
         known = self.transfer_by_tokens.get(tokens)
         if known is not None:
             return known
-        alpha, beta = self.transfer_line
-        return max(0.0, alpha + beta * tokens)
+        return self.transfer_line(tokens)
 
     def to_dict(self) -> dict:
         return {"fixed_s": dict(zip(_FIXED_TERMS, self.fixed)), "chunk_positions": len(self.per_layer),
                 "shapes": self.num_shapes, "rel_rmse": self.rel_rmse,
-                "transfer": {"alpha_s": self.transfer_line[0], "beta_s_per_token": self.transfer_line[1],
+                "transfer": {"alpha_s": self.transfer_line.alpha, "beta_s_per_token": self.transfer_line.beta,
                              "sizes": len(self.transfer_by_tokens)}}
 
     @classmethod
@@ -129,7 +131,7 @@ class SharedCostModel:
         rel = (features @ solution - y) / np.maximum(y, 1e-12)
         per_layer = {shape: max(0.0, float(solution[column[shape]])) for shape in shapes}
         return cls((float(solution[0]), float(solution[1]), float(solution[2])), per_layer, transfers,
-                   _line(transfers), len(least), float(np.sqrt(np.mean(rel**2))), fallback)
+                   fit_transfer_line(list(transfers), list(transfers.values())), len(least), float(np.sqrt(np.mean(rel**2))), fallback)
 
 
 @dataclass(frozen=True)
@@ -161,16 +163,6 @@ def _fixed_terms_nonnegative_fit(features: np.ndarray, y: np.ndarray) -> np.ndar
             return solution
         worst = min(negative, key=lambda i: part[active.index(i)])
         active.remove(worst)
-
-
-def _line(points: dict[int, float]) -> tuple[float, float]:
-    if not points:
-        return (0.0, 0.0)
-    if len(points) == 1:
-        (tokens, seconds), = points.items()
-        return (0.0, seconds / tokens)
-    beta, alpha = np.polyfit(list(points), list(points.values()), 1)
-    return (max(0.0, float(alpha)), max(0.0, float(beta)))
 
 
 def equal_cost_replay(schedule: Schedule, model: SharedCostModel, arrivals: dict[int, float]) -> SimResult:

@@ -29,7 +29,7 @@ from .chunking import (
     split_request,
 )
 from .controller import Admission, Controller, ControllerLimits, HandOff, MicroBatch, default_in_flight_limit
-from .cost import LinearAttentionCost, StageCostModel, attention_work
+from .cost import LinearAttentionCost, StageCostModel, attention_work, causal_pairs
 from .deadlock import DeadlockReport, check_deadlock
 from .errors import ChunkingError, FlatCurveError, LayoutError, ParseError, PolicyError, ScheduleError
 from .ir import (
@@ -65,7 +65,7 @@ from .validate import ValidationIssue, find_issues, validate_schedule
 __all__ = [
     "Admission", "Controller", "ControllerLimits", "HandOff", "MicroBatch", "default_in_flight_limit",
     "BALANCE_MODES", "balance_split", "estimated_makespan", "Chunker", "DynamicChunker", "FixedChunker", "FlatCurveFallback", "QuadraticCurve", "TaperedChunker", "fit_quadratic", "parse_size",
-    "split_request", "MAX_CHUNKS_PER_REQUEST", "check_chunk_count", "check_chunk_counts", "MAX_PLAN_WORK", "RANKS_PER_EVENT", "check_plan_work", "check_request_count", "plan_work", "LinearAttentionCost", "StageCostModel", "attention_work", "DeadlockReport",
+    "split_request", "MAX_CHUNKS_PER_REQUEST", "check_chunk_count", "check_chunk_counts", "MAX_PLAN_WORK", "RANKS_PER_EVENT", "check_plan_work", "check_request_count", "plan_work", "LinearAttentionCost", "StageCostModel", "attention_work", "causal_pairs", "DeadlockReport",
     "check_deadlock", "ChunkingError", "FlatCurveError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
     "GROUP_BACKWARD", "GROUP_FORWARD", "GROUP_SINGLE", "Action", "ActionKind", "ChunkSpec",
     "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout", "Fold", "parse_fold", "stage_count", "plan_stages", "policy_layout",

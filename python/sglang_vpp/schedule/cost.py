@@ -14,13 +14,21 @@ from dataclasses import dataclass
 from .ir import ChunkSpec
 from .layout import StageSpec
 
-__all__ = ["StageCostModel", "LinearAttentionCost", "attention_work"]
+__all__ = ["StageCostModel", "LinearAttentionCost", "attention_work", "causal_pairs"]
+
+
+def causal_pairs(tokens: int, prefix: int) -> float:
+    """(query, key) pairs of causal attention for ``tokens`` new queries after ``prefix`` keys:
+    ``c (L + (c + 1) / 2)``, the query at position ``p`` seeing ``p + 1`` keys. The one copy of
+    this count: the planner's estimate, the simulator's analytic model and the CPU cost fit
+    (``benchmarks/cpu_host_cost.py``) all read it."""
+    return tokens * (prefix + (tokens + 1) / 2)
 
 
 def attention_work(chunk: ChunkSpec) -> float:
-    """Query-key pairs of causal attention for a chunk after its prefix: ``c (L + (c + 1) / 2)``,
-    summed over the requests of a batched forward (each attends over its own prefix)."""
-    return sum(part.num_tokens * (part.start + (part.num_tokens + 1) / 2) for part in chunk.parts)
+    """``causal_pairs`` of a chunk after its prefix, summed over the requests of a batched
+    forward (each attends over its own prefix)."""
+    return sum(causal_pairs(part.num_tokens, part.start) for part in chunk.parts)
 
 
 class StageCostModel(ABC):
@@ -37,8 +45,8 @@ class StageCostModel(ABC):
 
 @dataclass(frozen=True, slots=True)
 class LinearAttentionCost(StageCostModel):
-    """``layers * (linear * c + attention * c (L + c/2)) + fixed`` per stage and forward (a batched
-    forward: ``c`` is its total, the attention term a sum over its requests, ``fixed`` once).
+    """``layers * (linear * c + attention * attention_work) + fixed`` per stage and forward (a
+    batched forward: ``c`` is its total, the attention term a sum over its requests, ``fixed`` once).
 
     With ``attention`` dominant this is the method's law ``tau_k = (k + 1) t`` for equal chunks.
     The defaults (attention equal to the linear part at a 2K-token prefix) are the planner's

@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 from .. import json_text
 from .cost import StageCostModel
@@ -18,7 +19,7 @@ from .errors import CostModelError
 from .ir import ChunkSpec
 from .layout import Layout, StageSpec
 
-__all__ = ["Coefficients", "TransferFit", "FittedCostModel", "FITTED_FORMAT"]
+__all__ = ["Coefficients", "TransferFit", "FittedCostModel", "FITTED_FORMAT", "fit_features"]
 
 FITTED_FORMAT = "sglang-vpp.fitted-cost"
 
@@ -40,6 +41,11 @@ class Coefficients:
         context = tokens + prefix
         return self.a * tokens * context + self.b * context + self.d
 
+    def forward(self, parts: Iterable[tuple[int, int]]) -> float:
+        """Seconds for one forward of ``(prefix, tokens)`` parts (``CostSample.parts``): a batched
+        forward pays the constant ``d`` once and the token terms per request."""
+        return self.d + sum(self(tokens, prefix) - self.d for prefix, tokens in parts)
+
     def scaled(self, factor: float) -> "Coefficients":
         return Coefficients(self.a * factor, self.b * factor, self.d * factor, self.num_samples,
                             self.rel_rmse, None)
@@ -56,6 +62,19 @@ class Coefficients:
                             _whole(data.get("num_samples", 0), f"{where} num_samples", 0),
                             _finite(data, "rel_rmse", where, 0.0),
                             None if layers is None else _whole(layers, f"{where} layers", 1))
+
+
+_UNIT_COEFFICIENTS = (Coefficients(1.0, 0.0, 0.0), Coefficients(0.0, 1.0, 0.0), Coefficients(0.0, 0.0, 1.0))
+
+
+def fit_features(parts: Iterable[tuple[int, int]]) -> tuple[float, float, float]:
+    """The columns a fit solves ``a``, ``b``, ``d`` on for one forward of ``(prefix, tokens)``
+    parts: ``Coefficients.forward`` with one coefficient 1 and the others 0 (it is linear in
+    them), so the fit (``sim/cost/fitted.py``) and the prediction read one formula:
+    ``(sum c (c + L), sum (c + L), 1)`` over the requests."""
+    parts = tuple(parts)
+    a, b, d = (unit.forward(parts) for unit in _UNIT_COEFFICIENTS)
+    return a, b, d
 
 
 def _finite(data: dict, key: str, where: str, default: float | None = None) -> float:
@@ -151,10 +170,7 @@ class FittedCostModel(StageCostModel):
             "measured layout")
 
     def stage_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
-        coefficients = self._coefficients(stage)
-        # A batched forward: the per-forward constant once, the token terms per request.
-        return coefficients.d + sum(coefficients(part.num_tokens, part.start) - coefficients.d
-                                    for part in chunk.parts)
+        return self._coefficients(stage).forward((part.start, part.num_tokens) for part in chunk.parts)
 
     def transfer_cost(self, stage: StageSpec, chunk: ChunkSpec) -> float:
         return self.transfer(chunk.total_tokens) if self.transfer is not None else 0.0

@@ -5,9 +5,10 @@ For a stage holding layers ``[start, end)`` and a chunk of ``c`` tokens after a 
 - linear (projections, dense FFN or the *active* experts, router): ``c * F_lin`` FLOPs at
   ``linear_efficiency * eff(c)``, or the weight bytes the chunk touches over HBM bandwidth when that
   is slower (small chunks are memory bound; MoE chunks touch ``E (1 - (1 - k/E)^c)`` experts);
-- attention: query-key pairs times FLOPs per pair. Dense causal: ``c (L + (c + 1) / 2)`` pairs.
-  DSA: each query attends ``min(position + 1, top_k)`` keys, plus the indexer that scores every
-  causal pair (``c (L + (c + 1)/2)``) with its own small heads;
+- attention: query-key pairs times FLOPs per pair. Dense: the schedule core's ``causal_pairs``
+  (``attention_work`` over a batched forward's requests). DSA: each query attends
+  ``min(position + 1, top_k)`` keys, plus the indexer that scores every causal pair with its own
+  small heads;
 - ``eff(c) = c / (c + half_efficiency_tokens)``: kernels lose efficiency on small chunks, which is
   what makes DCPP's fragmentation cost compute;
 - a fixed device cost per layer (launches, norms) and host time during which the device idles
@@ -28,18 +29,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...schedule import ChunkSpec, StageSpec
+from ...schedule import ChunkSpec, StageSpec, attention_work, causal_pairs
 from ..errors import CostModelError
 from ..hardware_spec import HardwareSpec
 from ..model_spec import ModelSpec
 from .base import BreakdownCostModel, StageTime
 
-__all__ = ["AnalyticCostModel", "causal_pairs", "sparse_pairs"]
-
-
-def causal_pairs(tokens: int, prefix: int) -> float:
-    """(query, key) pairs of causal attention for ``tokens`` new queries after ``prefix`` keys."""
-    return tokens * (prefix + (tokens + 1) / 2)
+__all__ = ["AnalyticCostModel", "sparse_pairs"]
 
 
 def sparse_pairs(tokens: int, prefix: int, top_k: int) -> float:
@@ -49,7 +45,7 @@ def sparse_pairs(tokens: int, prefix: int, top_k: int) -> float:
         return causal_pairs(tokens, prefix)
     if first >= top_k:
         return float(tokens) * top_k
-    below = (top_k * (top_k + 1) - prefix * (prefix + 1)) / 2  # queries that see < top_k keys
+    below = causal_pairs(top_k - prefix, prefix)  # queries before position top_k: not capped
     return below + (last - top_k) * top_k
 
 
@@ -129,7 +125,7 @@ class AnalyticCostModel(BreakdownCostModel):
         if sums.moe_layers:
             weight_bytes += sums.moe_layers * m.weight_bytes_per_chunk(m.num_layers - 1, c)
         linear = max(linear_math, weight_bytes / (hw.hbm_bytes_per_s * tp))
-        dense_pairs = sum(causal_pairs(part.num_tokens, part.start) for part in chunk.parts)
+        dense_pairs = attention_work(chunk)
         if m.sparse_top_k:
             pairs = sum(sparse_pairs(part.num_tokens, part.start, m.sparse_top_k) for part in chunk.parts)
             indexer = dense_pairs * sums.indexer_flops_per_pair / (flops_per_s * hw.indexer_efficiency * scale)

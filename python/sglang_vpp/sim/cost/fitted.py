@@ -4,10 +4,11 @@ Data flow: ``CostSample``\\ s (``samples.py``, written by the reference runtime)
 per-stage coefficients (and per-layer ones when samples carry layer counts, so a fit made on one
 layout answers for another) -> ``stage_cost``. Transfers fit ``t = alpha + beta c``.
 
-``a`` carries attention (query-key pairs ~ c (L + c/2), here c (c + L) as measured kernels do not
-exploit the causal half exactly), ``b`` everything linear in the tokens touched, ``d`` the fixed
-per-chunk cost. The fit is least squares on *relative* residuals (small and large chunks weigh
-the same) with all three coefficients kept >= 0.
+``a`` carries attention (query-key pairs, ``schedule.causal_pairs``, here c (c + L) as measured
+kernels do not exploit the causal half exactly), ``b`` everything linear in the tokens touched,
+``d`` the fixed per-chunk cost; the fit's columns are ``fit_features``, read off the prediction.
+The fit is least squares on *relative* residuals (small and large chunks weigh the same) with all
+three coefficients kept >= 0.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ...schedule.errors import CostModelError
-from ...schedule.fitted_cost import Coefficients, FittedCostModel, TransferFit
+from ...schedule.fitted_cost import Coefficients, FittedCostModel, TransferFit, fit_features
 from .samples import CostSample
 
-__all__ = ["fit_coefficients", "fit_cost_model"]
+__all__ = ["fit_coefficients", "fit_cost_model", "fit_transfer_line"]
 
 
 def _nnls_relative(features: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -57,12 +58,8 @@ def fit_coefficients(samples: Sequence[CostSample], per_layer: bool = False) -> 
                              "measure more chunks (different prefixes and sizes)")
     if per_layer and any(s.num_layers in (None, 0) for s in samples):
         raise CostModelError("a per-layer fit needs 'layers' in every sample")
-    # The features the prediction uses (``FittedCostModel.stage_cost``): a batched forward pays
-    # the constant once and the token terms per request.
-    quadratic = np.array([sum(c * (c + prefix) for prefix, c in s.parts) for s in samples], dtype=float)
-    context = np.array([sum(c + prefix for prefix, c in s.parts) for s in samples], dtype=float)
+    features = np.array([fit_features(s.parts) for s in samples], dtype=float)
     y = np.array([s.duration_s / (s.num_layers if per_layer else 1) for s in samples], dtype=float)
-    features = np.stack([quadratic, context, np.ones_like(quadratic)], axis=1)
     a, b, d = _nnls_relative(features, y)
     predicted = features @ np.array([a, b, d])
     rel = (predicted - y) / np.maximum(y, 1e-12)
@@ -71,15 +68,19 @@ def fit_coefficients(samples: Sequence[CostSample], per_layer: bool = False) -> 
                         None if per_layer or len(layers) != 1 else next(iter(layers)))
 
 
-def _fit_transfer(samples: Sequence[CostSample]) -> TransferFit | None:
-    if not samples:
-        return None
-    c = np.array([s.num_tokens for s in samples], dtype=float)
-    y = np.array([s.duration_s for s in samples], dtype=float)
+def fit_transfer_line(tokens: Sequence[int], seconds: Sequence[float]) -> TransferFit:
+    """``t = alpha + beta c`` through measured hand-offs (``tokens[i]`` took ``seconds[i]``), both
+    coefficients kept >= 0. One message size has no intercept to fit: ``beta`` is then the mean
+    seconds per token. No hand-offs: a line of zeros. The fitted profile's transfer line and the
+    equal-cost replay's line through its per-size minima (``runtime/equal_cost.py``) are this one."""
+    if len(tokens) == 0:
+        return TransferFit(0.0, 0.0, 0)
+    c = np.array(tokens, dtype=float)
+    y = np.array(seconds, dtype=float)
     if len(set(c.tolist())) < 2:
-        return TransferFit(0.0, float(np.mean(y / c)), len(samples))
+        return TransferFit(0.0, float(np.mean(y / c)), len(c))
     beta, alpha = np.polyfit(c, y, 1)
-    return TransferFit(max(0.0, float(alpha)), max(0.0, float(beta)), len(samples))
+    return TransferFit(max(0.0, float(alpha)), max(0.0, float(beta)), len(c))
 
 
 def fit_cost_model(samples: Iterable[CostSample], meta: dict | None = None) -> FittedCostModel:
@@ -99,5 +100,6 @@ def fit_cost_model(samples: Iterable[CostSample], meta: dict | None = None) -> F
     if not stages and per_layer is None:
         raise CostModelError(f"every stage has fewer than 3 compute samples ({ {k: len(v) for k, v in by_stage.items()} }); "
                              "measure more chunks")
-    transfer = _fit_transfer([s for s in samples if s.kind == "transfer"])
+    transfers = [s for s in samples if s.kind == "transfer"]
+    transfer = fit_transfer_line([s.num_tokens for s in transfers], [s.duration_s for s in transfers]) if transfers else None
     return FittedCostModel(stages, per_layer, transfer, dict(meta or {}))
