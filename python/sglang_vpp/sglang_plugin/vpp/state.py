@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
+from sglang_vpp.heartbeat import DEFAULT_HEARTBEAT_S
 from sglang_vpp.trace_records import cost_record
 from sglang_vpp.schedule import (
     FOLDBACK_MODES,
@@ -56,9 +57,6 @@ __all__ = [
 ]
 
 VPP_MODES: tuple[str, ...] = tuple(str(mode) for mode in FOLDBACK_MODES)
-
-DEFAULT_HEARTBEAT_S = 1.0
-"""``VppConfig.heartbeat_s`` unless ``SGLANG_VPP_HEARTBEAT_S`` sets it."""
 
 
 @dataclass(frozen=True, slots=True)
