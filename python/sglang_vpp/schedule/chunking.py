@@ -116,12 +116,16 @@ class TaperedChunker:
 
     ``floor`` is the body size over ``ratio``; each ramp adds about ``log2(ratio)`` chunks. A
     request of at most two body chunks is cut like ``FixedChunker`` (no ramps).
+
+    ``ratio``, ``min_chunks`` and ``min_body`` have no defaults: the mode's values are the policy's
+    constants (``policies/vpp_taper.py``), which ``factory.tapered_chunker`` passes, and a second
+    set here would be a second vpp-taper for a caller that forgot one.
     """
 
     chunk_size: int
-    ratio: int = 4
-    min_chunks: int = 1
-    min_body: int = 2048
+    ratio: int
+    min_chunks: int
+    min_body: int
     alignment: int = 64
 
     def __post_init__(self) -> None:
@@ -240,7 +244,9 @@ class DynamicChunker:
 
     curve: QuadraticCurve
     base_chunk_size: int
-    smooth_factor: float = 0.75
+    smooth_factor: float
+    """Pull of the curve's chunk toward ``base_chunk_size`` (1.0: none). No default: dcpp's is
+    ``policies.dcpp.SMOOTH_FACTOR`` (``factory.default_chunker`` passes it)."""
     alignment: int = 64
     max_prefill_tokens: int | None = None
     min_chunk_size: int | None = None
@@ -267,6 +273,8 @@ class DynamicChunker:
         base_chunk_size: int,
         max_length: int,
         num_samples: int = 128,
+        *,
+        smooth_factor: float,
         **kwargs,
     ) -> "DynamicChunker":
         """Fit the curve on ``num_samples`` prompt lengths up to ``max_length`` (at least the
@@ -275,7 +283,7 @@ class DynamicChunker:
         max_length = max(max_length, 3)
         step = max(1, max_length // num_samples)
         lengths = list(range(step, max_length + 1, step))
-        return cls(fit_quadratic(lengths, [latency(n) for n in lengths]), base_chunk_size, **kwargs)
+        return cls(fit_quadratic(lengths, [latency(n) for n in lengths]), base_chunk_size, smooth_factor, **kwargs)
 
     @property
     def target_latency(self) -> float:
