@@ -4,15 +4,23 @@ from __future__ import annotations
 
 from ..errors import WorkloadError
 from .base import Workload
+from . import long, mixed, short
 from .file import file_workload, read_requests
 from .long import long_workload
 from .mixed import describe_lengths, mixed_lengths, mixed_workload
 from .short import short_workload
 
 __all__ = ["Workload", "WORKLOADS", "build_workload", "long_workload", "short_workload", "mixed_workload",
-           "mixed_lengths", "describe_lengths", "file_workload", "read_requests"]
+           "mixed_lengths", "describe_lengths", "file_workload", "read_requests", "CONCURRENCY_HELP", "REQUESTS_HELP"]
 
 WORKLOADS = ("long", "short", "mixed", "file")
+
+REQUESTS_HELP = (f"Requests (long: per length, default {long.DEFAULT_NUM_REQUESTS}; short: {short.DEFAULT_NUM_REQUESTS}; "
+                 f"mixed: {mixed.DEFAULT_NUM_REQUESTS}).")
+"""``simulate --requests``'s help: the defaults ``build_workload`` applies, from the workloads' own constants."""
+CONCURRENCY_HELP = (f"Closed-loop clients (default: long {long.DEFAULT_CONCURRENCY}, short all, mixed "
+                    f"{mixed.DEFAULT_CONCURRENCY}, file open loop).")
+"""``simulate --concurrency``'s help, built as ``REQUESTS_HELP``."""
 
 # A flag a workload would ignore is refused: the run would not be the one asked for.
 # Only mixed draws anything at random (--jitter draws with its own --jitter-seed).
@@ -40,15 +48,15 @@ def build_workload(kind: str, *, lengths: list[int] | None = None, num_requests:
     if kind == "long":
         if not lengths:
             raise WorkloadError("the long workload needs --seq-len (e.g. 512k or 64k,128k)")
-        return long_workload(lengths, num_requests or 1, concurrency or 1)
+        return long_workload(lengths, num_requests or long.DEFAULT_NUM_REQUESTS, concurrency or long.DEFAULT_CONCURRENCY)
     if kind == "short":
         if not lengths:
             raise WorkloadError("the short workload needs --seq-len (one length, e.g. 4k)")
         if len(lengths) != 1:
             raise WorkloadError(f"the short workload takes one --seq-len (e.g. 4k), got {len(lengths)} lengths")
-        return short_workload(lengths[0], num_requests or 100, concurrency)
+        return short_workload(lengths[0], num_requests or short.DEFAULT_NUM_REQUESTS, concurrency)
     if kind == "mixed":
-        return mixed_workload(num_requests or 500, seed or 0, concurrency or 16)
+        return mixed_workload(num_requests or mixed.DEFAULT_NUM_REQUESTS, seed or 0, concurrency or mixed.DEFAULT_CONCURRENCY)
     if kind == "file":
         if not path:
             raise WorkloadError("the file workload needs --file requests.jsonl")

@@ -6,10 +6,13 @@ from ...schedule import RequestSpec
 from ..errors import WorkloadError
 from .base import Workload
 
-__all__ = ["short_workload"]
+__all__ = ["DEFAULT_NUM_REQUESTS", "short_workload"]
+
+DEFAULT_NUM_REQUESTS = 100
+"""Requests when ``--requests`` is not given: the paper's short workloads send 100."""
 
 
-def short_workload(length: int, num_requests: int = 100, concurrency: int | None = None) -> Workload:
+def short_workload(length: int, num_requests: int = DEFAULT_NUM_REQUESTS, concurrency: int | None = None) -> Workload:
     """``num_requests`` requests of ``length`` tokens, all sent at t = 0 (closed loop with
     ``concurrency`` clients if given, else all at once)."""
     if num_requests < 1 or length < 1:
