@@ -11,7 +11,7 @@ import typer
 from .. import json_text
 from ..schedule.policies.spec import Policy
 from ..sim.sweep import size_label
-from ..sim.workloads import CONCURRENCY_HELP, REQUESTS_HELP
+from ..sim.workloads import CONCURRENCY_HELP, REQUESTS_HELP, check_counts
 from ..sim.workloads.long import DEFAULT_LENGTH
 from .common import (FOLD_HELP, PARTIAL_FILL_HELP, check_output_paths, echo_wrapped, emit_json, given_flags, parse_fold_option,
                      parse_int_list, parse_size_option, png_path, seed_option, user_errors)
@@ -146,6 +146,7 @@ def simulate(
     from ..sim.config import SimConfig
     from ..sim.preset_loader import load_hardware, load_model, preset_file
     from ..sim.sweep import best_by_mode, chunk_label, format_idle_table, format_table, simulate_matrix
+    from ..sim.cost.jitter import check_jitter
     from ..sim.workloads import build_workload
 
     plot = png_path(plot)
@@ -173,8 +174,10 @@ def simulate(
     given_seed = seed if given_flags(ctx, {"seed": "--seed"}) else None
     if given_seed is not None:  # random.Random seeds with |seed|: -1 would draw what 1 draws
         seed_option(given_seed)
-    from ..schedule import check_request_count, plan_stages
+    from ..schedule import check_num_ranks, check_request_count, plan_stages
 
+    check_num_ranks(pp)
+    check_counts(requests, concurrency)
     if requests is not None:  # checked before the workload lists them
         check_request_count(requests, plan_stages(modes, pp, fold), pp, "--requests")
     if workload == "long" and lengths:
@@ -194,8 +197,7 @@ def simulate(
             if not isinstance(size, str):  # auto picks among sizes that cut no request that finely
                 check_chunk_counts([r.length for r in work.requests], size, stages, pp, size_flag, longest,
                                    f"the {workload} workload")
-    if not 0.0 <= jitter <= 1.0:
-        raise ValueError(f"--jitter must lie in [0, 1] (a relative spread: 0.03 = 3%), got {jitter}")
+    check_jitter(jitter)
     if jitter == 0 and given_flags(ctx, {"jitter_seed": "--jitter-seed"}):
         raise ValueError("--jitter-seed seeds --jitter's draws, and without --jitter there are none; give "
                          "--jitter (e.g. 0.03) or drop --jitter-seed")

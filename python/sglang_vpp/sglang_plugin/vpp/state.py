@@ -28,11 +28,13 @@ from sglang_vpp.schedule import (
     ControllerConfig,
     Fold,
     LayoutError,
+    LayoutKind,
     Layout,
     PolicySpec,
     StageCostModel,
     build_controller,
     build_layout,
+    check_num_ranks,
     get_policy,
     server_controller_config,
 )
@@ -94,10 +96,10 @@ class VppConfig:
     def __post_init__(self) -> None:
         if self.mode not in VPP_MODES:
             raise VppConfigError(f"--pp-mode {self.mode!r} is not a VPP mode; expected one of {VPP_MODES}")
-        if self.pp_size < 2:
-            raise VppConfigError(
-                f"--pp-mode {self.mode} needs --pp-size >= 2, got {self.pp_size}; use --pp-size 2 or more"
-            )
+        try:
+            check_num_ranks(self.pp_size, LayoutKind.FOLDBACK, "--pp-size")
+        except LayoutError as error:
+            raise VppConfigError(f"--pp-mode {self.mode}: {error}") from None
         count_error = layer_split_count_error(self.layer_split, self.pp_size, self.fold)
         if count_error is not None:
             raise VppConfigError(count_error)

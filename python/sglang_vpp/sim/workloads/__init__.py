@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...schedule import check_num_requests
 from ..errors import WorkloadError
 from .base import Workload
 from . import long, mixed, short
@@ -11,7 +12,8 @@ from .mixed import describe_lengths, mixed_lengths, mixed_workload
 from .short import short_workload
 
 __all__ = ["Workload", "WORKLOADS", "build_workload", "long_workload", "short_workload", "mixed_workload",
-           "mixed_lengths", "describe_lengths", "file_workload", "read_requests", "CONCURRENCY_HELP", "REQUESTS_HELP"]
+           "mixed_lengths", "describe_lengths", "file_workload", "read_requests", "CONCURRENCY_HELP", "REQUESTS_HELP",
+           "check_counts"]
 
 WORKLOADS = ("long", "short", "mixed", "file")
 
@@ -32,14 +34,24 @@ _UNREAD_WHY = {"long": "its prompts are --seq-len tokens, nothing drawn at rando
                "file": "the file gives every request's length and arrival"}
 
 
+_FOR_DEFAULT = "omit it for the workload's default"
+
+
+def check_counts(num_requests: int | None, concurrency: int | None) -> None:
+    """``--requests`` and ``--concurrency`` as given (None: not given, the workload's default);
+    ``build_workload`` checks them, and ``simulate`` before it weighs the request count."""
+    # ``None`` picks the workload's default; an explicit 0 must not silently become it.
+    if num_requests is not None:
+        check_num_requests(num_requests, "--requests", _FOR_DEFAULT)
+    if concurrency is not None and concurrency < 1:
+        raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}; {_FOR_DEFAULT}")
+
+
 def build_workload(kind: str, *, lengths: list[int] | None = None, num_requests: int | None = None,
                    concurrency: int | None = None, seed: int | None = None, path: str | None = None) -> Workload:
     """One workload by name with the CLI's options; an unknown name lists the valid ones. An
     option left None was not given (``seed``: mixed draws with seed 0)."""
-    # ``None`` picks the workload's default; an explicit 0 must not silently become it.
-    for flag, value in (("--requests", num_requests), ("--concurrency", concurrency)):
-        if value is not None and value < 1:
-            raise WorkloadError(f"{flag} must be >= 1, got {value}; omit it for the workload's default")
+    check_counts(num_requests, concurrency)
     given = {"--seq-len": lengths, "--requests": num_requests, "--file": path, "--seed": seed}
     for flag in _UNREAD_FLAGS.get(kind, ()):
         if given[flag] is not None:
