@@ -45,8 +45,10 @@ def check_repeats(repeats: int, flag: str, unit: str) -> None:
     """A repeat count in ``1..MAX_REPEATS``: the one check of ``bench --repeat`` and ``bench-serve
     --repeats``, in the command and in what runs them (``run_bench``, ``launch_servers``). ``flag``
     names the count in the message, ``unit`` what one repeat is (e.g. ``runs per mode``)."""
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"{flag} must be an integer >= 1, got {repeats!r}")
+    if not isinstance(repeats, int):
+        raise ValueError(f"{flag} must be an integer, got {repeats!r}")
+    if repeats < 1:
+        raise ValueError(f"{flag} must be >= 1, got {repeats}")
     if repeats > MAX_REPEATS:
         raise ValueError(f"{flag} must be at most {MAX_REPEATS} ({unit}), got {repeats}")
 _GLUE = "\x00"  # stands for a space inside a phrase that must not be broken across lines

@@ -42,7 +42,7 @@ def test_the_rank_count_rule_is_one_message_in_every_command_and_config():
     from sglang_vpp.schedule import LayoutKind, build_layout, check_num_ranks
 
     message = _error(lambda: check_num_ranks(0))
-    assert message.startswith("--pp must be an integer >= 1, got 0")
+    assert message == "--pp must be >= 1, got 0"
     assert _cli_error(["simulate", "--pp", "0", "--seq-len", "8k"]) == message
     assert _cli_error(["layout", "--pp", "0", "--layers", "8"]) == message
     assert _cli_error(["schedule", "--mode", "cpp", "--pp", "0", "--seq-len", "64", "--chunk-size", "8"]) == message
@@ -77,7 +77,7 @@ def test_simulate_and_the_workloads_refuse_zero_requests_alike(command):
     from sglang_vpp.sim.workloads import build_workload
 
     message = _error(lambda: build_workload("mixed", num_requests=0))
-    assert message.startswith("--requests must be an integer >= 1, got 0")
+    assert message.startswith("--requests must be >= 1, got 0")
     assert _cli_error(command + ["--requests", "0"]) == message
 
 
@@ -86,7 +86,7 @@ def test_bench_run_spec_and_run_bench_refuse_zero_requests_alike():
     from sglang_vpp.schedule import check_request_count
 
     message = _cli_error(_BENCH + ["--requests", "0"])
-    assert message == "--requests must be an integer >= 1, got 0"
+    assert message == "--requests must be >= 1, got 0"
     assert _error(lambda: _spec(requests=()).check()) == message
     assert _error(lambda: run_bench(BenchConfig(num_requests=0, modes=("cpp",)))) == message
     assert _error(lambda: check_request_count(0, 2, 2, "--requests")) == message

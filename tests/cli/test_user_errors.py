@@ -192,7 +192,7 @@ CASES = [
     # Sizes and counts of the plan commands name their flag.
     (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "0", "--chunk-size", "8"], "--seq-len '0'"),
     (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "1x"], "--chunk-size '1x'"),
-    (["schedule", "--mode", "cpp", "--pp", "0", "--seq-len", "64", "--chunk-size", "8"], "--pp must be an integer >= 1"),
+    (["schedule", "--mode", "cpp", "--pp", "0", "--seq-len", "64", "--chunk-size", "8"], "--pp must be >= 1"),
     (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--layers", "0"],
      "--layers must be >= 1"),
     (["check", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "0"], "--chunk-size '0'"),
@@ -251,7 +251,7 @@ CASES = [
      "is at least 1 chunks on 99999999999999999999 stages"),
     (["simulate", "--pp", "99999999999999999999", "--seq-len", "8", "--modes", "vpp"],
      "is 1 chunks on 199999999999999999998 stages"),
-    (["layout", "--pp", "0", "--layers", "8"], "--pp must be an integer >= 1"),
+    (["layout", "--pp", "0", "--layers", "8"], "--pp must be >= 1"),
     # --fold: the value, and what a fused fold changes (2P-1 stages; only vpp modes have a fold).
     (["layout", "--pp", "2", "--layers", "8", "--fold", "merged"], "--fold must be split or fused, got 'merged'"),
     (["layout", "--pp", "2", "--layers", "8", "--mode", "cpp", "--fold", "fused"], "has no fold"),

@@ -65,7 +65,7 @@ def test_layout_json_round_trip():
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        ((0, 8, "cpp", None), "--pp must be an integer >= 1, got 0"),
+        ((0, 8, "cpp", None), "--pp must be >= 1, got 0"),
         ((-2, 8, "cpp", None), "got -2"),
         ((1, 8, "vpp", None), "needs --pp >= 2, got 1"),
         ((2, 3, "vpp", None), "3 layers cannot fill 4 stages"),

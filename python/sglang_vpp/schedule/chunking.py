@@ -89,8 +89,10 @@ def check_num_requests(num_requests: int, count_name: str = "requests", fix: str
     """A run sends at least one request: the one lower bound of every request count (the upper is
     ``check_request_count``'s). ``count_name`` names the count (e.g. ``--requests``); ``fix``, when
     given, follows the message."""
-    if not isinstance(num_requests, int) or num_requests < 1:
-        raise ChunkingError(f"{count_name} must be an integer >= 1, got {num_requests!r}" + (f"; {fix}" if fix else ""))
+    if not isinstance(num_requests, int):
+        raise ChunkingError(f"{count_name} must be an integer, got {num_requests!r}")
+    if num_requests < 1:
+        raise ChunkingError(f"{count_name} must be >= 1, got {num_requests}" + (f"; {fix}" if fix else ""))
 
 
 class Chunker(Protocol):

@@ -232,8 +232,10 @@ def check_num_ranks(num_ranks: int, kind: LayoutKind | str = LayoutKind.CONTIGUO
     layout (its second half runs back down the ranks). The one check of the rank count for every
     command and executor config; ``flag`` names the count in the message (a server's ``--pp-size``).
     LayoutError."""
-    if not isinstance(num_ranks, int) or num_ranks < 1:
-        raise LayoutError(f"{flag} must be an integer >= 1, got {num_ranks!r}")
+    if not isinstance(num_ranks, int):
+        raise LayoutError(f"{flag} must be an integer, got {num_ranks!r}")
+    if num_ranks < 1:
+        raise LayoutError(f"{flag} must be >= 1, got {num_ranks}")
     if _parse_kind(kind) is LayoutKind.FOLDBACK and num_ranks < 2:
         raise LayoutError(f"the fold-back (vpp) layout needs {flag} >= 2, got {num_ranks}; use {flag} 2 or more, "
                           "or a contiguous mode (cpp)")
