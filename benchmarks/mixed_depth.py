@@ -38,6 +38,7 @@ from sglang_vpp.sim.preset_loader import load_hardware, load_model
 from sglang_vpp.sim.runner import RunConfig, run_mode
 from sglang_vpp.sim.sweep import simulate_matrix, size_label
 from sglang_vpp.sim.workloads import mixed_workload
+from sglang_vpp.sim.workloads.mixed import DEFAULT_CONCURRENCY
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "simulator.md"
@@ -49,7 +50,7 @@ RIVALS = ("cpp", "dcpp")
 DECODE_MODES = ("cpp", "vpp-async", "vpp-pack", "vpp-stream")
 DECODE_RUNNING, DECODE_CONTEXT = 64, 16384
 SEEDS = (0, 1, 2, 3, 4)
-REQUESTS, CONCURRENCY = 60, 16
+REQUESTS, CONCURRENCY = 60, DEFAULT_CONCURRENCY
 
 
 def _sim_docs():

@@ -44,6 +44,7 @@ from auto_sweep import CHUNKS, VPP_MODE, _metrics, _size, _workload, grid_cells,
 
 from sglang_vpp.sim.config import SimConfig  # noqa: E402
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel  # noqa: E402
+from sglang_vpp.sim.cost.jitter import check_jitter  # noqa: E402
 from sglang_vpp.sim.idle import IDLE_CAUSES  # noqa: E402
 from sglang_vpp.sim.model_spec import ModelSpec  # noqa: E402
 from sglang_vpp.sim.preset_loader import load_hardware, load_model  # noqa: E402
@@ -182,8 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         spreads = [float(s) for s in args.jitter.split(",")]
     except ValueError:
         raise SystemExit(f"--jitter takes comma-separated numbers, got {args.jitter!r}") from None
-    if not all(0.0 <= s <= 1.0 for s in spreads):
-        raise SystemExit(f"--jitter spreads must lie in [0, 1], got {args.jitter!r}")
+    for spread in spreads:
+        try:
+            check_jitter(spread)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
     draws = args.jitter_by.split(",")
     if not all(draw in DRAWS for draw in draws):
         raise SystemExit(f"--jitter-by takes {' or '.join(DRAWS)}, comma-separated; got {args.jitter_by!r}")

@@ -184,7 +184,7 @@ def batching(model, cost) -> str:
     """Short workloads (8K chunks) and the mixed workload (24K chunks) at P = 2: one request per
     forward against SGLang's batching of whole requests up to the chunk size."""
     modes = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack", "vpp-taper")
-    workloads = [(short_workload(1024, 100), 8192), (short_workload(4096, 100), 8192), (mixed_workload(), 24576)]
+    workloads = [(short_workload(1024), 8192), (short_workload(4096), 8192), (mixed_workload(), 24576)]
     lines = ["| workload | chunk | mode | forwards apart / batched | makespan s apart / batched "
              "| mean TTFT s apart / batched |", "|---|---|---|---|---|---|"]
     for workload, chunk in workloads:

@@ -26,8 +26,8 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["BASELINES", "MIN_EFFECT", "WIDTH", "Comparison", "Verdict", "compare", "make_verdict", "percent",
-           "percent_places", "ranges_overlap"]
+__all__ = ["BASELINES", "MAX_REPEATS", "MIN_EFFECT", "WIDTH", "Comparison", "Verdict", "check_repeats", "compare",
+           "make_verdict", "percent", "percent_places", "ranges_overlap"]
 
 #: The stock modes every other mode is compared with.
 BASELINES = ("cpp", "dcpp")
@@ -35,6 +35,22 @@ BASELINES = ("cpp", "dcpp")
 MIN_EFFECT = 0.01
 #: Printed verdict lines wrap to fit this many columns (a terminal's default width).
 WIDTH = 80
+
+MAX_REPEATS = 100
+"""The most repeats of a comparison (``bench --repeat``, ``bench-serve --repeats``): twenty times
+the default that keeps a verdict stable; each repeat runs every mode again."""
+
+
+def check_repeats(repeats: int, flag: str, unit: str) -> None:
+    """A repeat count in ``1..MAX_REPEATS``: the one check of ``bench --repeat`` and ``bench-serve
+    --repeats``, in the command and in what runs them (``run_bench``, ``launch_servers``). ``flag``
+    names the count in the message, ``unit`` what one repeat is (e.g. ``runs per mode``)."""
+    if not isinstance(repeats, int):
+        raise ValueError(f"{flag} must be an integer, got {repeats!r}")
+    if repeats < 1:
+        raise ValueError(f"{flag} must be >= 1, got {repeats}")
+    if repeats > MAX_REPEATS:
+        raise ValueError(f"{flag} must be at most {MAX_REPEATS} ({unit}), got {repeats}")
 _GLUE = "\x00"  # stands for a space inside a phrase that must not be broken across lines
 
 

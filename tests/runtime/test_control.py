@@ -308,3 +308,15 @@ def test_profiled_planner_cost_drives_dcpp():
     plan = build_schedule("dcpp", 2, 8, [RequestSpec(8192)], 512, cost=cost)
     sizes = [c.num_tokens for c in plan.chunks]
     assert sizes[0] == 512 and sizes[-2] < 512 and len(sizes) > 8192 // 512
+
+
+def test_the_runtime_and_the_plugin_share_one_heartbeat_period():
+    """Rank 0's control thread and the SGLang plugin's leader loop keep an idle follower alive for
+    the same reason: one period, read from one module, so the two cannot drift apart."""
+    from sglang_vpp import heartbeat
+    from sglang_vpp.runtime import control
+    from sglang_vpp.sglang_plugin.vpp import state
+
+    assert control.DEFAULT_HEARTBEAT_S is heartbeat.DEFAULT_HEARTBEAT_S
+    assert state.DEFAULT_HEARTBEAT_S is heartbeat.DEFAULT_HEARTBEAT_S
+    assert state.VppConfig("vpp", 2).heartbeat_s == heartbeat.DEFAULT_HEARTBEAT_S

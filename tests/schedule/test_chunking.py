@@ -41,8 +41,12 @@ def test_fit_rejects_non_convex_curves():
         fit_quadratic([1, 1, 1], [1, 2, 3])
 
 
-def _chunker(**kw):
-    return DynamicChunker(QuadraticCurve(1e-8, 1e-4, 0.0), 4096, **kw)
+SGLANG_SMOOTH_FACTOR = 0.75
+"""SGLang's server default (``SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR``): the curve these tests cut with."""
+
+
+def _chunker(smooth_factor=SGLANG_SMOOTH_FACTOR, **kw):
+    return DynamicChunker(QuadraticCurve(1e-8, 1e-4, 0.0), 4096, smooth_factor, **kw)
 
 
 def test_dynamic_chunk_solves_equal_latency_without_smoothing():
@@ -74,7 +78,8 @@ def test_smoothing_moves_toward_base():
 
 
 def test_dynamic_chunker_from_latency_fn():
-    chunker = DynamicChunker.from_latency_fn(lambda n: 2e-9 * n * n + 1e-5 * n, 1024, 65536)
+    chunker = DynamicChunker.from_latency_fn(lambda n: 2e-9 * n * n + 1e-5 * n, 1024, 65536,
+                                             smooth_factor=SGLANG_SMOOTH_FACTOR)
     assert chunker.curve.a == pytest.approx(2e-9, rel=1e-6)
 
 
@@ -102,7 +107,7 @@ def test_first_chunk_is_exactly_base_despite_rounding():
     # Curves whose root at L = 0 lands a hair under the base size in floating point.
     for a, b in [(3.7e-9, 1.3e-5), (1e-7, 0.0), (2.2e-8, 7.1e-6), (5e-10, 3e-4)]:
         for base in (64, 512, 1000, 4096, 24576):
-            chunker = DynamicChunker(QuadraticCurve(a, b, 0.1), base)
+            chunker = DynamicChunker(QuadraticCurve(a, b, 0.1), base, SGLANG_SMOOTH_FACTOR)
             assert chunker.next_chunk_size(0, 10**9) == base // min(64, base) * min(64, base)
 
 
@@ -206,7 +211,7 @@ def test_dcpp_on_one_token_chunks_of_a_one_token_prompt_fits_its_curve():
     simulate and bench --mode dcpp --seq-len 1 --chunk-size 1 failed with the fitter's error."""
     from sglang_vpp.schedule import RequestSpec, build_schedule
 
-    chunker = DynamicChunker.from_latency_fn(lambda n: n * n + n, 1, 2)
+    chunker = DynamicChunker.from_latency_fn(lambda n: n * n + n, 1, 2, smooth_factor=1.0)
     assert chunker.curve.a > 0
     plan = build_schedule("dcpp", 2, 4, [RequestSpec(1)], 1)
     assert [c.num_tokens for c in plan.chunks] == [1]

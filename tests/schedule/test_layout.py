@@ -65,9 +65,9 @@ def test_layout_json_round_trip():
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        ((0, 8, "cpp", None), "pp size must be an integer >= 1, got 0"),
+        ((0, 8, "cpp", None), "--pp must be >= 1, got 0"),
         ((-2, 8, "cpp", None), "got -2"),
-        ((1, 8, "vpp", None), "needs at least 2 ranks, got pp=1"),
+        ((1, 8, "vpp", None), "needs --pp >= 2, got 1"),
         ((2, 3, "vpp", None), "3 layers cannot fill 4 stages"),
         ((4, 3, "cpp", None), "3 layers cannot fill 4 stages"),
         ((2, 8, "vpp", [2, 2, 2, 3]), "sums to 9, but the model has 8"),

@@ -44,11 +44,10 @@ def test_short_requests_are_cut_like_fixed_chunks():
     assert sizes(chunker, 100) == [100]
 
 
-@pytest.mark.parametrize("kwargs", [{"chunk_size": 0}, {"chunk_size": 8, "ratio": 0}, {"chunk_size": 8, "min_chunks": 0},
-                                    {"chunk_size": 8, "min_body": 0}])
+@pytest.mark.parametrize("kwargs", [{"chunk_size": 0}, {"ratio": 0}, {"min_chunks": 0}, {"min_body": 0}])
 def test_bad_parameters_are_user_errors(kwargs):
     with pytest.raises(ChunkingError):
-        TaperedChunker(**kwargs)
+        TaperedChunker(**{"chunk_size": 8, "ratio": 4, "min_chunks": 1, "min_body": 2048, **kwargs})
 
 
 @pytest.mark.parametrize("num_ranks", [2, 4, 8])
@@ -75,7 +74,31 @@ def test_vpp_taper_start_up_note_only_when_nothing_tapers():
 
     from sglang_vpp.sglang_plugin.vpp.chunk_sizing import taper_note
 
-    note = taper_note(SimpleNamespace(chunker=TaperedChunker(64, min_body=2048)), 64)
+    note = taper_note(SimpleNamespace(chunker=TaperedChunker(64, ratio=4, min_chunks=1, min_body=2048)), 64)
     assert note is not None and "--chunked-prefill-size 64" in note and "as vpp-pack does" in note
-    assert taper_note(SimpleNamespace(chunker=TaperedChunker(128, min_body=2048)), 128) is None
+    assert taper_note(SimpleNamespace(chunker=TaperedChunker(128, ratio=4, min_chunks=1, min_body=2048)), 128) is None
     assert taper_note(SimpleNamespace(chunker=FixedChunker(64)), 64) is None
+
+
+def test_the_chunkers_take_the_policies_constants_and_keep_none_of_their_own():
+    """vpp-taper's ramps and dcpp's smoothing are the policies' constants: the chunkers have no
+    defaults for them (a second set would cut otherwise wherever a caller left one out), and the
+    controller factory passes the constants."""
+    import dataclasses
+
+    from sglang_vpp.schedule import DynamicChunker, LinearAttentionCost, build_layout
+    from sglang_vpp.schedule.factory import default_chunker
+    from sglang_vpp.schedule.policies import dcpp, vpp_taper
+
+    def without_default(cls, name):
+        field = next(f for f in dataclasses.fields(cls) if f.name == name)
+        return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+
+    assert all(without_default(TaperedChunker, name) for name in ("ratio", "min_chunks", "min_body"))
+    assert without_default(DynamicChunker, "smooth_factor")
+    layout = build_layout(4, 16, "foldback")
+    tapered = default_chunker(get_policy("vpp-taper"), 16384, layout, None, 1 << 20)
+    assert (tapered.ratio, tapered.min_chunks, tapered.min_body) == (
+        vpp_taper.TAPER_RATIO, vpp_taper.CHUNKS_PER_STAGE * layout.method_stages, vpp_taper.MIN_BODY_TOKENS)
+    curved = default_chunker(get_policy("dcpp"), 4096, build_layout(4, 16), LinearAttentionCost(), 1 << 17)
+    assert isinstance(curved, DynamicChunker) and curved.smooth_factor == dcpp.SMOOTH_FACTOR

@@ -84,3 +84,29 @@ def test_mixed_workload_runs_every_mode():
 def test_a_flag_the_workload_would_ignore_is_refused(kind, options, flag):
     with pytest.raises(WorkloadError, match=f"the {kind} workload does not read {flag}"):
         build_workload(kind, **options)
+
+
+def test_the_workload_defaults_are_written_once_and_simulate_shows_them():
+    """``build_workload``'s defaults, the workload functions' and ``simulate``'s help and default
+    ``--seq-len`` read one constant per workload: a changed default changes the help with it."""
+    import typer.main
+
+    from sglang_vpp.cli.app import app
+    from sglang_vpp.cli.simulate_cmd import DEFAULT_LONG_SEQ_LEN
+    from sglang_vpp.schedule import parse_size
+    from sglang_vpp.sim.workloads import CONCURRENCY_HELP, REQUESTS_HELP, build_workload, long, mixed, short
+
+    built = build_workload("long", lengths=[1024])
+    assert (len(built.requests), built.concurrency) == (long.DEFAULT_NUM_REQUESTS, long.DEFAULT_CONCURRENCY)
+    assert len(build_workload("short", lengths=[1024]).requests) == short.DEFAULT_NUM_REQUESTS
+    built = build_workload("mixed")
+    assert (len(built.requests), built.concurrency) == (mixed.DEFAULT_NUM_REQUESTS, mixed.DEFAULT_CONCURRENCY)
+    assert len(mixed.mixed_lengths()) == len(mixed.mixed_workload().requests) == mixed.DEFAULT_NUM_REQUESTS
+    assert len(short.short_workload(1024).requests) == short.DEFAULT_NUM_REQUESTS
+    assert parse_size(DEFAULT_LONG_SEQ_LEN) == long.DEFAULT_LENGTH
+    for count in (long.DEFAULT_NUM_REQUESTS, short.DEFAULT_NUM_REQUESTS, mixed.DEFAULT_NUM_REQUESTS):
+        assert str(count) in REQUESTS_HELP
+    assert f"long {long.DEFAULT_CONCURRENCY}," in CONCURRENCY_HELP and f"mixed {mixed.DEFAULT_CONCURRENCY}," in CONCURRENCY_HELP
+    params = {param.name: param for param in typer.main.get_command(app).commands["simulate"].params}
+    assert params["requests"].help == REQUESTS_HELP and params["concurrency"].help == CONCURRENCY_HELP
+    assert DEFAULT_LONG_SEQ_LEN in params["seq_len"].help

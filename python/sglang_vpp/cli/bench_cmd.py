@@ -16,12 +16,14 @@ from pathlib import Path
 import typer
 
 from ..max_timeout import MAX_TIMEOUT_S
-from ..runtime.bench_config import BenchConfig
-from ..runtime.spec import BACKEND_FOR_DEVICE
+from ..runtime.bench_config import REPEAT_UNIT, BenchConfig
+from ..runtime.spec import BACKEND_FOR_DEVICE, check_pipeline_ranks
+from ..schedule import check_num_requests
 from ..sim.sweep import size_label
+from ..verdict import check_repeats
 from .common import (at_least, check_output_paths, echo_wrapped, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
-from .common import FOLD_HELP, MAX_REPEATS, PARTIAL_FILL_HELP, CliInputError, at_most, not_blank, parse_fold_option, png_path, seed_option
+from .common import FOLD_HELP, PARTIAL_FILL_HELP, CliInputError, at_most, not_blank, parse_fold_option, png_path, seed_option
 
 _DEFAULTS = BenchConfig()
 """Every flag's default is the config's own (``runtime/bench_config.py``), kept in that one place."""
@@ -187,10 +189,9 @@ def bench(
     timeout_option(timeout, "--timeout")
     not_blank(model, "--model", "give a preset (tiny-qwen3, ...) or a local Hugging Face model directory")
     not_blank(backend, "--backend", "give gloo, nccl or hccl, or drop --backend for --device's")
-    at_least(pp, 2, "--pp")
-    at_least(requests, 1, "--requests")
-    at_least(repeat, 1, "--repeat")
-    at_most(repeat, MAX_REPEATS, "--repeat", "(runs per mode)")
+    check_pipeline_ranks(pp)
+    check_num_requests(requests, "--requests")
+    check_repeats(repeat, "--repeat", REPEAT_UNIT)
     seed_option(seed)
     at_least(arrival_interval, 0, "--arrival-interval")
     _arrivals_within_a_week(arrival_interval, requests)

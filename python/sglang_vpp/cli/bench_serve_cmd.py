@@ -33,10 +33,12 @@ from sglang_vpp.serving.bench_serving import (
     server_context_len,
 )
 
+from sglang_vpp.schedule.layout import check_num_ranks
+from sglang_vpp.verdict import check_repeats
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
-from .common import MAX_REPEATS, MAX_REQUESTS, at_least, at_most, check_output_paths, not_blank, seed_option, parse_size_option, positive, timeout_option, user_errors
-from .bench_serve_launch import STARTUP_TIMEOUT_S
+from .common import MAX_REQUESTS, at_least, at_most, check_output_paths, not_blank, seed_option, parse_size_option, positive, timeout_option, user_errors
+from .bench_serve_launch import REPEATS_UNIT, STARTUP_TIMEOUT_S
 from .bench_serve_report import WARMUP_SEED_OFFSET, gantt_path
 from .common import given_flags, png_path
 
@@ -183,10 +185,9 @@ def bench_serve(
     at_least(concurrency, 1, "--concurrency")
     at_least(warmup, 0, "--warmup")
     at_most(warmup, MAX_REQUESTS, "--warmup", "(requests per pass)")
-    at_least(repeats, 1, "--repeats")
-    at_most(repeats, MAX_REPEATS, "--repeats", "(passes per server)")
+    check_repeats(repeats, "--repeats", REPEATS_UNIT)
     seed_option(seed, offset=0 if launch is None else max(repeats - 1, WARMUP_SEED_OFFSET))
-    at_least(pp_size, 1, "--pp-size")
+    check_num_ranks(pp_size, flag="--pp-size")
     positive(request_rate, "--request-rate")
     not_blank(model_path, "--model-path", "give a local model directory or a Hugging Face repo id, or drop "
               "--model-path for the tiny default")

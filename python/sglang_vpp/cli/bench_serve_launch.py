@@ -34,10 +34,12 @@ from typing import Any, Callable
 
 from sglang_vpp import json_text
 from sglang_vpp.schedule.auto_size import AUTO, SERVER_CAP, is_auto
+from sglang_vpp.schedule.layout import check_num_ranks
 from sglang_vpp.schedule.policies import FOLDBACK_MODES
 from sglang_vpp.schedule.policies.spec import Policy
 from sglang_vpp.serving.launcher import CPU_PLATFORM_ARGS, ServerConfig, SGLangServer, free_port
 from sglang_vpp.serving.host_time import HostTime, host_time
+from sglang_vpp.verdict import check_repeats
 from sglang_vpp.serving.pipeline_report import PipelineIdle, last_seq, measure_idle, min_cost_idle, wait_for_records
 
 __all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args", "model_context_len",
@@ -46,6 +48,9 @@ __all__ = ["LaunchSpec", "LaunchedRun", "check_can_launch", "check_launch_args",
 ALL_MODES = tuple(p.value for p in Policy)
 """What ``--launch all`` starts: every mode the plugin serves (with ``--pd``, as prefill servers)."""
 
+
+REPEATS_UNIT = "passes per server"
+"""What one ``--repeats`` is, in its range message (``verdict.check_repeats``)."""
 
 STARTUP_TIMEOUT_S = 600.0
 """``--startup-timeout``'s default: seconds one server may take to become healthy (loading the
@@ -206,8 +211,10 @@ class LaunchSpec:
     """Serve each mode as the prefill server of a prefill-decode split, behind SGLang's router."""
 
     def config(self, mode: str, trace_dir: Path) -> ServerConfig:
-        if self.pp_size < 1:
-            raise LaunchError(f"--pp-size must be >= 1, got {self.pp_size}")
+        try:
+            check_num_ranks(self.pp_size, flag="--pp-size")
+        except ValueError as error:
+            raise LaunchError(str(error)) from None
         size = self.chunked_prefill_size
         if is_auto(size):
             size = AUTO if Policy(mode) in FOLDBACK_MODES else SERVER_CAP
@@ -290,8 +297,10 @@ def run_launched(
     """Start, measure and stop one server per mode (module docstring). ``--pd``: ``deployment``
     (a ``PdDeployment`` with its decode server up, e.g. a test session's) serves the prefill
     servers and is left running; None starts one and stops it at the end."""
-    if repeats < 1:
-        raise LaunchError(f"--repeats must be >= 1, got {repeats}")
+    try:
+        check_repeats(repeats, "--repeats", REPEATS_UNIT)
+    except ValueError as error:
+        raise LaunchError(str(error)) from None
     port_error = port_range_error(spec.first_port, len(modes)) if spec.first_port else None
     if port_error:
         raise LaunchError(port_error)

@@ -19,7 +19,6 @@ __all__ = [
     "FOLD_HELP",
     "PARTIAL_FILL_HELP",
     "LAYOUT_FOLD_HELP",
-    "MAX_REPEATS",
     "MAX_REQUESTS",
     "at_least",
     "at_most",
@@ -163,11 +162,6 @@ MAX_REQUESTS = 100_000
 """The most requests (``bench-serve --num-requests``, ``--warmup``) one bench_serving pass sends:
 a hundred times its default; it builds every prompt before sending the first, so a typo such as
 10**12 would fill the memory or run for days."""
-
-MAX_REPEATS = 100
-"""The most runs per mode (``bench --repeat``, ``bench-serve --repeats``): twenty times the
-default that keeps a verdict stable; each repeat runs every mode again."""
-
 
 MAX_SEED = 2**32 - 1
 """The largest seed numpy takes (bench_serving seeds it with ``--seed``); the reference runtime's

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from .common import LAYOUT_FOLD_HELP, at_least, emit_json, layers_option, parse_fold_option, parse_int_list, user_errors
+from .common import LAYOUT_FOLD_HELP, emit_json, layers_option, parse_fold_option, parse_int_list, user_errors
 
 
 @user_errors
@@ -19,9 +19,9 @@ def layout(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Print the stage -> rank -> layers layout (layers as half-open ranges)."""
-    from ..schedule import build_layout
+    from ..schedule import build_layout, check_num_ranks
 
-    at_least(pp, 1, "--pp")
+    check_num_ranks(pp)
     layers_option(layers)
     result = build_layout(pp, layers, mode, parse_int_list(split, "--split"), parse_fold_option(fold))
     if as_json:

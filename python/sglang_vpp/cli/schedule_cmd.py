@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from .common import FOLD_HELP, CliInputError, at_least, emit_json, layers_option, parse_fold_option, parse_int_list, parse_size_option, user_errors
+from .common import FOLD_HELP, CliInputError, emit_json, layers_option, parse_fold_option, parse_int_list, parse_size_option, user_errors
 
 
 def plan_from_options(mode: str, pp: int, seq_len: str, chunk_size: str, requests: int,
@@ -15,14 +15,15 @@ def plan_from_options(mode: str, pp: int, seq_len: str, chunk_size: str, request
     """Build the schedule the schedule/check commands print (shared by both). ``cost``: the
     controller's estimate (None: the schedule core's default), for tests that compare commands
     on one cost model. ``fold``: a vpp mode's fold (``--fold``)."""
-    from ..schedule import RequestSpec, build_schedule, check_chunk_counts, check_request_count, plan_stages
+    from ..schedule import (RequestSpec, build_schedule, check_chunk_counts, check_num_ranks, check_num_requests,
+                            check_request_count, plan_stages)
     from ..schedule.auto_size import is_auto
 
     if is_auto(chunk_size):  # auto sizes each chunk as the run goes, against the cost model's clock
         raise CliInputError("--chunk-size auto is chosen while a run goes (simulate, bench); this command "
                             "prints one plan of fixed chunks: give a size, e.g. 1k")
-    for value, flag in ((pp, "--pp"), (requests, "--requests")):
-        at_least(value, 1, flag)
+    check_num_ranks(pp)
+    check_num_requests(requests, "--requests")
     layers_option(layers)
     length = parse_size_option(seq_len, "--seq-len")
     size = parse_size_option(chunk_size, "--chunk-size")

@@ -10,11 +10,14 @@ import typer
 
 from .. import json_text
 from ..schedule.policies.spec import Policy
+from ..sim.sweep import size_label
+from ..sim.workloads import CONCURRENCY_HELP, REQUESTS_HELP, check_counts
+from ..sim.workloads.long import DEFAULT_LENGTH
 from .common import (FOLD_HELP, PARTIAL_FILL_HELP, check_output_paths, echo_wrapped, emit_json, given_flags, parse_fold_option,
                      parse_int_list, parse_size_option, png_path, seed_option, user_errors)
 
-DEFAULT_LONG_SEQ_LEN = "128k"
-"""The long workload's prompt length when --seq-len is not given (docs/cli.md)."""
+DEFAULT_LONG_SEQ_LEN = size_label(DEFAULT_LENGTH)
+"""``--seq-len``'s default for the long workload, as the flag writes it (``128k``)."""
 
 def _sizes(text: str, what: str, auto: bool = False) -> list:
     """Sizes of a comma-separated flag; with ``auto`` an entry may be ``auto`` (kept as the string)."""
@@ -119,8 +122,8 @@ def simulate(
     seq_len: Optional[str] = typer.Option(None, "--seq-len", help=f"Prompt length(s): 512k; long takes a list (64k,128k) and defaults to {DEFAULT_LONG_SEQ_LEN}."),
     chunk_size: str = typer.Option("24k", "--chunk-size", help="Chunk size (base size for dcpp), or auto: the controller picks the size and batch budget per situation."),
     modes: str = typer.Option(",".join(Policy), "--modes", help="Comma-separated modes."),
-    requests: Optional[int] = typer.Option(None, "--requests", help="Requests (long: per length, default 1; short: 100; mixed: 500)."),
-    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed-loop clients (default: long 1, short all, mixed 16, file open loop)."),
+    requests: Optional[int] = typer.Option(None, "--requests", help=REQUESTS_HELP),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", help=CONCURRENCY_HELP),
     file: Optional[Path] = typer.Option(None, "--file", help="JSONL of {\"length\", \"arrival\"} for --workload file."),
     seed: int = typer.Option(0, "--seed", help="Seed of the mixed workload."),
     sweep_chunk: Optional[str] = typer.Option(None, "--sweep-chunk", help="Chunk sizes to sweep (8k,16k,24k,32k; auto allowed); * marks each mode's best: its smallest makespan."),
@@ -143,6 +146,7 @@ def simulate(
     from ..sim.config import SimConfig
     from ..sim.preset_loader import load_hardware, load_model, preset_file
     from ..sim.sweep import best_by_mode, chunk_label, format_idle_table, format_table, simulate_matrix
+    from ..sim.cost.jitter import check_jitter
     from ..sim.workloads import build_workload
 
     plot = png_path(plot)
@@ -170,8 +174,10 @@ def simulate(
     given_seed = seed if given_flags(ctx, {"seed": "--seed"}) else None
     if given_seed is not None:  # random.Random seeds with |seed|: -1 would draw what 1 draws
         seed_option(given_seed)
-    from ..schedule import check_request_count, plan_stages
+    from ..schedule import check_num_ranks, check_request_count, plan_stages
 
+    check_num_ranks(pp)
+    check_counts(requests, concurrency)
     if requests is not None:  # checked before the workload lists them
         check_request_count(requests, plan_stages(modes, pp, fold), pp, "--requests")
     if workload == "long" and lengths:
@@ -191,8 +197,7 @@ def simulate(
             if not isinstance(size, str):  # auto picks among sizes that cut no request that finely
                 check_chunk_counts([r.length for r in work.requests], size, stages, pp, size_flag, longest,
                                    f"the {workload} workload")
-    if not 0.0 <= jitter <= 1.0:
-        raise ValueError(f"--jitter must lie in [0, 1] (a relative spread: 0.03 = 3%), got {jitter}")
+    check_jitter(jitter)
     if jitter == 0 and given_flags(ctx, {"jitter_seed": "--jitter-seed"}):
         raise ValueError("--jitter-seed seeds --jitter's draws, and without --jitter there are none; give "
                          "--jitter (e.g. 0.03) or drop --jitter-seed")

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..schedule import FlatCurveFallback, check_chunk_counts, check_request_count, parse_policies, plan_stages
-from ..verdict import Verdict, make_verdict
+from ..schedule import FlatCurveFallback, check_chunk_counts, check_num_requests, check_request_count, parse_policies, plan_stages
+from ..verdict import Verdict, check_repeats, make_verdict
 from .equal_cost import EQUAL_COST_LABEL, MeasuredRunCosts, SharedCostModel, equal_cost_replay
 from .control import run_controller_config
 from .launcher import LaunchResult, PoolSpec, RankPool, check_spec
@@ -43,7 +43,7 @@ from .replay import (
     replay_run,
     write_traces,
 )
-from .bench_config import BenchConfig
+from .bench_config import REPEAT_UNIT, BenchConfig
 from .spec import DEFAULT_MODES, Device, RunSpec
 
 __all__ = [
@@ -249,10 +249,8 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> Ben
     """Run every mode ``config.repeat`` times on one rank pool (see the module docstring)."""
     progress = progress or BenchProgress()
     modes = [str(p.name) for p in parse_policies(",".join(config.modes))]
-    if config.repeat < 1:
-        raise ValueError(f"--repeat must be >= 1, got {config.repeat}")
-    if config.num_requests < 1:
-        raise ValueError(f"--requests must be >= 1, got {config.num_requests}")
+    check_repeats(config.repeat, "--repeat", REPEAT_UNIT)
+    check_num_requests(config.num_requests, "--requests")
     for mode in modes:
         check_spec(config.run_spec(mode))  # every user error before any work starts
     source = resolve_model(config.model, config.seed, config.num_layers)

@@ -11,7 +11,10 @@ from typing import Any
 
 from .spec import DEFAULT_MODES, Device, FaultSpec, RequestArrival, RunSpec, Timeouts
 
-__all__ = ["BenchConfig"]
+__all__ = ["REPEAT_UNIT", "BenchConfig"]
+
+REPEAT_UNIT = "runs per mode"
+"""What one ``BenchConfig.repeat`` (``--repeat``) is, in its range message (``verdict.check_repeats``)."""
 
 
 @dataclass(frozen=True)

@@ -51,13 +51,12 @@ from ..schedule import (
     Schedule,
     controller_config,
 )
+from ..heartbeat import DEFAULT_HEARTBEAT_S
 from ..schedule.auto_size import LiveSituation
 from .spec import RunSpec
 
 __all__ = ["Advance", "CoordinatorFeed", "Done", "End", "FollowerFeed", "Heartbeat", "PlanFeed", "Sent", "StaticFeed", "Submit",
            "make_planner", "run_controller_config"]
-
-_HEARTBEAT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +313,7 @@ class CoordinatorFeed(_PlannerFeed):
                 self._ready.append(None)
                 self._wake.notify_all()
             return True
-        if self._clock() - self._last_sent >= _HEARTBEAT_S:
+        if self._clock() - self._last_sent >= DEFAULT_HEARTBEAT_S:
             for follower in self._followers:
                 follower.put(Heartbeat())  # keeps the followers' control timeout from firing
             self._last_sent = self._clock()
@@ -334,7 +333,7 @@ class CoordinatorFeed(_PlannerFeed):
         wait = 0.05
         if self._pending:
             wait = min(wait, self._pending[0][1] - (self._clock() - self._epoch))
-        wait = min(wait, _HEARTBEAT_S - (self._clock() - self._last_sent))
+        wait = min(wait, DEFAULT_HEARTBEAT_S - (self._clock() - self._last_sent))
         return max(wait, 0.0)
 
     def _drain_reports(self) -> bool:

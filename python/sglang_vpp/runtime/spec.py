@@ -12,11 +12,12 @@ import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ..schedule import Policy, PolicyError
+from ..schedule import ChunkingError, Policy, PolicyError, check_chunk_size, check_num_requests
 from ..schedule.factory import PARTIAL_FILL_NEEDS_BATCHING
 from .errors import RunConfigError
 
-__all__ = ["BACKEND_FOR_DEVICE", "DEFAULT_MODES", "Device", "FaultKind", "FaultSpec", "RequestArrival", "RunSpec", "Timeouts"]
+__all__ = ["BACKEND_FOR_DEVICE", "DEFAULT_MODES", "Device", "FaultKind", "FaultSpec", "RequestArrival", "RunSpec", "Timeouts",
+           "check_pipeline_ranks"]
 
 
 class Device(StrEnum):
@@ -32,6 +33,14 @@ DEFAULT_MODES: tuple[str, ...] = tuple(p.value for p in Policy if p not in (Poli
 
 #: Communication backend (``sglang_vpp.comm`` registry name) per device.
 BACKEND_FOR_DEVICE: dict[Device, str] = {Device.CPU: "gloo", Device.CUDA: "nccl", Device.NPU: "hccl"}
+
+
+def check_pipeline_ranks(num_ranks: int, flag: str = "--pp") -> None:
+    """A pipelined run takes at least 2 rank processes, whatever the mode: the one check of
+    ``bench --pp`` and ``RunSpec``. ``flag`` names the count in the message."""
+    if not isinstance(num_ranks, int) or num_ranks < 2:
+        raise RunConfigError(f"{flag} must be >= 2 for a pipelined run, got {num_ranks!r}; the single-process "
+                             f"reference is what {flag} 1 would compute")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,15 +175,12 @@ class RunSpec:
             get_policy(self.mode)
         except PolicyError as error:
             raise RunConfigError(str(error)) from None
-        if not isinstance(self.num_ranks, int) or self.num_ranks < 2:
-            raise RunConfigError(
-                f"--pp must be >= 2 for a pipelined run, got {self.num_ranks!r}; the single-process "
-                "reference is what pp=1 would compute"
-            )
-        if not self.requests:
-            raise RunConfigError("a run needs at least one request (--requests >= 1)")
-        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
-            raise RunConfigError(f"--chunk-size must be an integer >= 1, got {self.chunk_size!r}")
+        check_pipeline_ranks(self.num_ranks)
+        try:
+            check_num_requests(len(self.requests), "--requests")
+            check_chunk_size(self.chunk_size, "--chunk-size")
+        except ChunkingError as error:
+            raise RunConfigError(str(error)) from None
         if self.partial_fill and not self.batch_requests:
             raise RunConfigError(PARTIAL_FILL_NEEDS_BATCHING)
         from ..schedule import LayoutError, parse_fold

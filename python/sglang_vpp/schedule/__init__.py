@@ -22,6 +22,8 @@ from .chunking import (
     MAX_PLAN_WORK,
     RANKS_PER_EVENT,
     check_plan_work,
+    check_chunk_size,
+    check_num_requests,
     check_request_count,
     plan_work,
     fit_quadratic,
@@ -44,7 +46,7 @@ from .ir import (
     recv,
     send,
 )
-from .layout import Fold, Layout, LayoutKind, StageSpec, build_layout, even_split, parse_fold, stage_count
+from .layout import Fold, Layout, LayoutKind, StageSpec, build_layout, check_num_ranks, even_split, parse_fold, stage_count
 from .factory import (
     ControllerConfig,
     build_controller,
@@ -65,10 +67,10 @@ from .validate import ValidationIssue, find_issues, validate_schedule
 __all__ = [
     "Admission", "Controller", "ControllerLimits", "HandOff", "MicroBatch", "default_in_flight_limit",
     "BALANCE_MODES", "balance_split", "estimated_makespan", "Chunker", "DynamicChunker", "FixedChunker", "FlatCurveFallback", "QuadraticCurve", "TaperedChunker", "fit_quadratic", "parse_size",
-    "split_request", "MAX_CHUNKS_PER_REQUEST", "check_chunk_count", "check_chunk_counts", "MAX_PLAN_WORK", "RANKS_PER_EVENT", "check_plan_work", "check_request_count", "plan_work", "LinearAttentionCost", "StageCostModel", "attention_work", "causal_pairs", "DeadlockReport",
+    "split_request", "MAX_CHUNKS_PER_REQUEST", "check_chunk_count", "check_chunk_counts", "MAX_PLAN_WORK", "RANKS_PER_EVENT", "check_plan_work", "check_request_count", "check_chunk_size", "check_num_requests", "plan_work", "LinearAttentionCost", "StageCostModel", "attention_work", "causal_pairs", "DeadlockReport",
     "check_deadlock", "ChunkingError", "FlatCurveError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
     "GROUP_BACKWARD", "GROUP_FORWARD", "GROUP_SINGLE", "Action", "ActionKind", "ChunkSpec",
-    "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout", "Fold", "parse_fold", "stage_count", "plan_stages", "policy_layout",
+    "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout", "check_num_ranks", "Fold", "parse_fold", "stage_count", "plan_stages", "policy_layout",
     "even_split", "FOLDBACK_MODES", "Planner", "ControllerConfig", "build_controller", "controller_config",
     "server_controller_config",
     "TimelineEntry", "POLICIES", "CommSemantics", "Policy",

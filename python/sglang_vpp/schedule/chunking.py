@@ -40,6 +40,8 @@ __all__ = [
     "MAX_PLAN_WORK",
     "RANKS_PER_EVENT",
     "check_plan_work",
+    "check_chunk_size",
+    "check_num_requests",
     "check_request_count",
     "plan_work",
 ]
@@ -75,6 +77,24 @@ def plan_work(num_chunks: int, num_stages: int, num_ranks: int) -> int:
     return num_chunks * num_stages * max(num_ranks, RANKS_PER_EVENT) // RANKS_PER_EVENT
 
 
+def check_chunk_size(chunk_size: int, size_name: str = "chunk size") -> None:
+    """A chunk size is an integer >= 1 token: the one check of every chunker and executor config
+    (the CLI's size flags refuse what ``parse_size`` cannot read first). ``size_name`` names it in the
+    message (e.g. ``--chunk-size``)."""
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ChunkingError(f"{size_name} must be an integer >= 1 token, got {chunk_size!r}")
+
+
+def check_num_requests(num_requests: int, count_name: str = "requests", fix: str = "") -> None:
+    """A run sends at least one request: the one lower bound of every request count (the upper is
+    ``check_request_count``'s). ``count_name`` names the count (e.g. ``--requests``); ``fix``, when
+    given, follows the message."""
+    if not isinstance(num_requests, int):
+        raise ChunkingError(f"{count_name} must be an integer, got {num_requests!r}")
+    if num_requests < 1:
+        raise ChunkingError(f"{count_name} must be >= 1, got {num_requests}" + (f"; {fix}" if fix else ""))
+
+
 class Chunker(Protocol):
     def next_chunk_size(self, prefix_len: int, remaining: int) -> int: ...
 
@@ -84,8 +104,7 @@ class FixedChunker:
     chunk_size: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
-            raise ChunkingError(f"chunk size must be an integer >= 1 token, got {self.chunk_size!r}")
+        check_chunk_size(self.chunk_size)
 
     def next_chunk_size(self, prefix_len: int, remaining: int) -> int:
         return min(self.chunk_size, remaining)
@@ -116,17 +135,20 @@ class TaperedChunker:
 
     ``floor`` is the body size over ``ratio``; each ramp adds about ``log2(ratio)`` chunks. A
     request of at most two body chunks is cut like ``FixedChunker`` (no ramps).
+
+    ``ratio``, ``min_chunks`` and ``min_body`` have no defaults: the mode's values are the policy's
+    constants (``policies/vpp_taper.py``), which ``factory.tapered_chunker`` passes, and a second
+    set here would be a second vpp-taper for a caller that forgot one.
     """
 
     chunk_size: int
-    ratio: int = 4
-    min_chunks: int = 1
-    min_body: int = 2048
+    ratio: int
+    min_chunks: int
+    min_body: int
     alignment: int = 64
 
     def __post_init__(self) -> None:
-        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
-            raise ChunkingError(f"chunk size must be an integer >= 1 token, got {self.chunk_size!r}")
+        check_chunk_size(self.chunk_size)
         if self.ratio < 1:
             raise ChunkingError(f"taper ratio must be >= 1, got {self.ratio}")
         if self.min_chunks < 1:
@@ -240,7 +262,9 @@ class DynamicChunker:
 
     curve: QuadraticCurve
     base_chunk_size: int
-    smooth_factor: float = 0.75
+    smooth_factor: float
+    """Pull of the curve's chunk toward ``base_chunk_size`` (1.0: none). No default: dcpp's is
+    ``policies.dcpp.SMOOTH_FACTOR`` (``factory.default_chunker`` passes it)."""
     alignment: int = 64
     max_prefill_tokens: int | None = None
     min_chunk_size: int | None = None
@@ -251,8 +275,7 @@ class DynamicChunker:
             raise ChunkingError(
                 f"min chunk size must lie in [1, base chunk size {self.base_chunk_size}], got {self.min_chunk_size}"
             )
-        if self.base_chunk_size < 1:
-            raise ChunkingError(f"base chunk size must be >= 1, got {self.base_chunk_size}")
+        check_chunk_size(self.base_chunk_size, "base chunk size")
         if not 0.0 <= self.smooth_factor <= 1.0:
             raise ChunkingError(f"smooth factor must lie in [0, 1], got {self.smooth_factor}")
         if self.alignment < 1:
@@ -267,6 +290,8 @@ class DynamicChunker:
         base_chunk_size: int,
         max_length: int,
         num_samples: int = 128,
+        *,
+        smooth_factor: float,
         **kwargs,
     ) -> "DynamicChunker":
         """Fit the curve on ``num_samples`` prompt lengths up to ``max_length`` (at least the
@@ -275,7 +300,7 @@ class DynamicChunker:
         max_length = max(max_length, 3)
         step = max(1, max_length // num_samples)
         lengths = list(range(step, max_length + 1, step))
-        return cls(fit_quadratic(lengths, [latency(n) for n in lengths]), base_chunk_size, **kwargs)
+        return cls(fit_quadratic(lengths, [latency(n) for n in lengths]), base_chunk_size, smooth_factor, **kwargs)
 
     @property
     def target_latency(self) -> float:
@@ -348,7 +373,9 @@ def _depth(num_stages: int, num_ranks: int) -> str:
 def check_request_count(num_requests: int, num_stages: int, num_ranks: int, count_name: str = "requests") -> None:
     """Refuse ``num_requests`` requests that exceed ``MAX_PLAN_WORK`` at one chunk each, before a
     caller builds their list: a count typed with extra digits would otherwise take minutes and
-    gigabytes just to be listed and summed. ``count_name`` names the count (e.g. a flag)."""
+    gigabytes just to be listed and summed (and fewer than one, ``check_num_requests``).
+    ``count_name`` names the count (e.g. a flag)."""
+    check_num_requests(num_requests, count_name)
     if plan_work(num_requests, num_stages, num_ranks) <= MAX_PLAN_WORK:
         return
     most = 1

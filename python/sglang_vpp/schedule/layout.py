@@ -41,7 +41,8 @@ from typing import Sequence
 
 from .errors import LayoutError
 
-__all__ = ["Fold", "LayoutKind", "StageSpec", "Layout", "build_layout", "even_split", "parse_fold", "stage_count"]
+__all__ = ["Fold", "LayoutKind", "StageSpec", "Layout", "build_layout", "check_num_ranks", "even_split", "parse_fold",
+           "stage_count"]
 
 
 class LayoutKind(StrEnum):
@@ -226,6 +227,20 @@ def _fewer_ranks_fix(kind: LayoutKind, fold: Fold, split_given: bool, num_layers
     return f"the pp size is too large for {num_layers} layers: use --pp {largest} or less"
 
 
+def check_num_ranks(num_ranks: int, kind: LayoutKind | str = LayoutKind.CONTIGUOUS, flag: str = "--pp") -> None:
+    """The pipeline ranks a layout of ``kind`` takes: an integer >= 1, and >= 2 for the fold-back
+    layout (its second half runs back down the ranks). The one check of the rank count for every
+    command and executor config; ``flag`` names the count in the message (a server's ``--pp-size``).
+    LayoutError."""
+    if not isinstance(num_ranks, int):
+        raise LayoutError(f"{flag} must be an integer, got {num_ranks!r}")
+    if num_ranks < 1:
+        raise LayoutError(f"{flag} must be >= 1, got {num_ranks}")
+    if _parse_kind(kind) is LayoutKind.FOLDBACK and num_ranks < 2:
+        raise LayoutError(f"the fold-back (vpp) layout needs {flag} >= 2, got {num_ranks}; use {flag} 2 or more, "
+                          "or a contiguous mode (cpp)")
+
+
 def build_layout(
     num_ranks: int,
     num_layers: int,
@@ -237,13 +252,7 @@ def build_layout(
     fold-back layout only ([Note: fused fold])."""
     fold = parse_fold(fold)
     kind = _parse_kind(kind)
-    if not isinstance(num_ranks, int) or num_ranks < 1:
-        raise LayoutError(f"pp size must be an integer >= 1, got {num_ranks!r}")
-    if kind is LayoutKind.FOLDBACK and num_ranks < 2:
-        raise LayoutError(
-            f"the fold-back (vpp) layout needs at least 2 ranks, got pp={num_ranks}; "
-            "use --pp 2 or more, or a contiguous mode (cpp)"
-        )
+    check_num_ranks(num_ranks, kind)
     if kind is LayoutKind.CONTIGUOUS and fold is Fold.FUSED:
         raise LayoutError("a fused fold needs the fold-back (vpp) layout; the contiguous layout (cpp, dcpp) "
                           "has no fold: use --fold split or a vpp mode")

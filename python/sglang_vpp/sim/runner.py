@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..schedule import (
+    ChunkingError,
+    LayoutError,
     Planner,
     RequestSpec,
     Schedule,
@@ -30,6 +32,8 @@ from ..schedule import (
     controller_config,
     dry_run,
     get_policy,
+    check_chunk_size,
+    check_num_ranks,
     policy_layout,
     schedule_from_planner,
     validate_schedule,
@@ -37,7 +41,7 @@ from ..schedule import (
 from ..schedule.auto_size import AUTO, LiveSituation
 from ..schedule.factory import PARTIAL_FILL_NEEDS_BATCHING
 from .config import SimConfig
-from .cost.jitter import JitteredCostModel
+from .cost.jitter import JitteredCostModel, check_jitter
 from .engine import simulate_live
 from .errors import SimError
 from .metrics import gap_to_bound, lower_bound
@@ -86,10 +90,12 @@ class RunConfig:
     """A fold-back mode's fold (``schedule/layout.py``, [Note: fused fold]); contiguous modes ignore it."""
 
     def __post_init__(self) -> None:
-        if self.num_ranks < 1:
-            raise SimError(f"--pp must be >= 1, got {self.num_ranks}")
-        if self.chunk_size < 1:
-            raise SimError(f"--chunk-size must be >= 1 token, got {self.chunk_size}")
+        try:
+            check_num_ranks(self.num_ranks)
+            check_chunk_size(self.chunk_size, "--chunk-size")
+        except (LayoutError, ChunkingError) as error:
+            raise SimError(str(error)) from None
+        check_jitter(self.jitter)
         if self.partial_fill and not self.batch_requests:
             raise SimError(PARTIAL_FILL_NEEDS_BATCHING)
         if self.jitter_by not in JITTER_BY:

@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
+from sglang_vpp.heartbeat import DEFAULT_HEARTBEAT_S
 from sglang_vpp.trace_records import cost_record
 from sglang_vpp.schedule import (
     FOLDBACK_MODES,
@@ -27,11 +28,13 @@ from sglang_vpp.schedule import (
     ControllerConfig,
     Fold,
     LayoutError,
+    LayoutKind,
     Layout,
     PolicySpec,
     StageCostModel,
     build_controller,
     build_layout,
+    check_num_ranks,
     get_policy,
     server_controller_config,
 )
@@ -56,9 +59,6 @@ __all__ = [
 ]
 
 VPP_MODES: tuple[str, ...] = tuple(str(mode) for mode in FOLDBACK_MODES)
-
-DEFAULT_HEARTBEAT_S = 1.0
-"""``VppConfig.heartbeat_s`` unless ``SGLANG_VPP_HEARTBEAT_S`` sets it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +96,10 @@ class VppConfig:
     def __post_init__(self) -> None:
         if self.mode not in VPP_MODES:
             raise VppConfigError(f"--pp-mode {self.mode!r} is not a VPP mode; expected one of {VPP_MODES}")
-        if self.pp_size < 2:
-            raise VppConfigError(
-                f"--pp-mode {self.mode} needs --pp-size >= 2, got {self.pp_size}; use --pp-size 2 or more"
-            )
+        try:
+            check_num_ranks(self.pp_size, LayoutKind.FOLDBACK, "--pp-size")
+        except LayoutError as error:
+            raise VppConfigError(f"--pp-mode {self.mode}: {error}") from None
         count_error = layer_split_count_error(self.layer_split, self.pp_size, self.fold)
         if count_error is not None:
             raise VppConfigError(count_error)

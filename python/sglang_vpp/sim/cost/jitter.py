@@ -23,10 +23,17 @@ from ...schedule import ChunkSpec, StageCostModel, StageSpec
 from ..errors import SimError
 from .base import BreakdownCostModel, StageTime, stage_time
 
-__all__ = ["JitteredCostModel"]
+__all__ = ["JitteredCostModel", "check_jitter"]
 
 _FLOOR = 0.05
 """Smallest factor: a draw far in the left tail must not make a stage free or negative."""
+
+
+def check_jitter(spread: float, flag: str = "--jitter") -> None:
+    """A jitter spread lies in [0, 1] (NaN is refused): the one check of ``simulate --jitter``, the
+    simulator's ``RunConfig`` and ``JitteredCostModel``. ``flag`` names it in the message."""
+    if not 0.0 <= spread <= 1.0:
+        raise SimError(f"{flag} must lie in [0, 1] (a relative spread: 0.03 = 3%), got {spread}")
 
 
 @dataclass(frozen=True)
@@ -39,8 +46,7 @@ class JitteredCostModel(BreakdownCostModel):
     """A chunk's stages on one rank share one draw (module docstring); False: each stage draws its own."""
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.spread <= 1.0:
-            raise SimError(f"--jitter must lie in [0, 1] (a relative spread, 0.03 = 3%), got {self.spread}")
+        check_jitter(self.spread)
 
     def factor(self, stage: StageSpec, chunk: ChunkSpec) -> float:
         if self.spread == 0.0:

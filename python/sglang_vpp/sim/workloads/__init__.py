@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+from ...schedule import check_num_requests
 from ..errors import WorkloadError
 from .base import Workload
+from . import long, mixed, short
 from .file import file_workload, read_requests
 from .long import long_workload
 from .mixed import describe_lengths, mixed_lengths, mixed_workload
 from .short import short_workload
 
 __all__ = ["Workload", "WORKLOADS", "build_workload", "long_workload", "short_workload", "mixed_workload",
-           "mixed_lengths", "describe_lengths", "file_workload", "read_requests"]
+           "mixed_lengths", "describe_lengths", "file_workload", "read_requests", "CONCURRENCY_HELP", "REQUESTS_HELP",
+           "check_counts"]
 
 WORKLOADS = ("long", "short", "mixed", "file")
+
+REQUESTS_HELP = (f"Requests (long: per length, default {long.DEFAULT_NUM_REQUESTS}; short: {short.DEFAULT_NUM_REQUESTS}; "
+                 f"mixed: {mixed.DEFAULT_NUM_REQUESTS}).")
+"""``simulate --requests``'s help: the defaults ``build_workload`` applies, from the workloads' own constants."""
+CONCURRENCY_HELP = (f"Closed-loop clients (default: long {long.DEFAULT_CONCURRENCY}, short all, mixed "
+                    f"{mixed.DEFAULT_CONCURRENCY}, file open loop).")
+"""``simulate --concurrency``'s help, built as ``REQUESTS_HELP``."""
 
 # A flag a workload would ignore is refused: the run would not be the one asked for.
 # Only mixed draws anything at random (--jitter draws with its own --jitter-seed).
@@ -24,14 +34,24 @@ _UNREAD_WHY = {"long": "its prompts are --seq-len tokens, nothing drawn at rando
                "file": "the file gives every request's length and arrival"}
 
 
+_FOR_DEFAULT = "omit it for the workload's default"
+
+
+def check_counts(num_requests: int | None, concurrency: int | None) -> None:
+    """``--requests`` and ``--concurrency`` as given (None: not given, the workload's default);
+    ``build_workload`` checks them, and ``simulate`` before it weighs the request count."""
+    # ``None`` picks the workload's default; an explicit 0 must not silently become it.
+    if num_requests is not None:
+        check_num_requests(num_requests, "--requests", _FOR_DEFAULT)
+    if concurrency is not None and concurrency < 1:
+        raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}; {_FOR_DEFAULT}")
+
+
 def build_workload(kind: str, *, lengths: list[int] | None = None, num_requests: int | None = None,
                    concurrency: int | None = None, seed: int | None = None, path: str | None = None) -> Workload:
     """One workload by name with the CLI's options; an unknown name lists the valid ones. An
     option left None was not given (``seed``: mixed draws with seed 0)."""
-    # ``None`` picks the workload's default; an explicit 0 must not silently become it.
-    for flag, value in (("--requests", num_requests), ("--concurrency", concurrency)):
-        if value is not None and value < 1:
-            raise WorkloadError(f"{flag} must be >= 1, got {value}; omit it for the workload's default")
+    check_counts(num_requests, concurrency)
     given = {"--seq-len": lengths, "--requests": num_requests, "--file": path, "--seed": seed}
     for flag in _UNREAD_FLAGS.get(kind, ()):
         if given[flag] is not None:
@@ -40,15 +60,15 @@ def build_workload(kind: str, *, lengths: list[int] | None = None, num_requests:
     if kind == "long":
         if not lengths:
             raise WorkloadError("the long workload needs --seq-len (e.g. 512k or 64k,128k)")
-        return long_workload(lengths, num_requests or 1, concurrency or 1)
+        return long_workload(lengths, num_requests or long.DEFAULT_NUM_REQUESTS, concurrency or long.DEFAULT_CONCURRENCY)
     if kind == "short":
         if not lengths:
             raise WorkloadError("the short workload needs --seq-len (one length, e.g. 4k)")
         if len(lengths) != 1:
             raise WorkloadError(f"the short workload takes one --seq-len (e.g. 4k), got {len(lengths)} lengths")
-        return short_workload(lengths[0], num_requests or 100, concurrency)
+        return short_workload(lengths[0], num_requests or short.DEFAULT_NUM_REQUESTS, concurrency)
     if kind == "mixed":
-        return mixed_workload(num_requests or 500, seed or 0, concurrency or 16)
+        return mixed_workload(num_requests or mixed.DEFAULT_NUM_REQUESTS, seed or 0, concurrency or mixed.DEFAULT_CONCURRENCY)
     if kind == "file":
         if not path:
             raise WorkloadError("the file workload needs --file requests.jsonl")

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ...schedule import RequestSpec
+from ...schedule import RequestSpec, check_num_requests
 from ..errors import WorkloadError
 from .base import Workload
 
-__all__ = ["long_workload"]
+__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_LENGTH", "DEFAULT_NUM_REQUESTS", "long_workload"]
+
+DEFAULT_NUM_REQUESTS = 1
+"""Requests of each length when ``--requests`` is not given."""
+DEFAULT_CONCURRENCY = 1
+"""Closed-loop clients when ``--concurrency`` is not given: one prompt at a time."""
+DEFAULT_LENGTH = 128 * 1024
+"""The prompt length ``simulate`` runs when ``--seq-len`` is not given (docs/cli.md)."""
 
 
-def long_workload(lengths: Sequence[int], num_requests: int = 1, concurrency: int = 1) -> Workload:
+def long_workload(lengths: Sequence[int], num_requests: int = DEFAULT_NUM_REQUESTS,
+                  concurrency: int = DEFAULT_CONCURRENCY) -> Workload:
     """``num_requests`` requests of each length in ``lengths``, sent one after another."""
-    if num_requests < 1:
-        raise WorkloadError(f"--requests must be >= 1, got {num_requests}")
+    check_num_requests(num_requests, "--requests")
     if not lengths or min(lengths) < 1:
         raise WorkloadError(f"long workload needs lengths >= 1 token, got {list(lengths)}")
     requests = tuple(RequestSpec(int(n)) for n in lengths for _ in range(num_requests))

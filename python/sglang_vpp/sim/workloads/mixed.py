@@ -16,7 +16,13 @@ from ...schedule import RequestSpec
 from ..errors import WorkloadError
 from .base import Workload
 
-__all__ = ["mixed_workload", "mixed_lengths", "describe_lengths", "MIN_LENGTH", "MAX_LENGTH"]
+__all__ = ["mixed_workload", "mixed_lengths", "describe_lengths", "DEFAULT_CONCURRENCY", "DEFAULT_NUM_REQUESTS", "MIN_LENGTH",
+           "MAX_LENGTH"]
+
+DEFAULT_NUM_REQUESTS = 500
+"""Requests when ``--requests`` is not given: the paper's mixed workload."""
+DEFAULT_CONCURRENCY = 16
+"""Closed-loop clients when ``--concurrency`` is not given: the paper's."""
 
 MIN_LENGTH = 7
 MAX_LENGTH = 122_710
@@ -24,7 +30,7 @@ _MEDIAN = 10_000
 _SIGMA = 1.42  # ln(64K / 10K) / z_0.9 = 1.45; slightly less so clipping keeps the mean near 22.5K
 
 
-def mixed_lengths(num_requests: int = 500, seed: int = 0) -> list[int]:
+def mixed_lengths(num_requests: int = DEFAULT_NUM_REQUESTS, seed: int = 0) -> list[int]:
     if num_requests < 2:
         raise WorkloadError(f"mixed workload needs >= 2 requests (it pins the min and max), got {num_requests}")
     rng = random.Random(seed)
@@ -41,7 +47,8 @@ def describe_lengths(lengths: list[int]) -> dict:
             "median": median(ordered), "p90": ordered[int(0.9 * (len(ordered) - 1))]}
 
 
-def mixed_workload(num_requests: int = 500, seed: int = 0, concurrency: int = 16) -> Workload:
+def mixed_workload(num_requests: int = DEFAULT_NUM_REQUESTS, seed: int = 0,
+                   concurrency: int = DEFAULT_CONCURRENCY) -> Workload:
     requests = tuple(RequestSpec(n) for n in mixed_lengths(num_requests, seed))
     return Workload("mixed", requests, concurrency,
                     f"{num_requests} mixed-length requests (seed {seed}), concurrency {concurrency}")

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from ...schedule import RequestSpec
+from ...schedule import RequestSpec, check_num_requests
 from ..errors import WorkloadError
 from .base import Workload
 
-__all__ = ["short_workload"]
+__all__ = ["DEFAULT_NUM_REQUESTS", "short_workload"]
+
+DEFAULT_NUM_REQUESTS = 100
+"""Requests when ``--requests`` is not given: the paper's short workloads send 100."""
 
 
-def short_workload(length: int, num_requests: int = 100, concurrency: int | None = None) -> Workload:
+def short_workload(length: int, num_requests: int = DEFAULT_NUM_REQUESTS, concurrency: int | None = None) -> Workload:
     """``num_requests`` requests of ``length`` tokens, all sent at t = 0 (closed loop with
     ``concurrency`` clients if given, else all at once)."""
-    if num_requests < 1 or length < 1:
-        raise WorkloadError(f"short workload needs >= 1 request of >= 1 token, got {num_requests} x {length}")
+    check_num_requests(num_requests, "--requests")
+    if length < 1:
+        raise WorkloadError(f"short workload needs requests of >= 1 token, got {length}")
     requests = tuple(RequestSpec(int(length)) for _ in range(num_requests))
     return Workload("short", requests, concurrency or num_requests,
                     f"{num_requests} concurrent x {length} tokens")
