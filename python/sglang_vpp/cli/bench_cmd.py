@@ -19,7 +19,7 @@ from ..max_timeout import MAX_TIMEOUT_S
 from ..runtime.bench_config import BenchConfig
 from ..runtime.spec import BACKEND_FOR_DEVICE
 from ..sim.sweep import size_label
-from .common import (at_least, check_output_paths, echo_wrapped, emit_json, parse_int_list, parse_size_option,
+from .common import (at_least, check_output_paths, check_split_modes, echo_wrapped, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
 from .common import FOLD_HELP, MAX_REPEATS, PARTIAL_FILL_HELP, CliInputError, at_most, not_blank, parse_fold_option, png_path, seed_option
 
@@ -212,6 +212,7 @@ def bench(
         split=tuple(layer_split) if layer_split else None, timeouts=Timeouts(comm_s=timeout),
         fault=FaultSpec.from_env(),  # tests inject a failing rank through SGLANG_VPP_FAULT
     )
+    check_split_modes(layer_split, mode_names, pp, config.fold)
     check_config(config)  # modes, layouts, chunk count, model, backend, device: exit 2 before any work starts
     total_tokens = config.seq_len * config.num_requests
     if total_tokens > LARGE_RUN_TOKENS and device_kind is Device.CPU:

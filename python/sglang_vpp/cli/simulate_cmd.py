@@ -10,7 +10,7 @@ import typer
 
 from .. import json_text
 from ..schedule.policies.spec import Policy
-from .common import (FOLD_HELP, PARTIAL_FILL_HELP, check_output_paths, echo_wrapped, emit_json, given_flags, parse_fold_option,
+from .common import (FOLD_HELP, PARTIAL_FILL_HELP, check_output_paths, check_split_modes, echo_wrapped, emit_json, given_flags, parse_fold_option,
                      parse_int_list, parse_size_option, png_path, seed_option, user_errors)
 
 DEFAULT_LONG_SEQ_LEN = "128k"
@@ -196,6 +196,7 @@ def simulate(
     if jitter == 0 and given_flags(ctx, {"jitter_seed": "--jitter-seed"}):
         raise ValueError("--jitter-seed seeds --jitter's draws, and without --jitter there are none; give "
                          "--jitter (e.g. 0.03) or drop --jitter-seed")
+    check_split_modes(layer_split, modes, pp, fold)
     _check_costs_layouts(cost, costs, modes, pp, model_spec.num_layers, layer_split, fold, balance)
     rows = []
     for length, work in runs:
