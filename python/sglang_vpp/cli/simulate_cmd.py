@@ -213,6 +213,7 @@ def simulate(
     # Every setting that moves the numbers and the JSON's config records is named in the title too.
     title = (f"{model_spec.name} {where}, pp={pp}, " + ("fused fold, " if fold == "fused" else "") +
              ("layer split by --balance auto, " if balance == "auto" else "") +
+             (f"layer split {','.join(map(str, layer_split))}, " if layer_split else "") +
              (f"jitter {jitter * 100:g}% (seed {jitter_seed}), " if jitter else "") +
              ("partial fill, " if partial_fill else "") +
              f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""))
@@ -228,7 +229,8 @@ def simulate(
         hardware_used = hardware_spec.name if _reads_hardware(cost) else None
         emit_json({
             "config": {"model": model_spec.name, "hardware": hardware_used, "pp": pp, "tp": getattr(cost, "tp", None),
-                       "workload": workload, "chunk_sizes": chunk_sizes, "modes": modes, "balance": balance, "fold": fold,
+                       "workload": workload, "chunk_sizes": chunk_sizes, "modes": modes, "balance": balance,
+                       "split": layer_split, "fold": fold,
                        "cost_model": type(cost).__name__, "jitter": jitter, "jitter_seed": jitter_seed,
                        "partial_fill": partial_fill},
             "results": [row.to_dict() for row in rows],
