@@ -196,7 +196,8 @@ def simulate(
     if jitter == 0 and given_flags(ctx, {"jitter_seed": "--jitter-seed"}):
         raise ValueError("--jitter-seed seeds --jitter's draws, and without --jitter there are none; give "
                          "--jitter (e.g. 0.03) or drop --jitter-seed")
-    check_split_modes(layer_split, modes, pp, fold)
+    if balance == "even":  # otherwise the run refuses --balance (or --split next to auto) itself
+        check_split_modes(layer_split, modes, pp, fold)
     _check_costs_layouts(cost, costs, modes, pp, model_spec.num_layers, layer_split, fold, balance)
     rows = []
     for length, work in runs:
