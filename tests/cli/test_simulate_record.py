@@ -1,14 +1,16 @@
-"""What ``simulate`` records of the layer split it ran: the title and the JSON's ``config`` name
-every setting that moves the numbers, so a run on ``--split`` cannot pass for an even one."""
+"""What ``simulate`` says of the layout it ran: the title and the JSON's ``config`` name every
+setting that moves the numbers (a run on ``--split`` cannot pass for an even one), and the title
+names none that moved nothing (a fused fold of modes without a fold)."""
 
 import json
 
 from typer.testing import CliRunner
 
 from sglang_vpp.cli.app import app
+from sglang_vpp.cli.common import folds_any
 
 # qwen3-tiny has 4 layers: cpp at pp=2 splits them 2,2 unless told otherwise.
-_RUN = ["simulate", "--model", "qwen3-tiny", "--seq-len", "1k", "--chunk-size", "512", "--modes", "cpp"]
+_RUN = ["simulate", "--model", "qwen3-tiny", "--seq-len", "1k", "--chunk-size", "512"]
 
 
 def _run(tmp_path, *flags):
@@ -20,8 +22,18 @@ def _run(tmp_path, *flags):
 
 
 def test_a_given_split_is_named_in_the_title_and_the_json_config(tmp_path):
-    title, config, makespan = _run(tmp_path, "--split", "3,1")
+    title, config, makespan = _run(tmp_path, "--modes", "cpp", "--split", "3,1")
     assert config["split"] == [3, 1] and "layer split 3,1," in title
-    even_title, even, even_makespan = _run(tmp_path)
+    even_title, even, even_makespan = _run(tmp_path, "--modes", "cpp")
     assert makespan != even_makespan  # the split moves the numbers, so the record must tell the runs apart
     assert even["split"] is None and "layer split" not in even_title
+
+
+def test_the_title_names_a_fused_fold_only_where_a_mode_has_a_fold(tmp_path):
+    """cpp and dcpp have no fold and run as always under --fold fused (bench titles alike, by ``folds_any``)."""
+    contiguous, config, _ = _run(tmp_path, "--modes", "cpp,dcpp", "--fold", "fused")
+    assert "fused fold" not in contiguous and config["fold"] == "fused"  # the JSON keeps the flag as given
+    with_vpp, _, _ = _run(tmp_path, "--modes", "cpp,vpp", "--fold", "fused")
+    assert "fused fold" in with_vpp
+    assert not folds_any(["cpp", "dcpp"], "fused") and folds_any("dcpp,vpp-pack", "fused")
+    assert not folds_any("vpp", "split")

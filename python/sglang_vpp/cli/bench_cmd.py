@@ -19,7 +19,7 @@ from ..max_timeout import MAX_TIMEOUT_S
 from ..runtime.bench_config import BenchConfig
 from ..runtime.spec import BACKEND_FOR_DEVICE
 from ..sim.sweep import size_label
-from .common import (at_least, check_output_paths, check_split_modes, echo_wrapped, emit_json, parse_int_list, parse_size_option,
+from .common import (at_least, check_output_paths, check_split_modes, echo_wrapped, folds_any, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
 from .common import FOLD_HELP, MAX_REPEATS, PARTIAL_FILL_HELP, CliInputError, at_most, not_blank, parse_fold_option, png_path, seed_option
 
@@ -220,7 +220,7 @@ def bench(
                      "hours); try --seq-len 8k first", err=True)
     echo_wrapped(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk "
                  f"{'auto' if auto else config.chunk_size}, {device_kind} / {backend or BACKEND_FOR_DEVICE[device_kind]}, repeat {repeat}"
-                 + (", fused fold" if config.fold == "fused" else ""),
+                 + (", fused fold" if folds_any(config.modes, config.fold) else ""),
                  err=True)
     from ..serving.termination import stop_signals_as_exit
 

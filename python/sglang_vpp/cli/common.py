@@ -27,6 +27,7 @@ __all__ = [
     "check_output_paths",
     "check_split_modes",
     "echo_wrapped",
+    "folds_any",
     "emit_json",
     "given_flags",
     "layers_option",
@@ -119,6 +120,15 @@ def check_split_modes(split: Sequence[int] | None, modes: str | Sequence[str], p
         raise CliInputError(f"--split {','.join(map(str, split))} gives one layer count per stage, but at --pp {pp} the "
                             f"modes lay out different stage counts ({layouts}): run the modes of one stage count per "
                             f"command ({fits}), or drop --split for an even split")
+
+
+def folds_any(modes: str | Sequence[str], fold: str) -> bool:
+    """Whether ``--fold fused`` changes a run of ``modes``: only the fold-back modes have a fold, so
+    a title that says "fused fold" over cpp and dcpp alone would name a setting that moved nothing."""
+    from ..schedule import LayoutKind, get_policy, parse_policies
+
+    specs = parse_policies(modes) if isinstance(modes, str) else [get_policy(m) for m in modes]
+    return fold == "fused" and any(spec.layout_kind is LayoutKind.FOLDBACK for spec in specs)
 
 
 _FOLD_VALUES = ("Fold of the vpp modes: split (the method's: the last rank runs its two stages as two "

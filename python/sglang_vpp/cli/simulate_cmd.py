@@ -10,7 +10,7 @@ import typer
 
 from .. import json_text
 from ..schedule.policies.spec import Policy
-from .common import (FOLD_HELP, PARTIAL_FILL_HELP, check_output_paths, check_split_modes, echo_wrapped, emit_json, given_flags, parse_fold_option,
+from .common import (FOLD_HELP, PARTIAL_FILL_HELP, check_output_paths, check_split_modes, echo_wrapped, folds_any, emit_json, given_flags, parse_fold_option,
                      parse_int_list, parse_size_option, png_path, seed_option, user_errors)
 
 DEFAULT_LONG_SEQ_LEN = "128k"
@@ -212,7 +212,7 @@ def simulate(
              f"({model_spec.num_layers} layers) on the measured costs in {costs}"
              + (f" (measured on {measured_on})" if measured_on else ""))
     # Every setting that moves the numbers and the JSON's config records is named in the title too.
-    title = (f"{model_spec.name} {where}, pp={pp}, " + ("fused fold, " if fold == "fused" else "") +
+    title = (f"{model_spec.name} {where}, pp={pp}, " + ("fused fold, " if folds_any(modes, fold) else "") +
              ("layer split by --balance auto, " if balance == "auto" else "") +
              (f"layer split {','.join(map(str, layer_split))}, " if layer_split else "") +
              (f"jitter {jitter * 100:g}% (seed {jitter_seed}), " if jitter else "") +
