@@ -220,7 +220,12 @@ def bench(
                      "hours); try --seq-len 8k first", err=True)
     echo_wrapped(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk "
                  f"{'auto' if auto else config.chunk_size}, {device_kind} / {backend or BACKEND_FOR_DEVICE[device_kind]}, repeat {repeat}"
-                 + (", fused fold" if folds_any(config.modes, config.fold) else ""),
+                 + (", fused fold" if folds_any(config.modes, config.fold) else "")
+                 # The settings that move the numbers and the JSON's config records, as simulate's title names them.
+                 + (f", layer split {','.join(map(str, config.split))}" if config.split else "")
+                 + (f", arrivals {arrival_interval:g} s apart" if arrival_interval else "")
+                 + ("" if batch_requests else ", one request per forward")
+                 + (", partial fill" if partial_fill else ""),
                  err=True)
     from ..serving.termination import stop_signals_as_exit
 

@@ -1,6 +1,6 @@
-"""What ``simulate`` says of the layout it ran: the title and the JSON's ``config`` name every
-setting that moves the numbers (a run on ``--split`` cannot pass for an even one), and the title
-names none that moved nothing (a fused fold of modes without a fold)."""
+"""What ``simulate`` and ``bench`` say of the run they made: the title (and simulate's JSON
+``config``) names every setting that moves the numbers (a run on ``--split`` cannot pass for an
+even one), and the title names none that moved nothing (a fused fold of modes without a fold)."""
 
 import json
 
@@ -37,3 +37,21 @@ def test_the_title_names_a_fused_fold_only_where_a_mode_has_a_fold(tmp_path):
     assert "fused fold" in with_vpp
     assert not folds_any(["cpp", "dcpp"], "fused") and folds_any("dcpp,vpp-pack", "fused")
     assert not folds_any("vpp", "split")
+
+
+def test_the_bench_title_names_the_settings_that_move_its_numbers(monkeypatch):
+    """Printed before the ranks start; the run itself is stopped there (no rank process starts)."""
+    from sglang_vpp.runtime import bench
+    from sglang_vpp.runtime.errors import RankFailedError
+
+    def stop(*args, **kwargs):
+        raise RankFailedError("stopped by the test")
+
+    monkeypatch.setattr(bench, "run_bench", stop)
+    base = ["bench", "--quiet", "--seq-len", "64", "--chunk-size", "16", "--requests", "2", "--modes", "vpp"]
+    result = CliRunner().invoke(app, [*base, "--split", "1,3,3,1", "--arrival-interval", "0.25", "--partial-fill"])
+    title = " ".join(result.output.split("error:")[0].split())
+    assert "layer split 1,3,3,1, arrivals 0.25 s apart, partial fill" in title, result.output
+    plain = CliRunner().invoke(app, [*base, "--no-batch-requests"])
+    assert "one request per forward" in plain.output
+    assert not any(word in plain.output for word in ("layer split", "arrivals", "partial fill")), plain.output
