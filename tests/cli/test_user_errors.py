@@ -314,6 +314,15 @@ CASES = [
     (["simulate", "--split", "", "--seq-len", "8k", "--modes", "cpp", "--jitter", "2"],
      "--split '' gives no count; give one per stage like 3,3,3,3, or drop --split"),
     (_BENCH + ["--split", "", "--device", "npu"], "--split '' gives no count"),
+    # One split for modes of P and 2P stages fits neither: the per-layout error sent the user from one count to the other.
+    (["simulate", "--seq-len", "8k", "--split", "30,31"],
+     "--split 30,31 gives one layer count per stage, but at --pp 2 the modes lay out different stage counts (cpp, "
+     "dcpp: 2; vpp, vpp-async, vpp-pack, vpp-taper, vpp-stream: 4): run the modes of one stage count per command "
+     "(its 2 counts fit --modes cpp,dcpp), or drop --split"),
+    (["simulate", "--seq-len", "8k", "--modes", "vpp,cpp", "--split", "15,15,15,16"], "(its 4 counts fit --modes vpp)"),
+    (["simulate", "--seq-len", "8k", "--modes", "cpp,vpp", "--fold", "fused", "--split", "1,2"],
+     "different stage counts (cpp: 2; vpp: 3)"),
+    (_BENCH + ["--modes", "cpp,vpp", "--split", "4,4"], "(cpp: 2; vpp: 4): run the modes of one stage count"),
     (["layout", "--pp", "2", "--layers", "8", "--mode", "vpp", "--split", "2,,2,2,2"],
      "--split '2,,2,2,2' has an empty entry; give one count per stage like 3,3,3,3"),
     (["schedule", "--mode", "cpp", "--pp", "2", "--seq-len", "64", "--chunk-size", "8", "--layers", "4",

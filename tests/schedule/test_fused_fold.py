@@ -177,3 +177,13 @@ def test_balance_split_on_a_fused_fold_gives_2p_minus_1_counts():
     split = balance_split(get_policy("vpp"), 3, 12, [RequestSpec(8192)], 1024, LinearAttentionCost(), max_moves=4,
                           fold="fused")
     assert len(split) == 5 and sum(split) == 12
+
+
+def test_mode_stages_counts_each_modes_layout_as_policy_layout_lays_it_out():
+    from sglang_vpp.schedule import mode_stages, plan_stages, policy_layout
+
+    for fold in ("split", "fused"):
+        counts = mode_stages("cpp,dcpp,vpp,vpp-pack", 3, fold)
+        assert counts == {mode: len(policy_layout(mode, 3, 12, fold=fold).stages) for mode in counts}
+        assert plan_stages("cpp,vpp", 3, fold) == max(counts.values())
+    assert mode_stages(["cpp", "vpp"], 3, "fused") == {"cpp": 3, "vpp": 5}

@@ -21,7 +21,7 @@ from ..runtime.spec import BACKEND_FOR_DEVICE, check_pipeline_ranks
 from ..schedule import check_num_requests
 from ..sim.sweep import size_label
 from ..verdict import check_repeats
-from .common import (at_least, check_output_paths, echo_wrapped, emit_json, parse_int_list, parse_size_option,
+from .common import (at_least, check_output_paths, check_split_modes, echo_wrapped, folds_any, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
 from .common import FOLD_HELP, PARTIAL_FILL_HELP, CliInputError, at_most, not_blank, parse_fold_option, png_path, seed_option
 
@@ -213,6 +213,7 @@ def bench(
         split=tuple(layer_split) if layer_split else None, timeouts=Timeouts(comm_s=timeout),
         fault=FaultSpec.from_env(),  # tests inject a failing rank through SGLANG_VPP_FAULT
     )
+    check_split_modes(layer_split, mode_names, pp, config.fold)
     check_config(config)  # modes, layouts, chunk count, model, backend, device: exit 2 before any work starts
     total_tokens = config.seq_len * config.num_requests
     if total_tokens > LARGE_RUN_TOKENS and device_kind is Device.CPU:
@@ -220,7 +221,12 @@ def bench(
                      "hours); try --seq-len 8k first", err=True)
     echo_wrapped(f"sglang-vpp bench: {model}, pp={pp}, {requests} x {config.seq_len} tokens, chunk "
                  f"{'auto' if auto else config.chunk_size}, {device_kind} / {backend or BACKEND_FOR_DEVICE[device_kind]}, repeat {repeat}"
-                 + (", fused fold" if config.fold == "fused" else ""),
+                 + (", fused fold" if folds_any(config.modes, config.fold) else "")
+                 # The settings that move the numbers and the JSON's config records, as simulate's title names them.
+                 + (f", layer split {','.join(map(str, config.split))}" if config.split else "")
+                 + (f", arrivals {arrival_interval:g} s apart" if arrival_interval else "")
+                 + ("" if batch_requests else ", one request per forward")
+                 + (", partial fill" if partial_fill else ""),
                  err=True)
     from ..serving.termination import stop_signals_as_exit
 

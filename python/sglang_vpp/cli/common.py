@@ -24,7 +24,9 @@ __all__ = [
     "at_most",
     "check_output_path",
     "check_output_paths",
+    "check_split_modes",
     "echo_wrapped",
+    "folds_any",
     "emit_json",
     "given_flags",
     "layers_option",
@@ -96,6 +98,36 @@ def parse_int_list(text: str | None, what: str) -> list[int] | None:
         return [int(part) for part in parts]
     except ValueError:
         raise ValueError(f"{what} must be comma-separated integers like 3,3,3,3, got {text!r}") from None
+
+
+def check_split_modes(split: Sequence[int] | None, modes: str | Sequence[str], pp: int, fold: str) -> None:
+    """One ``--split`` gives one layer count per stage of every mode it runs: modes whose layouts
+    have different stage counts (cpp's P, vpp's 2P) admit no split in common, and a per-layout
+    error would send the user from one count to the other and back."""
+    if split is None:
+        return
+    from ..schedule import mode_stages
+
+    by_count: dict[int, list[str]] = {}
+    for mode, count in mode_stages(modes, pp, fold).items():
+        by_count.setdefault(count, []).append(mode)
+    if len(by_count) > 1:
+        layouts = "; ".join(f"{', '.join(names)}: {count}" for count, names in sorted(by_count.items()))
+        given = len(split)
+        fits = (f"its {given} counts fit --modes {','.join(by_count[given])}" if given in by_count else
+                f"e.g. --modes {','.join(by_count[min(by_count)])} with {min(by_count)} counts")
+        raise CliInputError(f"--split {','.join(map(str, split))} gives one layer count per stage, but at --pp {pp} the "
+                            f"modes lay out different stage counts ({layouts}): run the modes of one stage count per "
+                            f"command ({fits}), or drop --split for an even split")
+
+
+def folds_any(modes: str | Sequence[str], fold: str) -> bool:
+    """Whether ``--fold fused`` changes a run of ``modes``: only the fold-back modes have a fold, so
+    a title that says "fused fold" over cpp and dcpp alone would name a setting that moved nothing."""
+    from ..schedule import LayoutKind, get_policy, parse_policies
+
+    specs = parse_policies(modes) if isinstance(modes, str) else [get_policy(m) for m in modes]
+    return fold == "fused" and any(spec.layout_kind is LayoutKind.FOLDBACK for spec in specs)
 
 
 _FOLD_VALUES = ("Fold of the vpp modes: split (the method's: the last rank runs its two stages as two "

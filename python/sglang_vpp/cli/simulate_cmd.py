@@ -13,7 +13,7 @@ from ..schedule.policies.spec import Policy
 from ..sim.sweep import size_label
 from ..sim.workloads import CONCURRENCY_HELP, REQUESTS_HELP, check_counts
 from ..sim.workloads.long import DEFAULT_LENGTH
-from .common import (FOLD_HELP, PARTIAL_FILL_HELP, check_output_paths, echo_wrapped, emit_json, given_flags, parse_fold_option,
+from .common import (FOLD_HELP, PARTIAL_FILL_HELP, check_output_paths, check_split_modes, echo_wrapped, folds_any, emit_json, given_flags, parse_fold_option,
                      parse_int_list, parse_size_option, png_path, seed_option, user_errors)
 
 DEFAULT_LONG_SEQ_LEN = size_label(DEFAULT_LENGTH)
@@ -201,6 +201,8 @@ def simulate(
     if jitter == 0 and given_flags(ctx, {"jitter_seed": "--jitter-seed"}):
         raise ValueError("--jitter-seed seeds --jitter's draws, and without --jitter there are none; give "
                          "--jitter (e.g. 0.03) or drop --jitter-seed")
+    if balance == "even":  # otherwise the run refuses --balance (or --split next to auto) itself
+        check_split_modes(layer_split, modes, pp, fold)
     _check_costs_layouts(cost, costs, modes, pp, model_spec.num_layers, layer_split, fold, balance)
     rows = []
     for length, work in runs:
@@ -215,8 +217,9 @@ def simulate(
              f"({model_spec.num_layers} layers) on the measured costs in {costs}"
              + (f" (measured on {measured_on})" if measured_on else ""))
     # Every setting that moves the numbers and the JSON's config records is named in the title too.
-    title = (f"{model_spec.name} {where}, pp={pp}, " + ("fused fold, " if fold == "fused" else "") +
+    title = (f"{model_spec.name} {where}, pp={pp}, " + ("fused fold, " if folds_any(modes, fold) else "") +
              ("layer split by --balance auto, " if balance == "auto" else "") +
+             (f"layer split {','.join(map(str, layer_split))}, " if layer_split else "") +
              (f"jitter {jitter * 100:g}% (seed {jitter_seed}), " if jitter else "") +
              ("partial fill, " if partial_fill else "") +
              f"workload {runs[0][1].description}" + (f" (+{len(runs) - 1} more lengths)" if len(runs) > 1 else ""))
@@ -232,7 +235,8 @@ def simulate(
         hardware_used = hardware_spec.name if _reads_hardware(cost) else None
         emit_json({
             "config": {"model": model_spec.name, "hardware": hardware_used, "pp": pp, "tp": getattr(cost, "tp", None),
-                       "workload": workload, "chunk_sizes": chunk_sizes, "modes": modes, "balance": balance, "fold": fold,
+                       "workload": workload, "chunk_sizes": chunk_sizes, "modes": modes, "balance": balance,
+                       "split": layer_split, "fold": fold,
                        "cost_model": type(cost).__name__, "jitter": jitter, "jitter_seed": jitter_seed,
                        "partial_fill": partial_fill},
             "results": [row.to_dict() for row in rows],

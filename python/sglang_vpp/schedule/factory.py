@@ -27,7 +27,7 @@ from .layout import Fold, Layout, LayoutKind, build_layout, parse_fold, stage_co
 from .policies import PolicySpec, dcpp, get_policy, parse_policies, vpp_taper
 
 __all__ = ["DEFAULT_COST_DESCRIPTION", "PARTIAL_FILL_NEEDS_BATCHING", "SERVER_NUM_GROUPS", "ControllerConfig", "CostChoice", "build_controller",
-           "choose_cost", "controller_config", "default_chunker", "plan_stages", "policy_layout", "read_cost_profile",
+           "choose_cost", "controller_config", "default_chunker", "mode_stages", "plan_stages", "policy_layout", "read_cost_profile",
            "server_controller_config", "tapered_chunker"]
 
 SERVER_NUM_GROUPS = 2
@@ -46,15 +46,23 @@ def policy_layout(policy: str | PolicySpec, num_ranks: int, num_layers: int, spl
                         fold if spec.layout_kind is LayoutKind.FOLDBACK else Fold.SPLIT)
 
 
-def plan_stages(modes: str | Sequence[str | PolicySpec], num_ranks: int, fold: Fold | str = Fold.SPLIT) -> int:
-    """Stages of the deepest layout among ``modes`` (a comma-separated text or a list) on
-    ``num_ranks`` ranks, as ``policy_layout`` lays them out: what a run of these modes is weighed
-    by in ``check_chunk_counts``. PolicyError for an unknown mode."""
+def mode_stages(modes: str | Sequence[str | PolicySpec], num_ranks: int,
+                fold: Fold | str = Fold.SPLIT) -> dict[str, int]:
+    """Each of ``modes`` (a comma-separated text or a list) with the stages of its layout on
+    ``num_ranks`` ranks, as ``policy_layout`` lays them out: how many counts a layer split of that
+    mode takes. PolicyError for an unknown mode."""
     specs = parse_policies(modes) if isinstance(modes, str) else [
         m if isinstance(m, PolicySpec) else get_policy(m) for m in modes]
     fold = parse_fold(fold)
-    return max(stage_count(spec.layout_kind, num_ranks, fold if spec.layout_kind is LayoutKind.FOLDBACK else Fold.SPLIT)
-               for spec in specs)
+    return {str(spec.name): stage_count(spec.layout_kind, num_ranks,
+                                        fold if spec.layout_kind is LayoutKind.FOLDBACK else Fold.SPLIT)
+            for spec in specs}
+
+
+def plan_stages(modes: str | Sequence[str | PolicySpec], num_ranks: int, fold: Fold | str = Fold.SPLIT) -> int:
+    """Stages of the deepest layout among ``modes`` (``mode_stages``): what a run of these modes
+    is weighed by in ``check_chunk_counts``. PolicyError for an unknown mode."""
+    return max(mode_stages(modes, num_ranks, fold).values())
 
 
 def tapered_chunker(chunk_size: int, layout: Layout) -> TaperedChunker:
