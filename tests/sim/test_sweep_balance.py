@@ -29,3 +29,14 @@ def test_balance_auto_scores_splits_with_the_runs_batching_and_partial_fill(monk
                                  partial_fill=partial_fill, sim=SimConfig(record_timeline=False))
     assert rows[0].result.sim.ok
     assert seen == [(True, partial_fill)]
+
+
+def test_partial_fill_without_batching_is_refused_before_the_split_search(monkeypatch):
+    from sglang_vpp.sim.errors import SimError
+
+    monkeypatch.setattr(sweep, "balance_split", lambda *a, **k: pytest.fail("searched a refused run's split"))
+    model = load_model("qwen3-coder-30b-a3b")
+    cost = AnalyticCostModel(model, load_hardware("ascend-910c"))
+    with pytest.raises(SimError, match="--partial-fill needs --batch-requests"):
+        sweep.simulate_matrix(Workload("short", [RequestSpec(3000)] * 4), cost, model.num_layers, "vpp-stream",
+                              [4096], 2, balance="auto", batch_requests=False, partial_fill=True)

@@ -110,3 +110,15 @@ def test_the_workload_defaults_are_written_once_and_simulate_shows_them():
     params = {param.name: param for param in typer.main.get_command(app).commands["simulate"].params}
     assert params["requests"].help == REQUESTS_HELP and params["concurrency"].help == CONCURRENCY_HELP
     assert DEFAULT_LONG_SEQ_LEN in params["seq_len"].help
+
+
+def test_a_bad_request_count_is_a_workload_error_from_every_builder():
+    """The count rule is the schedule core's (``check_num_requests``); the workload builders
+    refuse with their own error type, which callers of the simulator catch."""
+    from sglang_vpp.sim.errors import WorkloadError
+    from sglang_vpp.sim.workloads import build_workload, long_workload, short_workload
+
+    for build in (lambda: short_workload(4096, 0), lambda: long_workload([4096], 0),
+                  lambda: build_workload("short", lengths=[4096], num_requests=0)):
+        with pytest.raises(WorkloadError, match="--requests must be >= 1, got 0"):
+            build()

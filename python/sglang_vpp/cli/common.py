@@ -134,11 +134,12 @@ _FOLD_VALUES = ("Fold of the vpp modes: split (the method's: the last rank runs 
                 "forwards) or fused (one forward over both: 2P-1 stages, so --split takes 2P-1 counts).")
 
 FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold and ignore it."
+"""The help of the ``--fold`` of the commands that run several modes (docs/cli.md)."""
 
 PARTIAL_FILL_HELP = ("A batch starts the request that overflows its chunk budget in what is left (a head; its rest "
                      "runs next, cut from the head's end), as SGLang's prefill adder does; default: whole requests "
                      "only.")
-"""The help of the ``--fold`` of the commands that run several modes (docs/cli.md)."""
+"""``--partial-fill``'s help, for ``simulate`` and ``bench`` alike."""
 
 LAYOUT_FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold: --fold fused with them is an error."
 """``layout``'s ``--fold``: its one layout has no mode to run as always, so the schedule core's

@@ -141,7 +141,8 @@ class RunSpec:
     simulator assumes; False: one request per forward."""
     partial_fill: bool = False
     """With ``batch_requests``: the request that overflows the budget starts in what is left of it
-    (a head in the batch, its rest the request's next chunk), as SGLang's prefill adder does."""
+    (a head in the batch, its rest the request's next chunks, cut from the head's end), as
+    SGLang's prefill adder does."""
     auto_chunk: bool = False
     """Cut each request at the size the controller's ``auto`` chunker picks for it
     (``schedule/auto_size.py``) from the planner's cost estimate."""

@@ -47,8 +47,8 @@ Rules (the meaning of each mode, also in docs/method.md):
   request may take further whole requests into the same forward while their tokens fit the budget
   (``joining_tokens``), as SGLang's prefill adder fills a batch; a request that does not fit whole
   waits for the next micro-batch, or, with ``partial_fill``, starts in the budget left over (a
-  head of its prompt) and runs its rest as its next chunk, first in the next micro-batch, as
-  SGLang's adder truncates the request that overflows. A batch with a head does not end its
+  head of its prompt) and runs its rest, cut from the head's end, next, first in the next
+  micro-batch, as SGLang's adder truncates the request that overflows. A batch with a head does not end its
   requests (the head's continues), so it takes nothing more and the rest joins its group. The
   batch is one micro-batch for every rule above.
 - Hand-off: ``blocking`` or ``async`` as the policy says; the group is ``pp`` with one group,

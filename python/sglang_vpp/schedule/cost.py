@@ -20,8 +20,7 @@ __all__ = ["StageCostModel", "LinearAttentionCost", "attention_work", "causal_pa
 def causal_pairs(tokens: int, prefix: int) -> float:
     """(query, key) pairs of causal attention for ``tokens`` new queries after ``prefix`` keys:
     ``c (L + (c + 1) / 2)``, the query at position ``p`` seeing ``p + 1`` keys. The one copy of
-    this count: the planner's estimate, the simulator's analytic model and the CPU cost fit
-    (``benchmarks/cpu_host_cost.py``) all read it."""
+    this count: the planner's estimate and the simulator's analytic model read it."""
     return tokens * (prefix + (tokens + 1) / 2)
 
 

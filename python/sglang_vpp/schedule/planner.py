@@ -149,20 +149,25 @@ class Planner:
         """Chunk ``request`` and queue its chunks; returns its request index."""
         index = len(self.requests)
         self.requests.append(request)
-        start = 0
-        chunk_index = 0
-        while start < request.length:
-            size = self.controller.next_chunk_size(start, request.length - start)
-            is_last = start + size == request.length
-            chunk = ChunkSpec(index, chunk_index, start, size, is_last)
-            self.sequence.append(chunk)
+        chunks = self._cut(index, 0, 0)
+        self.sequence.extend(chunks)
+        for chunk in chunks:
             self.chunks[chunk.key] = chunk
-            for stage in range(self._num_stages):
-                self._ready_at[stage].append(None)
-                self._finish[stage].append(None)
-            start += size
-            chunk_index += 1
+        for stage in range(self._num_stages):
+            self._ready_at[stage].extend([None] * len(chunks))
+            self._finish[stage].extend([None] * len(chunks))
         return index
+
+    def _cut(self, request_index: int, start: int, chunk_index: int) -> list[ChunkSpec]:
+        """Request ``request_index``'s chunks from token ``start`` on (numbered from
+        ``chunk_index``), at the sizes the controller's chunker gives."""
+        length = self.requests[request_index].length
+        chunks = []
+        while start < length:
+            size = self.controller.next_chunk_size(start, length - start)
+            chunks.append(ChunkSpec(request_index, chunk_index, start, size, start + size == length))
+            start, chunk_index = start + size, chunk_index + 1
+        return chunks
 
     def advance(self, until: float) -> None:
         """Take every decision possible at the executor's time ``until`` with what has been
@@ -457,20 +462,15 @@ class Planner:
 
     def _recut_rest(self, position: int, head: ChunkSpec) -> None:
         """Replace the chunks of ``head``'s request from ``position`` on (none has entered a stage)
-        by its rest, cut by the controller's chunker from the head's end: one chunk for a prompt
-        the head started in a batch's leftover, the chunker's sizes on from there for a longer one."""
+        by its rest, cut by the controller's chunker from the head's end (``_cut``): the sizes the
+        chunker gives at the new prefixes, as SGLang sizes its chunked request's next chunks
+        (fixed chunks leave a short prompt's rest whole; a DCPP curve may cut it in two)."""
         request = head.request_index
         stop = position
         while stop < len(self.sequence) and self.sequence[stop].request_index == request:
             del self.chunks[self.sequence[stop].key]
             stop += 1
-        length = self.requests[request].length
-        rest = []
-        start, index = head.start + head.num_tokens, head.chunk_index + 1
-        while start < length:
-            size = self.controller.next_chunk_size(start, length - start)
-            rest.append(ChunkSpec(request, index, start, size, start + size == length))
-            start, index = start + size, index + 1
+        rest = self._cut(request, head.start + head.num_tokens, head.chunk_index + 1)
         self.sequence[position:stop] = rest
         for chunk in rest:
             self.chunks[chunk.key] = chunk

@@ -7,7 +7,7 @@ Used by ``sglang-vpp simulate`` and ``benchmarks/sim_sweep.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..schedule.auto_size import AUTO, AUTO_CAP, is_auto
@@ -60,13 +60,14 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
         auto = is_auto(entry)
         chunk_size = AUTO_CAP if auto else int(entry)
         for spec in specs:
-            chosen = tuple(split) if split else None
+            # Built first: it refuses bad knobs before a --balance auto search spends time on them.
+            config = RunConfig(num_ranks, chunk_size, tuple(split) if split else None, batch_requests=batch_requests,
+                               jitter=jitter, jitter_seed=jitter_seed, jitter_by=jitter_by, sim=sim or SimConfig(),
+                               auto_chunk=auto, fold=fold, partial_fill=partial_fill)
             if balance == "auto":
-                chosen = balance_split(spec, num_ranks, num_layers, probe, chunk_size, cost, fold=fold,
-                                       batching=batch_requests, partial_fill=partial_fill)
-            config = RunConfig(num_ranks, chunk_size, chosen, batch_requests=batch_requests, jitter=jitter,
-                               jitter_seed=jitter_seed, jitter_by=jitter_by, sim=sim or SimConfig(), auto_chunk=auto,
-                               fold=fold, partial_fill=partial_fill)
+                config = replace(config, split=balance_split(
+                    spec, num_ranks, num_layers, probe, chunk_size, cost, fold=fold, batching=batch_requests,
+                    partial_fill=partial_fill))
             rows.append(SweepRow(workload.name, seq_len,
                                  run_mode(str(spec.name), workload, cost, config, num_layers, keep_schedules)))
     return rows

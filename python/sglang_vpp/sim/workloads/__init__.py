@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from ...schedule import check_num_requests
 from ..errors import WorkloadError
-from .base import Workload
+from .base import Workload, check_workload_requests
 from . import long, mixed, short
 from .file import file_workload, read_requests
 from .long import long_workload
@@ -42,7 +41,7 @@ def check_counts(num_requests: int | None, concurrency: int | None) -> None:
     ``build_workload`` checks them, and ``simulate`` before it weighs the request count."""
     # ``None`` picks the workload's default; an explicit 0 must not silently become it.
     if num_requests is not None:
-        check_num_requests(num_requests, "--requests", _FOR_DEFAULT)
+        check_workload_requests(num_requests, _FOR_DEFAULT)
     if concurrency is not None and concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}; {_FOR_DEFAULT}")
 

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...schedule import RequestSpec
+from ...schedule import ChunkingError, RequestSpec, check_num_requests
 from ..errors import WorkloadError
 
-__all__ = ["Workload"]
+__all__ = ["Workload", "check_workload_requests"]
+
+
+def check_workload_requests(num_requests: int, fix: str = "") -> None:
+    """``--requests`` of a workload (``check_num_requests``), refused as a ``WorkloadError``."""
+    try:
+        check_num_requests(num_requests, "--requests", fix)
+    except ChunkingError as error:
+        raise WorkloadError(str(error)) from None
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ...schedule import RequestSpec, check_num_requests
+from ...schedule import RequestSpec
 from ..errors import WorkloadError
-from .base import Workload
+from .base import Workload, check_workload_requests
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_LENGTH", "DEFAULT_NUM_REQUESTS", "long_workload"]
 
@@ -21,7 +21,7 @@ DEFAULT_LENGTH = 128 * 1024
 def long_workload(lengths: Sequence[int], num_requests: int = DEFAULT_NUM_REQUESTS,
                   concurrency: int = DEFAULT_CONCURRENCY) -> Workload:
     """``num_requests`` requests of each length in ``lengths``, sent one after another."""
-    check_num_requests(num_requests, "--requests")
+    check_workload_requests(num_requests)
     if not lengths or min(lengths) < 1:
         raise WorkloadError(f"long workload needs lengths >= 1 token, got {list(lengths)}")
     requests = tuple(RequestSpec(int(n)) for n in lengths for _ in range(num_requests))

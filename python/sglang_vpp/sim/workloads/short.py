@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ...schedule import RequestSpec, check_num_requests
+from ...schedule import RequestSpec
 from ..errors import WorkloadError
-from .base import Workload
+from .base import Workload, check_workload_requests
 
 __all__ = ["DEFAULT_NUM_REQUESTS", "short_workload"]
 
@@ -15,7 +15,7 @@ DEFAULT_NUM_REQUESTS = 100
 def short_workload(length: int, num_requests: int = DEFAULT_NUM_REQUESTS, concurrency: int | None = None) -> Workload:
     """``num_requests`` requests of ``length`` tokens, all sent at t = 0 (closed loop with
     ``concurrency`` clients if given, else all at once)."""
-    check_num_requests(num_requests, "--requests")
+    check_workload_requests(num_requests)
     if length < 1:
         raise WorkloadError(f"short workload needs requests of >= 1 token, got {length}")
     requests = tuple(RequestSpec(int(length)) for _ in range(num_requests))
