@@ -59,8 +59,12 @@ def balance_split(policy: PolicySpec, num_ranks: int, num_layers: int, requests:
     layout = policy_layout(policy, num_ranks, num_layers, None, fold)
     num_stages = layout.num_stages
     split = [stage.num_layers for stage in layout.stages]
-    best = estimated_makespan(policy, num_ranks, num_layers, requests, chunk_size, cost, split, fold, batching,
-                              partial_fill)
+
+    def score(candidate: Sequence[int]) -> float:
+        return estimated_makespan(policy, num_ranks, num_layers, requests, chunk_size, cost, candidate, fold,
+                                  batching, partial_fill)
+
+    best = score(split)
     for _ in range(max_moves):
         candidates = []
         for i in range(num_stages - 1):
@@ -72,9 +76,7 @@ def balance_split(policy: PolicySpec, num_ranks: int, num_layers: int, requests:
                     candidates.append(moved)
         if not candidates:  # one layer per stage: the only split there is
             break
-        scored = [(estimated_makespan(policy, num_ranks, num_layers, requests, chunk_size, cost, c, fold, batching,
-                                      partial_fill), c)
-                  for c in candidates]
+        scored = [(score(c), c) for c in candidates]
         value, choice = min(scored, key=lambda item: item[0])
         if value >= best * (1 - 1e-4):
             break

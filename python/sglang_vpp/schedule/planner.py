@@ -48,7 +48,7 @@ import dataclasses
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from .chunking import Chunker
 from .controller import Admission, Controller, MicroBatch
@@ -149,14 +149,20 @@ class Planner:
         """Chunk ``request`` and queue its chunks; returns its request index."""
         index = len(self.requests)
         self.requests.append(request)
-        chunks = self._cut(index, 0, 0)
-        self.sequence.extend(chunks)
+        self._replace_slots(len(self.sequence), len(self.sequence), self._cut(index, 0, 0))
+        return index
+
+    def _replace_slots(self, start: int, stop: int, chunks: Sequence[ChunkSpec]) -> None:
+        """Put ``chunks`` in the sequence's slots ``[start, stop)``, none of which has entered a
+        stage: the chunk map and every stage's lists follow (the new slots not yet ready)."""
+        for old in self.sequence[start:stop]:
+            del self.chunks[old.key]
+        self.sequence[start:stop] = chunks
         for chunk in chunks:
             self.chunks[chunk.key] = chunk
         for stage in range(self._num_stages):
-            self._ready_at[stage].extend([None] * len(chunks))
-            self._finish[stage].extend([None] * len(chunks))
-        return index
+            self._ready_at[stage][start:stop] = [None] * len(chunks)
+            self._finish[stage][start:stop] = [None] * len(chunks)
 
     def _cut(self, request_index: int, start: int, chunk_index: int) -> list[ChunkSpec]:
         """Request ``request_index``'s chunks from token ``start`` on (numbered from
@@ -453,12 +459,7 @@ class Planner:
         self.chunks[lead.key] = lead
         if split:  # the split request's slots in the sequence (and their lists) are its rest's
             self._recut_rest(end, batch.batch[-1])
-        for joined in self.sequence[position + 1 : end]:
-            del self.chunks[joined.key]
-        del self.sequence[position + 1 : end]
-        for stage in range(self._num_stages):
-            del self._ready_at[stage][position + 1 : end]
-            del self._finish[stage][position + 1 : end]
+        self._replace_slots(position + 1, end, ())  # the joined ones ride in the lead's forward
 
     def _recut_rest(self, position: int, head: ChunkSpec) -> None:
         """Replace the chunks of ``head``'s request from ``position`` on (none has entered a stage)
@@ -468,15 +469,8 @@ class Planner:
         request = head.request_index
         stop = position
         while stop < len(self.sequence) and self.sequence[stop].request_index == request:
-            del self.chunks[self.sequence[stop].key]
             stop += 1
-        rest = self._cut(request, head.start + head.num_tokens, head.chunk_index + 1)
-        self.sequence[position:stop] = rest
-        for chunk in rest:
-            self.chunks[chunk.key] = chunk
-        for stage in range(self._num_stages):
-            self._ready_at[stage][position:stop] = [None] * len(rest)
-            self._finish[stage][position:stop] = [None] * len(rest)
+        self._replace_slots(position, stop, self._cut(request, head.start + head.num_tokens, head.chunk_index + 1))
 
     # ----------------------------------------------------------------- emitting work
     def _run(self, rank: int, stage: int, position: int, now: float) -> None:
