@@ -34,6 +34,7 @@ __all__ = [
     "seed_option",
     "parse_fold_option",
     "parse_int_list",
+    "parse_output_path",
     "parse_size_option",
     "png_path",
     "positive",
@@ -237,6 +238,22 @@ def positive(value: float | None, flag: str) -> None:
     """Reject ``value <= 0`` (and NaN)."""
     if value is not None and not value > 0:
         raise CliInputError(f"{flag} must be > 0, got {value}")
+
+
+def parse_output_path(text: str) -> Path:
+    """The ``parser`` of every flag that names a file to write (``--json``, ``--trace``, ``--plot``,
+    ``--costs``, ``--output-file``): a name that can only be a directory's (``outd/``, ``outd/.``)
+    is refused while the command line is read. ``Path`` drops the trailing separator, so past
+    this point ``outd/`` reads as a file ``outd``, which the run would create at its end.
+
+    An existing directory named without one is refused by ``check_output_path``, and a missing
+    parent folder is made, by the probe there and by each writer."""
+    import os
+
+    last = text.replace(os.altsep, os.sep) if os.altsep else text
+    if text != "-" and last.rsplit(os.sep, 1)[-1] in ("", ".", ".."):
+        raise typer.BadParameter(f"{text!r} names a directory; give a file name inside it")
+    return Path(text)
 
 
 def check_output_path(path: Path | None, flag: str, stdout: bool = False) -> None:

@@ -14,7 +14,7 @@ from ..sim.sweep import size_label
 from ..sim.workloads import CONCURRENCY_HELP, REQUESTS_HELP, check_counts
 from ..sim.workloads.long import DEFAULT_LENGTH
 from .common import (FOLD_HELP, PARTIAL_FILL_HELP, check_output_paths, check_split_modes, echo_wrapped, folds_any, emit_json, given_flags, parse_fold_option,
-                     parse_int_list, parse_size_option, png_path, seed_option, user_errors)
+                     parse_int_list, parse_output_path, parse_size_option, png_path, seed_option, user_errors)
 
 DEFAULT_LONG_SEQ_LEN = size_label(DEFAULT_LENGTH)
 """``--seq-len``'s default for the long workload, as the flag writes it (``128k``)."""
@@ -134,9 +134,9 @@ def simulate(
     jitter: float = typer.Option(0.0, "--jitter", help="What-if: relative spread of every stage's time (0.03 = 3%), drawn per stage and chunk; the controller still decides with the cost model."),
     jitter_seed: int = typer.Option(0, "--jitter-seed", help="Seed of the --jitter draws."),
     partial_fill: bool = typer.Option(False, "--partial-fill", help=PARTIAL_FILL_HELP),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON ('-' for stdout)."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Perfetto/Chrome trace of each mode's run."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a Gantt PNG of each mode's run."),
+    json_out: Optional[Path] = typer.Option(None, "--json", parser=parse_output_path, help="Write results as JSON ('-' for stdout)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", parser=parse_output_path, help="Write a Perfetto/Chrome trace of each mode's run."),
+    plot: Optional[Path] = typer.Option(None, "--plot", parser=parse_output_path, help="Write a Gantt PNG of each mode's run."),
 ) -> None:
     """Simulate prefill of a workload under each mode with the real planner and print a table.
 
@@ -145,7 +145,8 @@ def simulate(
     """
     from ..sim.config import SimConfig
     from ..sim.preset_loader import load_hardware, load_model, preset_file
-    from ..sim.sweep import best_by_mode, chunk_label, format_idle_table, format_table, simulate_matrix
+    from ..sim.sweep import (best_by_mode, chunk_label, format_idle_table, format_splits, format_table,
+                             simulate_matrix)
     from ..sim.cost.jitter import check_jitter
     from ..sim.workloads import build_workload
 
@@ -226,11 +227,13 @@ def simulate(
     echo_wrapped(title, err=to_stderr)
     typer.echo(format_table(rows, mark_best=bool(sweep_chunk)), err=to_stderr)
     typer.echo(format_idle_table(rows), err=to_stderr)
+    if balance == "auto":  # the split is the planner's choice: the rows say which (also the JSON's "split")
+        typer.echo(format_splits(rows), err=to_stderr)
     if json_out is not None:
         bounds = {}
         for row in rows:
             if row.result.sim.ok:
-                key = str(row.seq_len)
+                key = row.bound_key
                 bounds[key] = min(bounds.get(key, float("inf")), row.result.lower_bound_s)
         hardware_used = hardware_spec.name if _reads_hardware(cost) else None
         emit_json({

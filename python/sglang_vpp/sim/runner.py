@@ -124,6 +124,9 @@ class ModeResult:
     """Sizes an ``auto`` run chose, in decision order (empty: a fixed chunk size)."""
     auto_tapered: tuple[bool, ...] = ()
     """Per decision of ``auto_sizes``: the tapered cut at that size was chosen."""
+    split: tuple[int, ...] = ()
+    """Per-stage layer counts of the layout the run used, read back from it: the even split, the
+    given one or the one ``balance_split`` chose (``--balance auto``), which nothing else records."""
 
     @property
     def gap_to_bound(self) -> float:
@@ -131,7 +134,8 @@ class ModeResult:
 
     def row(self) -> dict:
         """The mode's JSON fields (makespan, idle, TTFT, per-request TTFT and release), plus the bound,
-        chunk and transfer counts and the per-rank split: every per-run name of docs/metrics.md."""
+        chunk and transfer counts, the per-rank split and the layer split: every per-run name of
+        docs/metrics.md."""
         s = self.sim
         return {
             # An auto row ran at the sizes it lists, not at the cap it was given.
@@ -145,7 +149,7 @@ class ModeResult:
             # ttft_s is their mean: the per-request values give its spread (docs/metrics.md).
             "request_ttft_s": {str(k): v for k, v in sorted(s.request_ttft_s.items())},
             "request_release_s": {str(k): v for k, v in sorted(s.request_release_s.items())},
-            "per_rank": [r.to_dict() for r in s.per_rank],
+            "per_rank": [r.to_dict() for r in s.per_rank], "split": list(self.split),
             **({"auto_chunk_sizes": sorted(set(self.auto_sizes))} if self.auto_sizes else {}),
             **({"auto_tapered_sizes": sorted({s for s, t in zip(self.auto_sizes, self.auto_tapered) if t})}
                if any(self.auto_tapered) else {}),
@@ -222,7 +226,9 @@ def run_engine(mode: str, workload: Workload, config: RunConfig, num_layers: int
     if sim.ok:
         assert len(schedule.requests) == len(workload.requests), (len(schedule.requests), len(workload.requests))
     bound = lower_bound(schedule, durations, sim, [request.arrival for request in workload.requests]) if sim.ok else 0.0
-    return ModeResult(mode, config.chunk_size, sim, bound, schedule if keep_schedule else None, *_auto_choices(planner))
+    split = tuple(stage.num_layers for stage in planner.config.layout.stages)
+    return ModeResult(mode, config.chunk_size, sim, bound, schedule if keep_schedule else None, *_auto_choices(planner),
+                      split=split)
 
 
 def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig, num_layers: int,

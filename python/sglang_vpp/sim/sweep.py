@@ -18,8 +18,8 @@ from .idle import IDLE_CAUSES
 from .runner import ModeResult, RunConfig, run_mode
 from .workloads import Workload
 
-__all__ = ["SweepRow", "simulate_matrix", "format_table", "format_idle_table", "best_by_mode", "size_label",
-           "chunk_label"]
+__all__ = ["SweepRow", "simulate_matrix", "format_table", "format_idle_table", "format_splits", "best_by_mode",
+           "size_label", "chunk_label"]
 
 
 @dataclass
@@ -28,6 +28,12 @@ class SweepRow:
     seq_len: int | None
     """The prompt length for single-length workloads (long, short), else None."""
     result: ModeResult
+
+    @property
+    def bound_key(self) -> str:
+        """What the rows compared in one ``run_lower_bound_s`` entry share: the prompt length
+        (``"131072"``), or the workload's name (``"mixed"``, ``"file"``) where it has no one length."""
+        return self.workload if self.seq_len is None else str(self.seq_len)
 
     def to_dict(self) -> dict:
         return {"workload": self.workload, "seq_len": self.seq_len, **self.result.row()}
@@ -178,3 +184,12 @@ def format_idle_table(rows: Sequence[SweepRow]) -> str:
     columns += [(c, [f"{row.result.sim.idle_by_cause.get(c, 0.0):.3f}" for row in done]) for c in shown]
     tables = _split_tables([_key(row) for row in done], columns) if done else []
     return "\nidle by cause (s per rank, mean over ranks)\n" + "\n\n".join(tables)
+
+
+def format_splits(rows: Sequence[SweepRow]) -> str:
+    """The layer split each row ran on, one line per row of ``format_table`` (a deadlocked run's
+    too): ``--balance auto`` chooses one per mode, chunk size and length, and the title can only
+    say that it did."""
+    cells = [",".join(map(str, row.result.split)) for row in rows]
+    tables = _split_tables([_key(row) for row in rows], [("layers per stage", cells)]) if rows else []
+    return "\nlayer split chosen by --balance auto\n" + "\n\n".join(tables)
