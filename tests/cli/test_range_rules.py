@@ -137,3 +137,26 @@ def test_simulate_and_the_simulator_refuse_a_jitter_alike(jitter):
     assert message.startswith("--jitter must lie in [0, 1]")
     assert _error(lambda: RunConfig(2, 512, jitter=float(jitter))) == message
     assert _error(lambda: JitteredCostModel(LinearAttentionCost(), float(jitter))) == message
+
+
+@pytest.mark.parametrize("entry", ["workload", "build_workload", "simulate", "bench-serve"])
+def test_every_concurrency_is_refused_below_one_by_the_one_check(entry):
+    """The workloads, ``simulate`` and ``bench-serve`` refuse ``--concurrency 0`` with one rule,
+    each in its own type (``WorkloadError``; ``CliInputError`` for bench-serve's flag)."""
+    from sglang_vpp.schedule import RequestSpec
+    from sglang_vpp.sim.errors import WorkloadError
+    from sglang_vpp.sim.workloads import Workload, build_workload, check_concurrency
+
+    rule = _error(lambda: check_concurrency(0, "--concurrency"))
+    assert rule == "--concurrency must be >= 1, got 0"
+    if entry == "workload":
+        with pytest.raises(WorkloadError, match="^workload 'w': concurrency must be >= 1, got 0$"):
+            Workload("w", (RequestSpec(8),), concurrency=0)
+    elif entry == "build_workload":
+        with pytest.raises(WorkloadError) as caught:
+            build_workload("mixed", concurrency=0)
+        assert str(caught.value).startswith(rule + "; omit it")
+    elif entry == "simulate":
+        assert _cli_error(["simulate", "--workload", "mixed", "--concurrency", "0"]).startswith(rule + "; omit it")
+    else:
+        assert _cli_error(["bench-serve", "--url", "http://127.0.0.1:1", "--no-progress", "--concurrency", "0"]) == rule

@@ -369,3 +369,20 @@ def test_a_failure_reported_again_keeps_its_class_and_state_with_a_new_action_an
     assert (again.rank, again.peer, again.group, again.action) == (3, 1, "fwd", "the start-of-run barrier")
     assert (again.detail, again.fix) == ("torn: gone", "restart")
     assert failure.with_action("send").rank == 0
+
+
+def test_one_default_comm_timeout_for_the_communicator_the_runtime_and_bench():
+    """``COMM_TIMEOUT_S`` is the default of ``CommConfig``, of the runtime's ``Timeouts`` and of
+    ``bench --timeout``, and the example of ``CommConfig``'s refusal."""
+    import typer.main
+
+    from sglang_vpp.cli.app import app
+    from sglang_vpp.comm import COMM_TIMEOUT_S
+    from sglang_vpp.max_timeout import COMM_TIMEOUT_S as defined
+    from sglang_vpp.runtime.spec import Timeouts
+
+    assert COMM_TIMEOUT_S is defined
+    params = {param.name: param for param in typer.main.get_command(app).commands["bench"].params}
+    assert CommConfig().timeout_s == Timeouts().comm_s == params["timeout"].default == COMM_TIMEOUT_S
+    with pytest.raises(CommConfigError, match=f"e.g. {COMM_TIMEOUT_S:g}\\.$"):
+        CommConfig(timeout_s=0)

@@ -8,6 +8,7 @@ from sglang_vpp.schedule import (
     FlatCurveFallback,
     LinearAttentionCost,
     QuadraticCurve,
+    TaperedChunker,
     default_chunker,
     fit_quadratic,
     get_policy,
@@ -15,6 +16,7 @@ from sglang_vpp.schedule import (
     parse_size,
     split_request,
 )
+from sglang_vpp.schedule.chunking import check_alignment
 
 
 def test_fixed_chunker_covers_prompt_with_remainder_last():
@@ -224,3 +226,18 @@ def test_the_request_count_limit_names_the_ranks_where_they_count():
         check_request_count(100000, 256, 128)
     with pytest.raises(ChunkingError, match=r"is at least 2000000 chunks on 4 stages, more than"):
         check_request_count(2000000, 4, 2)
+
+
+@pytest.mark.parametrize("build", [
+    lambda alignment: TaperedChunker(512, ratio=8, min_chunks=4, min_body=64, alignment=alignment),
+    lambda alignment: DynamicChunker(QuadraticCurve(1e-9, 1e-6, 1e-3), 512, 1.0, alignment=alignment),
+], ids=["tapered", "dcpp"])
+@pytest.mark.parametrize("alignment", [0, -64])
+def test_both_aligning_chunkers_refuse_an_alignment_below_one_alike(build, alignment):
+    with pytest.raises(ChunkingError) as rule:
+        check_alignment(alignment)
+    assert str(rule.value) == f"alignment must be >= 1, got {alignment}"
+    with pytest.raises(ChunkingError) as caught:
+        build(alignment)
+    assert str(caught.value) == str(rule.value)
+    build(1)

@@ -5,6 +5,7 @@ import pytest
 
 from sglang_vpp.schedule import (
     ChunkSpec,
+    ChunkingError,
     Controller,
     LinearAttentionCost,
     MicroBatch,
@@ -181,16 +182,61 @@ def test_partial_fill_starts_a_long_prompt_and_cuts_its_rest_from_the_head():
         [(0, 0, 300)], [(1, 0, 512)], [(1, 512, 512)], [(1, 1024, 276)], [(2, 0, 300)]]
 
 
-def test_partial_fill_without_batching_is_refused_by_the_executors():
-    from sglang_vpp.runtime.errors import RunConfigError
+def _partial_fill_without_batching(entry):
+    """Ask ``entry`` for partial fill without batching."""
     from sglang_vpp.runtime.spec import RequestArrival, RunSpec
-    from sglang_vpp.schedule.factory import PARTIAL_FILL_NEEDS_BATCHING
-    from sglang_vpp.sim.errors import SimError
+    from sglang_vpp.schedule import build_schedule, controller_config
     from sglang_vpp.sim.runner import RunConfig
 
-    with pytest.raises(SimError, match="--partial-fill needs --batch-requests"):
+    layout = build_layout(2, 8, "contiguous")
+    if entry == "controller_config":
+        controller_config("cpp", layout, 512, None, 512, batching=False, partial_fill=True)
+    elif entry == "build_schedule":
+        build_schedule("cpp", 2, 8, [300, 300], 512, partial_fill=True)
+    elif entry == "simulator":
         RunConfig(2, 512, batch_requests=False, partial_fill=True)
-    spec = RunSpec("tiny-qwen3", "cpp", 2, (RequestArrival(100, 0.0),), 64, batch_requests=False, partial_fill=True)
-    with pytest.raises(RunConfigError, match="--partial-fill needs --batch-requests"):
-        spec.check()
+    elif entry == "runtime":
+        RunSpec("tiny-qwen3", "cpp", 2, (RequestArrival(100, 0.0),), 64, batch_requests=False,
+                partial_fill=True).check()
+
+
+@pytest.mark.parametrize("entry, error", [
+    ("controller_config", "ChunkingError"), ("build_schedule", "ChunkingError"),
+    ("simulator", "SimError"), ("runtime", "RunConfigError"),
+])
+def test_partial_fill_without_batching_is_refused_by_the_core_and_the_executors(entry, error):
+    """A library caller of the schedule core gets the executors' refusal, each in its own type."""
+    from sglang_vpp.schedule.factory import PARTIAL_FILL_NEEDS_BATCHING
+
+    with pytest.raises(ValueError) as caught:
+        _partial_fill_without_batching(entry)
+    assert type(caught.value).__name__ == error
+    assert str(caught.value) == PARTIAL_FILL_NEEDS_BATCHING
+    assert PARTIAL_FILL_NEEDS_BATCHING.startswith("--partial-fill needs --batch-requests")
     assert "no batch" in PARTIAL_FILL_NEEDS_BATCHING
+
+
+def test_a_server_config_plans_partial_fill_for_the_batches_sglang_forms():
+    """The server's controller forms no batches (no token budget), but ``auto`` plans SGLang's,
+    so its partial fill is not refused."""
+    from sglang_vpp.schedule import server_controller_config
+
+    config = server_controller_config("vpp", build_layout(2, 8, "foldback"), 4096, None, auto_chunk=True)
+    assert config.partial_fill and config.token_budget is None
+
+
+@pytest.mark.parametrize("budget", [0, -512, 512.0])
+@pytest.mark.parametrize("entry", ["controller", "build_controller", "planner"])
+def test_every_controller_refuses_a_token_budget_that_is_no_chunk_size(entry, budget):
+    """The token budget is SGLang's chunked-prefill size: one rule with the chunk size's."""
+    from sglang_vpp.schedule import build_controller, check_chunk_size
+
+    with pytest.raises(ChunkingError) as rule:
+        check_chunk_size(budget, "token_budget")
+    spec, layout, cost = get_policy("cpp"), build_layout(2, 8, "contiguous"), LinearAttentionCost()
+    config = ControllerConfig(spec, layout, default_chunker(spec, 64, layout, cost, 64), cost, token_budget=budget)
+    build = {"controller": lambda: Controller(spec, layout, cost, token_budget=budget),
+             "build_controller": lambda: build_controller(config), "planner": lambda: Planner(config)}[entry]
+    with pytest.raises(ChunkingError) as caught:
+        build()
+    assert str(caught.value) == str(rule.value)

@@ -34,10 +34,11 @@ from sglang_vpp.serving.bench_serving import (
 )
 
 from sglang_vpp.schedule.layout import check_num_ranks
+from sglang_vpp.sim.workloads.base import check_concurrency
 from sglang_vpp.verdict import check_repeats
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
-from .common import MAX_REQUESTS, at_least, at_most, check_output_paths, not_blank, seed_option, parse_size_option, positive, timeout_option, user_errors
+from .common import MAX_REQUESTS, CliInputError, at_least, at_most, check_output_paths, not_blank, seed_option, parse_size_option, positive, timeout_option, user_errors
 from .bench_serve_launch import REPEATS_UNIT, STARTUP_TIMEOUT_S
 from .bench_serve_report import WARMUP_SEED_OFFSET, gantt_path
 from .common import given_flags, parse_output_path, png_path
@@ -182,7 +183,7 @@ def bench_serve(
         raise BenchServeError(f"--format {fmt!r}: choose table, md or json")
     at_least(num_requests, 1, "--num-requests")
     at_most(num_requests, MAX_REQUESTS, "--num-requests", "(requests per pass)")
-    at_least(concurrency, 1, "--concurrency")
+    check_concurrency(concurrency, "--concurrency", error=CliInputError)
     at_least(warmup, 0, "--warmup")
     at_most(warmup, MAX_REQUESTS, "--warmup", "(requests per pass)")
     check_repeats(repeats, "--repeats", REPEATS_UNIT)

@@ -17,7 +17,7 @@ Importing this package imports torch but no device library.
 
 from .base import BackendStatus, CommBackend, CommHandle, Link, LinkSpec, OpKind, PipelineCommunicator, TensorDict
 from .communicator import Communicator, create_communicator
-from .config import DEFAULT_GROUPS, SINGLE_GROUP, CommConfig
+from .config import COMM_TIMEOUT_S, DEFAULT_GROUPS, SINGLE_GROUP, CommConfig
 from .errors import (
     BackendUnavailableError,
     CommClosedError,
@@ -35,7 +35,7 @@ from .registry import ENTRY_POINT_GROUP, backend_names, make_backend, probe_back
 
 __all__ = [
     "BackendStatus", "CommBackend", "CommHandle", "Link", "LinkSpec", "OpKind", "PipelineCommunicator",
-    "TensorDict", "Communicator", "create_communicator", "DEFAULT_GROUPS", "SINGLE_GROUP", "CommConfig",
+    "TensorDict", "Communicator", "create_communicator", "COMM_TIMEOUT_S", "DEFAULT_GROUPS", "SINGLE_GROUP", "CommConfig",
     "BackendUnavailableError", "CommClosedError", "CommConfigError", "CommError", "CommProtocolError",
     "CommTimeoutError", "CommunicatorAliasError", "DeviceSemanticsError", "PeerDeadError", "TensorDictError",
     "UnknownBackendError", "ENTRY_POINT_GROUP", "backend_names", "make_backend", "probe_backend",

@@ -10,9 +10,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..max_timeout import COMM_TIMEOUT_S
 from .errors import CommConfigError
 
-__all__ = ["CommConfig", "DEFAULT_GROUPS", "SERVED_COMM_TIMEOUT_S", "SINGLE_GROUP"]
+__all__ = ["COMM_TIMEOUT_S", "CommConfig", "DEFAULT_GROUPS", "SERVED_COMM_TIMEOUT_S", "SINGLE_GROUP"]
 
 DEFAULT_GROUPS = ("fwd", "bwd")
 SINGLE_GROUP = ("pp",)
@@ -31,7 +32,7 @@ class CommConfig:
     fold-back r+1 -> r, as vpp-async and vpp-pack schedules use. ``("pp",)``: one group, as cpp, dcpp
     and plain vpp use (both directions then share one ordered communicator)."""
 
-    timeout_s: float = 60.0
+    timeout_s: float = COMM_TIMEOUT_S
     """Default timeout of every wait (``handle.wait()``, ``send``, ``recv``, ``wait_any``), after which
     a ``CommTimeoutError`` names rank, peer, group and action."""
 
@@ -70,7 +71,7 @@ class CommConfig:
         if len(set(self.group_names)) != len(self.group_names):
             raise CommConfigError(f"group_names {self.group_names} repeats a name. Fix: make them unique.")
         if not self.timeout_s > 0:
-            raise CommConfigError(f"timeout_s must be > 0, got {self.timeout_s!r}. Fix: pass seconds, e.g. 60.")
+            raise CommConfigError(f"timeout_s must be > 0, got {self.timeout_s!r}. Fix: pass seconds, e.g. {COMM_TIMEOUT_S:g}.")
         if self.transport_timeout_s is not None and not self.transport_timeout_s >= self.timeout_s:
             raise CommConfigError(
                 f"transport_timeout_s {self.transport_timeout_s!r} is shorter than timeout_s {self.timeout_s!r}: "

@@ -12,8 +12,9 @@ import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from ..max_timeout import COMM_TIMEOUT_S
 from ..schedule import ChunkingError, Policy, PolicyError, check_chunk_size, check_num_requests
-from ..schedule.factory import PARTIAL_FILL_NEEDS_BATCHING
+from ..schedule.factory import check_partial_fill
 from .errors import RunConfigError
 
 __all__ = ["BACKEND_FOR_DEVICE", "DEFAULT_MODES", "Device", "FaultKind", "FaultSpec", "RequestArrival", "RunSpec", "Timeouts",
@@ -91,7 +92,7 @@ class FaultSpec:
 class Timeouts:
     """Every wait of a run is bounded by one of these (seconds)."""
 
-    comm_s: float = 60.0
+    comm_s: float = COMM_TIMEOUT_S
     """One communication wait (a receive, a blocking send, the final drain of sends)."""
     control_s: float = 120.0
     """A follower rank waiting for the coordinator's next planning op."""
@@ -182,8 +183,7 @@ class RunSpec:
             check_chunk_size(self.chunk_size, "--chunk-size")
         except ChunkingError as error:
             raise RunConfigError(str(error)) from None
-        if self.partial_fill and not self.batch_requests:
-            raise RunConfigError(PARTIAL_FILL_NEEDS_BATCHING)
+        check_partial_fill(self.partial_fill, self.batch_requests, RunConfigError)
         from ..schedule import LayoutError, parse_fold
 
         try:

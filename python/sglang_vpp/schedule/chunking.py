@@ -40,6 +40,7 @@ __all__ = [
     "MAX_PLAN_WORK",
     "RANKS_PER_EVENT",
     "check_plan_work",
+    "check_alignment",
     "check_chunk_size",
     "check_num_requests",
     "check_request_count",
@@ -93,6 +94,13 @@ def check_num_requests(num_requests: int, count_name: str = "requests", fix: str
         raise ChunkingError(f"{count_name} must be an integer, got {num_requests!r}")
     if num_requests < 1:
         raise ChunkingError(f"{count_name} must be >= 1, got {num_requests}" + (f"; {fix}" if fix else ""))
+
+
+def check_alignment(alignment: int) -> None:
+    """Chunk sizes round to multiples of ``alignment`` tokens, at least 1: the one check of the
+    tapered and the DCPP chunker."""
+    if alignment < 1:
+        raise ChunkingError(f"alignment must be >= 1, got {alignment}")
 
 
 class Chunker(Protocol):
@@ -155,8 +163,7 @@ class TaperedChunker:
             raise ChunkingError(f"min chunks per request must be >= 1, got {self.min_chunks}")
         if self.min_body < 1:
             raise ChunkingError(f"min body chunk must be >= 1 token, got {self.min_body}")
-        if self.alignment < 1:
-            raise ChunkingError(f"alignment must be >= 1, got {self.alignment}")
+        check_alignment(self.alignment)
 
     @property
     def tapers(self) -> bool:
@@ -278,8 +285,7 @@ class DynamicChunker:
         check_chunk_size(self.base_chunk_size, "base chunk size")
         if not 0.0 <= self.smooth_factor <= 1.0:
             raise ChunkingError(f"smooth factor must lie in [0, 1], got {self.smooth_factor}")
-        if self.alignment < 1:
-            raise ChunkingError(f"alignment must be >= 1, got {self.alignment}")
+        check_alignment(self.alignment)
         if self.curve.a <= 0:
             raise ChunkingError(f"curve needs a > 0, got a={self.curve.a}")
 

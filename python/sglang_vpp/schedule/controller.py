@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from .chunking import Chunker
+from .chunking import Chunker, check_chunk_size
 from .cost import StageCostModel
 from .decode_groups import DecodeGroups, DecodeMove, decode_groups
 from .ir import GROUP_BACKWARD, GROUP_FORWARD, GROUP_SINGLE, ChunkSpec
@@ -202,8 +202,8 @@ class Controller:
         budget starts in what is left of it (``joining_tokens``)."""
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
-        if token_budget is not None and token_budget < 1:
-            raise ValueError(f"token_budget must be >= 1 token, got {token_budget}")
+        if token_budget is not None:
+            check_chunk_size(token_budget, "token_budget")  # the budget is SGLang's chunked-prefill size
         if num_groups not in (None, 1, 2):
             raise ValueError(f"num_groups must be 1 or 2, got {num_groups}")
         self.policy = policy

@@ -20,14 +20,14 @@ from .chunking import Chunker, DynamicChunker, FixedChunker, FlatCurveFallback, 
 from .controller import Controller
 from .cost import LinearAttentionCost, StageCostModel
 from .cpu_cost import cpu_serving_cost
-from .errors import CostModelError, FlatCurveError, PolicyError
+from .errors import ChunkingError, CostModelError, FlatCurveError, PolicyError
 from .fitted_cost import FittedCostModel
 from .ir import ChunkSpec
 from .layout import Fold, Layout, LayoutKind, build_layout, parse_fold, stage_count
 from .policies import PolicySpec, dcpp, get_policy, parse_policies, vpp_taper
 
 __all__ = ["DEFAULT_COST_DESCRIPTION", "PARTIAL_FILL_NEEDS_BATCHING", "SERVER_NUM_GROUPS", "ControllerConfig", "CostChoice", "build_controller",
-           "choose_cost", "controller_config", "default_chunker", "mode_stages", "plan_stages", "policy_layout", "read_cost_profile",
+           "check_partial_fill", "choose_cost", "controller_config", "default_chunker", "mode_stages", "plan_stages", "policy_layout", "read_cost_profile",
            "server_controller_config", "tapered_chunker"]
 
 SERVER_NUM_GROUPS = 2
@@ -154,7 +154,14 @@ def read_cost_profile(path: str) -> FittedCostModel:
 
 PARTIAL_FILL_NEEDS_BATCHING = ("--partial-fill needs --batch-requests: it starts a request in what a batch of "
                                "whole requests leaves of the budget, and without batching there is no batch")
-"""The refusal of an executor asked for partial fill without batching (the fill would do nothing)."""
+"""The refusal of partial fill without batching (the fill would do nothing)."""
+
+
+def check_partial_fill(partial_fill: bool, batching: bool, error: type[ValueError] = ChunkingError) -> None:
+    """Partial fill needs batches to fill (``PARTIAL_FILL_NEEDS_BATCHING``): the one check of
+    ``controller_config`` and of the executors' configs, which pass their own ``error`` type."""
+    if partial_fill and not batching:
+        raise error(PARTIAL_FILL_NEEDS_BATCHING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,13 +214,15 @@ def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int,
     ``auto_taper``: ``auto`` also weighs the tapered cut where the mode allows (False: only the
     mode's own cut, as servers traced before the tapered cut was weighed chose).
     ``partial_fill``: with ``batching``, a request that overflows the budget starts in what is
-    left of it (``ControllerConfig.partial_fill``); ``auto`` plans so."""
+    left of it (``ControllerConfig.partial_fill``); ``auto`` plans so. Without the batches
+    (``forward_batches``, default ``batching``) it is refused (``check_partial_fill``)."""
+    batches = batching if forward_batches is None else forward_batches
+    check_partial_fill(partial_fill, batches)
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
     estimate = cost if cost is not None else LinearAttentionCost()
     if chunker is None and auto_chunk:
         from .auto_size import auto_chunker  # auto_size plans with the planner, which imports this module
 
-        batches = batching if forward_batches is None else forward_batches
         chunker = auto_chunker(spec, layout, estimate, chunk_size, max_in_flight=max_in_flight, batch=batches,
                                taper=auto_taper, partial_fill=partial_fill)
     elif chunker is None:

@@ -39,7 +39,7 @@ from ..schedule import (
     validate_schedule,
 )
 from ..schedule.auto_size import AUTO, LiveSituation
-from ..schedule.factory import PARTIAL_FILL_NEEDS_BATCHING
+from ..schedule.factory import check_partial_fill
 from .config import SimConfig
 from .cost.jitter import JitteredCostModel, check_jitter
 from .engine import simulate_live
@@ -96,8 +96,7 @@ class RunConfig:
         except (LayoutError, ChunkingError) as error:
             raise SimError(str(error)) from None
         check_jitter(self.jitter)
-        if self.partial_fill and not self.batch_requests:
-            raise SimError(PARTIAL_FILL_NEEDS_BATCHING)
+        check_partial_fill(self.partial_fill, self.batch_requests, SimError)
         if self.jitter_by not in JITTER_BY:
             raise SimError(f"jitter_by must be one of {', '.join(JITTER_BY)}, got {self.jitter_by!r}")
 

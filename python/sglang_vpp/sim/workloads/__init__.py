@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import WorkloadError
-from .base import Workload, check_workload_requests
+from .base import Workload, check_concurrency, check_workload_requests
 from . import long, mixed, short
 from .file import file_workload, read_requests
 from .long import long_workload
@@ -42,8 +42,7 @@ def check_counts(num_requests: int | None, concurrency: int | None) -> None:
     # ``None`` picks the workload's default; an explicit 0 must not silently become it.
     if num_requests is not None:
         check_workload_requests(num_requests, _FOR_DEFAULT)
-    if concurrency is not None and concurrency < 1:
-        raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}; {_FOR_DEFAULT}")
+    check_concurrency(concurrency, "--concurrency", _FOR_DEFAULT)
 
 
 def build_workload(kind: str, *, lengths: list[int] | None = None, num_requests: int | None = None,
