@@ -58,8 +58,13 @@ ROUTER_REFUSAL_BOUND_S = 10.0
 servers have, and the decode server tells the prefill server to drop the room (pd_drop.py), far
 below the prefill's bootstrap timeout (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, 300 s by default)
 that would otherwise end its side."""
-TP2_ENV = (("SGLANG_CPU_OMP_THREADS_BIND", "0|1|0|1"),)
-"""Four ranks (tp-major within each pp rank) on the two cores."""
+TP2_ENV = (("SGLANG_CPU_OMP_THREADS_BIND", "0|1|0|1"), ("MC_TRANSFER_TIMEOUT", "180"),
+           ("MC_TCP_PROGRESS_TIMEOUT_SEC", "180"))
+"""Four ranks (tp-major within each pp rank) on the two cores, and Mooncake's bounds on a
+synchronous KV send (``MC_TRANSFER_TIMEOUT``) and on a TCP session without progress
+(``MC_TCP_PROGRESS_TIMEOUT_SEC``) at 180 s instead of 30 s: on a loaded 2-core host the six
+server processes share two cores and a send of the TP-2 KV has run past 30 s, failing a request
+whose tokens were right. These tests check tokens and refusals, not transfer latency."""
 
 
 @pytest.fixture(scope="module")
