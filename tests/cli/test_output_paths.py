@@ -37,3 +37,16 @@ def test_missing_parent_folders_of_an_output_are_made(tmp_path):
     result = CliRunner().invoke(app, [*_SIMULATE, "--json", str(out), "--trace", str(trace)])
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["results"] and trace.is_file()
+
+
+def test_an_empty_output_name_is_refused():
+    result = CliRunner().invoke(app, [*_SIMULATE, "--json", ""])
+    assert result.exit_code == 2, result.output
+    assert "Error: Invalid value for '--json': give a file name" in result.output
+
+
+def test_a_file_named_dash_in_a_folder_is_a_file_not_stdout(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, [*_SIMULATE, "--json", "./-"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "-").read_text())["results"]

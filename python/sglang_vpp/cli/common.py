@@ -250,10 +250,14 @@ def parse_output_path(text: str) -> Path:
     parent folder is made, by the probe there and by each writer."""
     import os
 
+    if not text:
+        raise typer.BadParameter("give a file name")
     last = text.replace(os.altsep, os.sep) if os.altsep else text
     if text != "-" and last.rsplit(os.sep, 1)[-1] in ("", ".", ".."):
         raise typer.BadParameter(f"{text!r} names a directory; give a file name inside it")
-    return Path(text)
+    path = Path(text)
+    # ``./-`` names a file called '-', but Path reads it as '-', which means stdout.
+    return Path.cwd() / path if text != "-" and str(path) == "-" else path
 
 
 def check_output_path(path: Path | None, flag: str, stdout: bool = False) -> None:

@@ -134,9 +134,9 @@ def simulate(
     jitter: float = typer.Option(0.0, "--jitter", help="What-if: relative spread of every stage's time (0.03 = 3%), drawn per stage and chunk; the controller still decides with the cost model."),
     jitter_seed: int = typer.Option(0, "--jitter-seed", help="Seed of the --jitter draws."),
     partial_fill: bool = typer.Option(False, "--partial-fill", help=PARTIAL_FILL_HELP),
-    json_out: Optional[Path] = typer.Option(None, "--json", parser=parse_output_path, help="Write results as JSON ('-' for stdout)."),
-    trace: Optional[Path] = typer.Option(None, "--trace", parser=parse_output_path, help="Write a Perfetto/Chrome trace of each mode's run."),
-    plot: Optional[Path] = typer.Option(None, "--plot", parser=parse_output_path, help="Write a Gantt PNG of each mode's run."),
+    json_out: Optional[Path] = typer.Option(None, "--json", parser=parse_output_path, metavar="<path>", help="Write results as JSON ('-' for stdout)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", parser=parse_output_path, metavar="<path>", help="Write a Perfetto/Chrome trace of each mode's run."),
+    plot: Optional[Path] = typer.Option(None, "--plot", parser=parse_output_path, metavar="<path>", help="Write a Gantt PNG of each mode's run."),
 ) -> None:
     """Simulate prefill of a workload under each mode with the real planner and print a table.
 

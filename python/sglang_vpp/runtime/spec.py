@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from ..max_timeout import COMM_TIMEOUT_S
 from ..schedule import ChunkingError, Policy, PolicyError, check_chunk_size, check_num_requests
-from ..schedule.factory import check_partial_fill
+from ..schedule.factory import CLI_FILL_FLAGS, check_partial_fill
 from .errors import RunConfigError
 
 __all__ = ["BACKEND_FOR_DEVICE", "DEFAULT_MODES", "Device", "FaultKind", "FaultSpec", "RequestArrival", "RunSpec", "Timeouts",
@@ -183,7 +183,7 @@ class RunSpec:
             check_chunk_size(self.chunk_size, "--chunk-size")
         except ChunkingError as error:
             raise RunConfigError(str(error)) from None
-        check_partial_fill(self.partial_fill, self.batch_requests, RunConfigError)
+        check_partial_fill(self.partial_fill, self.batch_requests, RunConfigError, CLI_FILL_FLAGS)
         from ..schedule import LayoutError, parse_fold
 
         try:

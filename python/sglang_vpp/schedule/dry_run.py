@@ -81,7 +81,7 @@ def build_schedule(
     ``--no-batch-requests`` (``factory.controller_config``); the runtime's default batches, as
     ``batching=True`` plans. ``fold``: a fold-back mode's fold (``factory.policy_layout``).
     ``partial_fill``: with ``batching``, a batch starts the request that overflows it
-    (``ControllerConfig.partial_fill``)."""
+    (``ControllerConfig.partial_fill``); without ``batching`` it is refused."""
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
     layout = policy_layout(spec, num_ranks, num_layers, split, fold)
     specs = [r if isinstance(r, RequestSpec) else RequestSpec(int(r)) for r in requests]

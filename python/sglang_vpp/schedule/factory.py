@@ -27,7 +27,7 @@ from .layout import Fold, Layout, LayoutKind, build_layout, parse_fold, stage_co
 from .policies import PolicySpec, dcpp, get_policy, parse_policies, vpp_taper
 
 __all__ = ["DEFAULT_COST_DESCRIPTION", "PARTIAL_FILL_NEEDS_BATCHING", "SERVER_NUM_GROUPS", "ControllerConfig", "CostChoice", "build_controller",
-           "check_partial_fill", "choose_cost", "controller_config", "default_chunker", "mode_stages", "plan_stages", "policy_layout", "read_cost_profile",
+           "CLI_FILL_FLAGS", "CORE_FILL_ARGS", "check_partial_fill", "choose_cost", "controller_config", "default_chunker", "mode_stages", "plan_stages", "policy_layout", "read_cost_profile",
            "server_controller_config", "tapered_chunker"]
 
 SERVER_NUM_GROUPS = 2
@@ -152,16 +152,23 @@ def read_cost_profile(path: str) -> FittedCostModel:
                              "'sglang-vpp bench --costs FILE'") from None
 
 
-PARTIAL_FILL_NEEDS_BATCHING = ("--partial-fill needs --batch-requests: it starts a request in what a batch of "
-                               "whole requests leaves of the budget, and without batching there is no batch")
-"""The refusal of partial fill without batching (the fill would do nothing)."""
+_NEEDS_BATCHING = ("{fill} needs {batching}: it starts a request in what a batch of whole requests leaves of "
+                   "the budget, and without batching there is no batch")
+CLI_FILL_FLAGS = ("--partial-fill", "--batch-requests")
+"""The names an executor's command line gives partial fill and batching."""
+CORE_FILL_ARGS = ("partial_fill", "batching=True")
+"""The names a library caller of ``controller_config`` / ``build_schedule`` gives them."""
+PARTIAL_FILL_NEEDS_BATCHING = _NEEDS_BATCHING.format(fill=CLI_FILL_FLAGS[0], batching=CLI_FILL_FLAGS[1])
+"""The executors' refusal of partial fill without batching (the fill would do nothing)."""
 
 
-def check_partial_fill(partial_fill: bool, batching: bool, error: type[ValueError] = ChunkingError) -> None:
-    """Partial fill needs batches to fill (``PARTIAL_FILL_NEEDS_BATCHING``): the one check of
-    ``controller_config`` and of the executors' configs, which pass their own ``error`` type."""
+def check_partial_fill(partial_fill: bool, batching: bool, error: type[ValueError] = ChunkingError,
+                       names: tuple[str, str] = CORE_FILL_ARGS) -> None:
+    """Partial fill needs batches to fill: the one check of ``controller_config`` and of the
+    executors' configs, which pass their own ``error`` type and their flags' ``names``
+    (``CLI_FILL_FLAGS``)."""
     if partial_fill and not batching:
-        raise error(PARTIAL_FILL_NEEDS_BATCHING)
+        raise error(_NEEDS_BATCHING.format(fill=names[0], batching=names[1]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +222,9 @@ def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int,
     mode's own cut, as servers traced before the tapered cut was weighed chose).
     ``partial_fill``: with ``batching``, a request that overflows the budget starts in what is
     left of it (``ControllerConfig.partial_fill``); ``auto`` plans so. Without the batches
-    (``forward_batches``, default ``batching``) it is refused (``check_partial_fill``)."""
+    (neither ``batching`` nor ``forward_batches``) it is refused (``check_partial_fill``)."""
     batches = batching if forward_batches is None else forward_batches
-    check_partial_fill(partial_fill, batches)
+    check_partial_fill(partial_fill, batching or batches)  # the controller's own batches, or SGLang's
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
     estimate = cost if cost is not None else LinearAttentionCost()
     if chunker is None and auto_chunk:

@@ -39,7 +39,7 @@ from ..schedule import (
     validate_schedule,
 )
 from ..schedule.auto_size import AUTO, LiveSituation
-from ..schedule.factory import check_partial_fill
+from ..schedule.factory import CLI_FILL_FLAGS, check_partial_fill
 from .config import SimConfig
 from .cost.jitter import JitteredCostModel, check_jitter
 from .engine import simulate_live
@@ -96,7 +96,7 @@ class RunConfig:
         except (LayoutError, ChunkingError) as error:
             raise SimError(str(error)) from None
         check_jitter(self.jitter)
-        check_partial_fill(self.partial_fill, self.batch_requests, SimError)
+        check_partial_fill(self.partial_fill, self.batch_requests, SimError, CLI_FILL_FLAGS)
         if self.jitter_by not in JITTER_BY:
             raise SimError(f"jitter_by must be one of {', '.join(JITTER_BY)}, got {self.jitter_by!r}")
 
