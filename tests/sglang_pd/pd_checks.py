@@ -29,6 +29,12 @@ ERROR_BOUND_S = 60.0
 MIXED_LENGTHS = (5, 37, 64, 130, 200, 90, 20, 150)
 """1 to 4 chunks of 64 each (``NUM_MIXED`` requests, about 2,800 prompt tokens in all)."""
 NUM_MIXED = 32
+PATIENT_TRANSFER_ENV = (("MC_TRANSFER_TIMEOUT", "180"), ("MC_TCP_PROGRESS_TIMEOUT_SEC", "180"))
+"""Mooncake's bounds on a synchronous KV send (``MC_TRANSFER_TIMEOUT``) and on a TCP session
+without progress (``MC_TCP_PROGRESS_TIMEOUT_SEC``) at 180 s instead of 30 s, for a prefill server
+whose test checks tokens, not transfer latency: on the loaded 2-core host every rank's send of a
+TP x PP or PP-4 prefill has stalled past 30 s together (docs/pd.md), failing requests whose
+answers were right. Not for the fault tests, whose error bounds may rest on Mooncake's."""
 PREFILL_BATCH_LINE = "Prefill batch"
 """SGLang logs one such line per prefill batch run on each pipeline rank of a launch."""
 

@@ -37,7 +37,8 @@ from sglang_harness import SKIP_NO_SGLANG, ServerConfig, assert_kv_idle
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
 from vpp_checks import QWEN2_8L, Reference, make_prompts  # noqa: E402
 from conftest import PROMPT_LENGTHS, PROMPT_SEED, SERVED, pd_decode_config  # noqa: E402
-from pd_checks import NUM_NEW, check, four_prompts, post_status, prefill_of, serve  # noqa: E402
+from pd_checks import (NUM_NEW, PATIENT_TRANSFER_ENV, check, four_prompts, post_status, prefill_of,  # noqa: E402
+                       serve)
 
 from sglang_vpp.models.tiny_hf import TinyModelSpec  # noqa: E402
 from sglang_vpp.serving.pd_launcher import PdDeployment  # noqa: E402
@@ -58,13 +59,9 @@ ROUTER_REFUSAL_BOUND_S = 10.0
 servers have, and the decode server tells the prefill server to drop the room (pd_drop.py), far
 below the prefill's bootstrap timeout (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, 300 s by default)
 that would otherwise end its side."""
-TP2_ENV = (("SGLANG_CPU_OMP_THREADS_BIND", "0|1|0|1"), ("MC_TRANSFER_TIMEOUT", "180"),
-           ("MC_TCP_PROGRESS_TIMEOUT_SEC", "180"))
-"""Four ranks (tp-major within each pp rank) on the two cores, and Mooncake's bounds on a
-synchronous KV send (``MC_TRANSFER_TIMEOUT``) and on a TCP session without progress
-(``MC_TCP_PROGRESS_TIMEOUT_SEC``) at 180 s instead of 30 s: on a loaded 2-core host the six
-server processes share two cores and a send of the TP-2 KV has run past 30 s, failing a request
-whose tokens were right. These tests check tokens and refusals, not transfer latency."""
+TP2_ENV = (("SGLANG_CPU_OMP_THREADS_BIND", "0|1|0|1"), *PATIENT_TRANSFER_ENV)
+"""Four ranks (tp-major within each pp rank) on the two cores, and Mooncake's patient bounds
+(``PATIENT_TRANSFER_ENV``): these tests check tokens and refusals, not transfer latency."""
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +182,7 @@ def deepseek(deployment: PdDeployment, tiny_model):
 def test_deepseek_v3_mla_prefill_equals_transformers(deepseek, prompts, reference, mode, pp_size):
     began = time.monotonic()
     deployment, model_dir = deepseek
-    router = serve(deployment, model_dir, mode, pp_size=pp_size)
+    router = serve(deployment, model_dir, mode, pp_size=pp_size, extra_env=PATIENT_TRANSFER_ENV)
     answers = four_prompts(router.url, prompts)
     check(deployment, f"DeepSeek-V3 {mode} pp {pp_size} prefill", answers,
           _expected(reference, DEEPSEEK_V3_9L, prompts))
