@@ -5,9 +5,11 @@ and the count of prefill batches a launch has logged (to act while a prompt is i
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,12 +31,16 @@ ERROR_BOUND_S = 60.0
 MIXED_LENGTHS = (5, 37, 64, 130, 200, 90, 20, 150)
 """1 to 4 chunks of 64 each (``NUM_MIXED`` requests, about 2,800 prompt tokens in all)."""
 NUM_MIXED = 32
-PATIENT_TRANSFER_ENV = (("MC_TRANSFER_TIMEOUT", "180"), ("MC_TCP_PROGRESS_TIMEOUT_SEC", "180"))
-"""Mooncake's bounds on a synchronous KV send (``MC_TRANSFER_TIMEOUT``) and on a TCP session
-without progress (``MC_TCP_PROGRESS_TIMEOUT_SEC``) at 180 s instead of 30 s, for a prefill server
-whose test checks tokens, not transfer latency: on the loaded 2-core host every rank's send of a
-TP x PP or PP-4 prefill has stalled past 30 s together (docs/pd.md), failing requests whose
-answers were right. Not for the fault tests, whose error bounds may rest on Mooncake's."""
+PATIENT_TRANSFER_ENV = (("MC_TRANSFER_TIMEOUT", "180"), ("MC_TCP_PROGRESS_TIMEOUT_SEC", "180"),
+                        ("MC_TCP_STATUS_TIMEOUT_SEC", "180"), ("MC_TCP_ADMISSION_TIMEOUT_MS", "180000"))
+"""Mooncake's TCP bounds at 180 s, for the servers of a test that checks tokens, not transfer
+latency: a synchronous KV send (``MC_TRANSFER_TIMEOUT``, 30 s by default), a TCP session without
+progress (``MC_TCP_PROGRESS_TIMEOUT_SEC``, 30 s) or without its status frame
+(``MC_TCP_STATUS_TIMEOUT_SEC``, 30 s), and the wait of a transfer for a free connection lane to its
+peer (``MC_TCP_ADMISSION_TIMEOUT_MS``, 1 s). On the loaded 2-core host every rank's send of a
+TP x PP or PP-4 prefill has stalled past 30 s together (docs/pd.md), and a request has failed within
+seconds with no cause named, failing requests whose answers were right. Not for the fault tests,
+whose error bounds may rest on Mooncake's."""
 PREFILL_BATCH_LINE = "Prefill batch"
 """SGLang logs one such line per prefill batch run on each pipeline rank of a launch."""
 
@@ -71,13 +77,70 @@ def post_status(url: str, payload: dict, timeout: float) -> tuple[int, str]:
         return exc.code, exc.read().decode(errors="replace")
 
 
-def four_prompts(url: str, prompts: list[list[int]]) -> list[list[int]]:
-    """The prompts concurrently through ``url``; the last one sent while the others are in prefill."""
+TROUBLE = re.compile(r"error|fail|timeout|timed out|not alive|dead|traceback", re.IGNORECASE)
+"""Log lines worth showing when a request fails: Mooncake's and SGLang's transfer errors."""
+
+
+def server_evidence(deployment: PdDeployment, lines: int = 40, tail_chars: int = 2000) -> str:
+    """The prefill and decode servers' last ``lines`` log lines matching ``TROUBLE`` and their log
+    tails: the decode server's error names no cause (Mooncake's status carries none), and the
+    prefill's cause may lie far above its tail (every rank of a launch logs to one file)."""
+    parts = []
+    for role, server in (("prefill", deployment.prefill), ("decode", deployment.decode)):
+        if server is None:
+            continue
+        log = server.log_tail(10_000_000)
+        trouble = [line for line in log.splitlines() if TROUBLE.search(line)][-lines:]
+        parts.append(f"{role} log, lines naming trouble:\n" + "\n".join(trouble)
+                     + f"\n{role} log tail:\n{log[-tail_chars:]}")
+    return "\n".join(parts)
+
+
+MOONCAKE_TRANSFER_FAILED = "Failed to get kvcache from prefill instance"
+"""The decode server's error when a prefill rank reports a failed KV transfer (Mooncake's status
+message carries no cause: ``server_evidence`` looks for it in the logs)."""
+TRANSFER_RETRY_PAUSE_S = 10.0
+"""Between tries of a prompt whose KV transfer failed: the prefill bars a failed Mooncake session
+until its probe (every 30 s) reaches the decode server again."""
+
+
+def four_prompts(url: str, prompts: list[list[int]], deployment: PdDeployment | None = None,
+                 transfer_retry_s: float = 0.0) -> list[list[int]]:
+    """The prompts concurrently through ``url``; the last one sent while the others are in prefill.
+    A failed request names its error and, given ``deployment``, the servers' evidence. With
+    ``transfer_retry_s``, a prompt failed by a KV transfer alone (``MOONCAKE_TRANSFER_FAILED``) is
+    sent again, with a warning that shows the evidence, until it is answered or that long has
+    passed: for tests of tokens on a host where Mooncake's TCP sends have stalled (docs/pd.md)."""
     with ThreadPoolExecutor(len(prompts)) as pool:
         early = [pool.submit(generate, url, ids) for ids in prompts[:-1]]
         time.sleep(LATE_DELAY_S)
         late = pool.submit(generate, url, prompts[-1])
-        return [future.result() for future in early + [late]]
+        futures = early + [late]
+        failures = {i: future.exception() for i, future in enumerate(futures) if future.exception() is not None}
+    answers = [None if i in failures else future.result() for i, future in enumerate(futures)]
+    for i, exc in failures.items():
+        if transfer_retry_s <= 0 or MOONCAKE_TRANSFER_FAILED not in str(exc):
+            evidence = server_evidence(deployment) if deployment is not None else ""
+            raise AssertionError(f"prompts {sorted(failures)} of {len(prompts)} failed; prompt {i} with "
+                                 f"{exc!r}\n{evidence}") from exc
+        answers[i] = _after_transfer_failure(url, prompts[i], exc, deployment, transfer_retry_s)
+    return answers
+
+
+def _after_transfer_failure(url: str, ids: list[int], exc: BaseException, deployment: PdDeployment | None,
+                            retry_s: float) -> list[int]:
+    evidence = server_evidence(deployment) if deployment is not None else ""
+    warnings.warn(f"a prompt of {len(ids)} tokens failed by its KV transfer alone ({exc}); sending it again "
+                  f"for up to {retry_s:.0f} s\n{evidence}", stacklevel=3)
+    deadline = time.monotonic() + retry_s
+    while True:
+        time.sleep(TRANSFER_RETRY_PAUSE_S)
+        try:
+            return generate(url, ids)
+        except RuntimeError as again:
+            if MOONCAKE_TRANSFER_FAILED not in str(again) or time.monotonic() > deadline:
+                evidence = server_evidence(deployment) if deployment is not None else ""
+                raise AssertionError(f"a prompt of {len(ids)} tokens failed again: {again!r}\n{evidence}") from again
 
 
 def check(deployment: PdDeployment, label: str, got: list[list[int]], want: list[list[int]]) -> None:

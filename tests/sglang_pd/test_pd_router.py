@@ -76,7 +76,7 @@ def router(request, deployment: PdDeployment, model_dir: Path):
 
 
 def test_concurrent_prompts_equal_transformers(router, deployment, prompts, reference):
-    answers = four_prompts(router.url, prompts)
+    answers = four_prompts(router.url, prompts, deployment)
     for ids, answer, expected in zip(prompts, answers, reference):
         assert answer == expected, (
             f"prompt of {len(ids)} tokens: PD {answer} != transformers {expected}; "

@@ -66,7 +66,7 @@ def expected(greedy, prompts) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def cpp_answers(deployment, model_dir, prompts, expected) -> list[list[int]]:
     if "cpp" not in SERVED:
-        answers = four_prompts(serve(deployment, model_dir, "cpp").url, prompts)
+        answers = four_prompts(serve(deployment, model_dir, "cpp").url, prompts, deployment)
         check(deployment, "cpp prefill", answers, expected)
         SERVED["cpp"] = answers
     return SERVED["cpp"]
@@ -98,7 +98,7 @@ def test_vpp_pack_prefill_equals_cpp_and_transformers_and_its_trace_replays(
 
     def warm_up(url: str) -> int:
         urls.append(url)
-        answers = four_prompts(url, prompts)
+        answers = four_prompts(url, prompts, deployment)
         check(deployment, "vpp-pack prefill", answers, cpp_answers)
         check(deployment, "vpp-pack prefill", answers, expected)
         return len(prompts)
@@ -132,7 +132,7 @@ def test_vpp_pack_prefill_equals_cpp_and_transformers_and_its_trace_replays(
 @pytest.mark.parametrize("mode", ["vpp", "vpp-taper"])  # vpp-async: vpp-pack without packing; vpp-stream below
 def test_every_vpp_mode_prefill_equals_cpp(deployment, model_dir, prompts, cpp_answers, mode):
     router = serve(deployment, model_dir, mode, extra_env=GRAMMAR_POLL_ENV)
-    check(deployment, f"{mode} prefill", four_prompts(router.url, prompts), cpp_answers)
+    check(deployment, f"{mode} prefill", four_prompts(router.url, prompts, deployment), cpp_answers)
     # Constrained decoding through the split: the prefill's first token under the grammar (rank 0's
     # readiness decision on its event log, vpp/grammar_sync.py), the decode server's the rest.
     constrained_tokens_checked(router, seed=53, logs=deployment.prefill)
@@ -156,7 +156,7 @@ def test_auto_sizes_the_prefill_batches_on_every_rank_and_its_trace_replays(
     trace_dir = tmp_path / "trace"
     config = replace(prefill_of(model_dir, "vpp-stream", ("--vpp-trace", str(trace_dir))), chunked_prefill_size="auto")
     router = deployment.serve_prefill(config)
-    check(deployment, "vpp-stream auto prefill", four_prompts(router.url, prompts), expected)
+    check(deployment, "vpp-stream auto prefill", four_prompts(router.url, prompts, deployment), expected)
     leader = wait_for_json(trace_dir / "vpp_rank0.records.json", until=all_admitted_left)
     follower = wait_for_json(trace_dir / "vpp_rank1.records.json")
     resizes = [(d["lengths"], d["size"], d["tapered"]) for d in leader["decisions"] if d["kind"] == RESIZE]
@@ -215,7 +215,7 @@ def test_vpp_pack_prefill_over_two_nodes_equals_cpp_and_a_dead_node_ends_it(
         follower.start(timeout=600)
         router = deployment.serve_prefill(node(0), timeout=600)
         leader = deployment.prefill
-        check(deployment, "vpp-pack prefill over two nodes", four_prompts(router.url, prompts), cpp_answers)
+        check(deployment, "vpp-pack prefill over two nodes", four_prompts(router.url, prompts, deployment), cpp_answers)
         assert "VPP node 0 holds virtual stages (0, 3)" in leader.log_tail(10**7)
         assert "VPP node 1 holds virtual stages (1, 2)" in follower.log_tail(10**7)
 
