@@ -33,8 +33,8 @@ from sglang_vpp.serving.bench_serving import (
     server_context_len,
 )
 
+from sglang_vpp.schedule import check_concurrency
 from sglang_vpp.schedule.layout import check_num_ranks
-from sglang_vpp.sim.workloads.base import check_concurrency
 from sglang_vpp.verdict import check_repeats
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
