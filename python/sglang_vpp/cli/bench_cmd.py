@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from ..max_timeout import MAX_TIMEOUT_S
+from ..timeouts import MAX_TIMEOUT_S
 from ..runtime.bench_config import REPEAT_UNIT, BenchConfig
 from ..runtime.spec import BACKEND_FOR_DEVICE, check_pipeline_ranks
 from ..schedule import check_num_requests

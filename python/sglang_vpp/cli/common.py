@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import typer
 
-from ..max_timeout import MAX_TIMEOUT_S
+from ..timeouts import MAX_TIMEOUT_S
 
 __all__ = [
     "CliInputError",
