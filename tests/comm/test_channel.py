@@ -378,7 +378,7 @@ def test_one_default_comm_timeout_for_the_communicator_the_runtime_and_bench():
 
     from sglang_vpp.cli.app import app
     from sglang_vpp.comm import COMM_TIMEOUT_S
-    from sglang_vpp.max_timeout import COMM_TIMEOUT_S as defined
+    from sglang_vpp.timeouts import COMM_TIMEOUT_S as defined
     from sglang_vpp.runtime.spec import Timeouts
 
     assert COMM_TIMEOUT_S is defined

@@ -378,13 +378,13 @@ def test_the_cost_profile_help_states_the_default_choose_cost_makes():
 
 
 def test_one_week_bounds_every_timeout_of_the_cli_and_the_plugin(monkeypatch):
-    """The CLI's timeouts and --vpp-comm-timeout share one bound (``max_timeout.MAX_TIMEOUT_S``),
+    """The CLI's timeouts and --vpp-comm-timeout share one bound (``timeouts.MAX_TIMEOUT_S``),
     kept where the CLI reads it without importing torch."""
     import subprocess
     import sys
 
     from sglang_vpp.cli.common import CliInputError, timeout_option
-    from sglang_vpp.max_timeout import MAX_TIMEOUT_S
+    from sglang_vpp.timeouts import MAX_TIMEOUT_S
     from sglang_vpp.sglang_plugin.options import resolve_comm_timeout
 
     monkeypatch.delenv("SGLANG_VPP_COMM_TIMEOUT_S", raising=False)

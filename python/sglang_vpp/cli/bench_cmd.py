@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from ..max_timeout import MAX_TIMEOUT_S
+from ..timeouts import MAX_TIMEOUT_S
 from ..runtime.bench_config import REPEAT_UNIT, BenchConfig
 from ..runtime.spec import BACKEND_FOR_DEVICE, check_pipeline_ranks
 from ..schedule import check_num_requests
@@ -23,7 +23,7 @@ from ..sim.sweep import size_label
 from ..verdict import check_repeats
 from .common import (at_least, check_output_paths, check_split_modes, echo_wrapped, folds_any, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
-from .common import (FOLD_HELP, PARTIAL_FILL_HELP, CliInputError, at_most, not_blank, parse_fold_option, parse_output_path,
+from .common import (FOLD_HELP, PARTIAL_FILL_HELP, CliInputError, at_most, not_blank, parse_fold_option, output_option,
                      png_path, seed_option)
 
 _DEFAULTS = BenchConfig()
@@ -170,10 +170,10 @@ def bench(
     split: str | None = typer.Option(None, "--split", help="Per-stage layer counts (P entries for cpp/dcpp, 2P for vpp modes, 2P-1 with --fold fused)."),
     fold: str = typer.Option(_DEFAULTS.fold, "--fold", help=FOLD_HELP),
     timeout: float = typer.Option(_DEFAULTS.timeouts.comm_s, "--timeout", help="Seconds any single communication wait may take."),
-    json_out: Path | None = typer.Option(None, "--json", parser=parse_output_path, metavar="<path>", help="Write results as JSON ('-' for stdout)."),
-    trace: Path | None = typer.Option(None, "--trace", parser=parse_output_path, metavar="<path>", help="Perfetto trace of each mode: measured and replayed."),
-    plot: Path | None = typer.Option(None, "--plot", parser=parse_output_path, metavar="<path>", help="Gantt PNG of each mode: measured and replayed."),
-    costs: Path | None = typer.Option(None, "--costs", parser=parse_output_path, metavar="<path>", help="Write measured per-action costs: a fitted cost model here, raw samples per mode next to it."),
+    json_out: Path | None = output_option("--json", help="Write results as JSON ('-' for stdout)."),
+    trace: Path | None = output_option("--trace", help="Perfetto trace of each mode: measured and replayed."),
+    plot: Path | None = output_option("--plot", help="Gantt PNG of each mode: measured and replayed."),
+    costs: Path | None = output_option("--costs", help="Write measured per-action costs: a fitted cost model here, raw samples per mode next to it."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     batch_requests: bool = typer.Option(_DEFAULTS.batch_requests, "--batch-requests/--no-batch-requests", help="Batch whole requests shorter than the chunk into one forward (attention per request), as SGLang and simulate do (default); --no-batch-requests: one request per forward."),
     partial_fill: bool = typer.Option(_DEFAULTS.partial_fill, "--partial-fill", help="With --batch-requests. " + PARTIAL_FILL_HELP),

@@ -33,15 +33,15 @@ from sglang_vpp.serving.bench_serving import (
     server_context_len,
 )
 
+from sglang_vpp.schedule import check_concurrency
 from sglang_vpp.schedule.layout import check_num_ranks
-from sglang_vpp.sim.workloads.base import check_concurrency
 from sglang_vpp.verdict import check_repeats
 from sglang_vpp.workload_file import WorkloadRecord, read_workload_file
 
 from .common import MAX_REQUESTS, CliInputError, at_least, at_most, check_output_paths, not_blank, seed_option, parse_size_option, positive, timeout_option, user_errors
 from .bench_serve_launch import REPEATS_UNIT, STARTUP_TIMEOUT_S
 from .bench_serve_report import WARMUP_SEED_OFFSET, gantt_path
-from .common import given_flags, parse_output_path, png_path
+from .common import given_flags, output_option, png_path
 
 __all__ = ["BenchServeError", "bench_serve"]
 
@@ -150,9 +150,9 @@ def bench_serve(
     warmup: int = typer.Option(1, "--warmup", "--warmup-requests", help="Warm-up requests before measuring (bench_serving --warmup-requests)."),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds one bench_serving pass may take."),
     label: Optional[str] = typer.Option(None, "--label", help="Name of this run in the table and JSON (e.g. the pp mode)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", parser=parse_output_path, metavar="<path>", help="Write config, summaries, per-request TTFT/ITL and (--launch) pipeline records' replay."),
-    plot: Optional[Path] = typer.Option(None, "--plot", parser=parse_output_path, metavar="<path>", help="PNG of TTFT / ITL / E2E per server; with --launch also PATH-gantt.png, each rank's replayed prefill per mode."),
-    output_file: Optional[Path] = typer.Option(None, "--output-file", parser=parse_output_path, metavar="<path>", help="Append one JSON line per server run, tagged with its configuration (pp-mode, pp/tp size, chunk size, layer split, SGLang version, device)."),
+    json_out: Optional[Path] = output_option("--json", help="Write config, summaries, per-request TTFT/ITL and (--launch) pipeline records' replay."),
+    plot: Optional[Path] = output_option("--plot", help="PNG of TTFT / ITL / E2E per server; with --launch also PATH-gantt.png, each rank's replayed prefill per mode."),
+    output_file: Optional[Path] = output_option("--output-file", help="Append one JSON line per server run, tagged with its configuration (pp-mode, pp/tp size, chunk size, layer split, SGLang version, device)."),
     fmt: str = typer.Option("table", "--format", help="table (fits 80 columns), md, or json (the --json document on stdout)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (bench_serving's bar, server start-up)."),
     allow_failures: bool = typer.Option(False, "--allow-failures", help="Exit 0 and give the verdict over the requests served even when some failed (an error or no output)."),

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import typer
 
-from ..max_timeout import MAX_TIMEOUT_S
+from ..timeouts import MAX_TIMEOUT_S
 
 __all__ = [
     "CliInputError",
@@ -31,6 +31,7 @@ __all__ = [
     "given_flags",
     "layers_option",
     "not_blank",
+    "output_option",
     "seed_option",
     "parse_fold_option",
     "parse_int_list",
@@ -258,6 +259,12 @@ def parse_output_path(text: str) -> Path:
     path = Path(text)
     # ``./-`` names a file called '-', but Path reads it as '-', which means stdout.
     return Path.cwd() / path if text != "-" and str(path) == "-" else path
+
+
+def output_option(*flags: str, help: str, default: Any = None) -> Any:
+    """A typer option naming a file to write: every such flag reads its value with
+    ``parse_output_path`` and shows ``<path>`` in ``--help``, so they cannot drift apart."""
+    return typer.Option(default, *flags, parser=parse_output_path, metavar="<path>", help=help)
 
 
 def check_output_path(path: Path | None, flag: str, stdout: bool = False) -> None:

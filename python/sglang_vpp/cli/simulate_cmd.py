@@ -14,7 +14,7 @@ from ..sim.sweep import size_label
 from ..sim.workloads import CONCURRENCY_HELP, REQUESTS_HELP, check_counts
 from ..sim.workloads.long import DEFAULT_LENGTH
 from .common import (FOLD_HELP, PARTIAL_FILL_HELP, check_output_paths, check_split_modes, echo_wrapped, folds_any, emit_json, given_flags, parse_fold_option,
-                     parse_int_list, parse_output_path, parse_size_option, png_path, seed_option, user_errors)
+                     parse_int_list, output_option, parse_size_option, png_path, seed_option, user_errors)
 
 DEFAULT_LONG_SEQ_LEN = size_label(DEFAULT_LENGTH)
 """``--seq-len``'s default for the long workload, as the flag writes it (``128k``)."""
@@ -134,9 +134,9 @@ def simulate(
     jitter: float = typer.Option(0.0, "--jitter", help="What-if: relative spread of every stage's time (0.03 = 3%), drawn per stage and chunk; the controller still decides with the cost model."),
     jitter_seed: int = typer.Option(0, "--jitter-seed", help="Seed of the --jitter draws."),
     partial_fill: bool = typer.Option(False, "--partial-fill", help=PARTIAL_FILL_HELP),
-    json_out: Optional[Path] = typer.Option(None, "--json", parser=parse_output_path, metavar="<path>", help="Write results as JSON ('-' for stdout)."),
-    trace: Optional[Path] = typer.Option(None, "--trace", parser=parse_output_path, metavar="<path>", help="Write a Perfetto/Chrome trace of each mode's run."),
-    plot: Optional[Path] = typer.Option(None, "--plot", parser=parse_output_path, metavar="<path>", help="Write a Gantt PNG of each mode's run."),
+    json_out: Optional[Path] = output_option("--json", help="Write results as JSON ('-' for stdout)."),
+    trace: Optional[Path] = output_option("--trace", help="Write a Perfetto/Chrome trace of each mode's run."),
+    plot: Optional[Path] = output_option("--plot", help="Write a Gantt PNG of each mode's run."),
 ) -> None:
     """Simulate prefill of a workload under each mode with the real planner and print a table.
 

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..max_timeout import COMM_TIMEOUT_S
+from ..timeouts import COMM_TIMEOUT_S
 from .errors import CommConfigError
 
 __all__ = ["COMM_TIMEOUT_S", "CommConfig", "DEFAULT_GROUPS", "SERVED_COMM_TIMEOUT_S", "SINGLE_GROUP"]
@@ -20,7 +20,7 @@ SINGLE_GROUP = ("pp",)
 SERVED_COMM_TIMEOUT_S = 300.0
 """Default wait of a served pipeline's send or receive (and of a stock loop on its peers)
 before it fails: long enough for a long prompt's chunk on a slow rank, short enough that a dead
-rank stops the server within minutes (``--vpp-comm-timeout``; at most ``max_timeout.MAX_TIMEOUT_S``)."""
+rank stops the server within minutes (``--vpp-comm-timeout``; at most ``timeouts.MAX_TIMEOUT_S``)."""
 
 _GROUP_RE = re.compile(r"[a-z][a-z0-9_]{0,11}")
 

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ..max_timeout import COMM_TIMEOUT_S
+from ..timeouts import COMM_TIMEOUT_S
 from ..schedule import ChunkingError, Policy, PolicyError, check_chunk_size, check_num_requests
 from ..schedule.factory import CLI_FILL_FLAGS, check_partial_fill
 from .errors import RunConfigError

@@ -23,6 +23,7 @@ from .chunking import (
     RANKS_PER_EVENT,
     check_plan_work,
     check_chunk_size,
+    check_concurrency,
     check_num_requests,
     check_request_count,
     plan_work,
@@ -68,7 +69,7 @@ from .validate import ValidationIssue, find_issues, validate_schedule
 __all__ = [
     "Admission", "Controller", "ControllerLimits", "HandOff", "MicroBatch", "default_in_flight_limit",
     "BALANCE_MODES", "balance_split", "estimated_makespan", "Chunker", "DynamicChunker", "FixedChunker", "FlatCurveFallback", "QuadraticCurve", "TaperedChunker", "fit_quadratic", "parse_size",
-    "split_request", "MAX_CHUNKS_PER_REQUEST", "check_chunk_count", "check_chunk_counts", "MAX_PLAN_WORK", "RANKS_PER_EVENT", "check_plan_work", "check_request_count", "check_chunk_size", "check_num_requests", "plan_work", "LinearAttentionCost", "StageCostModel", "attention_work", "causal_pairs", "DeadlockReport",
+    "split_request", "MAX_CHUNKS_PER_REQUEST", "check_chunk_count", "check_chunk_counts", "MAX_PLAN_WORK", "RANKS_PER_EVENT", "check_plan_work", "check_request_count", "check_chunk_size", "check_concurrency", "check_num_requests", "plan_work", "LinearAttentionCost", "StageCostModel", "attention_work", "causal_pairs", "DeadlockReport",
     "check_deadlock", "ChunkingError", "FlatCurveError", "LayoutError", "ParseError", "PolicyError", "ScheduleError",
     "GROUP_BACKWARD", "GROUP_FORWARD", "GROUP_SINGLE", "Action", "ActionKind", "ChunkSpec",
     "RequestSpec", "compute", "recv", "send", "Layout", "LayoutKind", "StageSpec", "build_layout", "check_num_ranks", "Fold", "parse_fold", "stage_count", "mode_stages", "plan_stages", "policy_layout",

@@ -42,6 +42,7 @@ __all__ = [
     "check_plan_work",
     "check_alignment",
     "check_chunk_size",
+    "check_concurrency",
     "check_num_requests",
     "check_request_count",
     "plan_work",
@@ -94,6 +95,16 @@ def check_num_requests(num_requests: int, count_name: str = "requests", fix: str
         raise ChunkingError(f"{count_name} must be an integer, got {num_requests!r}")
     if num_requests < 1:
         raise ChunkingError(f"{count_name} must be >= 1, got {num_requests}" + (f"; {fix}" if fix else ""))
+
+
+def check_concurrency(concurrency: int | None, name: str = "concurrency", fix: str = "",
+                      error: type[ValueError] = ChunkingError) -> None:
+    """Requests in flight at most (closed-loop clients) are None (open loop, or the default) or
+    >= 1: the one check of a workload's, of ``simulate --concurrency`` and of ``bench-serve
+    --concurrency``. ``name`` names it in the message; ``fix``, when given, follows it; ``error``
+    is the caller's type (a workload's ``WorkloadError``, ``bench-serve``'s ``CliInputError``)."""
+    if concurrency is not None and concurrency < 1:
+        raise error(f"{name} must be >= 1, got {concurrency}" + (f"; {fix}" if fix else ""))
 
 
 def check_alignment(alignment: int) -> None:

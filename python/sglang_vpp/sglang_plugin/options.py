@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_vpp.comm.config import SERVED_COMM_TIMEOUT_S
-from sglang_vpp.max_timeout import MAX_TIMEOUT_S
+from sglang_vpp.timeouts import MAX_TIMEOUT_S
 from sglang_vpp.schedule import FOLDBACK_MODES, Fold, LayoutError, Policy, parse_fold, stage_count
 from sglang_vpp.sglang_plugin.errors import PpModeError
 

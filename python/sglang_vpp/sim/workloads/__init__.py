@@ -42,7 +42,7 @@ def check_counts(num_requests: int | None, concurrency: int | None) -> None:
     # ``None`` picks the workload's default; an explicit 0 must not silently become it.
     if num_requests is not None:
         check_workload_requests(num_requests, _FOR_DEFAULT)
-    check_concurrency(concurrency, "--concurrency", _FOR_DEFAULT)
+    check_concurrency(concurrency, "--concurrency", _FOR_DEFAULT, WorkloadError)
 
 
 def build_workload(kind: str, *, lengths: list[int] | None = None, num_requests: int | None = None,

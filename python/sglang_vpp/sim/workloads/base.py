@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...schedule import ChunkingError, RequestSpec, check_num_requests
+from ...schedule import ChunkingError, RequestSpec, check_concurrency, check_num_requests
 from ..errors import WorkloadError
 
 __all__ = ["Workload", "check_concurrency", "check_workload_requests"]
@@ -16,16 +16,6 @@ def check_workload_requests(num_requests: int, fix: str = "") -> None:
         check_num_requests(num_requests, "--requests", fix)
     except ChunkingError as error:
         raise WorkloadError(str(error)) from None
-
-
-def check_concurrency(concurrency: int | None, name: str = "concurrency", fix: str = "",
-                      error: type[ValueError] = WorkloadError) -> None:
-    """Requests in flight at most (closed-loop clients) are None (open loop, or the default) or
-    >= 1: the one check of a workload's, of ``simulate --concurrency`` and of ``bench-serve
-    --concurrency``. ``name`` names it in the message; ``fix``, when given, follows it; ``error``
-    is the caller's type (``bench-serve`` refuses a flag as ``CliInputError``)."""
-    if concurrency is not None and concurrency < 1:
-        raise error(f"{name} must be >= 1, got {concurrency}" + (f"; {fix}" if fix else ""))
 
 
 @dataclass(frozen=True)
@@ -45,7 +35,7 @@ class Workload:
     def __post_init__(self) -> None:
         if not self.requests:
             raise WorkloadError(f"workload {self.name!r} has no requests; give at least one")
-        check_concurrency(self.concurrency, f"workload {self.name!r}: concurrency")
+        check_concurrency(self.concurrency, f"workload {self.name!r}: concurrency", error=WorkloadError)
 
     @property
     def num_tokens(self) -> int:
