@@ -29,6 +29,9 @@ sys.path.insert(0, _HARNESS_DIR)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "sglang_vpp"))
 from vpp_checks import QWEN2_8L  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+from pd_checks import CHUNK, PROMPT_LENGTHS  # noqa: E402,F401 (re-exported to the test modules)
+
 _spec = importlib.util.spec_from_file_location("sglang_harness_pd_conftest", os.path.join(_HARNESS_DIR, "conftest.py"))
 _harness_conftest = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_harness_conftest)
@@ -38,11 +41,6 @@ tiny_model = _harness_conftest.tiny_model
 PREFILL_MODES = ["cpp"]
 """``--pp-mode`` of the prefill servers (``--pp-size 2``) that test_pd_router.py runs in turn
 against the session's decode server: correctness, bad input, aborts and faults."""
-CHUNK = 64
-"""``--chunked-prefill-size`` of every PD server of the tests."""
-PROMPT_LENGTHS = (300, 200, 150, 130)
-"""The four concurrent prompts (3 to 5 chunks of 64; the last one sent while the others are in
-prefill) that every prefill mode serves through the router."""
 PROMPT_SEED = 1919
 DECODE_KV_RELEASE_TIMEOUT_S = 10
 """SGLang's ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT`` (default 30 s) on every

@@ -13,13 +13,17 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from conftest import CHUNK, PROMPT_LENGTHS
 from sglang_harness import ServerConfig, assert_kv_idle, post_json
 from vpp_checks import make_prompts
 
 from sglang_vpp.serving.launcher import free_port
 from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config
 
+CHUNK = 64
+"""``--chunked-prefill-size`` of every PD server of the tests."""
+PROMPT_LENGTHS = (300, 200, 150, 130)
+"""The four concurrent prompts (3 to 5 chunks of 64; the last one sent while the others are in
+prefill) that every prefill mode serves through the router."""
 LATE_DELAY_S = 1.0
 NUM_NEW = 8
 LONG_PROMPT = 3000
@@ -33,14 +37,11 @@ MIXED_LENGTHS = (5, 37, 64, 130, 200, 90, 20, 150)
 NUM_MIXED = 32
 PATIENT_TRANSFER_ENV = (("MC_TRANSFER_TIMEOUT", "180"), ("MC_TCP_PROGRESS_TIMEOUT_SEC", "180"),
                         ("MC_TCP_STATUS_TIMEOUT_SEC", "180"), ("MC_TCP_ADMISSION_TIMEOUT_MS", "180000"))
-"""Mooncake's TCP bounds at 180 s, for the servers of a test that checks tokens, not transfer
-latency: a synchronous KV send (``MC_TRANSFER_TIMEOUT``, 30 s by default), a TCP session without
-progress (``MC_TCP_PROGRESS_TIMEOUT_SEC``, 30 s) or without its status frame
-(``MC_TCP_STATUS_TIMEOUT_SEC``, 30 s), and the wait of a transfer for a free connection lane to its
-peer (``MC_TCP_ADMISSION_TIMEOUT_MS``, 1 s). On the loaded 2-core host every rank's send of a
-TP x PP or PP-4 prefill has stalled past 30 s together (docs/pd.md), and a request has failed within
-seconds with no cause named, failing requests whose answers were right. Not for the fault tests,
-whose error bounds may rest on Mooncake's."""
+"""Mooncake's four TCP transfer bounds (docs/pd.md names each and its default) at 180 s, for the
+prefill servers of the TP x PP, PP-4 and DeepSeek tests (test_pd_vpp_configs.py), which check
+tokens, not transfer latency: on the loaded 2-core host every rank's send of such a prefill has
+stalled past the defaults together. Not for the fault tests, whose error bounds may rest on
+Mooncake's."""
 PREFILL_BATCH_LINE = "Prefill batch"
 """SGLang logs one such line per prefill batch run on each pipeline rank of a launch."""
 
@@ -79,68 +80,80 @@ def post_status(url: str, payload: dict, timeout: float) -> tuple[int, str]:
 
 TROUBLE = re.compile(r"error|fail|timeout|timed out|not alive|dead|traceback", re.IGNORECASE)
 """Log lines worth showing when a request fails: Mooncake's and SGLang's transfer errors."""
+EVIDENCE_LINE_CHARS = 300
+"""Each such line cut to this: SGLang's one-line dump of its server arguments names many timeouts."""
 
 
-def server_evidence(deployment: PdDeployment, lines: int = 40, tail_chars: int = 2000) -> str:
-    """The prefill and decode servers' last ``lines`` log lines matching ``TROUBLE`` and their log
-    tails: the decode server's error names no cause (Mooncake's status carries none), and the
-    prefill's cause may lie far above its tail (every rank of a launch logs to one file)."""
+def server_evidence(deployment: PdDeployment | None, max_lines: int = 40, tail_chars: int = 2000) -> str:
+    """The prefill and decode servers' last ``max_lines`` log lines matching ``TROUBLE`` and their
+    log tails: the prefill's cause of a failed request may lie far above its tail (every rank of a
+    launch logs to one file), and the decode server's error may name none (docs/pd.md)."""
+    if deployment is None:
+        return ""
     parts = []
     for role, server in (("prefill", deployment.prefill), ("decode", deployment.decode)):
         if server is None:
             continue
         log = server.log_tail(10_000_000)
-        trouble = [line for line in log.splitlines() if TROUBLE.search(line)][-lines:]
+        trouble = [line[:EVIDENCE_LINE_CHARS] for line in log.splitlines() if TROUBLE.search(line)][-max_lines:]
         parts.append(f"{role} log, lines naming trouble:\n" + "\n".join(trouble)
                      + f"\n{role} log tail:\n{log[-tail_chars:]}")
     return "\n".join(parts)
 
 
-MOONCAKE_TRANSFER_FAILED = "Failed to get kvcache from prefill instance"
-"""The decode server's error when a prefill rank reports a failed KV transfer (Mooncake's status
-message carries no cause: ``server_evidence`` looks for it in the logs)."""
-TRANSFER_RETRY_PAUSE_S = 10.0
-"""Between tries of a prompt whose KV transfer failed: the prefill bars a failed Mooncake session
-until its probe (every 30 s) reaches the decode server again."""
+PREFILL_FAILED_NO_REASON = "Failed to get kvcache from prefill instance"
+"""The decode server's error when a prefill rank reports its room failed without a reason
+(SGLang's ``CommonKVManager.DEFAULT_PREFILL_FAILURE_REASON``): what every failure on the prefill
+side reads as over Mooncake, a stalled KV send as well as the plugin's own refusals."""
+KV_IDLE_AFTER_FAILURE_S = 240.0
+"""A failed room's KV is freed once every pipeline rank's send of it has ended: within the
+patient transfer bounds (180 s, ``PATIENT_TRANSFER_ENV``) and a margin."""
+RESEND_PAUSE_S = 35.0
+"""Before the prompts are sent again: the prefill bars a Mooncake session whose send failed until
+its probe reaches the decode server again, the first probe within SGLang's
+``SGLANG_FAILED_SESSION_PROBE_INTERVAL_S`` (30 s by default)."""
 
 
-def four_prompts(url: str, prompts: list[list[int]], deployment: PdDeployment | None = None,
-                 transfer_retry_s: float = 0.0) -> list[list[int]]:
-    """The prompts concurrently through ``url``; the last one sent while the others are in prefill.
-    A failed request names its error and, given ``deployment``, the servers' evidence. With
-    ``transfer_retry_s``, a prompt failed by a KV transfer alone (``MOONCAKE_TRANSFER_FAILED``) is
-    sent again, with a warning that shows the evidence, until it is answered or that long has
-    passed: for tests of tokens on a host where Mooncake's TCP sends have stalled (docs/pd.md)."""
+class TransferRetryWarning(UserWarning):
+    """The prompts were sent again after a prefill-side failure (``four_prompts``)."""
+
+
+def _send_four(url: str, prompts: list[list[int]]) -> tuple[list, dict[int, BaseException]]:
     with ThreadPoolExecutor(len(prompts)) as pool:
         early = [pool.submit(generate, url, ids) for ids in prompts[:-1]]
         time.sleep(LATE_DELAY_S)
         late = pool.submit(generate, url, prompts[-1])
         futures = early + [late]
         failures = {i: future.exception() for i, future in enumerate(futures) if future.exception() is not None}
-    answers = [None if i in failures else future.result() for i, future in enumerate(futures)]
-    for i, exc in failures.items():
-        if transfer_retry_s <= 0 or MOONCAKE_TRANSFER_FAILED not in str(exc):
-            evidence = server_evidence(deployment) if deployment is not None else ""
-            raise AssertionError(f"prompts {sorted(failures)} of {len(prompts)} failed; prompt {i} with "
-                                 f"{exc!r}\n{evidence}") from exc
-        answers[i] = _after_transfer_failure(url, prompts[i], exc, deployment, transfer_retry_s)
-    return answers
+    return [None if i in failures else future.result() for i, future in enumerate(futures)], failures
 
 
-def _after_transfer_failure(url: str, ids: list[int], exc: BaseException, deployment: PdDeployment | None,
-                            retry_s: float) -> list[int]:
-    evidence = server_evidence(deployment) if deployment is not None else ""
-    warnings.warn(f"a prompt of {len(ids)} tokens failed by its KV transfer alone ({exc}); sending it again "
-                  f"for up to {retry_s:.0f} s\n{evidence}", stacklevel=3)
-    deadline = time.monotonic() + retry_s
-    while True:
-        time.sleep(TRANSFER_RETRY_PAUSE_S)
-        try:
-            return generate(url, ids)
-        except RuntimeError as again:
-            if MOONCAKE_TRANSFER_FAILED not in str(again) or time.monotonic() > deadline:
-                evidence = server_evidence(deployment) if deployment is not None else ""
-                raise AssertionError(f"a prompt of {len(ids)} tokens failed again: {again!r}\n{evidence}") from again
+def four_prompts(url: str, prompts: list[list[int]], deployment: PdDeployment | None = None,
+                 resends: int = 0) -> list[list[int]]:
+    """The prompts concurrently through ``url``; the last one sent while the others are in prefill.
+    A failed request fails the test, naming every failed prompt, the first one's error and, given
+    ``deployment``, the servers' evidence. Up to ``resends`` times, when every failure reads
+    ``PREFILL_FAILED_NO_REASON``, KV must come back to 0 on both sides and the four prompts are
+    sent again the same way, with a ``TransferRetryWarning`` carrying the evidence: for tests of
+    tokens on a host where Mooncake's TCP sends have stalled (docs/pd.md). A failure that the
+    four prompts bring about each time still fails the test."""
+    if resends and deployment is None:
+        raise ValueError("sending the prompts again needs the deployment, to see KV back to 0 first")
+    for attempt in range(resends + 1):
+        answers, failures = _send_four(url, prompts)
+        if not failures:
+            return answers
+        first, exc = min(failures.items())
+        report = (f"prompts {sorted(failures)} of {len(prompts)} failed (try {attempt + 1} of {resends + 1}); "
+                  f"prompt {first} with {exc!r}")
+        if attempt == resends or any(PREFILL_FAILED_NO_REASON not in str(e) for e in failures.values()):
+            raise AssertionError(f"{report}\n{server_evidence(deployment)}") from exc
+        warnings.warn(TransferRetryWarning(f"{report}; sending the prompts again\n{server_evidence(deployment)}"),
+                      stacklevel=2)
+        assert_kv_idle(deployment.prefill, deployment.decode, bound_s=KV_IDLE_AFTER_FAILURE_S,
+                       what="after a prefill-side failure: ")
+        time.sleep(RESEND_PAUSE_S)
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def check(deployment: PdDeployment, label: str, got: list[list[int]], want: list[list[int]]) -> None:

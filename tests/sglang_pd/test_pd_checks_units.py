@@ -1,16 +1,18 @@
-"""``pd_checks.four_prompts`` against a stub ``/generate``: a prompt failed by a KV transfer alone
-is sent again (with a warning) only when the test asks for it, and any other failure, or a transfer
-failure that persists past the bound, fails the test."""
+"""``pd_checks.four_prompts`` against a stub ``/generate``: after a prefill-side failure that names
+no reason, the four prompts are sent again (a warning, KV back to 0 first) only as often as the
+test allows; any other failure, or one that comes back every time, fails the test; and
+``server_evidence`` shows the lines naming trouble of both servers' logs."""
 
 from __future__ import annotations
 
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pd_checks
 import pytest
-from pd_checks import MOONCAKE_TRANSFER_FAILED, four_prompts
+from pd_checks import PREFILL_FAILED_NO_REASON, TransferRetryWarning, four_prompts, server_evidence
 
 PROMPTS = [[1, 2], [3, 4, 5], [6], [7, 8, 9, 10]]
 
@@ -47,10 +49,34 @@ class _Stub:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
+class _Server:
+    def __init__(self, log_path):
+        self.log_path = log_path
+
+    def log_tail(self, num_chars: int) -> str:
+        return self.log_path.read_text()[-num_chars:]
+
+
 @pytest.fixture
-def stub_of(monkeypatch):
+def deployment(tmp_path):
+    prefill, decode = tmp_path / "prefill.log", tmp_path / "decode.log"
+    prefill.write_text("ready timeout=" + "x" * 5000 + "\nSync batch data transfer timeout after 30 s\n"
+                       + "busy\n" * 1000 + "idle\n")
+    decode.write_text("Decode transfer failed\nidle\n")
+    return SimpleNamespace(prefill=_Server(prefill), decode=_Server(decode))
+
+
+@pytest.fixture
+def kv_checks(monkeypatch) -> list:
+    checked = []
+    monkeypatch.setattr(pd_checks, "assert_kv_idle", lambda *servers, **kwargs: checked.append(servers))
+    return checked
+
+
+@pytest.fixture
+def make_stub(monkeypatch):
     monkeypatch.setattr(pd_checks, "LATE_DELAY_S", 0.0)
-    monkeypatch.setattr(pd_checks, "TRANSFER_RETRY_PAUSE_S", 0.0)
+    monkeypatch.setattr(pd_checks, "RESEND_PAUSE_S", 0.0)
     stubs = []
 
     def make(error: str, failures: int) -> _Stub:
@@ -60,30 +86,49 @@ def stub_of(monkeypatch):
     yield make
     for stub in stubs:
         stub.server.shutdown()
+        stub.server.server_close()
 
 
-def test_a_transfer_failure_is_retried_with_a_warning_when_asked(stub_of):
-    stub = stub_of(f"Decode transfer failed: {MOONCAKE_TRANSFER_FAILED}, it might be dead", failures=2)
-    with pytest.warns(UserWarning, match="failed by its KV transfer alone"):
-        answers = four_prompts(stub.url, PROMPTS, transfer_retry_s=60.0)
+NO_REASON = f"Decode transfer failed: {PREFILL_FAILED_NO_REASON}, it might be dead"
+
+
+def test_a_failure_without_reason_sends_all_four_again_after_kv_is_idle(make_stub, deployment, kv_checks):
+    stub = make_stub(NO_REASON, failures=2)
+    with pytest.warns(TransferRetryWarning, match=r"(?s)prompts \[1\] of 4 failed .*Sync batch data transfer timeout"):
+        answers = four_prompts(stub.url, PROMPTS, deployment, resends=2)
     assert answers == [ids[::-1] for ids in PROMPTS]
+    assert all(stub.calls[tuple(ids)] == 3 for ids in PROMPTS), stub.calls
+    assert len(kv_checks) == 2
+
+
+def test_without_resends_a_failure_fails_and_names_the_prompt_and_the_evidence(make_stub, deployment, kv_checks):
+    stub = make_stub(NO_REASON, failures=1)
+    with pytest.raises(AssertionError, match=r"(?s)prompts \[1\] of 4 failed.*Sync batch data transfer timeout"):
+        four_prompts(stub.url, PROMPTS, deployment)
+    assert not kv_checks
+
+
+def test_another_error_is_never_sent_again(make_stub, deployment, kv_checks):
+    stub = make_stub("Lost connection with prefill instance", failures=1)
+    with pytest.raises(AssertionError, match="Lost connection"):
+        four_prompts(stub.url, PROMPTS, deployment, resends=2)
+    assert stub.calls[tuple(PROMPTS[1])] == 1 and not kv_checks
+
+
+def test_a_failure_that_comes_back_every_time_fails(make_stub, deployment, kv_checks):
+    stub = make_stub(NO_REASON, failures=10**6)
+    with pytest.warns(TransferRetryWarning), pytest.raises(AssertionError, match=r"try 3 of 3"):
+        four_prompts(stub.url, PROMPTS, deployment, resends=2)
     assert stub.calls[tuple(PROMPTS[1])] == 3
 
 
-def test_without_retry_a_transfer_failure_fails_and_names_the_prompt(stub_of):
-    stub = stub_of(MOONCAKE_TRANSFER_FAILED, failures=1)
-    with pytest.raises(AssertionError, match=r"prompts \[1\] of 4 failed"):
-        four_prompts(stub.url, PROMPTS)
+def test_resends_need_the_deployment(make_stub):
+    with pytest.raises(ValueError, match="needs the deployment"):
+        four_prompts(make_stub(NO_REASON, failures=0).url, PROMPTS, resends=1)
 
 
-def test_another_error_is_never_retried(stub_of):
-    stub = stub_of("Lost connection with prefill instance", failures=1)
-    with pytest.raises(AssertionError, match="Lost connection"):
-        four_prompts(stub.url, PROMPTS, transfer_retry_s=60.0)
-    assert stub.calls[tuple(PROMPTS[1])] == 1
-
-
-def test_a_transfer_failure_past_the_bound_fails(stub_of):
-    stub = stub_of(MOONCAKE_TRANSFER_FAILED, failures=10**6)
-    with pytest.warns(UserWarning), pytest.raises(AssertionError, match="failed again"):
-        four_prompts(stub.url, PROMPTS, transfer_retry_s=0.2)
+def test_the_evidence_keeps_trouble_from_far_above_the_tail_and_cuts_long_lines(deployment):
+    evidence = server_evidence(deployment, tail_chars=10)
+    assert "Sync batch data transfer timeout" in evidence and "Decode transfer failed" in evidence
+    assert "x" * (pd_checks.EVIDENCE_LINE_CHARS + 1) not in evidence
+    assert server_evidence(None) == ""
