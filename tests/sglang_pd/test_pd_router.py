@@ -30,7 +30,7 @@ from fault_driver import KILL_BOUND_S, assert_fault_ends_the_server
 from vpp_checks import QWEN2_8L, Reference, make_prompts
 from conftest import CHUNK, PREFILL_MODES, PROMPT_LENGTHS, PROMPT_SEED, SERVED
 from pd_checks import (ERROR_BOUND_S, LONG_PROMPT, NUM_NEW, check_mixed, four_prompts, generate, post_status,
-                       prefill_batches_logged, wait_in_prefill)
+                       prefill_batches_logged, server_evidence, wait_in_prefill)
 from sglang_harness import SKIP_NO_SGLANG, ServerConfig, assert_kv_idle, kv_tokens_in_use
 
 from sglang_vpp.serving.pd_launcher import PdDeployment, prefill_config
@@ -79,10 +79,7 @@ def test_concurrent_prompts_equal_transformers(router, deployment, prompts, refe
     answers = four_prompts(router.url, prompts, deployment)
     for ids, answer, expected in zip(prompts, answers, reference):
         assert answer == expected, (
-            f"prompt of {len(ids)} tokens: PD {answer} != transformers {expected}; "
-            f"prefill log tail:\n{deployment.prefill.log_tail(3000)}\ndecode log tail:\n"
-            f"{deployment.decode.log_tail(3000)}"
-        )
+            f"prompt of {len(ids)} tokens: PD {answer} != transformers {expected}\n{server_evidence(deployment)}")
     SERVED[deployment.prefill.config.pp_mode] = answers
 
 
