@@ -261,10 +261,10 @@ def parse_output_path(text: str) -> Path:
     return Path.cwd() / path if text != "-" and str(path) == "-" else path
 
 
-def output_option(*flags: str, help: str, default: Any = None) -> Any:
-    """A typer option naming a file to write: every such flag reads its value with
-    ``parse_output_path`` and shows ``<path>`` in ``--help``, so they cannot drift apart."""
-    return typer.Option(default, *flags, parser=parse_output_path, metavar="<path>", help=help)
+def output_option(*flags: str, help: str) -> Any:
+    """A typer option naming a file to write, unset by default: every such flag reads its value
+    with ``parse_output_path`` and shows ``<path>`` in ``--help``, so they cannot drift apart."""
+    return typer.Option(None, *flags, parser=parse_output_path, metavar="<path>", help=help)
 
 
 def check_output_path(path: Path | None, flag: str, stdout: bool = False) -> None:
