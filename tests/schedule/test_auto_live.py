@@ -8,7 +8,7 @@ import pytest
 
 from sglang_vpp.schedule import (DryRun, FixedChunker, LinearAttentionCost, Planner, RequestSpec, build_layout,
                                  controller_config, dry_run, get_policy)
-from sglang_vpp.schedule.auto_size import LiveSituation, _Replacements
+from sglang_vpp.schedule.auto_size import TIE_TOLERANCE, AutoSizer, LiveSituation, _Replacements
 
 # One rank, one layer: a chunk of c tokens costs 1 s + c ms, so every plan below is a sum.
 COST = LinearAttentionCost(linear_per_token=1e-3, attention_per_pair=0.0, fixed_per_chunk=1.0)
@@ -44,11 +44,15 @@ def test_a_fork_plans_on_without_touching_the_live_planner():
     assert live.request_finish == twin.request_finish
 
 
-def test_choose_live_keeps_in_flight_chunks_and_sizes_only_the_arriving_request():
+@pytest.mark.parametrize("stops", [True, False])
+def test_choose_live_keeps_in_flight_chunks_and_sizes_only_the_arriving_request(monkeypatch, stops):
     """A 4000-token request in flight was cut at 1000 (4 x 2 s); a 2000-token one arrives at 0.
     Cut at 1024 it costs (1 + 1.024) + (1 + 0.976) = 4 s and ends at 12; whole (2048 and up)
     it costs 3 s and ends at 11. Planning both from scratch at 2048 would cut the first request
-    too; the live plan must not."""
+    too; the live plan must not. 2048 is planned first; 1024's plan stops just past 11 s, where
+    its bounds (makespan 11.02, mean (8 + 11.02) / 2) show it loses: without the stop it runs on."""
+    if not stops:
+        monkeypatch.setattr(AutoSizer, "_stop", staticmethod(lambda results: None))
     live = _planner(chunk_size=8192)
     live.controller.chunker.resize([1000])  # the in-flight request was cut for itself alone
     live.submit(RequestSpec(4000))
@@ -56,7 +60,12 @@ def test_choose_live_keeps_in_flight_chunks_and_sizes_only_the_arriving_request(
     choice = live.controller.chunker.resize_live(live, [(2000, 0.0)])
     assert [c.num_tokens for c in live.sequence] == chunks_before
     scores = {size: (makespan, mean) for size, makespan, mean in choice.scores}
-    assert scores[1024] == pytest.approx((12.0, 10.0))
+    if stops:
+        assert (1024, False) in choice.stopped
+        assert scores[1024] == pytest.approx((11.0 * (1 + TIE_TOLERANCE), (8.0 + 11.0 * (1 + TIE_TOLERANCE)) / 2))
+    else:
+        assert choice.stopped == ()
+        assert scores[1024] == pytest.approx((12.0, 10.0))
     assert scores[2048] == pytest.approx((11.0, 9.5))
     assert choice.chunk_size == 2048  # ties past it go to the smaller size
     assert choice.situation == (4000, 2000)

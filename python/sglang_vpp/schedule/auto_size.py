@@ -15,6 +15,15 @@ fixed chunks also weighs vpp-taper's cut (``factory.tapered_chunker``) near the 
 is what a simulator sweep over the candidates finds best for that situation (``benchmarks/auto_sweep.py``
 and ``tests/schedule/test_auto_size.py`` check it).
 
+A plan stops early once it cannot be chosen (``_scored``): the largest sizes, the cheapest to
+plan, are planned first, and a smaller one's dry run stops at the makespan past which it would
+lose to the best planned so far; its requests still unfinished then end later, so the run's
+makespan and mean completion so far are lower bounds. The bounds must show that the candidate
+is neither chosen nor the best of either metric, against the candidates planned to the end; a
+plan whose bounds do not show it runs to the end. The choice is therefore the one planning
+every candidate to the end makes, at a fraction of the work where small sizes cost many
+chunks (``tests/schedule/test_auto_stop.py`` compares both).
+
 Only the prompt lengths, the planner's state (``choose_live``) and the cost estimate enter the
 choice, never a wall clock, so every rank that sees the same situation computes the same size,
 and a recorded choice replays exactly.
@@ -44,7 +53,7 @@ from .cost import StageCostModel
 from .errors import ChunkingError
 from .ir import RequestSpec
 from .layout import Layout, LayoutKind
-from .dry_run import dry_run
+from .dry_run import DryRun
 from .planner import Planner
 from .policies import PolicySpec
 from .factory import ControllerConfig, default_chunker, tapered_chunker
@@ -94,6 +103,10 @@ meets a new situation at almost every arrival, for its whole lifetime."""
 TIE_TOLERANCE = 0.002
 """Scores within this fraction count as equal; the makespan, then the size decides."""
 
+STOP_MARGIN = 1e-6
+"""How far past the losing makespan a plan stops (a fraction of it): a stopped plan's makespan
+bound then exceeds the loss threshold by more than rounding."""
+
 
 def score(scores: Sequence[tuple[Hashable, float, float]]) -> dict[Hashable, float]:
     """Per candidate of ``(key, makespan, mean completion)``: the larger of its relative losses
@@ -123,11 +136,72 @@ class AutoChoice:
     situation: tuple[int, ...]
     """The planned prompt lengths (at most ``WINDOW``, in the order given)."""
     scores: tuple[tuple[int, float, float], ...]
-    """(candidate, estimated makespan s, estimated mean completion s) for each candidate planned."""
+    """(candidate, estimated makespan s, estimated mean completion s) for each candidate planned,
+    in size order; for a size in ``stopped``, lower bounds of both."""
     tapered: bool = False
     """The chosen cut is the tapered one at ``chunk_size`` (``AutoSizer.taper_for``)."""
     taper_scores: tuple[tuple[int, float, float], ...] = ()
     """``scores`` of the tapered cuts planned (``AutoSizer._taper_sizes``)."""
+    stopped: tuple[tuple[int, bool], ...] = ()
+    """(candidate, tapered) of the plans stopped once they could not be chosen (``_scored``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanScore:
+    """A candidate's plan: estimated makespan and mean completion (s, from the situation's start),
+    exact when the plan ran to the end, else lower bounds (``AutoSizer._scored``)."""
+
+    makespan: float
+    completion: float
+    exact: bool = True
+
+
+class ScoredRun:
+    """A candidate's dry run, scored from ``origin`` on the requests ``counted()`` (indices into the
+    planner's requests, read after the run, summed in that order) and the ``to_come()`` it will
+    still submit: through a stop (``through``), then on to the end if need be (``to_end``)."""
+
+    def __init__(self, planner: Planner, origin: float, counted: Callable[[], Sequence[int]],
+                 to_come: Callable[[], int] = lambda: 0) -> None:
+        self.planner = planner
+        self.origin = origin
+        self.counted = counted
+        self.to_come = to_come
+        self._run: DryRun | None = None
+
+    def through(self, stop: float | None) -> PlanScore:
+        """Run through ``origin + stop`` (None: to the end) and score it. A stopped run's
+        unfinished requests end after the stop, so the stop and the ends so far bound both
+        metrics from below; a run whose every request ended is exact."""
+        until = None if stop is None else self.origin + stop
+        if self._run is None:
+            self._run = DryRun(self.planner)
+            self._run.run(until)
+        else:
+            self._run.go_on(until)
+        finish = self.planner.request_finish
+        indices = self.counted()
+        ends = [finish[i] - self.origin for i in indices if i in finish]
+        unfinished = len(indices) - len(ends)
+        if unfinished == 0:
+            return PlanScore(max(ends), sum(ends) / len(ends))
+        assert stop is not None, "a dry run to the end finishes every request"
+        # While one request is unfinished, each completion submits the next of those to come.
+        missing = unfinished + self.to_come()
+        return PlanScore(max([stop, *ends]), (sum(ends) + stop * missing) / (len(ends) + missing), exact=False)
+
+    def to_end(self) -> PlanScore:
+        """Go on to the end, exactly as a run never stopped."""
+        return self.through(None)
+
+
+Plan = Callable[[Chunker, int], ScoredRun]
+"""(cut, size) -> the plan of the situation with that cut and batch budget, not run yet."""
+
+
+def _rows(results: dict[tuple[int, bool], PlanScore], *, tapered: bool) -> tuple[tuple[int, float, float], ...]:
+    """``AutoChoice.scores`` (or ``taper_scores``) of ``results``: the cuts of one kind, in size order."""
+    return tuple((size, s.makespan, s.completion) for (size, taper), s in sorted(results.items()) if taper is tapered)
 
 
 ChunkerFactory = Callable[[int, int], Chunker]
@@ -182,8 +256,8 @@ class AutoSizer:
             self._cache.move_to_end(situation)
             return cached
 
-        def plan(chunker: Chunker, size: int) -> tuple[int, float, float]:
-            return (size, *self._plan(chunker, size, situation))
+        def plan(chunker: Chunker, size: int) -> ScoredRun:
+            return self._plan(chunker, size, situation)
 
         choice = self._choose(situation, situation, plan)
         self._cache[situation] = choice
@@ -208,27 +282,77 @@ class AutoSizer:
         total = sum(situation)
         now = planner.now
 
-        def plan(chunker: Chunker, size: int) -> tuple[int, float, float]:
+        def plan(chunker: Chunker, size: int) -> ScoredRun:
             follow = _Replacements(min(to_come, len(situation)))
             twin = follow.twin = planner.fork(chunker, size if self.batch else None, follow)
             for length, arrival in arriving:
                 twin.submit(RequestSpec(int(length), max(float(arrival), now)))
-            dry_run(twin)
-            left = [twin.request_finish[i] - now for i in range(len(twin.requests)) if i not in done]
-            return size, max(left), sum(left) / len(left)
+            # Read after the run: a replacement joins at a completion.
+            return ScoredRun(twin, now, lambda: [i for i in range(len(twin.requests)) if i not in done],
+                             lambda: follow.count)
 
         return self._choose(self.planned(situation), [int(length) for length, _ in arriving], plan)
 
-    def _choose(self, situation: tuple[int, ...], cut: Sequence[int],
-                plan: Callable[[Chunker, int], tuple[int, float, float]]) -> AutoChoice:
+    def _choose(self, situation: tuple[int, ...], cut: Sequence[int], plan: Plan) -> AutoChoice:
         """Plan every candidate size with the mode's chunker, then the tapered cuts near the best
         of those, and pick among all (``_pick``). ``cut``: the prompt lengths the candidate
         cuts (the arriving ones)."""
-        scores = [plan(PerLengthCut(self.chunker_for, size), size) for size in self._planned_sizes(sum(situation))]
-        tapers = [plan(PerLengthCut(self.taper_for, size), size) for size in self._taper_sizes(scores, cut)]
-        keyed = [((size, False), m, t) for size, m, t in scores] + [((size, True), m, t) for size, m, t in tapers]
-        size, tapered = self._pick(keyed)
-        return AutoChoice(size, situation, tuple(scores), tapered, tuple(tapers))
+        results: dict[tuple[int, bool], PlanScore] = {}
+        stopped: dict[tuple[int, bool], ScoredRun] = {}
+        self._scored([(size, False) for size in self._planned_sizes(sum(situation))], plan, results, stopped)
+        fixed = _rows(results, tapered=False)
+        self._scored([(size, True) for size in self._taper_sizes(fixed, cut)], plan, results, stopped)
+        size, tapered = self._pick([(key, s.makespan, s.completion) for key, s in results.items()])
+        return AutoChoice(size, situation, _rows(results, tapered=False), tapered, _rows(results, tapered=True),
+                          tuple(sorted(stopped)))
+
+    def _scored(self, keys: Sequence[tuple[int, bool]], plan: Plan, results: dict[tuple[int, bool], PlanScore],
+                stopped: dict[tuple[int, bool], ScoredRun]) -> None:
+        """Add to ``results`` a plan of each (size, tapered) of ``keys``, largest first: each stops
+        at the makespan past which it loses to the best planned to the end so far (``_stop``),
+        and stays stopped (in ``stopped``) only if its bounds show it can be neither chosen nor
+        the best of either metric (``_beaten``); else it runs on to the end. Planning more may
+        move the best and a bound's verdict with it, so then every stopped plan is checked again
+        and runs on to the end where it is no longer beaten: the pick among ``results`` is the
+        pick among the same plans all run to the end."""
+        for key in sorted(keys, reverse=True):
+            make = self.taper_for if key[1] else self.chunker_for
+            assert make is not None
+            run = plan(PerLengthCut(make, key[0]), key[0])
+            result = run.through(self._stop(results))
+            if not result.exact and not self._beaten(result, results):
+                result = run.to_end()
+            results[key] = result
+            if not result.exact:
+                stopped[key] = run
+        while True:
+            again = [key for key in stopped if not self._beaten(results[key], results)]
+            if not again:
+                return
+            for key in again:
+                results[key] = stopped.pop(key).to_end()
+
+    @staticmethod
+    def _stop(results: dict[tuple[int, bool], PlanScore]) -> float | None:
+        """Where a plan stops (s from the situation's start): just past the makespan at which its
+        relative loss in makespan alone exceeds the best loss among the plans run to the end
+        by more than the tie tolerance (None: none ran to the end yet)."""
+        exact = [(key, s.makespan, s.completion) for key, s in results.items() if s.exact]
+        if not exact:
+            return None
+        best_makespan = min(m for _, m, _ in exact)
+        return best_makespan * (1.0 + min(score(exact).values()) + TIE_TOLERANCE) * (1.0 + STOP_MARGIN)
+
+    @staticmethod
+    def _beaten(bound: PlanScore, results: dict[tuple[int, bool], PlanScore]) -> bool:
+        """A stopped plan's lower bounds show, against the plans run to the end, that it is not
+        chosen (its loss exceeds the best by more than the tie tolerance) and holds neither
+        the best makespan nor the best mean completion, so leaving it out picks alike."""
+        exact = [(key, s.makespan, s.completion) for key, s in results.items() if s.exact]
+        best_makespan = min(m for _, m, _ in exact)
+        best_ttft = min(t for _, _, t in exact)
+        return (bound.completion >= best_ttft
+                and bound.makespan / best_makespan - 1.0 > min(score(exact).values()) + TIE_TOLERANCE)
 
     def _taper_sizes(self, scores: Sequence[tuple[int, float, float]], cut: Sequence[int]) -> list[int]:
         """The sizes whose tapered cut ``auto`` also plans: the best size with the mode's chunker
@@ -270,15 +394,16 @@ class AutoSizer:
         close = [s for s in scores if loss[s[0]] <= best + TIE_TOLERANCE]
         return min(close, key=lambda s: (s[1], s[0]))[0]
 
-    def _plan(self, chunker: Chunker, size: int, situation: tuple[int, ...]) -> tuple[float, float]:
+    def _plan(self, chunker: Chunker, size: int, situation: tuple[int, ...]) -> ScoredRun:
         config = ControllerConfig(self.policy, self.layout, chunker, self.cost, self.max_in_flight,
                                   token_budget=size if self.batch else None, partial_fill=self.partial_fill)
         planner = Planner(config, sees_transfers=True)
         for length in situation:
             planner.submit(RequestSpec(length))
-        dry_run(planner)
         finish = planner.request_finish
-        return max(finish.values()), sum(finish.values()) / len(finish)
+        # Summed in completion order: the rounding of the mean, and so the outcome of a close
+        # tie, depends on the order.
+        return ScoredRun(planner, 0.0, lambda: [*finish, *(i for i in range(len(situation)) if i not in finish)])
 
 
 class PerLengthCut:

@@ -93,8 +93,7 @@ def check_num_requests(num_requests: int, count_name: str = "requests", fix: str
     given, follows the message."""
     if not isinstance(num_requests, int):
         raise ChunkingError(f"{count_name} must be an integer, got {num_requests!r}")
-    if num_requests < 1:
-        raise ChunkingError(f"{count_name} must be >= 1, got {num_requests}" + (f"; {fix}" if fix else ""))
+    _check_at_least_one(num_requests, count_name, fix, ChunkingError)
 
 
 def check_concurrency(concurrency: int | None, name: str = "concurrency", fix: str = "",
@@ -103,8 +102,14 @@ def check_concurrency(concurrency: int | None, name: str = "concurrency", fix: s
     >= 1: the one check of a workload's, of ``simulate --concurrency`` and of ``bench-serve
     --concurrency``. ``name`` names it in the message; ``fix``, when given, follows it; ``error``
     is the caller's type (a workload's ``WorkloadError``, ``bench-serve``'s ``CliInputError``)."""
-    if concurrency is not None and concurrency < 1:
-        raise error(f"{name} must be >= 1, got {concurrency}" + (f"; {fix}" if fix else ""))
+    if concurrency is not None:
+        _check_at_least_one(concurrency, name, fix, error)
+
+
+def _check_at_least_one(value: int, name: str, fix: str, error: type[ValueError]) -> None:
+    """The one message of a count below 1 (``fix``, when given, follows it)."""
+    if value < 1:
+        raise error(f"{name} must be >= 1, got {value}" + (f"; {fix}" if fix else ""))
 
 
 def check_alignment(alignment: int) -> None:

@@ -47,7 +47,14 @@ class DryRun:
         """Run through ``until`` (None: to the end). Returns None, or (``allow_deadlock``) the
         deadlock of the streams emitted. ScheduleError for any other stall: work the planner
         cannot place (a controller that never admits it) names the planner's state."""
-        stall = self.engine.execute(until)
+        return self._checked(self.engine.execute(until))
+
+    def go_on(self, until: float | None = None) -> DeadlockReport | None:
+        """``run`` on from where a run through an earlier ``until`` stopped, exactly as if it had
+        not stopped: for a run nothing was submitted to since (``Engine.go_on``)."""
+        return self._checked(self.engine.go_on(until))
+
+    def _checked(self, stall: DeadlockReport | None) -> DeadlockReport | None:
         if stall is None or (self.allow_deadlock and self.engine.streams_deadlock):
             return stall
         why = "the streams deadlock" if self.engine.streams_deadlock else "no rank can go on"

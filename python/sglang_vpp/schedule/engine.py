@@ -247,10 +247,16 @@ class Engine:
         stop there. A later call goes on from the planner's present (its last report or decision,
         at or before ``until``: an arrival at a busy rank after it does not move it), with whatever
         was submitted to it meanwhile."""
-        heap = self._heap
         if self.planner is not None:
             self._record_arrivals()
             self._push([PlanEvent(self.planner.now)])
+        return self.go_on(until)
+
+    def go_on(self, until: float | None = None) -> DeadlockReport | None:
+        """``execute`` from where a run through an earlier ``until`` stopped, exactly as if it had
+        not stopped there: nothing may have been submitted to the planner since (``execute``
+        takes that in first)."""
+        heap = self._heap
         while heap and (until is None or heap[0][0] <= until):
             now, _, event = heapq.heappop(heap)
             self._push(event.handle(self))
