@@ -12,6 +12,7 @@ import urllib.request
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Sequence
 
 from sglang_harness import ServerConfig, assert_kv_idle, post_json
 from vpp_checks import make_prompts
@@ -84,14 +85,18 @@ EVIDENCE_LINE_CHARS = 300
 """Each such line cut to this: SGLang's one-line dump of its server arguments names many timeouts."""
 
 
-def server_evidence(deployment: PdDeployment | None, max_lines: int = 40, tail_chars: int = 2000) -> str:
-    """The prefill and decode servers' last ``max_lines`` log lines matching ``TROUBLE`` and their
-    log tails: the prefill's cause of a failed request may lie far above its tail (every rank of a
-    launch logs to one file), and the decode server's error may name none (docs/pd.md)."""
+def server_evidence(deployment: PdDeployment | None, max_lines: int = 40, tail_chars: int = 2000,
+                    extra: Sequence[tuple[str, Any]] = ()) -> str:
+    """The last ``max_lines`` log lines matching ``TROUBLE`` and the log tail of the prefill and
+    decode servers, the router, and each (role, process with ``log_tail``) of ``extra`` (a second
+    node's launch): the prefill's cause of a failed request may lie far above its tail (every rank
+    of a launch logs to one file), and the decode server's error may name none (docs/pd.md)."""
     if deployment is None:
         return ""
     parts = []
-    for role, server in (("prefill", deployment.prefill), ("decode", deployment.decode)):
+    roles = (("prefill", deployment.prefill), ("decode", deployment.decode),
+             ("router", getattr(deployment, "router", None)), *extra)
+    for role, server in roles:
         if server is None:
             continue
         log = server.log_tail(10_000_000)
@@ -129,14 +134,15 @@ def _send_four(url: str, prompts: list[list[int]]) -> tuple[list, dict[int, Base
 
 
 def four_prompts(url: str, prompts: list[list[int]], deployment: PdDeployment | None = None,
-                 resends: int = 0) -> list[list[int]]:
+                 resends: int = 0, extra: Sequence[tuple[str, Any]] = ()) -> list[list[int]]:
     """The prompts concurrently through ``url``; the last one sent while the others are in prefill.
     A failed request fails the test, naming every failed prompt, the first one's error and, given
     ``deployment``, the servers' evidence. Up to ``resends`` times, when every failure reads
     ``PREFILL_FAILED_NO_REASON``, KV must come back to 0 on both sides and the four prompts are
     sent again the same way, with a ``TransferRetryWarning`` carrying the evidence: for tests of
     tokens on a host where Mooncake's TCP sends have stalled (docs/pd.md). A failure that the
-    four prompts bring about each time still fails the test."""
+    four prompts bring about each time still fails the test. ``extra``: more logs for the
+    evidence (``server_evidence``)."""
     if resends and deployment is None:
         raise ValueError("sending the prompts again needs the deployment, to see KV back to 0 first")
     attempt = 0
@@ -148,8 +154,9 @@ def four_prompts(url: str, prompts: list[list[int]], deployment: PdDeployment | 
         report = (f"prompts {sorted(failures)} of {len(prompts)} failed (try {attempt + 1} of {resends + 1}); "
                   f"prompt {first} with {exc!r}")
         if attempt == resends or any(PREFILL_FAILED_NO_REASON not in str(e) for e in failures.values()):
-            raise AssertionError(f"{report}\n{server_evidence(deployment)}") from exc
-        warnings.warn(TransferRetryWarning(f"{report}; sending the prompts again\n{server_evidence(deployment)}"),
+            raise AssertionError(f"{report}\n{server_evidence(deployment, extra=extra)}") from exc
+        warnings.warn(TransferRetryWarning(f"{report}; sending the prompts again\n"
+                                           f"{server_evidence(deployment, extra=extra)}"),
                       stacklevel=2)
         assert_kv_idle(deployment.prefill, deployment.decode, bound_s=KV_IDLE_AFTER_FAILURE_S,
                        what="after a prefill-side failure: ")
@@ -157,10 +164,12 @@ def four_prompts(url: str, prompts: list[list[int]], deployment: PdDeployment | 
         attempt += 1
 
 
-def check(deployment: PdDeployment, label: str, got: list[list[int]], want: list[list[int]]) -> None:
-    """Every answer equals ``want``, then KV back to 0 on both sides."""
+def check(deployment: PdDeployment, label: str, got: list[list[int]], want: list[list[int]],
+          extra: Sequence[tuple[str, Any]] = ()) -> None:
+    """Every answer equals ``want``, then KV back to 0 on both sides; ``extra``: as ``server_evidence``'s."""
     for ids, answer, expected in zip(PROMPT_LENGTHS, got, want):
-        assert answer == expected, f"{label}, prompt of {ids} tokens: {answer} != {expected}\n{server_evidence(deployment)}"
+        assert answer == expected, (f"{label}, prompt of {ids} tokens: {answer} != {expected}\n"
+                                    f"{server_evidence(deployment, extra=extra)}")
     assert_kv_idle(deployment.prefill, deployment.decode, what=f"{label}: ")
 
 

@@ -132,3 +132,12 @@ def test_the_evidence_keeps_trouble_from_far_above_the_tail_and_cuts_long_lines(
     assert "Sync batch data transfer timeout" in evidence and "Decode transfer failed" in evidence
     assert "x" * (pd_checks.EVIDENCE_LINE_CHARS + 1) not in evidence
     assert server_evidence(None) == ""
+
+
+def test_the_evidence_takes_in_the_router_and_any_other_launch(deployment, tmp_path):
+    (tmp_path / "router.log").write_text("router: request failed with 500\nok\n")
+    (tmp_path / "node1.log").write_text("node 1: KV send failed\nok\n")
+    deployment.router = _Server(tmp_path / "router.log")
+    evidence = server_evidence(deployment, extra=(("prefill node 1", _Server(tmp_path / "node1.log")),))
+    assert "router log, lines naming trouble:\nrouter: request failed with 500" in evidence
+    assert "prefill node 1 log, lines naming trouble:\nnode 1: KV send failed" in evidence

@@ -215,7 +215,9 @@ def test_vpp_pack_prefill_over_two_nodes_equals_cpp_and_a_dead_node_ends_it(
         follower.start(timeout=600)
         router = deployment.serve_prefill(node(0), timeout=600)
         leader = deployment.prefill
-        check(deployment, "vpp-pack prefill over two nodes", four_prompts(router.url, prompts, deployment), cpp_answers)
+        node1 = (("prefill node 1", follower),)
+        check(deployment, "vpp-pack prefill over two nodes", four_prompts(router.url, prompts, deployment, extra=node1),
+              cpp_answers, extra=node1)
         assert "VPP node 0 holds virtual stages (0, 3)" in leader.log_tail(10**7)
         assert "VPP node 1 holds virtual stages (1, 2)" in follower.log_tail(10**7)
 

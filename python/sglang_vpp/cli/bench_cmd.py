@@ -21,6 +21,7 @@ from ..runtime.spec import BACKEND_FOR_DEVICE, check_pipeline_ranks
 from ..schedule import check_num_requests
 from ..sim.sweep import size_label
 from ..verdict import check_repeats
+from .progress import ProgressBars
 from .common import (at_least, check_output_paths, check_split_modes, echo_wrapped, folds_any, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
 from .common import (FOLD_HELP, PARTIAL_FILL_HELP, CliInputError, at_most, not_blank, parse_fold_option, output_option,
@@ -34,65 +35,18 @@ TOLERANCE = 1e-5
 LARGE_RUN_TOKENS = 128 * 1024
 
 
-class _RichProgress:
-    """A ``BenchProgress`` drawing one bar over all runs and one over the current run's chunks,
-    and printing one line per finished run with the elapsed time: a log (CI, ``| tee``, nohup)
-    gets no live bar, and a terminal keeps the lines above it."""
+class _RichProgress(ProgressBars):
+    """A ``BenchProgress`` on ``ProgressBars``: the runs are (mode, repeat), their steps the
+    last-stage chunks."""
 
-    def __init__(self, enabled: bool) -> None:
-        import time
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self.progress = Progress(
-            TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=Console(stderr=True), transient=True, disable=not enabled,
-        )
-        self.runs = self.progress.add_task("runs", total=1)
-        self.chunks = self.progress.add_task("chunks", total=1, visible=False)
-        self.enabled, self.clock = enabled, time.monotonic
-        self.began = self.run_began = self.clock()
-        self.done = self.total = 0
-
-    def _line(self, text: str) -> None:
-        if self.enabled:
-            self.progress.console.print(f"[{self.clock() - self.began:5.0f} s] {text}", highlight=False, markup=False)
-
-    def __enter__(self) -> _RichProgress:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)
-
-    def start(self, total_runs: int) -> None:
-        self.total = total_runs
-        self.progress.update(self.runs, total=total_runs, completed=0)
-
-    def phase(self, text: str) -> None:
-        self.progress.update(self.runs, description=text)
-        self._line(text)
-
-    def run_started(self, mode: str, repeat: int) -> None:
-        self.run_began = self.clock()
-        self.progress.update(self.runs, description=f"{mode} (repeat {repeat + 1})")
-        self.progress.update(self.chunks, description="  last-stage chunks", completed=0, total=1, visible=True)
+    def run_started(self, mode: str, repeat: int) -> None:  # type: ignore[override]
+        super().run_started(f"{mode} (repeat {repeat + 1})", "last-stage chunks")
 
     def chunk_done(self, done: int, known: int) -> None:
-        self.progress.update(self.chunks, completed=done, total=max(known, done, 1))
+        self.step_done(done, known)
 
-    def run_finished(self, mode: str, repeat: int, measurement: object) -> None:
-        self.done += 1
-        self._line(f"{mode} repeat {repeat + 1}: done in {self.clock() - self.run_began:.1f} s "
-                   f"(run {self.done} of {self.total})")
-        self.progress.advance(self.runs)
-        self.progress.update(self.chunks, visible=False)
+    def run_finished(self, mode: str, repeat: int, measurement: object) -> None:  # type: ignore[override]
+        super().run_finished(f"{mode} repeat {repeat + 1}")
 
 
 def _text_table(title: str, rows: list[list[str]]) -> str:

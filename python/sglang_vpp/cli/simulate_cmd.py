@@ -3,6 +3,7 @@ throughput and the compute / bubble / exposed-comm breakdown per mode (docs/simu
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -10,9 +11,11 @@ import typer
 
 from .. import json_text
 from ..schedule.policies.spec import Policy
-from ..sim.sweep import size_label
+from ..schedule.policies import parse_policies
+from ..sim.sweep import SweepProgress, size_label
 from ..sim.workloads import CONCURRENCY_HELP, REQUESTS_HELP, check_counts
 from ..sim.workloads.long import DEFAULT_LENGTH
+from .progress import ProgressBars
 from .common import (FOLD_HELP, PARTIAL_FILL_HELP, check_output_paths, check_split_modes, echo_wrapped, folds_any, emit_json, given_flags, parse_fold_option,
                      parse_int_list, output_option, parse_size_option, png_path, seed_option, user_errors)
 
@@ -111,6 +114,27 @@ def _warn_other_depth(cost, costs: Optional[Path], model_spec) -> None:
                    f"{model_spec.num_layers} layers", err=True)
 
 
+class _RunsProgress(ProgressBars, SweepProgress):
+    """``simulate``'s progress: one run per (prompt length, chunk size, mode), its steps the
+    requests completed."""
+
+    def __init__(self, enabled: bool) -> None:
+        super().__init__(enabled)
+        self.requests = 1
+        self.prompts = ""
+        """The prompt length of the runs to come, where there are several (``--seq-len 64k,128k``)."""
+
+    def run_started(self, mode: str, size: str, num_requests: int) -> None:  # type: ignore[override]
+        self.requests = num_requests
+        super().run_started(f"{self.prompts}{mode} at {size}", "requests completed", num_requests)
+
+    def request_done(self, done: int) -> None:
+        self.step_done(done, self.requests)
+
+    def run_finished(self, mode: str, size: str) -> None:  # type: ignore[override]
+        super().run_finished(f"{self.prompts}{mode} at {size}")
+
+
 @user_errors
 def simulate(
     ctx: typer.Context,
@@ -137,6 +161,7 @@ def simulate(
     json_out: Optional[Path] = output_option("--json", help="Write results as JSON ('-' for stdout)."),
     trace: Optional[Path] = output_option("--trace", help="Write a Perfetto/Chrome trace of each mode's run."),
     plot: Optional[Path] = output_option("--plot", help="Write a Gantt PNG of each mode's run."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Show progress on stderr: a bar over the runs and the current run's requests, a line per finished run (default: when stderr is a terminal)."),
 ) -> None:
     """Simulate prefill of a workload under each mode with the real planner and print a table.
 
@@ -206,10 +231,14 @@ def simulate(
         check_split_modes(layer_split, modes, pp, fold)
     _check_costs_layouts(cost, costs, modes, pp, model_spec.num_layers, layer_split, fold, balance)
     rows = []
-    for length, work in runs:
-        rows += simulate_matrix(work, cost, model_spec.num_layers, modes, chunk_sizes, pp, layer_split,
-                                sim_config, seq_len=length, balance=balance, jitter=jitter, jitter_seed=jitter_seed,
-                                fold=fold, partial_fill=partial_fill)
+    shown = sys.stderr.isatty() if progress is None else progress
+    with _RunsProgress(shown) as bars:
+        bars.start(len(runs) * len(chunk_sizes) * len(parse_policies(modes)))
+        for length, work in runs:
+            bars.prompts = f"{size_label(length)} prompts, " if len(runs) > 1 else ""
+            rows += simulate_matrix(work, cost, model_spec.num_layers, modes, chunk_sizes, pp, layer_split,
+                                    sim_config, seq_len=length, balance=balance, jitter=jitter,
+                                    jitter_seed=jitter_seed, fold=fold, partial_fill=partial_fill, progress=bars)
     # With --json - the JSON owns stdout; the human-readable table goes to stderr.
     to_stderr = json_out is not None and str(json_out) == "-"
     # Measured costs replace the hardware: the title says whose they are, not the preset's.

@@ -20,6 +20,7 @@ at the same times (``tests/sim/test_one_clock.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..schedule import (
     ChunkingError,
@@ -163,10 +164,10 @@ def stage_durations(cost: StageCostModel, config: RunConfig) -> StageCostModel:
 
 
 def _workload_planner(mode: str, workload: Workload, estimate: StageCostModel, config: RunConfig,
-                      num_layers: int) -> Planner:
+                      num_layers: int, on_request: Callable[[int], None] | None = None) -> Planner:
     """``mode``'s planner with ``workload`` submitted: a closed-loop workload sends its next
     request from the completion callback (at the completion's time), and ``auto`` sees every
-    send (``LiveSituation``)."""
+    send (``LiveSituation``); ``on_request`` hears the count of completions at each."""
     spec = get_policy(mode)
     layout = policy_layout(spec, config.num_ranks, num_layers, list(config.split) if config.split else None,
                            config.fold)
@@ -175,6 +176,8 @@ def _workload_planner(mode: str, workload: Workload, estimate: StageCostModel, c
     first, pending = pending[:concurrency], pending[concurrency:]
 
     def on_complete(request_index: int, end: float) -> list[RequestSpec]:
+        if on_request is not None:
+            on_request(len(planner.request_finish))
         if not pending:
             return []
         request = pending.pop(0)
@@ -211,11 +214,12 @@ def plan_workload(mode: str, workload: Workload, cost: StageCostModel, config: R
 
 
 def run_engine(mode: str, workload: Workload, config: RunConfig, num_layers: int, *, estimate: StageCostModel,
-               durations: StageCostModel, keep_schedule: bool = False) -> ModeResult:
+               durations: StageCostModel, keep_schedule: bool = False,
+               on_request: Callable[[int], None] | None = None) -> ModeResult:
     """Run ``workload`` on the engine: the controller decides with ``estimate`` at each instant
     of the simulation, whose durations come from ``durations`` (a cost model, a jittered one, a
     table of measured ones); the streams it emitted are validated afterwards."""
-    planner = _workload_planner(mode, workload, estimate, config, num_layers)
+    planner = _workload_planner(mode, workload, estimate, config, num_layers, on_request)
     sim = simulate_live(planner, durations, config.sim)
     schedule = schedule_from_planner(planner)
     if sim.ok and config.sim.check_deadlock:
@@ -231,8 +235,9 @@ def run_engine(mode: str, workload: Workload, config: RunConfig, num_layers: int
 
 
 def run_mode(mode: str, workload: Workload, cost: StageCostModel, config: RunConfig, num_layers: int,
-             keep_schedule: bool = False) -> ModeResult:
+             keep_schedule: bool = False, on_request: Callable[[int], None] | None = None) -> ModeResult:
     """Simulate one mode: the engine with ``cost`` as the estimate and the durations (jittered
-    when ``config.jitter`` is set)."""
+    when ``config.jitter`` is set). ``on_request``: told how many requests have completed, at each
+    completion."""
     return run_engine(mode, workload, config, num_layers, estimate=cost, durations=stage_durations(cost, config),
-                      keep_schedule=keep_schedule)
+                      keep_schedule=keep_schedule, on_request=on_request)

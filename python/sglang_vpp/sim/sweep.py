@@ -18,8 +18,19 @@ from .idle import IDLE_CAUSES
 from .runner import ModeResult, RunConfig, run_mode
 from .workloads import Workload
 
-__all__ = ["SweepRow", "simulate_matrix", "format_table", "format_idle_table", "format_splits", "best_by_mode",
+__all__ = ["SweepProgress", "SweepRow", "simulate_matrix", "format_table", "format_idle_table", "format_splits", "best_by_mode",
            "size_label", "chunk_label"]
+
+
+class SweepProgress:
+    """Callbacks for a progress display of ``simulate_matrix``'s runs; no-ops here (nothing in the
+    simulator prints)."""
+
+    def run_started(self, mode: str, size: str, num_requests: int) -> None: ...
+
+    def request_done(self, done: int) -> None: ...
+
+    def run_finished(self, mode: str, size: str) -> None: ...
 
 
 @dataclass
@@ -45,7 +56,7 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
                     keep_schedules: bool = False, balance: str = "even",
                     batch_requests: bool = True, jitter: float = 0.0, jitter_seed: int = 0,
                     fold: Fold | str = Fold.SPLIT, jitter_by: str = "stage",
-                    partial_fill: bool = False) -> list[SweepRow]:
+                    partial_fill: bool = False, progress: SweepProgress | None = None) -> list[SweepRow]:
     """Every mode at every chunk size on one workload (the planner's estimate is ``cost``).
 
     ``balance="auto"``: each (mode, chunk size) runs on the layer split ``balance_split``
@@ -53,7 +64,10 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
     ``batch_requests``, ``partial_fill``, ``jitter``, ``jitter_seed``, ``jitter_by``, ``fold``: see ``RunConfig``.
     A chunk size ``"auto"``
     runs the controller's ``auto`` chunker (``RunConfig.auto_chunk``) with every candidate allowed.
+    ``progress`` hears of each run (mode, its size as ``size_label`` writes it, or auto) and of each
+    request it completes.
     """
+    progress = progress or SweepProgress()
     if balance not in BALANCE_MODES:
         raise SimError(f"--balance must be one of {', '.join(BALANCE_MODES)}, got {balance!r}")
     if balance == "auto" and split:
@@ -74,8 +88,12 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
                 config = replace(config, split=balance_split(
                     spec, num_ranks, num_layers, probe, chunk_size, cost, fold=fold, batching=batch_requests,
                     partial_fill=partial_fill))
+            label = AUTO if auto else size_label(chunk_size)
+            progress.run_started(str(spec.name), label, len(workload.requests))
             rows.append(SweepRow(workload.name, seq_len,
-                                 run_mode(str(spec.name), workload, cost, config, num_layers, keep_schedules)))
+                                 run_mode(str(spec.name), workload, cost, config, num_layers, keep_schedules,
+                                          on_request=progress.request_done)))
+            progress.run_finished(str(spec.name), label)
     return rows
 
 
