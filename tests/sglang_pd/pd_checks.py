@@ -12,7 +12,7 @@ import urllib.request
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Protocol, Sequence
 
 from sglang_harness import ServerConfig, assert_kv_idle, post_json
 from vpp_checks import make_prompts
@@ -85,8 +85,14 @@ EVIDENCE_LINE_CHARS = 300
 """Each such line cut to this: SGLang's one-line dump of its server arguments names many timeouts."""
 
 
+class Logged(Protocol):
+    """A launch whose log the evidence reads (a server, the router, another node's launch)."""
+
+    def log_tail(self, num_chars: int) -> str: ...
+
+
 def server_evidence(deployment: PdDeployment | None, max_lines: int = 40, tail_chars: int = 2000,
-                    extra: Sequence[tuple[str, Any]] = ()) -> str:
+                    extra: Sequence[tuple[str, Logged]] = ()) -> str:
     """The last ``max_lines`` log lines matching ``TROUBLE`` and the log tail of the prefill and
     decode servers, the router, and each (role, process with ``log_tail``) of ``extra`` (a second
     node's launch): the prefill's cause of a failed request may lie far above its tail (every rank
@@ -95,7 +101,7 @@ def server_evidence(deployment: PdDeployment | None, max_lines: int = 40, tail_c
         return ""
     parts = []
     roles = (("prefill", deployment.prefill), ("decode", deployment.decode),
-             ("router", getattr(deployment, "router", None)), *extra)
+             ("router", deployment.router), *extra)
     for role, server in roles:
         if server is None:
             continue
@@ -134,7 +140,7 @@ def _send_four(url: str, prompts: list[list[int]]) -> tuple[list, dict[int, Base
 
 
 def four_prompts(url: str, prompts: list[list[int]], deployment: PdDeployment | None = None,
-                 resends: int = 0, extra: Sequence[tuple[str, Any]] = ()) -> list[list[int]]:
+                 resends: int = 0, extra: Sequence[tuple[str, Logged]] = ()) -> list[list[int]]:
     """The prompts concurrently through ``url``; the last one sent while the others are in prefill.
     A failed request fails the test, naming every failed prompt, the first one's error and, given
     ``deployment``, the servers' evidence. Up to ``resends`` times, when every failure reads
@@ -165,7 +171,7 @@ def four_prompts(url: str, prompts: list[list[int]], deployment: PdDeployment | 
 
 
 def check(deployment: PdDeployment, label: str, got: list[list[int]], want: list[list[int]],
-          extra: Sequence[tuple[str, Any]] = ()) -> None:
+          extra: Sequence[tuple[str, Logged]] = ()) -> None:
     """Every answer equals ``want``, then KV back to 0 on both sides; ``extra``: as ``server_evidence``'s."""
     for ids, answer, expected in zip(PROMPT_LENGTHS, got, want):
         assert answer == expected, (f"{label}, prompt of {ids} tokens: {answer} != {expected}\n"

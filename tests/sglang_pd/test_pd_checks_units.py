@@ -63,7 +63,7 @@ def deployment(tmp_path):
     prefill.write_text("ready timeout=" + "x" * 5000 + "\nSync batch data transfer timeout after 30 s\n"
                        + "busy\n" * 1000 + "idle\n")
     decode.write_text("Decode transfer failed\nidle\n")
-    return SimpleNamespace(prefill=_Server(prefill), decode=_Server(decode))
+    return SimpleNamespace(prefill=_Server(prefill), decode=_Server(decode), router=None)
 
 
 @pytest.fixture

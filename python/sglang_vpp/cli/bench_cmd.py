@@ -35,18 +35,34 @@ TOLERANCE = 1e-5
 LARGE_RUN_TOKENS = 128 * 1024
 
 
-class _RichProgress(ProgressBars):
+class _RichProgress:
     """A ``BenchProgress`` on ``ProgressBars``: the runs are (mode, repeat), their steps the
     last-stage chunks."""
 
-    def run_started(self, mode: str, repeat: int) -> None:  # type: ignore[override]
-        super().run_started(f"{mode} (repeat {repeat + 1})", "last-stage chunks")
+    def __init__(self, enabled: bool) -> None:
+        self.bars = ProgressBars(enabled)
+
+    def __enter__(self) -> _RichProgress:
+        self.bars.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bars.__exit__(*exc)
+
+    def start(self, total_runs: int) -> None:
+        self.bars.start(total_runs)
+
+    def phase(self, text: str) -> None:
+        self.bars.phase(text)
+
+    def run_started(self, mode: str, repeat: int) -> None:
+        self.bars.run_started(f"{mode} (repeat {repeat + 1})", "last-stage chunks")
 
     def chunk_done(self, done: int, known: int) -> None:
-        self.step_done(done, known)
+        self.bars.step_done(done, known)
 
-    def run_finished(self, mode: str, repeat: int, measurement: object) -> None:  # type: ignore[override]
-        super().run_finished(f"{mode} repeat {repeat + 1}")
+    def run_finished(self, mode: str, repeat: int, measurement: object) -> None:
+        self.bars.run_finished(f"{mode} repeat {repeat + 1}")
 
 
 def _text_table(title: str, rows: list[list[str]]) -> str:

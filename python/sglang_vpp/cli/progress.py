@@ -55,9 +55,9 @@ class ProgressBars:
         self.progress.update(self.steps, description=f"  {steps}", completed=0, total=max(total_steps, 1),
                              visible=True)
 
-    def step_done(self, done: int, known: int) -> None:
-        """``done`` steps of the run, of ``known`` so far."""
-        self.progress.update(self.steps, completed=done, total=max(known, done, 1))
+    def step_done(self, done: int, known: int | None = None) -> None:
+        """``done`` steps of the run, of ``known`` so far (None: the total given at its start)."""
+        self.progress.update(self.steps, completed=done, total=None if known is None else max(known, done, 1))
 
     def run_finished(self, what: str) -> None:
         """A line: ``what`` is done, in how long, and which run of how many it was."""

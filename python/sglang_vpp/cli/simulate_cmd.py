@@ -114,25 +114,23 @@ def _warn_other_depth(cost, costs: Optional[Path], model_spec) -> None:
                    f"{model_spec.num_layers} layers", err=True)
 
 
-class _RunsProgress(ProgressBars, SweepProgress):
-    """``simulate``'s progress: one run per (prompt length, chunk size, mode), its steps the
-    requests completed."""
+class _RunsProgress(SweepProgress):
+    """``simulate``'s progress on ``ProgressBars``: one run per (prompt length, chunk size, mode),
+    its steps the requests completed."""
 
-    def __init__(self, enabled: bool) -> None:
-        super().__init__(enabled)
-        self.requests = 1
+    def __init__(self, bars: ProgressBars) -> None:
+        self.bars = bars
         self.prompts = ""
         """The prompt length of the runs to come, where there are several (``--seq-len 64k,128k``)."""
 
-    def run_started(self, mode: str, size: str, num_requests: int) -> None:  # type: ignore[override]
-        self.requests = num_requests
-        super().run_started(f"{self.prompts}{mode} at {size}", "requests completed", num_requests)
+    def run_started(self, mode: str, size: str, num_requests: int) -> None:
+        self.bars.run_started(f"{self.prompts}{mode} at {size}", "requests completed", num_requests)
 
     def request_done(self, done: int) -> None:
-        self.step_done(done, self.requests)
+        self.bars.step_done(done)
 
-    def run_finished(self, mode: str, size: str) -> None:  # type: ignore[override]
-        super().run_finished(f"{self.prompts}{mode} at {size}")
+    def run_finished(self, mode: str, size: str) -> None:
+        self.bars.run_finished(f"{self.prompts}{mode} at {size}")
 
 
 @user_errors
@@ -232,13 +230,14 @@ def simulate(
     _check_costs_layouts(cost, costs, modes, pp, model_spec.num_layers, layer_split, fold, balance)
     rows = []
     shown = sys.stderr.isatty() if progress is None else progress
-    with _RunsProgress(shown) as bars:
+    with ProgressBars(shown) as bars:
         bars.start(len(runs) * len(chunk_sizes) * len(parse_policies(modes)))
+        told = _RunsProgress(bars)
         for length, work in runs:
-            bars.prompts = f"{size_label(length)} prompts, " if len(runs) > 1 else ""
+            told.prompts = f"{size_label(length)} prompts, " if len(runs) > 1 else ""
             rows += simulate_matrix(work, cost, model_spec.num_layers, modes, chunk_sizes, pp, layer_split,
                                     sim_config, seq_len=length, balance=balance, jitter=jitter,
-                                    jitter_seed=jitter_seed, fold=fold, partial_fill=partial_fill, progress=bars)
+                                    jitter_seed=jitter_seed, fold=fold, partial_fill=partial_fill, progress=told)
     # With --json - the JSON owns stdout; the human-readable table goes to stderr.
     to_stderr = json_out is not None and str(json_out) == "-"
     # Measured costs replace the hardware: the title says whose they are, not the preset's.

@@ -15,14 +15,16 @@ fixed chunks also weighs vpp-taper's cut (``factory.tapered_chunker``) near the 
 is what a simulator sweep over the candidates finds best for that situation (``benchmarks/auto_sweep.py``
 and ``tests/schedule/test_auto_size.py`` check it).
 
-A plan stops early once it cannot be chosen (``_scored``): the largest sizes, the cheapest to
+A plan stops early once it cannot be chosen (``_plan_candidates``): the largest sizes, the cheapest to
 plan, are planned first, and a smaller one's dry run stops at the makespan past which it would
-lose to the best planned so far; its requests still unfinished then end later, so the run's
+lose to the best planned to the end so far; its requests still unfinished then end later, so the run's
 makespan and mean completion so far are lower bounds. The bounds must show that the candidate
 is neither chosen nor the best of either metric, against the candidates planned to the end; a
 plan whose bounds do not show it runs to the end. The choice is therefore the one planning
 every candidate to the end makes, at a fraction of the work where small sizes cost many
-chunks (``tests/schedule/test_auto_stop.py`` compares both).
+chunks (``tests/schedule/test_auto_stop.py`` compares both). What a stopped plan would have met
+after its stop goes unseen: a stall there (a planner bug, which a dry run to the end reports)
+no longer fails the choice; the plan of the size chosen always runs to its end.
 
 Only the prompt lengths, the planner's state (``choose_live``) and the cost estimate enter the
 choice, never a wall clock, so every rank that sees the same situation computes the same size,
@@ -104,8 +106,9 @@ TIE_TOLERANCE = 0.002
 """Scores within this fraction count as equal; the makespan, then the size decides."""
 
 STOP_MARGIN = 1e-6
-"""How far past the losing makespan a plan stops (a fraction of it): a stopped plan's makespan
-bound then exceeds the loss threshold by more than rounding."""
+"""How far past the losing makespan a plan stops, and how far above the best mean completion a
+stopped plan's bound must lie (fractions of them): more than the rounding of either bound, whose
+mean sums in another order than the full plan's."""
 
 
 def score(scores: Sequence[tuple[Hashable, float, float]]) -> dict[Hashable, float]:
@@ -137,19 +140,20 @@ class AutoChoice:
     """The planned prompt lengths (at most ``WINDOW``, in the order given)."""
     scores: tuple[tuple[int, float, float], ...]
     """(candidate, estimated makespan s, estimated mean completion s) for each candidate planned,
-    in size order; for a size in ``stopped``, lower bounds of both."""
+    in size order; for a (candidate, False) in ``stopped``, lower bounds of both."""
     tapered: bool = False
     """The chosen cut is the tapered one at ``chunk_size`` (``AutoSizer.taper_for``)."""
     taper_scores: tuple[tuple[int, float, float], ...] = ()
-    """``scores`` of the tapered cuts planned (``AutoSizer._taper_sizes``)."""
+    """``scores`` of the tapered cuts planned (``AutoSizer._taper_sizes``); bounds for a
+    (candidate, True) in ``stopped``."""
     stopped: tuple[tuple[int, bool], ...] = ()
-    """(candidate, tapered) of the plans stopped once they could not be chosen (``_scored``)."""
+    """(candidate, tapered) of the plans stopped once they could not be chosen (``_plan_candidates``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class PlanScore:
     """A candidate's plan: estimated makespan and mean completion (s, from the situation's start),
-    exact when the plan ran to the end, else lower bounds (``AutoSizer._scored``)."""
+    exact when the plan ran to the end, else lower bounds (``AutoSizer._plan_candidates``)."""
 
     makespan: float
     completion: float
@@ -172,7 +176,8 @@ class ScoredRun:
     def through(self, stop: float | None) -> PlanScore:
         """Run through ``origin + stop`` (None: to the end) and score it. A stopped run's
         unfinished requests end after the stop, so the stop and the ends so far bound both
-        metrics from below; a run whose every request ended is exact."""
+        metrics from below; a run whose every request ended is exact, and goes on to its end
+        (the few events left), where a stall would be reported."""
         until = None if stop is None else self.origin + stop
         if self._run is None:
             self._run = DryRun(self.planner)
@@ -184,11 +189,16 @@ class ScoredRun:
         ends = [finish[i] - self.origin for i in indices if i in finish]
         unfinished = len(indices) - len(ends)
         if unfinished == 0:
+            if self._run.engine.pending:
+                self._run.go_on()
             return PlanScore(max(ends), sum(ends) / len(ends))
-        assert stop is not None, "a dry run to the end finishes every request"
-        # While one request is unfinished, each completion submits the next of those to come.
+        assert until is not None, "a dry run to the end finishes every request"
+        # Each unfinished request ends after ``until``, so it is at least this far from the
+        # origin, rounded as its end will be; while one is unfinished, each completion submits
+        # the next of those to come, later still.
+        floor = until - self.origin
         missing = unfinished + self.to_come()
-        return PlanScore(max([stop, *ends]), (sum(ends) + stop * missing) / (len(ends) + missing), exact=False)
+        return PlanScore(max([floor, *ends]), (sum(ends) + floor * missing) / (len(ends) + missing), exact=False)
 
     def to_end(self) -> PlanScore:
         """Go on to the end, exactly as a run never stopped."""
@@ -299,15 +309,16 @@ class AutoSizer:
         cuts (the arriving ones)."""
         results: dict[tuple[int, bool], PlanScore] = {}
         stopped: dict[tuple[int, bool], ScoredRun] = {}
-        self._scored([(size, False) for size in self._planned_sizes(sum(situation))], plan, results, stopped)
+        self._plan_candidates([(size, False) for size in self._planned_sizes(sum(situation))], plan, results, stopped)
         fixed = _rows(results, tapered=False)
-        self._scored([(size, True) for size in self._taper_sizes(fixed, cut)], plan, results, stopped)
+        self._plan_candidates([(size, True) for size in self._taper_sizes(fixed, cut)], plan, results, stopped)
         size, tapered = self._pick([(key, s.makespan, s.completion) for key, s in results.items()])
         return AutoChoice(size, situation, _rows(results, tapered=False), tapered, _rows(results, tapered=True),
                           tuple(sorted(stopped)))
 
-    def _scored(self, keys: Sequence[tuple[int, bool]], plan: Plan, results: dict[tuple[int, bool], PlanScore],
-                stopped: dict[tuple[int, bool], ScoredRun]) -> None:
+    def _plan_candidates(self, keys: Sequence[tuple[int, bool]], plan: Plan,
+                         results: dict[tuple[int, bool], PlanScore],
+                         stopped: dict[tuple[int, bool], ScoredRun]) -> None:
         """Add to ``results`` a plan of each (size, tapered) of ``keys``, largest first: each stops
         at the makespan past which it loses to the best planned to the end so far (``_stop``),
         and stays stopped (in ``stopped``) only if its bounds show it can be neither chosen nor
@@ -351,7 +362,7 @@ class AutoSizer:
         exact = [(key, s.makespan, s.completion) for key, s in results.items() if s.exact]
         best_makespan = min(m for _, m, _ in exact)
         best_ttft = min(t for _, _, t in exact)
-        return (bound.completion >= best_ttft
+        return (bound.completion >= best_ttft * (1.0 + STOP_MARGIN)
                 and bound.makespan / best_makespan - 1.0 > min(score(exact).values()) + TIE_TOLERANCE)
 
     def _taper_sizes(self, scores: Sequence[tuple[int, float, float]], cut: Sequence[int]) -> list[int]:

@@ -150,6 +150,11 @@ class Engine:
         for link in self.links.values():
             self._push(self._resolve(link))
 
+    @property
+    def pending(self) -> bool:
+        """Events remain: a run through an ``until`` stopped before its end."""
+        return bool(self._heap)
+
     # ------------------------------------------------------------------ accounting hooks
     def _compute_time(self, rank: int, action: Action, stage: StageSpec, chunk: ChunkSpec, start: float) -> float:
         """Seconds ``rank`` computes ``action`` from ``start`` (a subclass also accounts it)."""

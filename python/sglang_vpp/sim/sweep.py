@@ -84,12 +84,12 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
             config = RunConfig(num_ranks, chunk_size, tuple(split) if split else None, batch_requests=batch_requests,
                                jitter=jitter, jitter_seed=jitter_seed, jitter_by=jitter_by, sim=sim or SimConfig(),
                                auto_chunk=auto, fold=fold, partial_fill=partial_fill)
+            label = AUTO if auto else size_label(chunk_size)
+            progress.run_started(str(spec.name), label, len(workload.requests))  # the split search is the run's
             if balance == "auto":
                 config = replace(config, split=balance_split(
                     spec, num_ranks, num_layers, probe, chunk_size, cost, fold=fold, batching=batch_requests,
                     partial_fill=partial_fill))
-            label = AUTO if auto else size_label(chunk_size)
-            progress.run_started(str(spec.name), label, len(workload.requests))
             rows.append(SweepRow(workload.name, seq_len,
                                  run_mode(str(spec.name), workload, cost, config, num_layers, keep_schedules,
                                           on_request=progress.request_done)))
