@@ -178,8 +178,10 @@ def test_a_launch_refused_before_any_server_starts_leaves_no_new_work_dir(monkey
 
 def test_bench_prints_a_progress_line_per_run_when_stderr_is_not_a_terminal(capsys):
     from sglang_vpp.cli.bench_cmd import _RichProgress
+    from sglang_vpp.cli.progress import ProgressBars
 
-    with _RichProgress(enabled=True) as progress:
+    with ProgressBars(enabled=True) as bars:
+        progress = _RichProgress(bars)
         progress.start(2)
         for repeat in range(2):
             progress.run_started("cpp", repeat)
@@ -189,8 +191,8 @@ def test_bench_prints_a_progress_line_per_run_when_stderr_is_not_a_terminal(caps
     assert [line.split("] ", 1)[1] for line in lines if "] " in line] == [
         "cpp repeat 1: done in 0.0 s (run 1 of 2)", "cpp repeat 2: done in 0.0 s (run 2 of 2)", "equal-cost replay"]
     assert all(line.startswith("[") and " s] " in line for line in lines if line.strip())
-    with _RichProgress(enabled=False) as quiet:  # --quiet
-        quiet.phase("x")
+    with ProgressBars(enabled=False) as bars:  # --quiet
+        _RichProgress(bars).phase("x")
     assert capsys.readouterr().err == ""
 
 

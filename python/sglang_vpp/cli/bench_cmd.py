@@ -39,15 +39,8 @@ class _RichProgress:
     """A ``BenchProgress`` on ``ProgressBars``: the runs are (mode, repeat), their steps the
     last-stage chunks."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.bars = ProgressBars(enabled)
-
-    def __enter__(self) -> _RichProgress:
-        self.bars.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.bars.__exit__(*exc)
+    def __init__(self, bars: ProgressBars) -> None:
+        self.bars = bars
 
     def start(self, total_runs: int) -> None:
         self.bars.start(total_runs)
@@ -204,8 +197,8 @@ def bench(
     try:
         # SIGTERM (`timeout`, a job scheduler) or SIGHUP unwinds through the rank pool's close,
         # which stops the ranks and removes its directory (with the runs' outputs) from /tmp.
-        with stop_signals_as_exit(), _RichProgress(enabled=not quiet) as progress:
-            report = run_bench(config, progress)
+        with stop_signals_as_exit(), ProgressBars(enabled=not quiet) as bars:
+            report = run_bench(config, _RichProgress(bars))
     except RankFailedError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None

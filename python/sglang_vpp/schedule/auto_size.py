@@ -344,26 +344,35 @@ class AutoSizer:
                 results[key] = stopped.pop(key).to_end()
 
     @staticmethod
-    def _stop(results: dict[tuple[int, bool], PlanScore]) -> float | None:
-        """Where a plan stops (s from the situation's start): just past the makespan at which its
-        relative loss in makespan alone exceeds the best loss among the plans run to the end
-        by more than the tie tolerance (None: none ran to the end yet)."""
+    def _bar(results: dict[tuple[int, bool], PlanScore]) -> tuple[float, float, float] | None:
+        """Among the plans run to the end: the best makespan, the best mean completion and the
+        best loss (``score``); None when none ran to the end yet."""
         exact = [(key, s.makespan, s.completion) for key, s in results.items() if s.exact]
         if not exact:
             return None
-        best_makespan = min(m for _, m, _ in exact)
-        return best_makespan * (1.0 + min(score(exact).values()) + TIE_TOLERANCE) * (1.0 + STOP_MARGIN)
+        return min(m for _, m, _ in exact), min(t for _, _, t in exact), min(score(exact).values())
 
-    @staticmethod
-    def _beaten(bound: PlanScore, results: dict[tuple[int, bool], PlanScore]) -> bool:
+    @classmethod
+    def _stop(cls, results: dict[tuple[int, bool], PlanScore]) -> float | None:
+        """Where a plan stops (s from the situation's start): just past the makespan at which its
+        relative loss in makespan alone exceeds the best loss among the plans run to the end
+        by more than the tie tolerance (None: none ran to the end yet)."""
+        bar = cls._bar(results)
+        if bar is None:
+            return None
+        best_makespan, _, best_loss = bar
+        return best_makespan * (1.0 + best_loss + TIE_TOLERANCE) * (1.0 + STOP_MARGIN)
+
+    @classmethod
+    def _beaten(cls, bound: PlanScore, results: dict[tuple[int, bool], PlanScore]) -> bool:
         """A stopped plan's lower bounds show, against the plans run to the end, that it is not
         chosen (its loss exceeds the best by more than the tie tolerance) and holds neither
         the best makespan nor the best mean completion, so leaving it out picks alike."""
-        exact = [(key, s.makespan, s.completion) for key, s in results.items() if s.exact]
-        best_makespan = min(m for _, m, _ in exact)
-        best_ttft = min(t for _, _, t in exact)
+        bar = cls._bar(results)
+        assert bar is not None, "a plan stops only once another ran to the end"
+        best_makespan, best_ttft, best_loss = bar
         return (bound.completion >= best_ttft * (1.0 + STOP_MARGIN)
-                and bound.makespan / best_makespan - 1.0 > min(score(exact).values()) + TIE_TOLERANCE)
+                and bound.makespan / best_makespan - 1.0 > best_loss + TIE_TOLERANCE)
 
     def _taper_sizes(self, scores: Sequence[tuple[int, float, float]], cut: Sequence[int]) -> list[int]:
         """The sizes whose tapered cut ``auto`` also plans: the best size with the mode's chunker
