@@ -18,6 +18,7 @@ __all__ = [
     "CliInputError",
     "FOLD_HELP",
     "PARTIAL_FILL_HELP",
+    "SIMULATE_FILL_HELP",
     "LAYOUT_FOLD_HELP",
     "MAX_REQUESTS",
     "at_least",
@@ -138,10 +139,16 @@ _FOLD_VALUES = ("Fold of the vpp modes: split (the method's: the last rank runs 
 FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold and ignore it."
 """The help of the ``--fold`` of the commands that run several modes (docs/cli.md)."""
 
-PARTIAL_FILL_HELP = ("A batch starts the request that overflows its chunk budget in what is left (a head; its rest "
-                     "runs next, cut from the head's end), as SGLang's prefill adder does; default: whole requests "
-                     "only.")
-"""``--partial-fill``'s help, for ``simulate`` and ``bench`` alike."""
+_PARTIAL_FILL = ("A batch starts the request that overflows its chunk budget in what is left (a head; its rest "
+                 "runs next, cut from the head's end), as SGLang's prefill adder does")
+
+PARTIAL_FILL_HELP = _PARTIAL_FILL + "; default: whole requests only."
+"""``bench``'s ``--partial-fill``: the reference runtime batches whole requests unless told."""
+
+SIMULATE_FILL_HELP = _PARTIAL_FILL + " (default); --no-partial-fill: whole requests only."
+"""``simulate``'s ``--partial-fill/--no-partial-fill``: on by default, so that its cpp and dcpp
+fill their forwards as the SGLang they stand for does (whole requests only would understate
+them and overstate a fold-back mode's lead on short and mixed loads)."""
 
 LAYOUT_FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold: --fold fused with them is an error."
 """``layout``'s ``--fold``: its one layout has no mode to run as always, so the schedule core's
