@@ -57,15 +57,15 @@ def test_the_bench_title_names_the_settings_that_move_its_numbers(monkeypatch):
     assert not any(word in plain.output for word in ("layer split", "arrivals", "partial fill")), plain.output
 
 
-
 def test_simulate_fills_as_sglangs_adder_by_default_and_names_whole_requests_only_when_told(tmp_path):
     """Three 700-token prompts at 512: filled, every forward but the last is full (5 forwards);
     whole, each prompt's 188-token tail runs alone (6)."""
-    flags = ("--modes", "cpp", "--workload", "short", "--requests", "3", "--seq-len", "700")
+    flags = ("simulate", "--model", "qwen3-tiny", "--chunk-size", "512", "--modes", "cpp", "--workload", "short",
+             "--requests", "3", "--seq-len", "700")
 
     def run(*more):
         out = tmp_path / "short.json"
-        result = CliRunner().invoke(app, [*_RUN, *flags, *more, "--json", str(out)])
+        result = CliRunner().invoke(app, [*flags, *more, "--json", str(out)])
         assert result.exit_code == 0, result.output
         data = json.loads(out.read_text())
         return " ".join(result.output.split("   seq")[0].split()), data["config"], data["results"][0]

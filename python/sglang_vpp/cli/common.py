@@ -143,7 +143,7 @@ _PARTIAL_FILL = ("A batch starts the request that overflows its chunk budget in 
                  "runs next, cut from the head's end), as SGLang's prefill adder does")
 
 PARTIAL_FILL_HELP = _PARTIAL_FILL + "; default: whole requests only."
-"""``bench``'s ``--partial-fill``: the reference runtime batches whole requests unless told."""
+"""``bench``'s and ``benchmarks/auto_sweep.py``'s ``--partial-fill``: whole requests unless told."""
 
 SIMULATE_FILL_HELP = _PARTIAL_FILL + " (default); --no-partial-fill: whole requests only."
 """``simulate``'s ``--partial-fill/--no-partial-fill``: on by default, so that its cpp and dcpp
