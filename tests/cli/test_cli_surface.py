@@ -112,9 +112,24 @@ def test_bench_flags_default_to_the_bench_config():
     assert (_default("bench", "--model"), _default("bench", "--pp"), _default("bench", "--requests"),
             _default("bench", "--arrival-interval"), _default("bench", "--device"), _default("bench", "--backend"),
             _default("bench", "--seed"), _default("bench", "--fold"), _default("bench", "--timeout"),
-            _default("bench", "--batch-requests")) == (
+            _default("bench", "--batch-requests"), _default("bench", "--partial-fill")) == (
         config.model, config.num_ranks, config.num_requests, config.arrival_interval_s, str(config.device),
-        config.backend, config.seed, config.fold, config.timeouts.comm_s, config.batch_requests)
+        config.backend, config.seed, config.fold, config.timeouts.comm_s, config.batch_requests, config.partial_fill)
+
+
+def test_bench_fills_its_batches_by_default_and_records_what_ran():
+    """``bench`` fills as SGLang's adder does wherever it batches; without batches there is
+    nothing to fill, so the default is off there and an explicit ``--partial-fill`` is refused."""
+    from sglang_vpp.runtime.bench_config import BenchConfig
+    from sglang_vpp.runtime.errors import RunConfigError
+
+    assert BenchConfig().fills and BenchConfig().run_spec("cpp").partial_fill
+    unbatched = BenchConfig(batch_requests=False)
+    assert not unbatched.fills and not unbatched.run_spec("cpp").partial_fill
+    assert unbatched.to_dict()["partial_fill"] is False and BenchConfig().to_dict()["partial_fill"] is True
+    assert not BenchConfig(partial_fill=False).run_spec("cpp").partial_fill
+    with pytest.raises(RunConfigError, match="--partial-fill needs --batch-requests"):
+        BenchConfig(batch_requests=False, partial_fill=True).run_spec("cpp").check()
 
 
 def test_bench_serve_startup_timeout_defaults_to_the_launch_spec():

@@ -24,7 +24,7 @@ from ..verdict import check_repeats
 from .progress import ProgressBars
 from .common import (at_least, check_output_paths, check_split_modes, echo_wrapped, folds_any, emit_json, parse_int_list, parse_size_option,
                      timeout_option, user_errors)
-from .common import (FOLD_HELP, PARTIAL_FILL_HELP, CliInputError, at_most, not_blank, parse_fold_option, output_option,
+from .common import (BENCH_FILL_HELP, FOLD_HELP, CliInputError, at_most, not_blank, parse_fold_option, output_option,
                      png_path, seed_option)
 
 _DEFAULTS = BenchConfig()
@@ -139,7 +139,7 @@ def bench(
     costs: Path | None = output_option("--costs", help="Write measured per-action costs: a fitted cost model here, raw samples per mode next to it."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     batch_requests: bool = typer.Option(_DEFAULTS.batch_requests, "--batch-requests/--no-batch-requests", help="Batch whole requests shorter than the chunk into one forward (attention per request), as SGLang and simulate do (default); --no-batch-requests: one request per forward."),
-    partial_fill: bool = typer.Option(_DEFAULTS.partial_fill, "--partial-fill", help="With --batch-requests. " + PARTIAL_FILL_HELP),
+    partial_fill: bool | None = typer.Option(_DEFAULTS.partial_fill, "--partial-fill/--no-partial-fill", show_default=False, help=BENCH_FILL_HELP),
 ) -> None:
     """Run each mode on real rank processes with real layers; check against the reference; table."""
     from ..runtime.bench import BenchConfig, check_config, cost_samples_path, run_bench, write_outputs
@@ -190,7 +190,7 @@ def bench(
                  + (f", layer split {','.join(map(str, config.split))}" if config.split else "")
                  + (f", arrivals {arrival_interval:g} s apart" if arrival_interval else "")
                  + ("" if batch_requests else ", one request per forward")
-                 + (", partial fill" if partial_fill else ""),
+                 + (", whole requests only" if batch_requests and not config.fills else ""),
                  err=True)
     from ..serving.termination import stop_signals_as_exit
 

@@ -18,6 +18,7 @@ __all__ = [
     "CliInputError",
     "FOLD_HELP",
     "PARTIAL_FILL_HELP",
+    "BENCH_FILL_HELP",
     "SIMULATE_FILL_HELP",
     "LAYOUT_FOLD_HELP",
     "MAX_REQUESTS",
@@ -143,7 +144,13 @@ _PARTIAL_FILL = ("A batch starts the request that overflows its chunk budget in 
                  "runs next, cut from the head's end), as SGLang's prefill adder does")
 
 PARTIAL_FILL_HELP = _PARTIAL_FILL + "; default: whole requests only."
-"""``bench``'s and ``benchmarks/auto_sweep.py``'s ``--partial-fill``: whole requests unless told."""
+"""``benchmarks/auto_sweep.py``'s ``--partial-fill``: whole requests unless told, as the docs'
+tables were made."""
+
+BENCH_FILL_HELP = (_PARTIAL_FILL + " (default with --batch-requests); --no-partial-fill: whole requests "
+                   "only.")
+"""``bench``'s ``--partial-fill/--no-partial-fill``: on wherever requests are batched, so that the
+runtime's forwards are those of the SGLang it stands for and of ``simulate``'s default."""
 
 SIMULATE_FILL_HELP = _PARTIAL_FILL + " (default); --no-partial-fill: whole requests only."
 """``simulate``'s ``--partial-fill/--no-partial-fill``: on by default, so that its cpp and dcpp

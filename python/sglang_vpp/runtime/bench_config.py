@@ -50,10 +50,17 @@ class BenchConfig:
     (``chunk_size`` is the largest it may pick, ``auto_size.AUTO_CAP``); ``RunSpec.auto_chunk``."""
     batch_requests: bool = True
     """``--batch-requests/--no-batch-requests``: ``RunSpec.batch_requests``."""
-    partial_fill: bool = False
-    """``--partial-fill``: ``RunSpec.partial_fill``."""
+    partial_fill: bool | None = None
+    """``--partial-fill/--no-partial-fill``: ``RunSpec.partial_fill``. None: whenever requests are
+    batched (``fills``), as SGLang's prefill adder fills a batch and ``simulate`` does by default."""
     fold: str = "split"
     """``--fold``: ``RunSpec.fold``."""
+
+    @property
+    def fills(self) -> bool:
+        """Whether a batch starts the request that overflows it: as told, else with the batches.
+        Told to fill without batches, ``RunSpec`` refuses (there is no batch to fill)."""
+        return self.batch_requests if self.partial_fill is None else self.partial_fill
 
     def run_spec(self, mode: str, planner_cost: Any = None) -> RunSpec:
         requests = tuple(RequestArrival(self.seq_len, i * self.arrival_interval_s) for i in range(self.num_requests))
@@ -61,10 +68,11 @@ class BenchConfig:
                        chunk_size=self.chunk_size, seed=self.seed, num_layers=self.num_layers, split=self.split,
                        device=self.device, backend=self.backend, timeouts=self.timeouts, fault=self.fault,
                        planner_cost=planner_cost, auto_chunk=self.auto_chunk, batch_requests=self.batch_requests,
-                       partial_fill=self.partial_fill, fold=self.fold)
+                       partial_fill=self.fills, fold=self.fold)
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["device"] = str(self.device)
+        data["partial_fill"] = self.fills  # what ran, not how it was asked
         data.pop("fault")
         return data
