@@ -35,18 +35,20 @@ from sglang_vpp.sim.sweep import simulate_matrix  # noqa: E402
 WORKLOADS = ("short-4k", "short-16k", "long-64k")
 
 
-def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, share: float) -> dict:
+def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, share: float,
+             partial_fill: bool = True) -> dict:
     model = load_model(model_name)
     hw = load_hardware(hardware)
     scaled = dataclasses.replace(hw, revisit_overhead_s=hw.chunk_overhead_s * share)
     work = _workload(workload_name)
     sim = SimConfig(record_timeline=False)
     base = [_metrics(r) for r in simulate_matrix(work, AnalyticCostModel(model, hw), model.num_layers, "cpp,dcpp",
-                                                 list(CHUNKS), num_ranks, sim=sim) if r.result.sim.ok]
+                                                 list(CHUNKS), num_ranks, sim=sim,
+                                                 partial_fill=partial_fill) if r.result.sim.ok]
     auto = {}
     for label, spec in (("preset", hw), ("scaled", scaled)):
         row = simulate_matrix(work, AnalyticCostModel(model, spec), model.num_layers, VPP_MODE, ["auto"],
-                              num_ranks, sim=sim)[0]
+                              num_ranks, sim=sim, partial_fill=partial_fill)[0]
         auto[label] = _metrics(row)
     return {"model": model_name, "pp": num_ranks, "workload": workload_name, "share": share,
             "iteration_s": hw.chunk_overhead_s, "revisit_s": hw.revisit_overhead_s,
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = []
     for model, pp, workload in grid_cells(args, WORKLOADS):
         print(f"{model} P={pp} {workload} ...", file=sys.stderr, flush=True)
-        cells.append(run_cell(model, args.hardware, pp, workload, args.revisit_share))
+        cells.append(run_cell(model, args.hardware, pp, workload, args.revisit_share, args.partial_fill))
     text = table(cells)
     print(text)
     if args.markdown:
@@ -98,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             "metric on its own). \"preset\": the preset's host times (a scheduler iteration "
             f"{cells[0]['iteration_s'] * 1e3:g} ms before a rank's first forward of a micro-batch, "
             f"{cells[0]['revisit_s'] * 1e3:g} ms before a fold-back rank's second); \"revisit s x iteration\": "
-            "vpp-stream's second forward pays s of an iteration. cpp and dcpp never revisit a rank.", text)
+            "vpp-stream's second forward pays s of an iteration. cpp and dcpp never revisit a rank.", text,
+            args.partial_fill)
     return 0
 
 

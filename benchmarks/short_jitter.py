@@ -17,7 +17,9 @@ over the seeds, for each metric on its own, as the exact table takes the best sw
 auto against it, seed by seed (the same seed draws the same factor for the same stage, request
 and chunk), is a paired comparison with ``sglang_vpp.verdict.compare``: a difference counts when
 its median is at least 1 % and the seeds agree in sign (one in five may not); otherwise "no
-significant difference". Spread 0 is the exact table's run (one run, no range).
+significant difference". Spread 0 is the exact table's run (one run, no range): the main
+table of docs/auto-chunk.md, or with ``--no-partial-fill`` (whole requests only, as the
+published figure and the page's idle analysis) its whole-request block.
 
 ``--idle`` adds, per row, auto and the two baselines (mean over the seeds): TTFT, the first
 TTFT (the earliest completion's, whichever request it is), the makespan and the bubble per rank
@@ -25,9 +27,10 @@ by cause (``sim/idle.py``). A micro-batch
 that waits while its rank computes another one is no rank's idle: a TTFT that rises while the
 makespan and the bubble stay shows there as a later first TTFT.
 
-    python benchmarks/short_jitter.py --markdown docs/figures/short_jitter.md
+    python benchmarks/short_jitter.py --no-partial-fill --markdown docs/figures/short_jitter.md
     python benchmarks/short_jitter.py --models deepseek-v3.1 --pp 8 --workloads short-16k --seeds 3 --jitter-by rank
-    python benchmarks/short_jitter.py --models deepseek-v3.1 --pp 8 --workloads short-4k,short-16k --jitter 0,0.05 --idle
+    python benchmarks/short_jitter.py --models deepseek-v3.1 --pp 8 --workloads short-4k,short-16k --jitter 0,0.05 \
+        --no-partial-fill --idle
 """
 
 from __future__ import annotations
@@ -76,14 +79,15 @@ class Cell(NamedTuple):
     work: Workload
 
 
-def _runs(cell: Cell, num_ranks: int, spread: float, draw: str, seed: int) -> tuple[dict, list[dict]]:
+def _runs(cell: Cell, num_ranks: int, spread: float, draw: str, seed: int,
+          partial_fill: bool) -> tuple[dict, list[dict]]:
     """(vpp-stream auto, every cpp/dcpp run) of one cell at one spread, draw and seed."""
     model, cost, work = cell.model, cell.cost, cell.work
     sim = SimConfig(record_timeline=False)
     base = simulate_matrix(work, cost, model.num_layers, BASE_MODES, list(CHUNKS), num_ranks, sim=sim,
-                           jitter=spread, jitter_seed=seed, jitter_by=draw)
+                           jitter=spread, jitter_seed=seed, jitter_by=draw, partial_fill=partial_fill)
     auto = simulate_matrix(work, cost, model.num_layers, VPP_MODE, ["auto"], num_ranks, sim=sim,
-                           jitter=spread, jitter_seed=seed, jitter_by=draw)[0]
+                           jitter=spread, jitter_seed=seed, jitter_by=draw, partial_fill=partial_fill)[0]
     if not auto.result.sim.ok or not all(row.result.sim.ok for row in base):
         raise SystemExit(f"{cell.label} P={num_ranks} jitter {spread} per {draw} seed {seed}: a run deadlocked")
     return _measures(auto), [_measures(row) for row in base]
@@ -105,9 +109,9 @@ def _best(per_seed: list[list[dict]], metric: str, lower_is_better: bool) -> tup
 
 
 def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, spread: float,
-             seeds: int, draw: str = DRAWS[0]) -> dict:
+             seeds: int, draw: str = DRAWS[0], partial_fill: bool = True) -> dict:
     cell = _cell(model_name, hardware, workload_name)
-    per_seed = [_runs(cell, num_ranks, spread, draw, seed) for seed in range(seeds if spread else 1)]
+    per_seed = [_runs(cell, num_ranks, spread, draw, seed, partial_fill) for seed in range(seeds if spread else 1)]
     auto = [a for a, _ in per_seed]
     base = [b for _, b in per_seed]
     ttft_label, ttft_base = _best(base, "ttft_s", lower_is_better=True)
@@ -198,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         for spread in spreads:
             for draw in draws if spread else draws[:1]:
                 print(f"{model} P={pp} {workload} jitter {spread:g} per {draw} ...", file=sys.stderr, flush=True)
-                cells.append(run_cell(model, args.hardware, pp, workload, spread, args.seeds, draw))
+                cells.append(run_cell(model, args.hardware, pp, workload, spread, args.seeds, draw, args.partial_fill))
     text = table(cells)
     print(text)
     if args.idle:
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             "Median [min .. max] of the per-seed difference and the paired verdict (a difference counts when its "
             f"median is at least {MIN_EFFECT:.0%} and the seeds agree in sign, one in five may not). \"drawn per\": "
             "stage, each stage of a chunk draws its own time; rank, a chunk's stages on one rank share one draw. "
-            "The spread and what a draw covers are assumed, not measured.", text)
+            "The spread and what a draw covers are assumed, not measured.", text, args.partial_fill)
     return 0
 
 

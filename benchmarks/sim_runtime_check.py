@@ -88,14 +88,25 @@ def _spread(values: list[float], fmt: str) -> str:
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))} to {fmt.format(max(values))})"
 
 
+def _batching(seq_len: int, chunk: int) -> str:
+    """How ``bench``'s default (batching with partial fill; the simulator replays its plan) fills
+    a forward with prompts of one length."""
+    if chunk == seq_len:
+        return "one prompt per forward"
+    if chunk % seq_len == 0:
+        return f"up to {chunk // seq_len} whole prompts per forward: batching on in the runtime and the simulator"
+    if chunk < seq_len:
+        return ("each prompt in chunks, the next prompt's head joining where a last chunk leaves room: partial "
+                "fill on in the runtime and the simulator")
+    return ("a forward takes whole prompts while they fit, then the head of the next in what is left: "
+            "batching and partial fill on in the runtime and the simulator")
+
+
 def markdown(entries: list[dict], seq_len: int, chunk: int, repeat: int, num_requests: int = 1) -> str:
     if num_requests == 1:
         prompts = f"one {seq_len}-token prompt"
     else:
-        per_forward = max(1, chunk // seq_len)
-        prompts = (f"{num_requests} prompts of {seq_len} tokens sent together"
-                   + (f" (up to {per_forward} whole prompts per forward: batching on in the runtime and the simulator)"
-                      if per_forward > 1 else ""))
+        prompts = f"{num_requests} prompts of {seq_len} tokens sent together ({_batching(seq_len, chunk)})"
     lines = [f"tiny-qwen3 (8 layers, fp32, CPU, gloo), {prompts}, {chunk}-token chunks, {repeat} "
              "repeats per mode. Error = simulated / replayed makespan - 1, median (min to max) over runs; the "
              "simulator is fed the measured costs of another repeat of the same mode.", "",

@@ -1,6 +1,7 @@
-"""``benchmarks/auto_sweep.py``: sampled cells of the table in docs/auto-chunk.md match the code,
-in a long cell auto is the best swept size of the VPP mode (vpp-stream), and in a short cell at
-P = 4 the idle table's rows (vpp-stream auto, vpp-pack auto, cpp) match too."""
+"""``benchmarks/auto_sweep.py``: sampled cells of the tables in docs/auto-chunk.md match the code
+(the main table fills batches as SGLang's adder does, the whole-request block does not), in a
+long cell auto is the best swept size of the VPP mode (vpp-stream), and in a short cell at P = 4
+the idle table's rows (vpp-stream auto, vpp-pack auto, cpp) match too."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ def bench():
     return load_benchmark("auto_sweep")
 
 
+def _block(begin: str, end: str) -> str:
+    doc = (ROOT / "docs" / "auto-chunk.md").read_text()
+    return doc[doc.index(begin):doc.index(end)]
+
+
 @pytest.mark.parametrize("model,pp,workload", [
     ("deepseek-v3.1", 2, "long-64k"), ("qwen3-coder-30b-a3b", 4, "long-64k"), ("qwen3-coder-30b-a3b", 2, "short-4k"),
     ("glm-5.2", 4, "short-16k"),
@@ -24,11 +30,11 @@ def bench():
 def test_sampled_doc_rows_match_the_code(bench, model, pp, workload):
     cell = bench.run_cell(model, "ascend-910c", pp, workload)
     row = bench.table([cell]).splitlines()[-1]
-    doc = (ROOT / "docs" / "auto-chunk.md").read_text()
-    assert row in doc, f"{row}\nnot in docs/auto-chunk.md: run python benchmarks/auto_sweep.py --markdown docs/auto-chunk.md"
+    block = _block(bench.BEGIN, bench.END)
+    assert row in block, f"{row}\nnot in docs/auto-chunk.md: run python benchmarks/auto_sweep.py --markdown docs/auto-chunk.md"
     if workload.startswith("short"):
         for line in bench.idle_table([cell]).splitlines()[2:]:
-            assert line in doc, f"{line}\nnot in docs/auto-chunk.md"
+            assert line in block, f"{line}\nnot in docs/auto-chunk.md's main block"
         assert "vpp-pack auto" in bench.idle_table([cell])
     if workload.startswith("long"):
         best = cell["best"]["vpp_tput"]["throughput_tok_s"]
@@ -38,21 +44,43 @@ def test_sampled_doc_rows_match_the_code(bench, model, pp, workload):
 @pytest.mark.parametrize("model,pp,workload", [("qwen3-coder-30b-a3b", 4, "long-64k"),
                                                ("qwen3-coder-30b-a3b", 4, "short-4k")])
 def test_sampled_fold_table_rows_match_the_code(bench, model, pp, workload):
-    """The fused-fold table of docs/method.md ("The fused fold") is this code's."""
-    cells = [bench.run_cell(model, "ascend-910c", pp, workload, fold=fold) for fold in ("split", "fused")]
+    """The fused-fold table of docs/method.md ("The fused fold") is this code's, with whole requests."""
+    cells = [bench.run_cell(model, "ascend-910c", pp, workload, fold=fold, partial_fill=False)
+             for fold in ("split", "fused")]
     assert cells[1]["fold"] == "fused"
     row = bench.fold_table(cells[:1], cells[1:]).splitlines()[-1]
     doc = (ROOT / "docs" / "method.md").read_text()
-    assert row in doc, f"{row}\nnot in docs/method.md: run python benchmarks/auto_sweep.py --fold both"
+    assert row in doc, f"{row}\nnot in docs/method.md: run python benchmarks/auto_sweep.py --fold both --no-partial-fill"
 
 
-def test_sampled_partial_fill_row_matches_the_code(bench):
-    """docs/auto-chunk.md's partial-fill table ("Partial fill") is this code's, and partial fill
-    changes the cell it is cited for."""
-    cell = bench.run_cell("qwen3-coder-30b-a3b", "ascend-910c", 4, "short-16k", partial_fill=True)
+def test_sampled_whole_request_rows_match_the_code(bench):
+    """docs/auto-chunk.md's whole-request block, which the idle analysis of the short cells reads,
+    is this code's with ``partial_fill=False``, and filling changes the cell it is cited for."""
+    cell = bench.run_cell("qwen3-coder-30b-a3b", "ascend-910c", 4, "short-16k", partial_fill=False)
     row = bench.table([cell]).splitlines()[-1]
-    doc = (ROOT / "docs" / "auto-chunk.md").read_text()
-    block = doc[doc.index(bench.PARTIAL_FILL_BEGIN):doc.index(bench.PARTIAL_FILL_END)]
-    assert row in block, (f"{row}\nnot in docs/auto-chunk.md's partial-fill table: run python benchmarks/auto_sweep.py "
-                          "--workloads short-4k,short-16k,mixed --partial-fill --markdown docs/auto-chunk.md")
-    assert row not in doc[doc.index(bench.BEGIN):doc.index(bench.END)]
+    block = _block(bench.WHOLE_BEGIN, bench.WHOLE_END)
+    assert row in block, (f"{row}\nnot in docs/auto-chunk.md's whole-request block: run python "
+                          "benchmarks/auto_sweep.py --no-partial-fill --markdown docs/auto-chunk.md")
+    for line in bench.idle_table([cell]).splitlines()[2:]:
+        assert line in block, f"{line}\nnot in docs/auto-chunk.md's whole-request block"
+    assert row not in _block(bench.BEGIN, bench.END)
+
+
+def test_markdown_writes_the_block_of_the_runs_batching_under_the_command_that_made_it(bench, tmp_path, capsys):
+    page = tmp_path / "page.md"
+    page.write_text(f"{bench.BEGIN}\n{bench.END}\n{bench.WHOLE_BEGIN}\n{bench.WHOLE_END}\n")
+    cell = ["--models", "deepseek-v3.1", "--pp", "2", "--workloads", "long-64k", "--markdown", str(page)]
+    bench.main(cell)
+    filled = page.read_text()
+    main_block = filled[filled.index(bench.BEGIN):filled.index(bench.END)]
+    assert (f"Generated by `python benchmarks/auto_sweep.py --models deepseek-v3.1 --pp 2 --workloads long-64k "
+            f"--markdown {page}`") in main_block
+    assert "Every mode fills its batches as SGLang's prefill adder does." in main_block
+    assert f"{bench.WHOLE_BEGIN}\n{bench.WHOLE_END}" in filled  # the other block untouched
+    bench.main([*cell, "--no-partial-fill", "--vpp-mode", "vpp-pack"])
+    both = page.read_text()
+    assert both[both.index(bench.BEGIN):both.index(bench.END)] == main_block
+    whole = both[both.index(bench.WHOLE_BEGIN):both.index(bench.WHOLE_END)]
+    assert "--workloads long-64k --vpp-mode vpp-pack --no-partial-fill --markdown" in whole
+    assert "Every mode batches whole requests only." in whole and "| deepseek-v3.1 | 2 | long-64k |" in whole
+    capsys.readouterr()

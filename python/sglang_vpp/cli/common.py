@@ -17,7 +17,6 @@ from ..timeouts import MAX_TIMEOUT_S
 __all__ = [
     "CliInputError",
     "FOLD_HELP",
-    "PARTIAL_FILL_HELP",
     "BENCH_FILL_HELP",
     "SIMULATE_FILL_HELP",
     "LAYOUT_FOLD_HELP",
@@ -143,19 +142,16 @@ FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold and ignore it."
 _PARTIAL_FILL = ("A batch starts the request that overflows its chunk budget in what is left (a head; its rest "
                  "runs next, cut from the head's end), as SGLang's prefill adder does")
 
-PARTIAL_FILL_HELP = _PARTIAL_FILL + "; default: whole requests only."
-"""``benchmarks/auto_sweep.py``'s ``--partial-fill``: whole requests unless told, as the docs'
-tables were made."""
-
 BENCH_FILL_HELP = (_PARTIAL_FILL + " (default with --batch-requests); --no-partial-fill: whole requests "
                    "only.")
 """``bench``'s ``--partial-fill/--no-partial-fill``: on wherever requests are batched, so that the
 runtime's forwards are those of the SGLang it stands for and of ``simulate``'s default."""
 
 SIMULATE_FILL_HELP = _PARTIAL_FILL + " (default); --no-partial-fill: whole requests only."
-"""``simulate``'s ``--partial-fill/--no-partial-fill``: on by default, so that its cpp and dcpp
-fill their forwards as the SGLang they stand for does (whole requests only would understate
-them and overstate a fold-back mode's lead on short and mixed loads)."""
+"""The ``--partial-fill/--no-partial-fill`` of ``simulate`` and of the simulator grids of
+``benchmarks/`` (``auto_sweep.grid_parser``): on by default, so that their cpp and dcpp fill
+their forwards as the SGLang they stand for does (whole requests only would understate them and
+overstate a fold-back mode's lead on short and mixed loads)."""
 
 LAYOUT_FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold: --fold fused with them is an error."
 """``layout``'s ``--fold``: its one layout has no mode to run as always, so the schedule core's
