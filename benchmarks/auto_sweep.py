@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_vpp.cli.common import SIMULATE_FILL_HELP
+from sglang_vpp.cli.common import FILL_DEFAULT, FILL_HELP
 from sglang_vpp.sim.config import SimConfig
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel
 from sglang_vpp.sim.errors import PresetError
@@ -77,7 +77,7 @@ def _metrics(row) -> dict:
 
 
 def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, vpp_mode: str = VPP_MODE,
-             fold: str = "split", partial_fill: bool = True) -> dict:
+             fold: str = "split", partial_fill: bool = FILL_DEFAULT) -> dict:
     model = load_model(model_name)
     cost = AnalyticCostModel(model, load_hardware(hardware))
     work = _workload(workload_name)
@@ -207,8 +207,8 @@ def grid_parser(description: str, workloads: tuple[str, ...]) -> argparse.Argume
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--pp", default=",".join(map(str, RANKS)))
     parser.add_argument("--workloads", default=",".join(workloads))
-    parser.add_argument("--partial-fill", action=argparse.BooleanOptionalAction, default=True,
-                        help=f"Every mode. {SIMULATE_FILL_HELP}")
+    parser.add_argument("--partial-fill", action=argparse.BooleanOptionalAction, default=FILL_DEFAULT,
+                        help=f"Every mode. {FILL_HELP}")
     return parser
 
 

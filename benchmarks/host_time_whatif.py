@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from auto_sweep import CHUNKS, VPP_MODE, _metrics, _workload, grid_cells, grid_parser, write_generated  # noqa: E402
 
+from sglang_vpp.cli.common import FILL_DEFAULT  # noqa: E402
 from sglang_vpp.sim.config import SimConfig  # noqa: E402
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel  # noqa: E402
 from sglang_vpp.sim.preset_loader import load_hardware, load_model  # noqa: E402
@@ -36,7 +37,7 @@ WORKLOADS = ("short-4k", "short-16k", "long-64k")
 
 
 def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, share: float,
-             partial_fill: bool = True) -> dict:
+             partial_fill: bool = FILL_DEFAULT) -> dict:
     model = load_model(model_name)
     hw = load_hardware(hardware)
     scaled = dataclasses.replace(hw, revisit_overhead_s=hw.chunk_overhead_s * share)

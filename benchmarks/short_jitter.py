@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from auto_sweep import CHUNKS, VPP_MODE, _metrics, _size, _workload, grid_cells, grid_parser, write_generated  # noqa: E402
 
+from sglang_vpp.cli.common import FILL_DEFAULT  # noqa: E402
 from sglang_vpp.sim.config import SimConfig  # noqa: E402
 from sglang_vpp.sim.cost.analytic import AnalyticCostModel  # noqa: E402
 from sglang_vpp.sim.cost.jitter import check_jitter  # noqa: E402
@@ -109,7 +110,7 @@ def _best(per_seed: list[list[dict]], metric: str, lower_is_better: bool) -> tup
 
 
 def run_cell(model_name: str, hardware: str, num_ranks: int, workload_name: str, spread: float,
-             seeds: int, draw: str = DRAWS[0], partial_fill: bool = True) -> dict:
+             seeds: int, draw: str = DRAWS[0], partial_fill: bool = FILL_DEFAULT) -> dict:
     cell = _cell(model_name, hardware, workload_name)
     per_seed = [_runs(cell, num_ranks, spread, draw, seed, partial_fill) for seed in range(seeds if spread else 1)]
     auto = [a for a, _ in per_seed]

@@ -182,22 +182,25 @@ def short_prompt_chunks(model, cost) -> str:
 
 def batching(model, cost) -> str:
     """Short workloads (8K chunks) and the mixed workload (24K chunks) at P = 2: one request per
-    forward against SGLang's batching of whole requests up to the chunk size."""
+    forward, SGLang's batching of whole requests up to the chunk size, and that batching with
+    partial fill (the default)."""
     modes = ("cpp", "dcpp", "vpp", "vpp-async", "vpp-pack", "vpp-taper")
     workloads = [(short_workload(1024), 8192), (short_workload(4096), 8192), (mixed_workload(), 24576)]
-    lines = ["| workload | chunk | mode | forwards apart / batched | makespan s apart / batched "
-             "| mean TTFT s apart / batched |", "|---|---|---|---|---|---|"]
+    ways = {"apart": (False, False), "whole": (True, False), "filled": (True, True)}
+    lines = ["| workload | chunk | mode | forwards apart / whole / filled | makespan s apart / whole / filled "
+             "| mean TTFT s apart / whole / filled |", "|---|---|---|---|---|---|"]
     for workload, chunk in workloads:
-        runs = {batch: {r.result.mode: r.result.sim for r in simulate_matrix(
+        runs = {way: {r.result.mode: r.result.sim for r in simulate_matrix(
             workload, cost, model.num_layers, ",".join(modes), [chunk], 2, sim=SimConfig(record_timeline=False),
-            batch_requests=batch)} for batch in (False, True)}
+            batch_requests=batch, partial_fill=fill)} for way, (batch, fill) in ways.items()}
         for mode in modes:
-            apart, together = runs[False][mode], runs[True][mode]
+            apart, whole, filled = (runs[way][mode] for way in ways)
+            makespans = " / ".join(f"{r.makespan_s:.1f}" + ("" if r is apart else
+                                                             f" ({100 * (r.makespan_s / apart.makespan_s - 1):+.1f} %)")
+                                   for r in (apart, whole, filled))
             lines.append(f"| {workload.description} | {size_label(chunk)} | {mode} | "
-                         f"{apart.num_chunks} / {together.num_chunks} | "
-                         f"{apart.makespan_s:.1f} / {together.makespan_s:.1f} "
-                         f"({100 * (together.makespan_s / apart.makespan_s - 1):+.1f} %) | "
-                         f"{apart.ttft_s:.2f} / {together.ttft_s:.2f} |")
+                         f"{apart.num_chunks} / {whole.num_chunks} / {filled.num_chunks} | {makespans} | "
+                         f"{apart.ttft_s:.2f} / {whole.ttft_s:.2f} / {filled.ttft_s:.2f} |")
     return "\n".join(lines)
 
 

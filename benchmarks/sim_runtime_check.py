@@ -12,11 +12,12 @@ follows the level, the runs differ in how fast the host ran them, not in what th
 models.
 
     python benchmarks/sim_runtime_check.py [--pp 2,4] [--seq-len 8k] [--chunk 512] [--repeat 3]
-        [--requests 1] [--markdown docs/figures/sim_runtime_check.md]
+        [--requests 1] [--partial-fill/--no-partial-fill] [--markdown docs/figures/sim_runtime_check.md]
 
 ``--requests N`` sends N prompts of ``--seq-len`` together; prompts shorter than the chunk share
 a forward (the runtime batches by default, as the simulator does), so a run of short prompts checks
-the simulator on batched forwards.
+the simulator on batched forwards. They are filled as ``bench`` fills them unless told otherwise
+(``--partial-fill/--no-partial-fill``); the page says which.
 
 Slow (real processes): a few CPU-minutes at the defaults; wall time depends on the host's load.
 """
@@ -62,17 +63,20 @@ def pooled_and_level(report) -> dict[tuple[str, int], tuple[float, float]]:
     return out
 
 
-def check(num_ranks: int, seq_len: int, chunk: int, repeat: int, modes=MODES, num_requests: int = 1) -> list[dict]:
-    """Per mode: replayed makespans and the predictors' errors (see the module docstring)."""
+def check(num_ranks: int, seq_len: int, chunk: int, repeat: int, modes=MODES, num_requests: int = 1,
+          partial_fill: bool | None = None) -> list[dict]:
+    """Per mode: replayed makespans and the predictors' errors (see the module docstring), and
+    whether a batch was filled (``partial_fill`` None: ``bench``'s default)."""
     config = BenchConfig(num_ranks=num_ranks, seq_len=seq_len, chunk_size=chunk, modes=tuple(modes),
-                         num_requests=num_requests, repeat=repeat)
+                         num_requests=num_requests, repeat=repeat, partial_fill=partial_fill)
     report = run_bench(config, _Log(f"pp={num_ranks}"))
     rows = predictions(report, None)
     extra = pooled_and_level(report)
     out = []
     for mode in modes:
         mine = [r for r in rows if r["mode"] == mode]
-        entry = {"pp": num_ranks, "mode": mode, "replay_makespan_s": [r["replay_makespan_s"] for r in mine],
+        entry = {"pp": num_ranks, "mode": mode, "fills": config.fills,
+                 "replay_makespan_s": [r["replay_makespan_s"] for r in mine],
                  "max_abs_diff": max(run.max_abs_diff for run in report.runs if run.mode == mode)}
         for name in PREDICTORS:
             entry[name] = [r[f"{name}_error"] for r in mine if f"{name}_error" in r]
@@ -88,25 +92,32 @@ def _spread(values: list[float], fmt: str) -> str:
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))} to {fmt.format(max(values))})"
 
 
-def _batching(seq_len: int, chunk: int) -> str:
-    """How ``bench``'s default (batching with partial fill; the simulator replays its plan) fills
-    a forward with prompts of one length."""
+def _batching(seq_len: int, chunk: int, fills: bool) -> str:
+    """How the runtime's batches (the simulator replays its plan) fill a forward with prompts of
+    one length, with partial fill (``fills``) or whole requests only."""
     if chunk == seq_len:
         return "one prompt per forward"
     if chunk % seq_len == 0:
         return f"up to {chunk // seq_len} whole prompts per forward: batching on in the runtime and the simulator"
     if chunk < seq_len:
-        return ("each prompt in chunks, the next prompt's head joining where a last chunk leaves room: partial "
-                "fill on in the runtime and the simulator")
-    return ("a forward takes whole prompts while they fit, then the head of the next in what is left: "
-            "batching and partial fill on in the runtime and the simulator")
+        if fills:
+            return ("each prompt in chunks, the next prompt's head joining where a last chunk leaves room: partial "
+                    "fill on in the runtime and the simulator")
+        return "each prompt in chunks, its last chunk alone: partial fill off in the runtime and the simulator"
+    if fills:
+        return ("a forward takes whole prompts while they fit, then the head of the next in what is left: "
+                "batching and partial fill on in the runtime and the simulator")
+    return ("a forward takes whole prompts while they fit: batching on, partial fill off in the runtime and the "
+            "simulator")
 
 
-def markdown(entries: list[dict], seq_len: int, chunk: int, repeat: int, num_requests: int = 1) -> str:
+def markdown(entries: list[dict], seq_len: int, chunk: int, repeat: int, num_requests: int = 1, *,
+             fills: bool) -> str:
+    """The page; ``fills``: whether the runs' batches were filled (``check``'s entries say)."""
     if num_requests == 1:
         prompts = f"one {seq_len}-token prompt"
     else:
-        prompts = f"{num_requests} prompts of {seq_len} tokens sent together ({_batching(seq_len, chunk)})"
+        prompts = f"{num_requests} prompts of {seq_len} tokens sent together ({_batching(seq_len, chunk, fills)})"
     lines = [f"tiny-qwen3 (8 layers, fp32, CPU, gloo), {prompts}, {chunk}-token chunks, {repeat} "
              "repeats per mode. Error = simulated / replayed makespan - 1, median (min to max) over runs; the "
              "simulator is fed the measured costs of another repeat of the same mode.", "",
@@ -128,13 +139,16 @@ def main(argv=None) -> int:
     parser.add_argument("--chunk", default="512")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--requests", type=int, default=1)
+    parser.add_argument("--partial-fill", action=argparse.BooleanOptionalAction, default=None,
+                        help="Fill the batches (default: as bench does, with the batches).")
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
     seq_len, chunk = parse_size(args.seq_len), parse_size(args.chunk)
     entries = []
     for num_ranks in (int(p) for p in args.pp.split(",")):
-        entries += check(num_ranks, seq_len, chunk, args.repeat, num_requests=args.requests)
-    text = markdown(entries, seq_len, chunk, args.repeat, args.requests)
+        entries += check(num_ranks, seq_len, chunk, args.repeat, num_requests=args.requests,
+                         partial_fill=args.partial_fill)
+    text = markdown(entries, seq_len, chunk, args.repeat, args.requests, fills=entries[0]["fills"])
     sys.stdout.write(text)
     if args.markdown:
         args.markdown.write_text(text)

@@ -12,13 +12,15 @@ from typing import Any, Callable, Sequence
 
 import typer
 
+from ..schedule.factory import fills_batches
 from ..timeouts import MAX_TIMEOUT_S
 
 __all__ = [
     "CliInputError",
     "FOLD_HELP",
     "BENCH_FILL_HELP",
-    "SIMULATE_FILL_HELP",
+    "FILL_DEFAULT",
+    "FILL_HELP",
     "LAYOUT_FOLD_HELP",
     "MAX_REQUESTS",
     "at_least",
@@ -147,11 +149,15 @@ BENCH_FILL_HELP = (_PARTIAL_FILL + " (default with --batch-requests); --no-parti
 """``bench``'s ``--partial-fill/--no-partial-fill``: on wherever requests are batched, so that the
 runtime's forwards are those of the SGLang it stands for and of ``simulate``'s default."""
 
-SIMULATE_FILL_HELP = _PARTIAL_FILL + " (default); --no-partial-fill: whole requests only."
-"""The ``--partial-fill/--no-partial-fill`` of ``simulate`` and of the simulator grids of
-``benchmarks/`` (``auto_sweep.grid_parser``): on by default, so that their cpp and dcpp fill
-their forwards as the SGLang they stand for does (whole requests only would understate them and
-overstate a fold-back mode's lead on short and mixed loads)."""
+FILL_DEFAULT = fills_batches(None, batching=True)
+"""Whether ``simulate`` and the simulator grids of ``benchmarks/`` (``auto_sweep.grid_parser``),
+which always batch, fill their batches unless told ``--no-partial-fill``: as the simulator
+library and ``bench`` do when batching, on, so that their cpp and dcpp fill their forwards as the
+SGLang they stand for does (whole requests only would understate them and overstate a fold-back
+mode's lead on short and mixed loads)."""
+
+FILL_HELP = _PARTIAL_FILL + " (default); --no-partial-fill: whole requests only."
+"""The help of the ``--partial-fill/--no-partial-fill`` whose default is ``FILL_DEFAULT``."""
 
 LAYOUT_FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold: --fold fused with them is an error."
 """``layout``'s ``--fold``: its one layout has no mode to run as always, so the schedule core's

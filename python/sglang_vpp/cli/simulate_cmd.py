@@ -16,7 +16,7 @@ from ..sim.sweep import SweepProgress, size_label
 from ..sim.workloads import CONCURRENCY_HELP, REQUESTS_HELP, check_counts
 from ..sim.workloads.long import DEFAULT_LENGTH
 from .progress import ProgressBars
-from .common import (FOLD_HELP, SIMULATE_FILL_HELP, check_output_paths, check_split_modes, echo_wrapped, folds_any, emit_json, given_flags, parse_fold_option,
+from .common import (FILL_DEFAULT, FILL_HELP, FOLD_HELP, check_output_paths, check_split_modes, echo_wrapped, folds_any, emit_json, given_flags, parse_fold_option,
                      parse_int_list, output_option, parse_size_option, png_path, seed_option, user_errors)
 
 DEFAULT_LONG_SEQ_LEN = size_label(DEFAULT_LENGTH)
@@ -155,7 +155,7 @@ def simulate(
     costs: Optional[Path] = typer.Option(None, "--costs", help="Fitted or table cost JSON from measured samples instead of the analytic model."),
     jitter: float = typer.Option(0.0, "--jitter", help="What-if: relative spread of every stage's time (0.03 = 3%), drawn per stage and chunk; the controller still decides with the cost model."),
     jitter_seed: int = typer.Option(0, "--jitter-seed", help="Seed of the --jitter draws."),
-    partial_fill: bool = typer.Option(True, "--partial-fill/--no-partial-fill", help=SIMULATE_FILL_HELP),
+    partial_fill: bool = typer.Option(FILL_DEFAULT, "--partial-fill/--no-partial-fill", help=FILL_HELP),
     json_out: Optional[Path] = output_option("--json", help="Write results as JSON ('-' for stdout)."),
     trace: Optional[Path] = output_option("--trace", help="Write a Perfetto/Chrome trace of each mode's run."),
     plot: Optional[Path] = output_option("--plot", help="Write a Gantt PNG of each mode's run."),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..schedule.factory import fills_batches
 from .spec import DEFAULT_MODES, Device, FaultSpec, RequestArrival, RunSpec, Timeouts
 
 __all__ = ["REPEAT_UNIT", "BenchConfig"]
@@ -60,7 +61,7 @@ class BenchConfig:
     def fills(self) -> bool:
         """Whether a batch starts the request that overflows it: as told, else with the batches.
         Told to fill without batches, ``RunSpec`` refuses (there is no batch to fill)."""
-        return self.batch_requests if self.partial_fill is None else self.partial_fill
+        return fills_batches(self.partial_fill, self.batch_requests)
 
     def run_spec(self, mode: str, planner_cost: Any = None) -> RunSpec:
         requests = tuple(RequestArrival(self.seq_len, i * self.arrival_interval_s) for i in range(self.num_requests))

@@ -27,7 +27,7 @@ from .layout import Fold, Layout, LayoutKind, build_layout, parse_fold, stage_co
 from .policies import PolicySpec, dcpp, get_policy, parse_policies, vpp_taper
 
 __all__ = ["DEFAULT_COST_DESCRIPTION", "PARTIAL_FILL_NEEDS_BATCHING", "SERVER_NUM_GROUPS", "ControllerConfig", "CostChoice", "build_controller",
-           "CLI_FILL_FLAGS", "CORE_FILL_ARGS", "check_partial_fill", "choose_cost", "controller_config", "default_chunker", "mode_stages", "plan_stages", "policy_layout", "read_cost_profile",
+           "CLI_FILL_FLAGS", "CORE_FILL_ARGS", "check_partial_fill", "fills_batches", "choose_cost", "controller_config", "default_chunker", "mode_stages", "plan_stages", "policy_layout", "read_cost_profile",
            "server_controller_config", "tapered_chunker"]
 
 SERVER_NUM_GROUPS = 2
@@ -169,6 +169,13 @@ def check_partial_fill(partial_fill: bool, batching: bool, error: type[ValueErro
     (``CLI_FILL_FLAGS``)."""
     if partial_fill and not batching:
         raise error(_NEEDS_BATCHING.format(fill=names[0], batching=names[1]))
+
+
+def fills_batches(partial_fill: bool | None, batching: bool) -> bool:
+    """Whether an executor's batches start the request that overflows them: as told, else
+    (None) whenever it batches, as SGLang's prefill adder does; the one default of ``simulate``,
+    ``bench`` and their configs (``RunConfig.fills``, ``BenchConfig.fills``)."""
+    return batching if partial_fill is None else partial_fill
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ from ..schedule import (
     validate_schedule,
 )
 from ..schedule.auto_size import AUTO, LiveSituation
-from ..schedule.factory import CLI_FILL_FLAGS, check_partial_fill
+from ..schedule.factory import CLI_FILL_FLAGS, check_partial_fill, fills_batches
 from .config import SimConfig
 from .cost.jitter import JitteredCostModel, check_jitter
 from .engine import simulate_live
@@ -72,9 +72,10 @@ class RunConfig:
     """Batch short requests into one forward up to ``chunk_size`` tokens, as SGLang's prefill adder
     does with its chunked-prefill budget (``Controller.joining_tokens``); False: one request per
     forward."""
-    partial_fill: bool = False
+    partial_fill: bool | None = None
     """With ``batch_requests``: the request that overflows the budget starts in what is left of it
-    (a head; its rest runs next), as SGLang's prefill adder does; False: whole requests only."""
+    (a head; its rest runs next), as SGLang's prefill adder does; False: whole requests only;
+    None: whenever requests are batched (``fills``)."""
     jitter: float = 0.0
     """Relative spread of every stage's time around the cost model's (``JitteredCostModel``);
     the controller still decides with the unjittered model, as a server decides with its
@@ -90,6 +91,11 @@ class RunConfig:
     fold: Fold = Fold.SPLIT
     """A fold-back mode's fold (``schedule/layout.py``, [Note: fused fold]); contiguous modes ignore it."""
 
+    @property
+    def fills(self) -> bool:
+        """Whether a batch starts the request that overflows it (``factory.fills_batches``)."""
+        return fills_batches(self.partial_fill, self.batch_requests)
+
     def __post_init__(self) -> None:
         try:
             check_num_ranks(self.num_ranks)
@@ -97,7 +103,7 @@ class RunConfig:
         except (LayoutError, ChunkingError) as error:
             raise SimError(str(error)) from None
         check_jitter(self.jitter)
-        check_partial_fill(self.partial_fill, self.batch_requests, SimError, CLI_FILL_FLAGS)
+        check_partial_fill(self.fills, self.batch_requests, SimError, CLI_FILL_FLAGS)
         if self.jitter_by not in JITTER_BY:
             raise SimError(f"jitter_by must be one of {', '.join(JITTER_BY)}, got {self.jitter_by!r}")
 
@@ -187,7 +193,7 @@ def _workload_planner(mode: str, workload: Workload, estimate: StageCostModel, c
 
     planner = Planner(controller_config(spec, layout, config.chunk_size, estimate, workload.max_length,
                                         batching=config.batch_requests, max_in_flight=config.max_in_flight,
-                                        auto_chunk=config.auto_chunk, partial_fill=config.partial_fill),
+                                        auto_chunk=config.auto_chunk, partial_fill=config.fills),
                       on_complete=on_complete, sees_transfers=True)
     situation = LiveSituation(planner)
     situation.sent(first, len(pending) if workload.concurrency is not None else 0)

@@ -56,7 +56,7 @@ def simulate_matrix(workload: Workload, cost: StageCostModel, num_layers: int, m
                     keep_schedules: bool = False, balance: str = "even",
                     batch_requests: bool = True, jitter: float = 0.0, jitter_seed: int = 0,
                     fold: Fold | str = Fold.SPLIT, jitter_by: str = "stage",
-                    partial_fill: bool = False, progress: SweepProgress | None = None) -> list[SweepRow]:
+                    partial_fill: bool | None = None, progress: SweepProgress | None = None) -> list[SweepRow]:
     """Every mode at every chunk size on one workload (the planner's estimate is ``cost``).
 
     ``balance="auto"``: each (mode, chunk size) runs on the layer split ``balance_split``
