@@ -1,23 +1,26 @@
 """Benchmark: mixed traffic at pipeline depths P = 2, 4, 8, the paper's rules against vpp-stream.
 
 DeepSeek-V3.1 on Ascend 910C (shipped presets, analytic cost model), the mixed workload (60
-requests, concurrency 16), every mode at each chunk size of 8K-32K. Writes three tables into
-docs/simulator.md, between ``<!-- BEGIN sim_docs:mixed-depth -->`` and its END marker (and the same
-for ``mixed-depth-idle`` and ``mixed-depth-decode``):
+requests, concurrency 16), every mode at each chunk size of 8K-32K. Writes four blocks into
+docs/simulator.md, each between ``<!-- BEGIN sim_docs:NAME -->`` and its END marker:
 
-- per P: cpp, dcpp, vpp-pack (the paper's rules: one V per request, packing in the drain window),
-  vpp-stream held to a 2P-1 window (the barrier alone removed) and vpp-stream, each at its best
-  chunk size for TTFT and for throughput, on seed 0; then vpp-stream against the best of cpp and dcpp over seeds 0-4 as
-  min / median / max (the simulator is deterministic: the spread is the workload's);
-- idle by cause (seconds per rank, mean over ranks) of each mode at its best TTFT chunk, seed 0;
-- decode in steady state (``sim.decode``): 64 running requests at 16K context, per mode and P,
-  in the decode slots and spread over every slot.
+- ``mixed-depth``, batches of whole requests only: per P, cpp, dcpp, vpp-pack (the paper's rules:
+  one V per request, packing in the drain window), vpp-stream held to a 2P-1 window (the barrier
+  alone removed) and vpp-stream, each at its best chunk size for TTFT and for throughput, on seed
+  0; then vpp-pack and vpp-stream against the best of cpp and dcpp over seeds 0-4 as min / median
+  / max (the simulator is deterministic: the spread is the workload's);
+- ``mixed-depth-idle``: idle by cause (seconds per rank, mean over ranks) of each mode at its best
+  TTFT chunk, seed 0, of those runs;
+- ``mixed-depth-fill``: both tables again with partial fill, as SGLang's prefill adder batches
+  (the simulator's default);
+- ``mixed-depth-decode``: decode in steady state (``sim.decode``): 64 running requests at 16K
+  context, per mode and P, in the decode slots and spread over every slot.
 
     python benchmarks/mixed_depth.py           # print the tables
     python benchmarks/mixed_depth.py --write   # rewrite the doc blocks
     python benchmarks/mixed_depth.py --check   # exit 1 when a doc block is out of date
 
-About a minute of CPU.
+About two minutes of CPU.
 """
 
 from __future__ import annotations
@@ -61,19 +64,22 @@ def _sim_docs():
     return module
 
 
-def best_runs(model, cost, num_ranks: int, seed: int, ablation: bool = False) -> dict[str, dict[str, object]]:
+def best_runs(model, cost, num_ranks: int, seed: int, ablation: bool = False,
+              partial_fill: bool = False) -> dict[str, dict[str, object]]:
     """Mode -> {"ttft": result at its best TTFT chunk, "throughput": at its best throughput chunk}.
     ``ablation``: also ``ABLATION``, vpp-stream held to vpp-pack's 2P-1 window (no barrier, no
-    other change: with 2P-1 in flight stage 0 cannot start, so the order rule never applies)."""
+    other change: with 2P-1 in flight stage 0 cannot start, so the order rule never applies).
+    ``partial_fill``: batches start the request that overflows them (False: whole requests)."""
     work = mixed_workload(REQUESTS, seed, CONCURRENCY)
     quiet = SimConfig(record_timeline=False)
     results = [r.result for r in simulate_matrix(work, cost, model.num_layers, ",".join(MODES), CHUNKS, num_ranks,
-                                                 sim=quiet)]
+                                                 sim=quiet, partial_fill=partial_fill)]
     labelled = [(r.mode, r) for r in results]
     if ablation:
         window = default_in_flight_limit(build_layout(num_ranks, model.num_layers, "foldback"))  # vpp-pack's 2P-1
         labelled += [(ABLATION, run_mode("vpp-stream", work, cost, RunConfig(num_ranks, chunk, max_in_flight=window,
-                                                                           sim=quiet), model.num_layers))
+                                                                           sim=quiet, partial_fill=partial_fill),
+                                                        model.num_layers))
                      for chunk in CHUNKS]
     best: dict[str, dict[str, object]] = {}
     for label in dict.fromkeys(label for label, _ in labelled):
@@ -99,7 +105,19 @@ def compute_blocks() -> dict[str, str]:
     model = load_model("deepseek-v3.1")
     cost = AnalyticCostModel(model, load_hardware("ascend-910c"))
     runs = {(p, seed): best_runs(model, cost, p, seed, ablation=seed == SEEDS[0]) for p in DEPTHS for seed in SEEDS}
+    filled = {(p, seed): best_runs(model, cost, p, seed, ablation=seed == SEEDS[0], partial_fill=True)
+              for p in DEPTHS for seed in SEEDS}
     shown = MODES[:3] + (ABLATION,) + MODES[3:]
+    idle = _idle_table({p: runs[(p, SEEDS[0])] for p in DEPTHS}, shown)
+    return {"mixed-depth": _best_table(runs, shown), "mixed-depth-idle": idle,
+            "mixed-depth-fill": _best_table(filled, shown) + "\n\n" + _idle_table(
+                {p: filled[(p, SEEDS[0])] for p in DEPTHS}, shown),
+            "mixed-depth-decode": _decode_table(model, cost)}
+
+
+def _best_table(runs: dict, shown: tuple[str, ...]) -> str:
+    """Each mode at its best chunk per P (seed 0), and the fold-back modes against the best of cpp
+    and dcpp over every seed."""
     lines = ["| P | mode | TTFT s (chunk) | tok/s (chunk) | TTFT vs best of cpp/dcpp | tok/s vs best of cpp/dcpp |",
              "|---|---|---|---|---|---|"]
     for p in DEPTHS:
@@ -118,9 +136,7 @@ def compute_blocks() -> dict[str, str]:
             changes = [_versus_rivals(runs[(p, seed)], mode) for seed in SEEDS]
             cells += [_spread([c[0] for c in changes]), _spread([c[1] for c in changes])]
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
-    idle = _idle_table({p: runs[(p, SEEDS[0])] for p in DEPTHS}, shown)
-    return {"mixed-depth": "\n".join(lines), "mixed-depth-idle": idle,
-            "mixed-depth-decode": _decode_table(model, cost)}
+    return "\n".join(lines)
 
 
 def _decode_table(model, cost) -> str:

@@ -133,8 +133,10 @@ def test_measurement_and_replay(pool2):
     ("tiny-deepseek", "vpp-async"), ("tiny-qwen3-moe", "dcpp"),
 ])
 def test_batched_short_requests_equal_reference(pool2, matches_reference, model, mode):
-    """Short requests share a forward (attention per request), as SGLang batches them."""
-    result = pool2.run(_spec(mode, 2, [20, 30, 17, 100, 12, 9], 64, model=model, batch_requests=True))
+    """Whole short requests share a forward (attention per request), as SGLang batches them
+    (``test_partial_fill_equals_reference``: with the head of the next one in what is left)."""
+    result = pool2.run(_spec(mode, 2, [20, 30, 17, 100, 12, 9], 64, model=model, batch_requests=True,
+                             partial_fill=False))
     assert matches_reference(result) == 0.0
     assert any(row[5] for row in result.reports[0].chunks), "no forward carried several requests"
     assert sorted(result.outputs) == list(range(6))

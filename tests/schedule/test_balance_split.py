@@ -90,7 +90,7 @@ def test_a_partial_fill_run_gets_the_split_scored_on_its_own_plan():
     whole requests, so the split is scored on the partial-fill plan."""
     spec, short = get_policy("vpp-stream"), [RequestSpec(300)] * 3
     cost = PerLayer(lambda end: 1.0 + end / 4096, weights=[4.0] + [1.0] * 15)
-    whole = balance_split(spec, 2, 16, short, 512, cost, batching=True)
+    whole = balance_split(spec, 2, 16, short, 512, cost, batching=True, partial_fill=False)
     filled = balance_split(spec, 2, 16, short, 512, cost, batching=True, partial_fill=True)
     assert whole != filled
     assert (estimated_makespan(spec, 2, 16, short, 512, cost, filled, batching=True, partial_fill=True)

@@ -158,7 +158,7 @@ def test_a_fork_mid_run_plans_on_as_a_fork_of_the_dry_run(mode, num_ranks, insta
     run.run(until=driven.now)
     assert _streams(planned) == _streams(driven)
     before = (_streams(driven), dict(driven.request_finish), list(driven._reported), driven.now)
-    twins = [planner.fork(planner.config.chunker, None) for planner in (driven, planned)]
+    twins = [planner.fork(planner.config.chunker, planner.config.token_budget) for planner in (driven, planned)]
     for twin in twins:
         twin.submit(RequestSpec(2000, driven.now))
         dry_run(twin)
@@ -207,7 +207,7 @@ def test_a_fork_on_slow_links_plans_on_exactly_as_the_dry_run_goes_on(mode, num_
     planned = planner()
     run = DryRun(planned)
     run.run(until=share * max(whole.request_finish.values()))
-    twin = planned.fork(planned.config.chunker, None)
+    twin = planned.fork(planned.config.chunker, planned.config.token_budget)
     twin.submit(RequestSpec(2000, planned.now))
     dry_run(twin)
     planned.submit(RequestSpec(2000, planned.now))

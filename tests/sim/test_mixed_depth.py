@@ -4,7 +4,9 @@ requests at concurrency 16.
 - vpp-stream at or below the best of CPP and DCPP at P = 2, 4, 8 in TTFT and throughput, each mode
   at its best chunk size of 8K-32K;
 - every fold-back mode's plan of the mixed load is valid and passes the deadlock checker;
-- on one long prompt at a time vpp-stream plans as vpp-pack (its rules only act between requests).
+- on one long prompt at a time vpp-stream plans as vpp-pack (its rules only act between requests);
+- with partial fill the request barrier holds nothing back: vpp-pack leads cpp and dcpp at P = 4
+  and 8, where with whole requests it is far behind them.
 """
 
 from __future__ import annotations
@@ -68,3 +70,25 @@ def test_vpp_stream_plans_one_long_prompt_as_vpp_pack(deepseek, num_ranks):
     pack, stream = (row.result.sim for row in rows)
     assert stream.makespan_s == pytest.approx(pack.makespan_s, rel=1e-9)
     assert stream.ttft_s == pytest.approx(pack.ttft_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("num_ranks", [4, 8])
+def test_with_partial_fill_the_barrier_holds_nothing_back_and_vpp_pack_leads(deepseek, num_ranks):
+    """docs/simulator.md's ``mixed-depth-fill`` block: a filled forward holds one request's end and
+    the next one's head, so the request barrier keeps both in one group. vpp-pack then runs as
+    vpp-stream held to its 2P-1 window and is ahead of cpp and dcpp; batching whole requests, the
+    barrier leaves it behind them. The published rows are these runs (seed 0)."""
+    from benchmark_scripts import load_benchmark
+
+    bench = load_benchmark("mixed_depth")
+    model, cost = deepseek
+    filled = bench.best_runs(model, cost, num_ranks, 0, ablation=True, partial_fill=True)
+    whole = bench.best_runs(model, cost, num_ranks, 0)
+    pack, window = filled["vpp-pack"]["ttft"], filled[bench.ABLATION]["ttft"]
+    assert pack.sim.ttft_s == window.sim.ttft_s and pack.sim.makespan_s == window.sim.makespan_s
+    ttft_change, throughput_change = bench._versus_rivals(filled, "vpp-pack")
+    assert ttft_change < 0 < throughput_change
+    assert bench._versus_rivals(whole, "vpp-pack")[0] > 10  # the barrier: far behind
+    block = bench.DOC.read_text().split("<!-- BEGIN sim_docs:mixed-depth-fill -->")[1].split("<!-- END")[0]
+    assert (f"| {num_ranks} | vpp-pack | {pack.sim.ttft_s:.1f} ({bench.size_label(pack.chunk_size)}) |"
+            in block), "run: python benchmarks/mixed_depth.py --write"

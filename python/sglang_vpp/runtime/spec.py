@@ -140,10 +140,11 @@ class RunSpec:
     """Batch whole short requests into one forward up to ``chunk_size`` tokens (several
     sequences per forward, attention per sequence), as SGLang's prefill adder does and the
     simulator assumes; False: one request per forward."""
-    partial_fill: bool = False
+    partial_fill: bool | None = None
     """With ``batch_requests``: the request that overflows the budget starts in what is left of it
     (a head in the batch, its rest the request's next chunks, cut from the head's end), as
-    SGLang's prefill adder does."""
+    SGLang's prefill adder does; False: whole requests only; None: whenever requests are batched
+    (``factory.fills_batches``)."""
     auto_chunk: bool = False
     """Cut each request at the size the controller's ``auto`` chunker picks for it
     (``schedule/auto_size.py``) from the planner's cost estimate."""

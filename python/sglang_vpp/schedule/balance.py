@@ -34,7 +34,7 @@ BALANCE_MODES = ("even", "auto")
 
 def estimated_makespan(policy: PolicySpec, num_ranks: int, num_layers: int, requests: Sequence[RequestSpec],
                        chunk_size: int, cost: StageCostModel, split: Sequence[int] | None,
-                       fold: Fold | str = Fold.SPLIT, batching: bool = False, partial_fill: bool = False) -> float:
+                       fold: Fold | str = Fold.SPLIT, batching: bool = False, partial_fill: bool | None = None) -> float:
     """End of the last compute of the dry run for this split (None: even); ``batching`` and
     ``partial_fill`` as the run it is chosen for batches short requests (``build_schedule``)."""
     schedule = build_schedule(policy, num_ranks, num_layers, list(requests), chunk_size,
@@ -46,7 +46,7 @@ def estimated_makespan(policy: PolicySpec, num_ranks: int, num_layers: int, requ
 def balance_split(policy: PolicySpec, num_ranks: int, num_layers: int, requests: Sequence[RequestSpec],
                   chunk_size: int, cost: StageCostModel, max_moves: int = 64,
                   fold: Fold | str = Fold.SPLIT, batching: bool = False,
-                  partial_fill: bool = False) -> tuple[int, ...]:
+                  partial_fill: bool | None = None) -> tuple[int, ...]:
     """Per-stage layer counts that shorten the estimated makespan (see the module docstring).
 
     Starts from the even split; each round tries every one-layer move between adjacent stages

@@ -81,14 +81,15 @@ def build_schedule(
     max_in_flight: int | None = None,
     batching: bool = False,
     fold: Fold | str = Fold.SPLIT,
-    partial_fill: bool = False,
+    partial_fill: bool | None = None,
 ) -> Schedule:
     """Plan ``requests`` (lengths or ``RequestSpec``) end to end for one policy by a dry run.
     ``batching`` off by default: one request per forward, the reference runtime's
     ``--no-batch-requests`` (``factory.controller_config``); the runtime's default batches, as
     ``batching=True`` plans. ``fold``: a fold-back mode's fold (``factory.policy_layout``).
     ``partial_fill``: with ``batching``, a batch starts the request that overflows it
-    (``ControllerConfig.partial_fill``); without ``batching`` it is refused."""
+    (``ControllerConfig.partial_fill``); None: whenever ``batching``; told to without ``batching``
+    it is refused."""
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
     layout = policy_layout(spec, num_ranks, num_layers, split, fold)
     specs = [r if isinstance(r, RequestSpec) else RequestSpec(int(r)) for r in requests]

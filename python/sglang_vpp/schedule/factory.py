@@ -162,7 +162,7 @@ PARTIAL_FILL_NEEDS_BATCHING = _NEEDS_BATCHING.format(fill=CLI_FILL_FLAGS[0], bat
 """The executors' refusal of partial fill without batching (the fill would do nothing)."""
 
 
-def check_partial_fill(partial_fill: bool, batching: bool, error: type[ValueError] = ChunkingError,
+def check_partial_fill(partial_fill: bool | None, batching: bool, error: type[ValueError] = ChunkingError,
                        names: tuple[str, str] = CORE_FILL_ARGS) -> None:
     """Partial fill needs batches to fill: the one check of ``controller_config`` and of the
     executors' configs, which pass their own ``error`` type and their flags' ``names``
@@ -172,9 +172,10 @@ def check_partial_fill(partial_fill: bool, batching: bool, error: type[ValueErro
 
 
 def fills_batches(partial_fill: bool | None, batching: bool) -> bool:
-    """Whether an executor's batches start the request that overflows them: as told, else
-    (None) whenever it batches, as SGLang's prefill adder does; the one default of ``simulate``,
-    ``bench`` and their configs (``RunConfig.fills``, ``BenchConfig.fills``)."""
+    """Whether a planner's batches start the request that overflows them: as told, else (None)
+    whenever it batches, as SGLang's prefill adder does; the one default of the schedule core
+    (``controller_config``, ``build_schedule``), the runtime's ``RunSpec`` and the executors'
+    configs and commands (``RunConfig.fills``, ``BenchConfig.fills``, ``simulate``, ``bench``)."""
     return batching if partial_fill is None else partial_fill
 
 
@@ -212,7 +213,7 @@ def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int,
                       max_length: int, *, batching: bool = True, max_in_flight: int | None = None,
                       num_groups: int | None = None, chunker: Chunker | None = None, auto_chunk: bool = False,
                       forward_batches: bool | None = None, decodes: bool = True,
-                      auto_taper: bool = True, partial_fill: bool = False) -> ControllerConfig:
+                      auto_taper: bool = True, partial_fill: bool | None = None) -> ControllerConfig:
     """The configuration of ``policy``'s controller on ``layout`` with base chunk ``chunk_size``.
 
     ``cost``: the estimate the controller decides with (None: ``LinearAttentionCost``).
@@ -228,10 +229,12 @@ def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int,
     ``auto_taper``: ``auto`` also weighs the tapered cut where the mode allows (False: only the
     mode's own cut, as servers traced before the tapered cut was weighed chose).
     ``partial_fill``: with ``batching``, a request that overflows the budget starts in what is
-    left of it (``ControllerConfig.partial_fill``); ``auto`` plans so. Without the batches
-    (neither ``batching`` nor ``forward_batches``) it is refused (``check_partial_fill``)."""
+    left of it (``ControllerConfig.partial_fill``); ``auto`` plans so. None: whenever there are
+    batches (``fills_batches``). Told to fill without the batches (neither ``batching`` nor
+    ``forward_batches``) it is refused (``check_partial_fill``)."""
     batches = batching if forward_batches is None else forward_batches
-    check_partial_fill(partial_fill, batching or batches)  # the controller's own batches, or SGLang's
+    partial_fill = fills_batches(partial_fill, batching or batches)  # the controller's own batches, or SGLang's
+    check_partial_fill(partial_fill, batching or batches)
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
     estimate = cost if cost is not None else LinearAttentionCost()
     if chunker is None and auto_chunk:
