@@ -34,7 +34,8 @@ def test_runtime_and_simulator_size_a_burst_by_the_same_rule():
                                transfer_per_token=1e-8)
     spec = RunSpec(model="tiny-qwen3", mode="vpp-pack", num_ranks=2, planner_cost=cost,
                    requests=tuple(RequestArrival(n, 0.0) for n in lengths), chunk_size=4096, auto_chunk=True,
-                   batch_requests=False)  # the sizes at submission, before any batch is formed
+                   partial_fill=False)  # whole requests: no 9000-token prompt joins, so the cuts made at
+    # submission are the plan's (a filled batch re-cuts the joining request from its head's end)
     layout = build_layout(2, 8, get_policy("vpp-pack").layout_kind)
     feed = CoordinatorFeed(make_planner(spec, layout), [(n, 0.0) for n in lengths], [], epoch=0.0,
                            clock=lambda: 0.0)
@@ -68,8 +69,9 @@ def test_auto_batches_short_prompts_sent_together():
         feed = CoordinatorFeed(make_planner(spec, layout), [(n, 0.0) for n in lengths], [], epoch=0.0,
                                clock=lambda: 0.0)
         feed._step()
-        return [c.num_tokens + sum(joined.num_tokens for joined in c.batch) for c in feed.planner.sequence]
+        return [(1 + len(c.batch), c.num_tokens + sum(joined.num_tokens for joined in c.batch))
+                for c in feed.planner.sequence]
 
     batched = forwards(AUTO_CAP)
-    assert sum(batched) == sum(lengths) and max(batched) > 300, batched
-    assert max(forwards(300)) <= 300, "capped at the prompt, no forward carries more than one prompt's tokens"
+    assert sum(tokens for _, tokens in batched) == sum(lengths) and max(n for n, _ in batched) > 1, batched
+    assert max(n for n, _ in forwards(300)) == 1, "capped at the prompt, no forward carries two prompts"

@@ -247,3 +247,41 @@ def test_every_controller_refuses_a_token_budget_that_is_no_chunk_size(entry, bu
     with pytest.raises(ChunkingError) as caught:
         build()
     assert str(caught.value) == str(rule.value)
+
+
+def _fills_by_default(entry, batching):
+    """Whether ``entry``, told nothing about partial fill, plans filled batches."""
+    from sglang_vpp.runtime.bench_config import BenchConfig
+    from sglang_vpp.runtime.control import run_controller_config
+    from sglang_vpp.runtime.spec import RequestArrival, RunSpec
+    from sglang_vpp.schedule import build_schedule, controller_config
+    from sglang_vpp.schedule.auto_size import auto_chunker
+    from sglang_vpp.sim.runner import RunConfig
+
+    layout = build_layout(2, 8, "contiguous")
+    if entry == "controller_config":
+        return controller_config("cpp", layout, 512, None, 512, batching=batching).partial_fill
+    if entry == "build_schedule":  # 300 + the head of the next: a forward with a head, only when filling
+        schedule = build_schedule("cpp", 2, 8, [300, 300, 300], 512, batching=batching)
+        return any(not part.is_last for chunk in schedule.chunks for part in chunk.batch)
+    if entry == "auto_chunker":
+        return auto_chunker(get_policy("cpp"), layout, LinearAttentionCost(), 512, batch=batching).sizer.partial_fill
+    if entry == "simulator":
+        return RunConfig(2, 512, batch_requests=batching).fills
+    if entry == "runtime":
+        spec = RunSpec("tiny-qwen3", "cpp", 2, (RequestArrival(100, 0.0),), 64, batch_requests=batching)
+        return run_controller_config(spec, layout).partial_fill
+    return BenchConfig(num_ranks=2, seq_len=100, chunk_size=64, batch_requests=batching).fills
+
+
+@pytest.mark.parametrize("entry", ["controller_config", "build_schedule", "auto_chunker", "simulator", "runtime",
+                                   "bench"])
+def test_every_entry_fills_wherever_it_batches_unless_told(entry):
+    """One rule (``factory.fills_batches``): a batch starts the request that overflows it, as
+    SGLang's prefill adder does, wherever requests are batched; without batches nothing fills."""
+    from sglang_vpp.schedule.factory import fills_batches
+
+    assert (fills_batches(None, True), fills_batches(None, False), fills_batches(False, True),
+            fills_batches(True, True)) == (True, False, False, True)
+    assert _fills_by_default(entry, True) is True
+    assert _fills_by_default(entry, False) is False

@@ -63,6 +63,8 @@ def test_a_filled_forward_keeps_the_next_batch_in_the_group_so_the_barrier_stops
     best, stream, pack = _short_cell_at_p4(deepseek, partial_fill=True)
     assert pack.throughput_tok_s > 0.97 * best
     assert stream.throughput_tok_s > 0.97 * best
+    # no V waits alone for its batch: vpp-pack's ranks wait upstream no longer than vpp-stream's
+    assert pack.idle_by_cause["upstream_wait"] <= 1.05 * stream.idle_by_cause["upstream_wait"]
 
 
 @pytest.mark.parametrize("num_ranks", [2, 4, 8])

@@ -58,7 +58,7 @@ from .layout import Layout, LayoutKind
 from .dry_run import DryRun
 from .planner import Planner
 from .policies import PolicySpec
-from .factory import ControllerConfig, default_chunker, tapered_chunker
+from .factory import ControllerConfig, default_chunker, fills_batches, tapered_chunker
 
 __all__ = ["AUTO", "AUTO_CAP", "LiveSituation", "CANDIDATES", "MAX_PLANNED_CHUNKS", "SERVER_CAP", "WINDOW", "TIE_TOLERANCE", "AutoChoice",
            "AutoSizer", "AutoChunker", "is_auto", "candidates_up_to", "auto_chunker", "score"]
@@ -562,11 +562,12 @@ class TaperedChunkers:
 
 def auto_chunker(policy: PolicySpec, layout: Layout, cost: StageCostModel, cap: int | None = None, *,
                  max_in_flight: int | None = None, chunker_for: ChunkerFactory | None = None,
-                 batch: bool = True, taper: bool = True, partial_fill: bool = False) -> AutoChunker:
+                 batch: bool = True, taper: bool = True, partial_fill: bool | None = None) -> AutoChunker:
     """An ``auto`` chunker choosing among the candidates up to ``cap`` tokens (the executor's
     largest forward); ``chunker_for`` defaults to ``default_chunker``'s chunker for the mode, and
     then, with ``taper``, a fold-back mode with fixed chunks also weighs vpp-taper's cut
-    (``tapered_chunker``)."""
+    (``tapered_chunker``). ``partial_fill``: whether the batches it plans (``batch``) start the
+    request that overflows them (None: ``fills_batches``)."""
     taper_for: ChunkerFactory | None = None
     if chunker_for is None:
         chunker_for = ModeChunkers(policy, layout, cost)
@@ -574,7 +575,7 @@ def auto_chunker(policy: PolicySpec, layout: Layout, cost: StageCostModel, cap: 
             taper_for = TaperedChunkers(layout)
     sizer = AutoSizer(policy, layout, cost, chunker_for, max_in_flight=max_in_flight,
                       candidates=candidates_up_to(cap), batch=batch, taper_for=taper_for,
-                      partial_fill=partial_fill)
+                      partial_fill=fills_batches(partial_fill, batch))
     return AutoChunker(sizer)
 
 

@@ -173,9 +173,8 @@ def check_partial_fill(partial_fill: bool | None, batching: bool, error: type[Va
 
 def fills_batches(partial_fill: bool | None, batching: bool) -> bool:
     """Whether a planner's batches start the request that overflows them: as told, else (None)
-    whenever it batches, as SGLang's prefill adder does; the one default of the schedule core
-    (``controller_config``, ``build_schedule``), the runtime's ``RunSpec`` and the executors'
-    configs and commands (``RunConfig.fills``, ``BenchConfig.fills``, ``simulate``, ``bench``)."""
+    whenever it batches, as SGLang's prefill adder does. Every ``partial_fill`` that may be left
+    None (the schedule core's, the runtime's and the simulator's configs) resolves here."""
     return batching if partial_fill is None else partial_fill
 
 
@@ -233,8 +232,9 @@ def controller_config(policy: str | PolicySpec, layout: Layout, chunk_size: int,
     batches (``fills_batches``). Told to fill without the batches (neither ``batching`` nor
     ``forward_batches``) it is refused (``check_partial_fill``)."""
     batches = batching if forward_batches is None else forward_batches
-    partial_fill = fills_batches(partial_fill, batching or batches)  # the controller's own batches, or SGLang's
-    check_partial_fill(partial_fill, batching or batches)
+    batched = batching or batches  # the controller's own batches, or SGLang's
+    partial_fill = fills_batches(partial_fill, batched)
+    check_partial_fill(partial_fill, batched)
     spec = policy if isinstance(policy, PolicySpec) else get_policy(policy)
     estimate = cost if cost is not None else LinearAttentionCost()
     if chunker is None and auto_chunk:

@@ -5,8 +5,10 @@ only once the previous one has left the last stage, and vpp-pack lets only the n
 first chunks into the drain window. That is right for one long prompt, where the pipeline is
 full of one request's chunks, and wrong for mixed traffic: a request of one or two micro-batches
 crosses 2P virtual stages alone while the rest of the pipeline idles (at P = 8 on the mixed
-workload of docs/simulator.md, vpp-pack's ranks are idle 29 % of the time, nearly all of it
-waiting upstream). This mode keeps everything of vpp-async (fold-back layout, two groups, async
+workload of docs/simulator.md, batching whole requests, vpp-pack's ranks are idle 42 % of the
+time, nearly all of it waiting upstream; with partial fill a filled forward chains the next
+request into the group and most of that idle goes).
+This mode keeps everything of vpp-async (fold-back layout, two groups, async
 sends, fixed chunks) and changes three rules, each decided in ``Controller``:
 
 - **No request barrier.** Micro-batches of any request enter stage 0 as the in-flight limit
