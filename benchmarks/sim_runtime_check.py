@@ -63,19 +63,22 @@ def pooled_and_level(report) -> dict[tuple[str, int], tuple[float, float]]:
     return out
 
 
-def check(num_ranks: int, seq_len: int, chunk: int, repeat: int, modes=MODES, num_requests: int = 1,
-          partial_fill: bool | None = None) -> list[dict]:
-    """Per mode: replayed makespans and the predictors' errors (see the module docstring), and
-    whether a batch was filled (``partial_fill`` None: ``bench``'s default)."""
-    config = BenchConfig(num_ranks=num_ranks, seq_len=seq_len, chunk_size=chunk, modes=tuple(modes),
-                         num_requests=num_requests, repeat=repeat, partial_fill=partial_fill)
-    report = run_bench(config, _Log(f"pp={num_ranks}"))
+def bench_config(num_ranks: int, seq_len: int, chunk: int, repeat: int, modes=MODES, num_requests: int = 1,
+                 partial_fill: bool | None = None) -> BenchConfig:
+    """The ``bench`` run ``check`` replays (``partial_fill`` None: ``bench``'s default)."""
+    return BenchConfig(num_ranks=num_ranks, seq_len=seq_len, chunk_size=chunk, modes=tuple(modes),
+                       num_requests=num_requests, repeat=repeat, partial_fill=partial_fill)
+
+
+def check(config: BenchConfig) -> list[dict]:
+    """Per mode: replayed makespans and the predictors' errors (see the module docstring)."""
+    report = run_bench(config, _Log(f"pp={config.num_ranks}"))
     rows = predictions(report, None)
     extra = pooled_and_level(report)
     out = []
-    for mode in modes:
+    for mode in config.modes:
         mine = [r for r in rows if r["mode"] == mode]
-        entry = {"pp": num_ranks, "mode": mode, "fills": config.fills,
+        entry = {"pp": config.num_ranks, "mode": mode,
                  "replay_makespan_s": [r["replay_makespan_s"] for r in mine],
                  "max_abs_diff": max(run.max_abs_diff for run in report.runs if run.mode == mode)}
         for name in PREDICTORS:
@@ -113,7 +116,7 @@ def _batching(seq_len: int, chunk: int, fills: bool) -> str:
 
 def markdown(entries: list[dict], seq_len: int, chunk: int, repeat: int, num_requests: int = 1, *,
              fills: bool) -> str:
-    """The page; ``fills``: whether the runs' batches were filled (``check``'s entries say)."""
+    """The page; ``fills``: whether the runs' batches were filled (``BenchConfig.fills``)."""
     if num_requests == 1:
         prompts = f"one {seq_len}-token prompt"
     else:
@@ -144,11 +147,10 @@ def main(argv=None) -> int:
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
     seq_len, chunk = parse_size(args.seq_len), parse_size(args.chunk)
-    entries = []
-    for num_ranks in (int(p) for p in args.pp.split(",")):
-        entries += check(num_ranks, seq_len, chunk, args.repeat, num_requests=args.requests,
-                         partial_fill=args.partial_fill)
-    text = markdown(entries, seq_len, chunk, args.repeat, args.requests, fills=entries[0]["fills"])
+    configs = [bench_config(int(p), seq_len, chunk, args.repeat, num_requests=args.requests,
+                            partial_fill=args.partial_fill) for p in args.pp.split(",")]
+    entries = [entry for config in configs for entry in check(config)]
+    text = markdown(entries, seq_len, chunk, args.repeat, args.requests, fills=configs[0].fills)
     sys.stdout.write(text)
     if args.markdown:
         args.markdown.write_text(text)

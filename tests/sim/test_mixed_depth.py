@@ -83,7 +83,7 @@ def test_with_partial_fill_the_barrier_holds_almost_nothing_back_and_vpp_pack_le
     bench = load_benchmark("mixed_depth")
     model, cost = deepseek
     filled = bench.best_runs(model, cost, num_ranks, 0, ablation=True, partial_fill=True)
-    whole = bench.best_runs(model, cost, num_ranks, 0)
+    whole = bench.best_runs(model, cost, num_ranks, 0, partial_fill=False)
     pack, window = filled["vpp-pack"]["ttft"], filled[bench.ABLATION]["ttft"]
     assert pack.sim.ttft_s == window.sim.ttft_s and pack.sim.makespan_s == window.sim.makespan_s
     ttft_change, throughput_change = bench._versus_rivals(filled, "vpp-pack")

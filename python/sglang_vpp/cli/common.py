@@ -156,8 +156,7 @@ library and ``bench`` do when batching, on, so that their cpp and dcpp fill thei
 SGLang they stand for does (whole requests only would understate them and overstate a fold-back
 mode's lead on short and mixed loads)."""
 
-FILL_HELP = _PARTIAL_FILL + (" (default); --no-partial-fill: whole requests only." if FILL_DEFAULT
-                              else "; --no-partial-fill (default): whole requests only.")
+FILL_HELP = _PARTIAL_FILL + (" (default)" if FILL_DEFAULT else "") + "; --no-partial-fill: whole requests only."
 """The help of the ``--partial-fill/--no-partial-fill`` whose default is ``FILL_DEFAULT``."""
 
 LAYOUT_FOLD_HELP = _FOLD_VALUES + " cpp and dcpp have no fold: --fold fused with them is an error."
