@@ -44,13 +44,13 @@ def test_sampled_doc_rows_match_the_code(bench, model, pp, workload):
 @pytest.mark.parametrize("model,pp,workload", [("qwen3-coder-30b-a3b", 4, "long-64k"),
                                                ("qwen3-coder-30b-a3b", 4, "short-4k")])
 def test_sampled_fold_table_rows_match_the_code(bench, model, pp, workload):
-    """The fused-fold table of docs/method.md ("The fused fold") is this code's, with whole requests."""
-    cells = [bench.run_cell(model, "ascend-910c", pp, workload, fold=fold, partial_fill=False)
+    """The fused-fold table of docs/method.md ("The fused fold") is this code's, filled by default."""
+    cells = [bench.run_cell(model, "ascend-910c", pp, workload, fold=fold)
              for fold in ("split", "fused")]
     assert cells[1]["fold"] == "fused"
     row = bench.fold_table(cells[:1], cells[1:]).splitlines()[-1]
     doc = (ROOT / "docs" / "method.md").read_text()
-    assert row in doc, f"{row}\nnot in docs/method.md: run python benchmarks/auto_sweep.py --fold both --no-partial-fill"
+    assert row in doc, f"{row}\nnot in docs/method.md: run python benchmarks/auto_sweep.py --fold both"
 
 
 def test_sampled_whole_request_rows_match_the_code(bench):
