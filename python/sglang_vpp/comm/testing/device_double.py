@@ -302,13 +302,17 @@ class DoubleDeviceApi:
             return DoubleGroup(gloo=None, ranks=tuple(ranks), name=comm_name, options=pg_options)
         with self._lock:
             existing = self._registry.get(key)
-            if existing is not None:
-                existing.uses += 1  # merged: the "new" group is the earlier communicator
-                _destroy_quietly(gloo)
-                return existing
-            group = DoubleGroup(gloo=gloo, ranks=tuple(ranks), name=comm_name, options=pg_options)
-            self._registry[key] = group
-            return group
+            if existing is None:
+                group = DoubleGroup(gloo=gloo, ranks=tuple(ranks), name=comm_name, options=pg_options)
+                self._registry[key] = group
+                return group
+            existing.uses += 1  # merged: the "new" group is the earlier communicator
+        # Every member reaches this point for the same call. A member that destroys its duplicate
+        # gloo group while another is still connecting that group's mesh ends the other's connect
+        # with "Connection closed by peer": wait for all members first.
+        dist.barrier(group=gloo)
+        _destroy_quietly(gloo)
+        return existing
 
     def communicator_name(self, group: DoubleGroup, rank: int) -> str:
         return group.name
