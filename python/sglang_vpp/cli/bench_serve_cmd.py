@@ -310,16 +310,19 @@ def bench_serve(
 
         bench_launched(modes, spec, plan, repeats, out_dir, json_out, output_file, plot, fmt, allow_failures)
         return
+    from sglang_vpp.serving.bench_worker import BenchServingWorker
+
     from .bench_serve_report import finish, run_entry
 
     out_dir = make_work_dir(work_dir)
     runs = []
-    for name, target in targets:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-        serving_pass = run_pass(plan, target, out_dir / f"bench-serving-{safe}.jsonl",
-                                out_dir / f"bench-serving-{safe}.log", seed_offset=0)  # fmt: skip
-        shown = name if (label is not None or len(url) > 1) else None
-        runs.append(run_entry(shown, target, plan.describe(), [serving_pass]))
+    with BenchServingWorker() as worker:
+        for name, target in targets:
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+            serving_pass = run_pass(plan, target, out_dir / f"bench-serving-{safe}.jsonl",
+                                    out_dir / f"bench-serving-{safe}.log", seed_offset=0, worker=worker)  # fmt: skip
+            shown = name if (label is not None or len(url) > 1) else None
+            runs.append(run_entry(shown, target, plan.describe(), [serving_pass]))
     document = runs[0] if len(runs) == 1 else {"runs": runs}
     notes = []
     if len(shared) > 1:

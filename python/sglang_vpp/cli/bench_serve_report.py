@@ -170,6 +170,7 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
     """--launch: one server per mode, bench_serving passes against each (bench_serve_launch.run_launched)."""
     from rich.console import Console
 
+    from sglang_vpp.serving.bench_worker import BenchServingWorker
     from sglang_vpp.serving.host_time import host_spread
     from sglang_vpp.serving.launcher import ServerStartError
     from sglang_vpp.serving.pipeline_report import TraceUnavailableError
@@ -203,6 +204,7 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
     def jsonl(mode: str) -> tuple[Path, Path]:
         return out_dir / f"bench-serving-{mode}.jsonl", out_dir / f"bench-serving-{mode}.log"
 
+    worker = BenchServingWorker()  # every pass against every mode's server runs in it
     _current = [modes[0]]  # the mode whose server is up (set from run_launched's events)
 
     def warm_up(url: str) -> int:
@@ -211,12 +213,12 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
             return 0
         out, log = jsonl(_current[0])
         run_pass(plan, url, out.with_name(out.stem + "-warmup.jsonl"), log, seed_offset=WARMUP_SEED_OFFSET,
-                 num_requests=plan.warmup, warmup=0, paced=False)  # fmt: skip
+                 num_requests=plan.warmup, warmup=0, paced=False, worker=worker)  # fmt: skip
         return plan.warmup
 
     def run_once(url: str, repeat: int):
         out, log = jsonl(_current[0])
-        return run_pass(plan, url, out, log, seed_offset=repeat, warmup=0)
+        return run_pass(plan, url, out, log, seed_offset=repeat, warmup=0, worker=worker)
 
     def on_event(text: str) -> None:
         started = starting_mode(text, modes)
@@ -225,8 +227,9 @@ def bench_launched(modes: list[str], spec, plan: LoadPlan, repeats: int, out_dir
         event(text)
 
     try:
-        launched = run_launched(spec, modes, repeats=repeats, warm_up=warm_up, run_once=run_once, on_event=on_event,
-                                on_wait=waiting)  # fmt: skip
+        with worker:
+            launched = run_launched(spec, modes, repeats=repeats, warm_up=warm_up, run_once=run_once,
+                                    on_event=on_event, on_wait=waiting)  # fmt: skip
     except (ServerStartError, TraceUnavailableError) as error:
         status.stop()
         typer.echo(f"error: {error}", err=True)

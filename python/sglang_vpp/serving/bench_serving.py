@@ -1,4 +1,5 @@
-"""Load from SGLang's own ``bench_serving``: one pass = one ``python -m sglang.benchmark.serving`` run.
+"""Load from SGLang's own ``bench_serving``: one pass = one ``python -m sglang.benchmark.serving`` command
+line, run in a warm interpreter that imported the module once (``serving/bench_worker.py``).
 
 ``sglang.bench_serving`` is the deprecated import path of the same module in SGLang 0.5.23; this
 module runs the new path so no deprecation warning lands in the logs. Each pass writes its JSONL
@@ -16,11 +17,11 @@ downloaded), and ``--bench-arg`` passes any other bench_serving flag through unc
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
 import statistics
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from .bench_worker import BenchServingWorker, WorkerDied
 
 __all__ = ["BENCH_SERVING_MODULE", "FILE_NEEDS_PATH", "BenchServeError", "LoadPlan", "ServingPass", "Workload", "WORKLOAD_DEFAULTS",
            "bench_serving_missing", "check_fits_context", "check_reachable", "local_targets", "merge_passes",
@@ -371,24 +374,29 @@ def _failures(record: dict[str, Any], expected: int | None) -> list[str]:
 
 
 def run_pass(plan: LoadPlan, url: str, output_file: Path, log_file: Path, *, seed_offset: int = 0,
-             num_requests: int | None = None, warmup: int | None = None, paced: bool = True) -> ServingPass:
+             num_requests: int | None = None, warmup: int | None = None, paced: bool = True,
+             worker: BenchServingWorker | None = None) -> ServingPass:
     """Run bench_serving once against ``url``; its stdout goes to ``log_file``, its JSONL line to
-    ``output_file`` (appended, as bench_serving does)."""
+    ``output_file`` (appended, as bench_serving does). ``worker``: the warm interpreter that runs
+    the pass (``serving/bench_worker.py``; a command's passes share one), else one for this pass."""
     output_file.parent.mkdir(parents=True, exist_ok=True)
     before = output_file.read_text().count("\n") if output_file.exists() else 0
     argv = plan.argv(url, output_file, seed_offset=seed_offset, num_requests=num_requests, warmup=warmup, paced=paced)
     with log_file.open("a") as log:
         log.write("$ " + " ".join(argv) + "\n")
-        log.flush()
+    with contextlib.ExitStack() as stack:
+        runner = worker if worker is not None else stack.enter_context(BenchServingWorker())
         try:
-            done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=plan.timeout)
-        except subprocess.TimeoutExpired:
+            returncode = runner.run(argv, log_file, plan.timeout)
+        except TimeoutError:
             raise BenchServeError(f"bench_serving against {url} ran past --timeout {plan.timeout:g} s "
                                   f"(log {log_file})") from None
+        except WorkerDied as died:
+            raise BenchServeError(f"bench_serving against {url} failed: {died} (log {log_file})") from None
     lines = output_file.read_text().splitlines() if output_file.exists() else []
-    if done.returncode != 0 or len(lines) <= before:
+    if returncode != 0 or len(lines) <= before:
         tail = [line for line in log_file.read_text().splitlines() if line.strip()][-1:]
-        raise BenchServeError(f"bench_serving against {url} failed (exit {done.returncode}): "
+        raise BenchServeError(f"bench_serving against {url} failed (exit {returncode}): "
                               f"{tail[0][:300] if tail else 'no output'} (log {log_file})")
     record = json.loads(lines[-1])
     return ServingPass(

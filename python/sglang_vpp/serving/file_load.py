@@ -5,7 +5,8 @@ Run as ``python -m sglang_vpp.serving.file_load --workload-file F <bench_serving
 bench_serving has no dataset that takes an exact length and arrival time per request (its
 ``--use-trace-timestamps`` is not wired to the request pacing in SGLang 0.5.23, and the mooncake
 trace builds prompts from hash blocks). So this process runs bench_serving's own command line
-with two of its module functions replaced, for this process only:
+with two of its module functions replaced, for this process only (in the warm worker of
+``serving/bench_worker.py``, for this pass only: the worker puts both back before the next):
 
 - ``get_dataset``: one row per record, drawn at the record's length by bench_serving's own
   ``random-ids`` sampler (token ids, sent as ids, as ``--tokenize-prompt`` does), with the

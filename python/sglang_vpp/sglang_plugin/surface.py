@@ -373,7 +373,8 @@ SURFACE: tuple[SurfaceName, ...] = (
     N(_S + "constrained.grammar_manager.GrammarManager.grammar_queue", R, V),  # rids a follower checks
     N(_S + "managers.scheduler_components.new_token_ratio_tracker.NewTokenRatioTracker."
       "estimate_new_token_ratio_after_retract", C, V, ("reqs",)),
-    # --- serving/: bench_serving with a workload file (file_load.py), the server launcher
+    # --- serving/: bench_serving run in a warm worker (bench_worker.py), with a workload file
+    # (file_load.py); the server launcher
     N("sglang.launch_server", M, SV),
     N("sglang.benchmark.serving", M, SV),
     N(_BENCH + "get_dataset", RP, SV, ("args", "tokenizer")),
