@@ -385,9 +385,9 @@ def run_pass(plan: LoadPlan, url: str, output_file: Path, log_file: Path, *, see
     with log_file.open("a") as log:
         log.write("$ " + " ".join(argv) + "\n")
     with contextlib.ExitStack() as stack:
-        runner = worker if worker is not None else stack.enter_context(BenchServingWorker())
+        pass_worker = worker if worker is not None else stack.enter_context(BenchServingWorker())
         try:
-            returncode = runner.run(argv, log_file, plan.timeout)
+            returncode = pass_worker.run(argv, log_file, plan.timeout)
         except TimeoutError:
             raise BenchServeError(f"bench_serving against {url} ran past --timeout {plan.timeout:g} s "
                                   f"(log {log_file})") from None
