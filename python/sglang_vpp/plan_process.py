@@ -47,6 +47,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, Sequence
 
 from sglang_vpp import plan_wire
+from sglang_vpp.child_env import child_environment
 
 __all__ = ["PLANNER_NICENESS", "AutoPlanner", "PlannerDiedError", "ProcessPlanner", "ThreadPlanner", "planner_for",
            "sizer_bytes"]
@@ -122,12 +123,6 @@ def sizer_bytes(sizer: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _child_environment() -> dict[str, str]:
-    """The parent's environment, with its module search path: the child imports the
-    ``sglang_vpp`` the parent imported (a worktree on ``PYTHONPATH`` included)."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-
-
 class ProcessPlanner:
     """Plans with a copy of ``sizer`` in one child process (module docstring)."""
 
@@ -137,7 +132,7 @@ class ProcessPlanner:
         # Started here, from the calling (loop) thread, whose exit is the one PR_SET_PDEATHSIG watches.
         self._process = subprocess.Popen(
             [sys.executable, "-m", CHILD_MODULE, str(os.getpid()), str(niceness)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, env=_child_environment())
+            stdout=subprocess.PIPE, env=child_environment())
         self._closed = False
         self._closing = threading.Lock()
         self._broken: BaseException | None = None

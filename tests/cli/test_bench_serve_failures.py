@@ -106,7 +106,7 @@ def test_prompts_longer_than_the_server_context_are_refused_before_any_load(mode
     assert "--input-len" in result.output and seen == []
 
 
-@pytest.mark.slow  # one bench_serving pass: a fresh Python that imports SGLang (about 10 s)
+@pytest.mark.slow  # one bench_serving pass, whose worker imports SGLang (about 10 s)
 def test_rejected_requests_are_counted_failed_and_exit_1(model_dir, tmp_path):
     server = _fake_server(0, model_dir)
     try:

@@ -77,7 +77,7 @@ def two_servers():
         server.server_close()
 
 
-@pytest.mark.slow  # each bench_serving pass is a fresh Python that imports SGLang (about 10 s)
+@pytest.mark.slow  # the bench_serving worker imports SGLang once (about 10 s)
 def test_side_by_side_runs_bench_serving(tmp_path, two_servers):
     out, lines, work = tmp_path / "runs.json", tmp_path / "results.jsonl", tmp_path / "work"
     args = ["bench-serve", "--url", f"cpp={two_servers[0]}", "--url", f"vpp-pack={two_servers[1]}",
@@ -143,7 +143,7 @@ def test_report_layouts_follow_the_servers_fold(tmp_path):
     assert _layouts(["vpp-pack"], SimpleNamespace(model_dir=str(tmp_path), pp_size=2, server_args=()))["vpp-pack"].fold is Fold.SPLIT
 
 
-@pytest.mark.slow  # one bench_serving pass: a fresh Python that imports SGLang (about 10 s)
+@pytest.mark.slow  # one bench_serving pass, whose worker imports SGLang (about 10 s)
 def test_workload_file_sends_each_request_at_its_length_and_arrival(tmp_path):
     """The file simulate reads is served as is: exact prompt lengths, per-request output lengths,
     and no request leaves before its arrival."""

@@ -115,7 +115,7 @@ def test_launch_option_errors_name_the_value(args, message):
 
 @pytest.mark.slow
 @pytest.mark.sglang
-@pytest.mark.timeout(900)  # two server starts and six bench_serving processes; the CLI's own limit is 900 s
+@pytest.mark.timeout(900)  # two server starts and six bench_serving passes; the CLI's own limit is 900 s
 @SKIP_NO_SGLANG
 def test_launch_runs_modes_side_by_side_with_per_rank_idle(server_pool, tiny_model, tmp_path):
     from sglang_vpp.models.tiny_hf import TinyModelSpec

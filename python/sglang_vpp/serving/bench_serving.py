@@ -30,14 +30,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .bench_worker import BenchServingWorker, WorkerDied
+from .bench_worker import BENCH_SERVING_MODULE, FILE_LOAD_MODULE, BenchServingWorker, WorkerDied
 
 __all__ = ["BENCH_SERVING_MODULE", "FILE_NEEDS_PATH", "BenchServeError", "LoadPlan", "ServingPass", "Workload", "WORKLOAD_DEFAULTS",
            "bench_serving_missing", "check_fits_context", "check_reachable", "local_targets", "merge_passes",
            "run_pass", "server_context_len"]
-
-BENCH_SERVING_MODULE = "sglang.benchmark.serving"
-
 
 class BenchServeError(ValueError):
     """A bad bench-serve option or an unusable server; the message names the value and the fix."""
@@ -222,7 +219,7 @@ class LoadPlan:
         if self.workload == Workload.FILE:
             from .file_load import WORKLOAD_FILE_FLAG
 
-            program = [sys.executable, "-m", f"{__package__}.file_load", WORKLOAD_FILE_FLAG, str(self.workload_file)]
+            program = [sys.executable, "-m", FILE_LOAD_MODULE, WORKLOAD_FILE_FLAG, str(self.workload_file)]
             if paced:
                 program.append("--use-trace-timestamps")  # bench_serving's flag; file_load paces by it
         args = [
@@ -373,6 +370,11 @@ def _failures(record: dict[str, Any], expected: int | None) -> list[str]:
     return out
 
 
+def _last_line(log_file: Path) -> str:
+    tail = [line for line in log_file.read_text(errors="replace").splitlines() if line.strip()][-1:]
+    return tail[0][:300] if tail else "no output"
+
+
 def run_pass(plan: LoadPlan, url: str, output_file: Path, log_file: Path, *, seed_offset: int = 0,
              num_requests: int | None = None, warmup: int | None = None, paced: bool = True,
              worker: BenchServingWorker | None = None) -> ServingPass:
@@ -392,12 +394,12 @@ def run_pass(plan: LoadPlan, url: str, output_file: Path, log_file: Path, *, see
             raise BenchServeError(f"bench_serving against {url} ran past --timeout {plan.timeout:g} s "
                                   f"(log {log_file})") from None
         except WorkerDied as died:
-            raise BenchServeError(f"bench_serving against {url} failed: {died} (log {log_file})") from None
+            raise BenchServeError(f"bench_serving against {url} failed ({died}): {_last_line(log_file)} "
+                                  f"(log {log_file})") from None
     lines = output_file.read_text().splitlines() if output_file.exists() else []
     if returncode != 0 or len(lines) <= before:
-        tail = [line for line in log_file.read_text().splitlines() if line.strip()][-1:]
-        raise BenchServeError(f"bench_serving against {url} failed (exit {returncode}): "
-                              f"{tail[0][:300] if tail else 'no output'} (log {log_file})")
+        raise BenchServeError(f"bench_serving against {url} failed (exit {returncode}): {_last_line(log_file)} "
+                              f"(log {log_file})")
     record = json.loads(lines[-1])
     return ServingPass(
         metrics={k: v for k, v in record.items()

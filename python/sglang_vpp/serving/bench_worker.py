@@ -1,22 +1,28 @@
 """One warm interpreter that runs bench_serving command lines in turn.
 
-Importing ``sglang.benchmark.serving`` pulls in most of SGLang (about 8-13 s on a 2-vCPU host)
-while a pass of a small load lasts about a second, so starting ``python -m sglang.benchmark.serving``
-per pass spent most of every pass importing. A worker imports it once and then runs each pass's
-command line (``LoadPlan.argv``: the same argv a fresh process would get) by calling the module's
-own entry point, with the pass's log as its stdout and stderr. Every pass starts from the same
-state as a fresh process where it matters: bench_serving seeds ``random`` and ``numpy`` from
-``--seed`` and builds its client session, tokenizer and dataset inside each run, and the two
-functions ``file_load`` replaces are put back before every pass.
+Importing ``sglang.benchmark.serving`` pulls in most of SGLang (``IMPORT_SECONDS``) while a pass
+of a small load lasts about a second, so the passes of one command share a process that imports
+it once. That process runs each pass's command line (``LoadPlan.argv``, the argv a fresh
+``python -m`` process would get) by calling the module's own entry point, with the pass's log
+as its stdout and stderr. Where it matters a pass starts from what a fresh process would:
+bench_serving seeds ``random`` and ``numpy`` from ``--seed`` and builds its client sessions,
+tokenizer and dataset inside each run; the worker puts back ``sys.argv``, ``sys.stdout`` /
+``sys.stderr`` and the two functions ``file_load`` replaces before every pass. What does carry
+over is harmless to the load: a warning Python shows once per interpreter lands only in the
+first pass's log.
 
-Protocol (one JSON object per line): the parent writes ``{"argv": [...], "log": PATH}`` to the
-worker's stdin; the worker answers ``{"rc": N}`` (the exit status the command would have had) on
-its own copy of the stdout it was started with. fds 1 and 2 point at the pass's log while a pass
-runs and at ``/dev/null`` between passes, so nothing a pass prints can reach the answer channel.
+Protocol, one JSON object per line: the parent writes ``{"argv": [...], "log": PATH}``; the worker
+answers ``{"rc": N}``, the exit status the command would have had. Commands come on a copy of
+the worker's stdin and answers go on a copy of its stdout; fd 0 is ``/dev/null`` and fds 1 and
+2 are the pass's log while a pass runs and ``/dev/null`` between passes, so no pass can read a
+command or write into an answer.
 
-The parent bounds each answer by the pass's timeout and kills the worker when it runs past it (the
-next pass starts a fresh one); the worker dies with its parent (``die_with_parent``) and leaves its
-loop when its stdin closes.
+Its first act is ``die_with_parent`` and a check that its parent is still the one that started
+it (as ``plan_child`` does, and for the same reasons: no ``preexec_fn``, which would fork a
+threaded parent). The parent bounds each answer by the pass's timeout and kills the worker past
+it (the next pass starts a fresh one); ``close`` ends it at once, since nothing in it is unsaved
+(answers are flushed, logs unbuffered), where an orderly exit of an interpreter holding SGLang
+takes seconds.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import select
+import selectors
 import subprocess
 import sys
 import time
@@ -32,13 +38,17 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ..child_env import child_environment
 from ..parent_death import die_with_parent
 
-__all__ = ["BenchServingWorker", "WorkerDied"]
+__all__ = ["BENCH_SERVING_MODULE", "FILE_LOAD_MODULE", "IMPORT_SECONDS", "BenchServingWorker", "WorkerDied"]
 
-_BENCH_SERVING = "sglang.benchmark.serving"
-_FILE_LOAD = f"{__package__}.file_load"
-_KILL_WAIT_S = 10.0
+BENCH_SERVING_MODULE = "sglang.benchmark.serving"
+FILE_LOAD_MODULE = f"{__package__}.file_load"
+IMPORT_SECONDS = "about 10 s on an idle 2-vCPU host"
+"""What importing bench_serving costs (measured 8-13 s here): once per worker, inside the first
+pass's ``--timeout``."""
+_REAP_TIMEOUT_S = 10.0
 
 
 class WorkerDied(RuntimeError):
@@ -69,7 +79,7 @@ class BenchServingWorker:
     def run(self, argv: list[str], log_file: Path, timeout: float) -> int:
         """Run one bench_serving command line; its exit status. ``TimeoutError`` past ``timeout``
         seconds (the worker is then killed), ``WorkerDied`` if the worker ended mid-pass."""
-        process = self._process if self._process is not None and self._process.poll() is None else self._start(log_file)
+        process = self._process if self.pid is not None else self._start(log_file)
         deadline = time.monotonic() + timeout
         try:
             assert process.stdin is not None
@@ -85,93 +95,92 @@ class BenchServingWorker:
             raise self._died()
         return int(json.loads(line)["rc"])
 
-    def close(self) -> None:
-        """Stop the worker (stdin closed, then killed if it does not leave at once) and wait for it."""
+    def close(self, grace_s: float = 0.0) -> int | None:
+        """Kill the worker (after ``grace_s`` seconds for it to end by itself) and reap it; its exit
+        status (None if none was running)."""
         process, self._process, self._pending = self._process, None, b""
         if process is None:
-            return
+            return None
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
         for stream in (process.stdin, process.stdout):
             try:
                 if stream is not None:
                     stream.close()
             except OSError:
                 pass
-        try:
-            process.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=_KILL_WAIT_S)
+        return process.wait(timeout=_REAP_TIMEOUT_S)
+
+    def _died(self) -> WorkerDied:
+        # Its stdout closed: it is ending, so its own status (an import failure's 1) is worth a wait.
+        return WorkerDied(f"the bench_serving worker ended without an answer (exit {self.close(_REAP_TIMEOUT_S)})")
 
     def _start(self, log_file: Path) -> subprocess.Popen[bytes]:
         self.close()
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("ab") as log:  # the import's own warnings and errors land in the first pass's log
-            self._process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                             stdout=subprocess.PIPE, stderr=log, preexec_fn=die_with_parent)
+            self._process = subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid())], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=log, env=child_environment())
         return self._process
 
     def _read_line(self, deadline: float) -> bytes | None:
         """The next answer line; ``b""`` at end of file, ``None`` past the deadline."""
         assert self._process is not None and self._process.stdout is not None
         fd = self._process.stdout.fileno()
-        while b"\n" not in self._pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                return None
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                return b""
-            self._pending += chunk
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not selector.select(remaining):
+                    return None
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    return b""
+                self._pending += chunk
         line, _, self._pending = self._pending.partition(b"\n")
         return line
-
-    def _died(self) -> WorkerDied:
-        process, self._process, self._pending = self._process, None, b""
-        code = None
-        if process is not None:
-            try:
-                code = process.wait(timeout=_KILL_WAIT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                code = process.wait(timeout=_KILL_WAIT_S)
-        return WorkerDied(f"the bench_serving worker ended without an answer (exit {code})")
 
 
 # --- the worker's side --------------------------------------------------------------------------
 
 
 def _exit_status(caught: SystemExit) -> int:
-    """What the interpreter would exit with for ``caught`` (a message goes to stderr, status 1)."""
+    """The status a process exiting with ``caught`` would have (a message goes to stderr, 1)."""
     if caught.code is None:
         return 0
     if isinstance(caught.code, int):
-        return caught.code
+        return caught.code & 0xFF
     print(caught.code, file=sys.stderr)
     return 1
 
 
 def _run_command(bench: Any, argv: list[str]) -> int:
     """``argv`` as ``python -m MODULE ARGS`` would run it, for the two modules a pass runs."""
-    if argv[1:2] != ["-m"] or len(argv) < 3 or argv[2] not in (_BENCH_SERVING, _FILE_LOAD):
-        print(f"error: the bench_serving worker runs `python -m {_BENCH_SERVING}` or `-m {_FILE_LOAD}`, "
-              f"not {argv[:3]}", file=sys.stderr)
+    if argv[1:2] != ["-m"] or len(argv) < 3 or argv[2] not in (BENCH_SERVING_MODULE, FILE_LOAD_MODULE):
+        print(f"error: the bench_serving worker runs `python -m {BENCH_SERVING_MODULE}` or "
+              f"`-m {FILE_LOAD_MODULE}`, not {argv[:3]}", file=sys.stderr)
         return 2
     module, args = argv[2], argv[3:]
     sys.argv = [module, *args]
     try:
-        if module == _FILE_LOAD:
-            importlib.import_module(_FILE_LOAD).main(args)
+        if module == FILE_LOAD_MODULE:
+            importlib.import_module(FILE_LOAD_MODULE).main(args)
         else:
             bench.cli_main()
     except SystemExit as caught:
         return _exit_status(caught)
-    except Exception:  # the traceback a fresh process would print; KeyboardInterrupt still ends the worker
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the worker ends with the command
+        raise
+    except BaseException:  # the traceback a fresh process would print, into this pass's log
         traceback.print_exc()
         return 1
     return 0
 
 
 def _run_logged(bench: Any, argv: list[str], log: str, quiet_fd: int) -> int:
+    streams = sys.argv, sys.stdout, sys.stderr
     sys.stdout.flush()
     sys.stderr.flush()
     with open(log, "ab", buffering=0) as out:
@@ -182,14 +191,14 @@ def _run_logged(bench: Any, argv: list[str], log: str, quiet_fd: int) -> int:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
+            sys.argv, sys.stdout, sys.stderr = streams
             for fd in (1, 2):
                 os.dup2(quiet_fd, fd)
 
 
-def _serve(commands: BinaryIO, answers: BinaryIO) -> None:
-    bench = importlib.import_module(_BENCH_SERVING)
+def _serve(commands: BinaryIO, answers: BinaryIO, quiet_fd: int) -> None:
+    bench = importlib.import_module(BENCH_SERVING_MODULE)
     originals = (bench.get_dataset, bench.get_request)
-    quiet_fd = os.open(os.devnull, os.O_WRONLY)
     for line in commands:
         request = json.loads(line)
         bench.get_dataset, bench.get_request = originals  # a workload-file pass hooks them for itself
@@ -198,11 +207,23 @@ def _serve(commands: BinaryIO, answers: BinaryIO) -> None:
         answers.flush()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    (parent_pid,) = [int(arg) for arg in (sys.argv[1:] if argv is None else argv)]
+    die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before the line above: this process was adopted
+        return 1
+    commands = os.fdopen(os.dup(0), "rb")
     answers = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # stray prints between passes go where stderr goes, never into the answers
-    _serve(sys.stdin.buffer, answers)
+    quiet_fd = os.open(os.devnull, os.O_RDWR)
+    os.dup2(quiet_fd, 0)
+    # Until the first pass (the import), fd 1 is where stderr goes: the first pass's log.
+    os.dup2(2, 1)
+    try:
+        _serve(commands, answers, quiet_fd)
+    except BrokenPipeError:  # the parent went away mid-answer
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

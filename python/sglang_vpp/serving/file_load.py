@@ -34,11 +34,11 @@ from types import ModuleType
 from typing import Any
 
 from ..workload_file import WorkloadFileError, WorkloadRecord, read_workload_file
+from .bench_worker import BENCH_SERVING_MODULE as _BENCH_SERVING
 
 __all__ = ["WORKLOAD_FILE_FLAG", "HookTargetMissing", "check_targets", "hook_bench_serving", "main"]
 
 WORKLOAD_FILE_FLAG = "--workload-file"
-_BENCH_SERVING = "sglang.benchmark.serving"
 _RANDOM_SAMPLER = "sglang.benchmark.datasets.random"
 
 
