@@ -59,6 +59,9 @@ def cli_main():
         print("originals" if (get_dataset, get_request) == ORIGINALS else "hooked")
     elif action == "rebind-stdout":
         sys.stdout = open(os.devnull, "w")
+    elif action == "close-stderr-and-raise":
+        sys.stderr.close()
+        raise ValueError("after close")
     elif action == "read-stdin":
         print("stdin:", repr(sys.stdin.read()))
     elif action == "pid":
@@ -111,7 +114,8 @@ def test_passes_run_in_turn_in_one_process_each_into_its_own_log_with_its_exit_s
 
 
 def test_a_pass_does_not_change_what_the_next_one_runs_with(stand_in, tmp_path):
-    hooks, rebound, printed, stdin = (tmp_path / f"{name}.log" for name in ("hooks", "rebound", "printed", "stdin"))
+    hooks, rebound, printed, stdin, closed = (tmp_path / f"{name}.log"
+                                              for name in ("hooks", "rebound", "printed", "stdin", "closed"))
     with BenchServingWorker() as worker:
         assert worker.run([*BENCH, "hook"], tmp_path / "hook.log", TIMEOUT_S) == 0
         assert worker.run([*BENCH, "hooks"], hooks, TIMEOUT_S) == 0
@@ -119,8 +123,11 @@ def test_a_pass_does_not_change_what_the_next_one_runs_with(stand_in, tmp_path):
         assert worker.run([*BENCH, "print", "after"], printed, TIMEOUT_S) == 0
         assert worker.run([*BENCH, "read-stdin"], stdin, TIMEOUT_S) == 0  # reads nothing, blocks nothing
         assert worker.run([*BENCH, "print", "still"], printed, TIMEOUT_S) == 0
+        assert worker.run([*BENCH, "close-stderr-and-raise"], closed, TIMEOUT_S) == 1
+        assert worker.run([*BENCH, "print", "last"], printed, TIMEOUT_S) == 0
     assert hooks.read_text().strip() == "originals"
-    assert printed.read_text().split() == ["after", "still"]
+    assert printed.read_text().split() == ["after", "still", "last"]
+    assert "ValueError: after close" in closed.read_text()  # its traceback, though it closed sys.stderr
     assert stdin.read_text().strip() == "stdin: ''"
 
 
@@ -180,8 +187,14 @@ def test_run_pass_reads_the_pass_back_and_names_a_timeout_or_a_dead_worker(stand
     with pytest.raises(BenchServeError, match=r"ran past --timeout 0.5 s"):
         run_pass(_plan(0.5), "http://127.0.0.1:1", out, log)
     monkeypatch.setenv("STAND_IN_ACTION", "die")
-    with pytest.raises(BenchServeError, match=r"ended without an answer \(exit 7\)\): dying"):
+    with pytest.raises(BenchServeError, match=r"ended without an answer, exit 7\): dying"):
         run_pass(_plan(), "http://127.0.0.1:1", out, log)
+
+
+def test_a_worker_that_cannot_import_bench_serving_names_the_import_error(stand_in, tmp_path):
+    (stand_in / "sglang" / "benchmark" / "serving.py").write_text("raise ImportError('no module named vllm_stub')\n")
+    with pytest.raises(BenchServeError, match=r"exit 1\): ImportError: no module named vllm_stub"):
+        run_pass(_plan(), "http://127.0.0.1:1", tmp_path / "bench.jsonl", tmp_path / "bench.log")
 
 
 @pytest.mark.slow

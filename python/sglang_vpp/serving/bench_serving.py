@@ -36,6 +36,7 @@ __all__ = ["BENCH_SERVING_MODULE", "FILE_NEEDS_PATH", "BenchServeError", "LoadPl
            "bench_serving_missing", "check_fits_context", "check_reachable", "local_targets", "merge_passes",
            "run_pass", "server_context_len"]
 
+
 class BenchServeError(ValueError):
     """A bad bench-serve option or an unusable server; the message names the value and the fix."""
 

@@ -1,15 +1,16 @@
 """One warm interpreter that runs bench_serving command lines in turn.
 
-Importing ``sglang.benchmark.serving`` pulls in most of SGLang (``IMPORT_SECONDS``) while a pass
-of a small load lasts about a second, so the passes of one command share a process that imports
-it once. That process runs each pass's command line (``LoadPlan.argv``, the argv a fresh
-``python -m`` process would get) by calling the module's own entry point, with the pass's log
-as its stdout and stderr. Where it matters a pass starts from what a fresh process would:
-bench_serving seeds ``random`` and ``numpy`` from ``--seed`` and builds its client sessions,
-tokenizer and dataset inside each run; the worker puts back ``sys.argv``, ``sys.stdout`` /
-``sys.stderr`` and the two functions ``file_load`` replaces before every pass. What does carry
-over is harmless to the load: a warning Python shows once per interpreter lands only in the
-first pass's log.
+Importing ``sglang.benchmark.serving`` pulls in most of SGLang (8-13 s on a 2-vCPU host, inside
+the first pass's timeout) while a pass of a small load lasts about a second, so the passes of
+one command share a process that imports it once. That process runs each pass's command line
+(``LoadPlan.argv``, the argv a fresh ``python -m`` process would get) by calling the module's
+own entry point, with the pass's log as its stdout and stderr. Where it matters a pass starts
+from what a fresh process would: bench_serving seeds ``random`` and ``numpy`` from ``--seed``
+and builds its client sessions, tokenizer and dataset inside each run; the worker gives each
+pass its own ``sys.stdout`` / ``sys.stderr`` (a pass that rebinds or closes them leaves the next
+one alone) and puts back ``sys.argv`` and the two functions ``file_load`` replaces. What does
+carry over is harmless to the load: a warning Python shows once per interpreter lands only in
+the first pass's log.
 
 Protocol, one JSON object per line: the parent writes ``{"argv": [...], "log": PATH}``; the worker
 answers ``{"rc": N}``, the exit status the command would have had. Commands come on a copy of
@@ -28,6 +29,7 @@ takes seconds.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import selectors
@@ -36,18 +38,15 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 from ..child_env import child_environment
 from ..parent_death import die_with_parent
 
-__all__ = ["BENCH_SERVING_MODULE", "FILE_LOAD_MODULE", "IMPORT_SECONDS", "BenchServingWorker", "WorkerDied"]
+__all__ = ["BENCH_SERVING_MODULE", "FILE_LOAD_MODULE", "BenchServingWorker", "WorkerDied"]
 
 BENCH_SERVING_MODULE = "sglang.benchmark.serving"
 FILE_LOAD_MODULE = f"{__package__}.file_load"
-IMPORT_SECONDS = "about 10 s on an idle 2-vCPU host"
-"""What importing bench_serving costs (measured 8-13 s here): once per worker, inside the first
-pass's ``--timeout``."""
 _REAP_TIMEOUT_S = 10.0
 
 
@@ -79,14 +78,18 @@ class BenchServingWorker:
     def run(self, argv: list[str], log_file: Path, timeout: float) -> int:
         """Run one bench_serving command line; its exit status. ``TimeoutError`` past ``timeout``
         seconds (the worker is then killed), ``WorkerDied`` if the worker ended mid-pass."""
-        process = self._process if self.pid is not None else self._start(log_file)
         deadline = time.monotonic() + timeout
-        try:
-            assert process.stdin is not None
-            process.stdin.write((json.dumps({"argv": argv, "log": str(log_file)}) + "\n").encode())
-            process.stdin.flush()
-        except BrokenPipeError:
-            raise self._died() from None
+        command = (json.dumps({"argv": argv, "log": str(log_file)}) + "\n").encode()
+        for fresh in (False, True):
+            process = self._process if self.pid is not None and not fresh else self._start(log_file)
+            try:
+                assert process.stdin is not None
+                process.stdin.write(command)
+                process.stdin.flush()
+                break
+            except BrokenPipeError:  # it died between passes, before taking this one
+                if fresh:
+                    raise self._died() from None
         line = self._read_line(deadline)
         if line is None:
             self.close()
@@ -115,7 +118,7 @@ class BenchServingWorker:
 
     def _died(self) -> WorkerDied:
         # Its stdout closed: it is ending, so its own status (an import failure's 1) is worth a wait.
-        return WorkerDied(f"the bench_serving worker ended without an answer (exit {self.close(_REAP_TIMEOUT_S)})")
+        return WorkerDied(f"the bench_serving worker ended without an answer, exit {self.close(_REAP_TIMEOUT_S)}")
 
     def _start(self, log_file: Path) -> subprocess.Popen[bytes]:
         self.close()
@@ -152,7 +155,7 @@ def _exit_status(caught: SystemExit) -> int:
         return 0
     if isinstance(caught.code, int):
         return caught.code & 0xFF
-    print(caught.code, file=sys.stderr)
+    print(caught.code, file=sys.__stderr__)
     return 1
 
 
@@ -163,7 +166,8 @@ def _run_command(bench: Any, argv: list[str]) -> int:
               f"`-m {FILE_LOAD_MODULE}`, not {argv[:3]}", file=sys.stderr)
         return 2
     module, args = argv[2], argv[3:]
-    sys.argv = [module, *args]
+    spec = importlib.util.find_spec(module)
+    sys.argv = [spec.origin if spec is not None and spec.origin else module, *args]  # as ``-m`` sets it
     try:
         if module == FILE_LOAD_MODULE:
             importlib.import_module(FILE_LOAD_MODULE).main(args)
@@ -174,24 +178,41 @@ def _run_command(bench: Any, argv: list[str]) -> int:
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the worker ends with the command
         raise
     except BaseException:  # the traceback a fresh process would print, into this pass's log
-        traceback.print_exc()
+        traceback.print_exc(file=sys.__stderr__)  # fd 2 is the log, whatever the pass did to sys.stderr
         return 1
     return 0
 
 
+def _pass_streams() -> tuple[TextIO, TextIO]:
+    """``sys.stdout`` / ``sys.stderr`` for one pass, on their own copies of fds 1 and 2, buffered as
+    a fresh interpreter's are when they are a file: a pass that closes them closes only its own."""
+    out = os.fdopen(os.dup(1), "w", encoding=sys.__stdout__.encoding, errors=sys.__stdout__.errors)
+    err = os.fdopen(os.dup(2), "w", buffering=1, encoding=sys.__stderr__.encoding, errors="backslashreplace")
+    return out, err
+
+
 def _run_logged(bench: Any, argv: list[str], log: str, quiet_fd: int) -> int:
-    streams = sys.argv, sys.stdout, sys.stderr
-    sys.stdout.flush()
-    sys.stderr.flush()
+    saved = sys.argv, sys.stdout, sys.stderr
+    sys.__stdout__.flush()  # what the worker itself buffered belongs where fds 1 and 2 pointed until now
+    sys.__stderr__.flush()
     with open(log, "ab", buffering=0) as out:
         for fd in (1, 2):
             os.dup2(out.fileno(), fd)
+        sys.stdout, sys.stderr = streams = _pass_streams()
         try:
             return _run_command(bench, argv)
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            sys.argv, sys.stdout, sys.stderr = streams
+            for stream in (sys.stdout, sys.stderr, *streams, sys.__stderr__):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):  # a stream the pass closed
+                    pass
+            for stream in streams:
+                try:
+                    stream.close()
+                except (OSError, ValueError):
+                    pass
+            sys.argv, sys.stdout, sys.stderr = saved
             for fd in (1, 2):
                 os.dup2(quiet_fd, fd)
 
@@ -202,7 +223,11 @@ def _serve(commands: BinaryIO, answers: BinaryIO, quiet_fd: int) -> None:
     for line in commands:
         request = json.loads(line)
         bench.get_dataset, bench.get_request = originals  # a workload-file pass hooks them for itself
-        rc = _run_logged(bench, list(request["argv"]), str(request["log"]), quiet_fd)
+        try:
+            rc = _run_logged(bench, list(request["argv"]), str(request["log"]), quiet_fd)
+        except (OSError, KeyError, TypeError):  # the log cannot be opened, a malformed command
+            traceback.print_exc()  # to fd 2: /dev/null between passes, the parent reports the status
+            rc = 1
         answers.write((json.dumps({"rc": rc}) + "\n").encode())
         answers.flush()
 
