@@ -26,7 +26,12 @@ BENCH = [sys.executable, "-m", BENCH_SERVING_MODULE]
 TIMEOUT_S = 60.0  # a stand-in pass takes milliseconds; the worker's start well under a second
 
 STAND_IN = '''
-import asyncio, json, os, sys, time
+import asyncio, dataclasses, json, os, sys, time
+
+@dataclasses.dataclass
+class DatasetRow:  # what file_load checks for
+    prompt: str = ""
+    timestamp: float = 0.0
 
 async def get_request(*args, **kwargs):
     yield None
@@ -84,6 +89,10 @@ def stand_in(tmp_path, monkeypatch):
     (root / "sglang" / "__init__.py").write_text("")
     (root / "sglang" / "benchmark" / "__init__.py").write_text("")
     (root / "sglang" / "benchmark" / "serving.py").write_text(textwrap.dedent(STAND_IN))
+    (root / "sglang" / "benchmark" / "datasets").mkdir()
+    (root / "sglang" / "benchmark" / "datasets" / "__init__.py").write_text("")
+    (root / "sglang" / "benchmark" / "datasets" / "random.py").write_text("def sample_random_requests(**kwargs):\n"
+                                                                          "    return []\n")
     monkeypatch.syspath_prepend(str(root))
     return root
 
@@ -129,6 +138,21 @@ def test_a_pass_does_not_change_what_the_next_one_runs_with(stand_in, tmp_path):
     assert printed.read_text().split() == ["after", "still", "last"]
     assert "ValueError: after close" in closed.read_text()  # its traceback, though it closed sys.stderr
     assert stdin.read_text().strip() == "stdin: ''"
+
+
+def test_a_workload_file_pass_hooks_bench_serving_for_itself_only(stand_in, tmp_path):
+    from sglang_vpp.serving.bench_worker import FILE_LOAD_MODULE
+    from sglang_vpp.serving.file_load import WORKLOAD_FILE_FLAG
+
+    workload = tmp_path / "load.jsonl"
+    workload.write_text('{"length": 8, "arrival": 0.0}\n')
+    file_pass, plain_pass = tmp_path / "file.log", tmp_path / "plain.log"
+    with BenchServingWorker() as worker:
+        file_argv = [sys.executable, "-m", FILE_LOAD_MODULE, WORKLOAD_FILE_FLAG, str(workload), "hooks"]
+        assert worker.run(file_argv, file_pass, TIMEOUT_S) == 0
+        assert worker.run([*BENCH, "hooks"], plain_pass, TIMEOUT_S) == 0
+    assert file_pass.read_text().strip() == "hooked"
+    assert plain_pass.read_text().strip() == "originals"
 
 
 def test_only_the_two_modules_a_pass_runs_are_run(stand_in, tmp_path):
